@@ -1,1 +1,115 @@
-fn main() {}
+//! The `walrelay` command: run the halves, check a config, run the demo, make SCRAM verifiers.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use walrelay::config::{Config, ConfigError, EXIT_CONFIG};
+
+#[derive(Parser)]
+#[command(
+    name = "walrelay",
+    version,
+    about = "Bandwidth-saving relay for PostgreSQL streaming replication between datacenters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the halves configured in FILE until SIGTERM/SIGINT.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Check FILE (keys, addresses, secrets, certificate files) and exit.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Throw-away primary and standby streaming through both halves under pgbench load.
+    Demo {
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+    /// Print a SCRAM-SHA-256 verifier (pg_authid format) for downstream.users.
+    /// Reads the password from standard input.
+    ScramVerifier,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::CheckConfig { config } => match Config::load(&config) {
+            Ok(r) => {
+                let halves: Vec<&str> = [
+                    r.upstream.as_ref().map(|_| "upstream"),
+                    r.downstream.as_ref().map(|_| "downstream"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                println!("{}: OK ({})", config.display(), halves.join(" + "));
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_error(&e),
+        },
+        Cmd::Run { config } => {
+            let cfg = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => return config_error(&e),
+            };
+            walrelay::logging::init(&cfg.log.level, &cfg.log.format);
+            exit(runtime().block_on(async move {
+                let running =
+                    walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
+                walrelay::relay::wait_for_signal().await;
+                running.shutdown().await;
+                Ok(())
+            }))
+        }
+        Cmd::Demo { seconds } => {
+            walrelay::logging::init("warn", "text");
+            exit(runtime().block_on(walrelay::demo::run(seconds)))
+        }
+        Cmd::ScramVerifier => {
+            let mut pw = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut pw) {
+                eprintln!("walrelay: cannot read the password from standard input: {e}");
+                return ExitCode::from(1);
+            }
+            let pw = pw.trim_end_matches(['\n', '\r']);
+            if pw.is_empty() {
+                eprintln!("walrelay: empty password; pipe the password on standard input");
+                return ExitCode::from(EXIT_CONFIG as u8);
+            }
+            println!("{}", walrelay::scram::new_verifier(pw));
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn config_error(e: &ConfigError) -> ExitCode {
+    eprintln!("walrelay: {e}");
+    ExitCode::from(EXIT_CONFIG as u8)
+}
+
+fn exit(r: anyhow::Result<()>) -> ExitCode {
+    match r.context("walrelay") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

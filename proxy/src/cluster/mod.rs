@@ -1,0 +1,259 @@
+//! Throw-away PostgreSQL clusters for `walrelay demo`, the bench and the integration tests.
+//!
+//! - [`PgInstall`] finds the server binaries.
+//! - [`TempRoot`] is a temporary directory holding the clusters' data directories.
+//! - [`Cluster`] is one instance: [`Cluster::init_primary`] or [`Cluster::basebackup_standby`],
+//!   then `start().await`, SQL helpers, `stop().await`; dropping it stops it (immediate mode).
+//!
+//! PostgreSQL refuses to run as root, so when the euid is 0 the server programs (`initdb`,
+//! `pg_ctl`, `pg_basebackup`) run as the `postgres` OS user, and everything they use is owned
+//! by that user. Client tools ([`Cluster::command`], [`Cluster::pgbench`]) run as the caller.
+//!
+//! Set `WALRELAY_KEEP_TMP=1` to keep the temporary directories (and their logs) for inspection.
+
+mod install;
+mod instance;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::future::Future;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub use install::PgInstall;
+pub use instance::{Cluster, PrimaryOpts, StandbyOpts};
+
+/// Errors from setting up and driving throw-away clusters.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// PostgreSQL (or the `postgres` OS user) is missing; the message says what to install.
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An external command failed; `detail` has its exit status and output.
+    #[error("`{cmd}` failed: {detail}")]
+    Command { cmd: String, detail: String },
+    #[error("{context}: {source}")]
+    Postgres {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("timed out after {timeout:?} waiting for {what}{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        last_error: Option<String>,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ClusterError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> ClusterError {
+        ClusterError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// A temporary directory (`$TMPDIR/walrelay-XXXXXX`) for clusters, usable by the `postgres` user
+/// when running as root. It is deleted when the `TempRoot` and every [`Cluster`] created in it
+/// are dropped (clusters hold a reference and stop their server first).
+#[derive(Debug, Clone)]
+pub struct TempRoot {
+    dir: Arc<tempfile::TempDir>,
+}
+
+impl TempRoot {
+    pub fn new() -> Result<TempRoot, ClusterError> {
+        let keep = std::env::var_os("WALRELAY_KEEP_TMP").is_some_and(|v| !v.is_empty() && v != "0");
+        let dir = tempfile::Builder::new()
+            .prefix("walrelay-")
+            .disable_cleanup(keep)
+            .tempdir()
+            .map_err(|e| ClusterError::io("creating temporary directory", e))?;
+        if keep {
+            tracing::info!(path = %dir.path().display(), "WALRELAY_KEEP_TMP set: keeping directory");
+        }
+        chown_to_pg(dir.path())?;
+        Ok(TempRoot { dir: Arc::new(dir) })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn handle(&self) -> Arc<tempfile::TempDir> {
+        self.dir.clone()
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released). Never returns the same port twice in one
+/// process. Another process may still grab it before it is used; that is rare enough here.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+        let port = listener
+            .local_addr()
+            .expect("local_addr of bound socket")
+            .port();
+        if handed_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Ok(true)`. Errors count as "not yet" (the last one
+/// is reported on timeout), so this also works while a server is still coming up.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<(), ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, ClusterError>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, f()).await {
+            Ok(Ok(true)) => return Ok(()),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => last_error = Some(e.to_string()),
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(ClusterError::Timeout {
+                what: what.to_string(),
+                timeout,
+                last_error,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// uid/gid of the `postgres` OS user if we are root (and so must switch to it), else `None`.
+pub(crate) fn pg_owner() -> Result<Option<(u32, u32)>, ClusterError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    static OWNER: OnceLock<Option<(u32, u32)>> = OnceLock::new();
+    OWNER
+        .get_or_init(|| lookup_user("postgres"))
+        .map(Some)
+        .ok_or_else(|| {
+            ClusterError::NotFound(
+                "running as root but there is no `postgres` OS user to run PostgreSQL as \
+             (create one: useradd --system --user-group --home-dir /var/lib/postgresql postgres)"
+                    .to_string(),
+            )
+        })
+}
+
+fn lookup_user(name: &str) -> Option<(u32, u32)> {
+    let cname = CString::new(name).ok()?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: all-zero is a valid `passwd` (null pointers, zero ids); it is only read after
+    // getpwnam_r fills it.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the duration of the call and buf.len() is its size.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    (rc == 0 && !result.is_null()).then_some((pwd.pw_uid, pwd.pw_gid))
+}
+
+/// Makes `cmd` run as the `postgres` user when we are root.
+pub(crate) fn as_pg_user(cmd: &mut Command) -> Result<(), ClusterError> {
+    use std::os::unix::process::CommandExt;
+    if let Some((uid, gid)) = pg_owner()? {
+        cmd.uid(uid).gid(gid);
+    }
+    Ok(())
+}
+
+/// Gives `path` to the `postgres` user when we are root.
+pub(crate) fn chown_to_pg(path: &Path) -> Result<(), ClusterError> {
+    if let Some((uid, gid)) = pg_owner()? {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(|e| ClusterError::io(format!("chown postgres {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Short form of a command line for error messages: program file name and arguments.
+pub(crate) fn describe(cmd: &Command) -> String {
+    let prog = Path::new(cmd.get_program());
+    let mut s = prog
+        .file_name()
+        .unwrap_or(prog.as_os_str())
+        .to_string_lossy()
+        .into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
+
+fn check_output(desc: String, out: Output) -> Result<Output, ClusterError> {
+    if out.status.success() {
+        return Ok(out);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut detail = out.status.to_string();
+    for text in [stderr.trim(), stdout.trim()] {
+        if !text.is_empty() {
+            detail.push_str(":\n");
+            detail.push_str(text);
+        }
+    }
+    Err(ClusterError::Command { cmd: desc, detail })
+}
+
+/// Runs `cmd` to completion (stdin closed, output captured); non-zero exit is an error.
+pub(crate) fn run_sync(mut cmd: Command) -> Result<Output, ClusterError> {
+    let desc = describe(&cmd);
+    cmd.stdin(Stdio::null());
+    let out = cmd
+        .output()
+        .map_err(|e| ClusterError::io(format!("running `{desc}`"), e))?;
+    check_output(desc, out)
+}
+
+/// [`run_sync`] without blocking the async runtime.
+pub(crate) async fn run_async(cmd: Command) -> Result<Output, ClusterError> {
+    let desc = describe(&cmd);
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.stdin(Stdio::null());
+    let out = cmd
+        .output()
+        .await
+        .map_err(|e| ClusterError::io(format!("running `{desc}`"), e))?;
+    check_output(desc, out)
+}

@@ -1,0 +1,104 @@
+use super::*;
+
+fn load(text: &str) -> Result<Resolved, ConfigError> {
+    Config::from_toml(text, Path::new("test.toml"))?.resolve()
+}
+
+const BOTH: &str = r#"
+[upstream]
+primary = "host=127.0.0.1 port=5432 user=replicator password=secret sslmode=disable"
+listen = "127.0.0.1:7433"
+[downstream]
+listen = "127.0.0.1:5433"
+upstream = "127.0.0.1:7433"
+auth = "trust"
+[link]
+plaintext = true
+"#;
+
+#[test]
+fn minimal_plaintext_config_resolves() {
+    let r = load(BOTH).unwrap();
+    let u = r.upstream.unwrap();
+    assert_eq!(u.primary.password.as_deref(), Some("secret"));
+    assert_eq!(r.downstream.unwrap().auth, AuthMethod::Trust);
+    assert_eq!(r.link.codec, CodecKind::Zstd);
+}
+
+fn key_of(e: ConfigError) -> String {
+    match e {
+        ConfigError::Key { key, .. } => key,
+        other => panic!("expected a key error, got {other}"),
+    }
+}
+
+#[test]
+fn errors_name_the_key() {
+    let e = load(&BOTH.replace("plaintext = true", "plaintext = false")).unwrap_err();
+    assert_eq!(key_of(e), "link.tls_cert");
+    let e = load(&BOTH.replace("127.0.0.1:5433", "nowhere")).unwrap_err();
+    assert_eq!(key_of(e), "downstream.listen");
+    let e = load(&BOTH.replace("auth = \"trust\"", "auth = \"scram-sha-256\"")).unwrap_err();
+    assert_eq!(key_of(e), "downstream.users");
+    let e = load(&BOTH.replace("sslmode=disable", "sslmode=maybe")).unwrap_err();
+    assert_eq!(key_of(e), "upstream.primary");
+    let e = load(&format!("{BOTH}\n[limits]\nqueue_messages = 0\n")).unwrap_err();
+    assert_eq!(key_of(e), "limits.queue_messages");
+    let e = load("[link]\nplaintext = true\n").unwrap_err();
+    assert_eq!(key_of(e), "upstream/downstream");
+}
+
+#[test]
+fn unknown_keys_are_syntax_errors_naming_the_key() {
+    let e = load(&BOTH.replace("listen = \"127.0.0.1:7433\"", "lisen = \"127.0.0.1:7433\""))
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("lisen"), "{msg}");
+}
+
+#[test]
+fn secrets_from_env_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("pw");
+    std::fs::write(&f, "from-file\n").unwrap();
+    std::env::set_var("WALRELAY_TEST_PW", "from-env");
+    let text = BOTH.replace(
+        "listen = \"127.0.0.1:7433\"",
+        &format!(
+            "listen = \"127.0.0.1:7433\"\nprimary_password = {{ file = \"{}\" }}",
+            f.display()
+        ),
+    );
+    assert_eq!(
+        load(&text)
+            .unwrap()
+            .upstream
+            .unwrap()
+            .primary
+            .password
+            .as_deref(),
+        Some("from-file")
+    );
+    let text = BOTH.replace(
+        "listen = \"127.0.0.1:7433\"",
+        "listen = \"127.0.0.1:7433\"\nprimary_password = { env = \"WALRELAY_TEST_PW\" }",
+    );
+    assert_eq!(
+        load(&text)
+            .unwrap()
+            .upstream
+            .unwrap()
+            .primary
+            .password
+            .as_deref(),
+        Some("from-env")
+    );
+    let text = BOTH.replace(
+        "listen = \"127.0.0.1:7433\"",
+        "listen = \"127.0.0.1:7433\"\nprimary_password = { env = \"WALRELAY_NO_SUCH_VAR\" }",
+    );
+    assert_eq!(
+        key_of(load(&text).unwrap_err()),
+        "upstream.primary_password"
+    );
+}

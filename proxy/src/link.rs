@@ -1,0 +1,216 @@
+//! The link between the halves: tonic gRPC over rustls (mutual TLS when `link.tls_ca` is set),
+//! one bidirectional stream per standby session (see `proto/link.proto` for the messages).
+//!
+//! The upstream serves; every accepted socket is wrapped in [`CountingIo`] so the bytes that
+//! really crossed the link (TLS and HTTP/2 framing included) are counted. The downstream keeps
+//! one lazily connected channel and opens a stream per standby.
+
+use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
+};
+
+use crate::config::{Limits, LinkConfig};
+use crate::metrics::Metrics;
+
+/// Room for protobuf framing around the largest WAL message.
+const FRAMING_SLACK: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("link TLS configuration: {0}")]
+    Tls(String),
+    #[error("invalid upstream address {0:?}: {1}")]
+    Address(String, String),
+}
+
+fn read(p: &std::path::Path) -> Result<Vec<u8>, LinkError> {
+    std::fs::read(p).map_err(|source| LinkError::Read {
+        path: p.display().to_string(),
+        source,
+    })
+}
+
+/// Largest link message either side accepts.
+pub fn max_link_message(limits: &Limits) -> usize {
+    limits.max_message_bytes + FRAMING_SLACK
+}
+
+/// TLS for the upstream's gRPC server; None when the link is plaintext.
+pub fn server_tls(link: &LinkConfig) -> Result<Option<ServerTlsConfig>, LinkError> {
+    if link.plaintext {
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (&link.tls_cert, &link.tls_key) else {
+        return Err(LinkError::Tls(
+            "link.tls_cert and link.tls_key are required unless link.plaintext = true".into(),
+        ));
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &link.tls_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(tls))
+}
+
+/// A lazily connecting channel from the downstream to the upstream half.
+pub fn client_channel(link: &LinkConfig, upstream: &str) -> Result<Channel, LinkError> {
+    let scheme = if link.plaintext { "http" } else { "https" };
+    let mut ep = Endpoint::from_shared(format!("{scheme}://{upstream}"))
+        .map_err(|e| LinkError::Address(upstream.to_string(), e.to_string()))?
+        .connect_timeout(Duration::from_secs(link.connect_timeout_secs))
+        .http2_keep_alive_interval(Duration::from_secs(link.keepalive_secs))
+        .keep_alive_timeout(Duration::from_secs(link.keepalive_secs))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    if !link.plaintext {
+        let host = upstream
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']))
+            .unwrap_or(upstream);
+        let mut tls = ClientTlsConfig::new().domain_name(
+            link.tls_server_name
+                .clone()
+                .unwrap_or_else(|| host.to_string()),
+        );
+        if let Some(ca) = &link.tls_ca {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&link.tls_cert, &link.tls_key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        ep = ep
+            .tls_config(tls)
+            .map_err(|e| LinkError::Tls(e.to_string()))?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+/// A TCP stream that counts the bytes read and written into process metrics.
+pub struct CountingIo {
+    inner: TcpStream,
+    metrics: Arc<Metrics>,
+}
+
+impl CountingIo {
+    pub fn new(inner: TcpStream, metrics: Arc<Metrics>) -> Self {
+        CountingIo { inner, metrics }
+    }
+    fn count(c: &AtomicU64, n: usize) {
+        Metrics::add(c, n as u64);
+    }
+}
+
+impl AsyncRead for CountingIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        Self::count(&self.metrics.link_socket_bytes_in, n);
+        r
+    }
+}
+
+impl AsyncWrite for CountingIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            Self::count(&self.metrics.link_socket_bytes_out, n);
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for CountingIo {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+use crate::lsn::{Lsn, TimeLineId};
+use crate::replcmd::ReplCommand;
+use walrelay_proto::link::{command, Command};
+
+/// A validated replication command as it travels on the link.
+pub fn command_to_proto(cmd: &ReplCommand) -> Command {
+    use walrelay_proto::link as p;
+    let kind = match cmd {
+        ReplCommand::IdentifySystem => command::Kind::IdentifySystem(p::IdentifySystem {}),
+        ReplCommand::Show(name) => command::Kind::Show(p::Show { name: name.clone() }),
+        ReplCommand::TimelineHistory(t) => {
+            command::Kind::TimelineHistory(p::TimelineHistory { timeline: t.0 })
+        }
+        ReplCommand::StartReplication {
+            slot,
+            start,
+            timeline,
+        } => command::Kind::StartReplication(p::StartReplication {
+            slot: slot.clone().unwrap_or_default(),
+            start_lsn: start.0,
+            timeline: timeline.map(|t| t.0).unwrap_or(0),
+        }),
+        ReplCommand::ReadReplicationSlot(s) => {
+            command::Kind::ReadReplicationSlot(p::ReadReplicationSlot { slot: s.clone() })
+        }
+    };
+    Command { kind: Some(kind) }
+}
+
+/// The command back from the link, checked again (the rendered SQL must parse to the same
+/// command). A START_REPLICATION that names no slot uses `default_slot`.
+pub fn command_from_proto(
+    c: Command,
+    default_slot: Option<&str>,
+) -> Result<ReplCommand, tonic::Status> {
+    let cmd = match c
+        .kind
+        .ok_or_else(|| tonic::Status::invalid_argument("empty command"))?
+    {
+        command::Kind::IdentifySystem(_) => ReplCommand::IdentifySystem,
+        command::Kind::Show(s) => ReplCommand::Show(s.name),
+        command::Kind::TimelineHistory(t) => ReplCommand::TimelineHistory(TimeLineId(t.timeline)),
+        command::Kind::StartReplication(s) => ReplCommand::StartReplication {
+            slot: if s.slot.is_empty() {
+                default_slot.map(str::to_string)
+            } else {
+                Some(s.slot)
+            },
+            start: Lsn(s.start_lsn),
+            timeline: (s.timeline != 0).then_some(TimeLineId(s.timeline)),
+        },
+        command::Kind::ReadReplicationSlot(s) => ReplCommand::ReadReplicationSlot(s.slot),
+    };
+    match crate::replcmd::parse(&cmd.to_sql()) {
+        Ok(again) if again == cmd => Ok(cmd),
+        _ => Err(tonic::Status::invalid_argument(format!(
+            "invalid replication command on the link: {cmd:?}"
+        ))),
+    }
+}

@@ -1,0 +1,72 @@
+//! Process-wide counters: what came from the primary, what crossed the link, sessions.
+//! (The Prometheus endpoint that exports them comes with the operations work.)
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// WAL bytes received from the primary (XLogData payloads).
+    pub wal_bytes_in: AtomicU64,
+    /// Encoded WAL payload bytes sent on the link.
+    pub wal_payload_bytes_out: AtomicU64,
+    /// Bytes read from / written to link sockets by the upstream (TLS and HTTP/2 framing included).
+    pub link_socket_bytes_in: AtomicU64,
+    pub link_socket_bytes_out: AtomicU64,
+    /// WAL bytes delivered to standbys by the downstream.
+    pub wal_bytes_delivered: AtomicU64,
+    pub sessions_active_upstream: AtomicU64,
+    pub sessions_active_downstream: AtomicU64,
+    pub sessions_total: AtomicU64,
+    pub integrity_failures: AtomicU64,
+    pub auth_failures: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+/// A snapshot of the counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Snapshot {
+    pub wal_bytes_in: u64,
+    pub wal_payload_bytes_out: u64,
+    pub link_socket_bytes_in: u64,
+    pub link_socket_bytes_out: u64,
+    pub wal_bytes_delivered: u64,
+    pub integrity_failures: u64,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        Arc::new(Metrics::default())
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            wal_bytes_in: self.wal_bytes_in.load(Relaxed),
+            wal_payload_bytes_out: self.wal_payload_bytes_out.load(Relaxed),
+            link_socket_bytes_in: self.link_socket_bytes_in.load(Relaxed),
+            link_socket_bytes_out: self.link_socket_bytes_out.load(Relaxed),
+            wal_bytes_delivered: self.wal_bytes_delivered.load(Relaxed),
+            integrity_failures: self.integrity_failures.load(Relaxed),
+        }
+    }
+}
+
+/// Decrements a gauge when dropped.
+pub struct GaugeGuard<'a>(&'a AtomicU64);
+
+impl<'a> GaugeGuard<'a> {
+    pub fn inc(g: &'a AtomicU64) -> Self {
+        g.fetch_add(1, Relaxed);
+        GaugeGuard(g)
+    }
+}
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}

@@ -1,0 +1,107 @@
+//! Starting and stopping the halves a configuration asks for, in one process.
+//!
+//! Shutdown: a signal (or the caller) cancels the token; listeners stop accepting, sessions end
+//! with a FATAL to their standby, and [`Running::shutdown`] waits for them at most
+//! `limits.drain_timeout_secs`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Resolved;
+use crate::metrics::Metrics;
+use crate::{upstream, walsender};
+
+/// A running process: its listeners' addresses and tasks.
+pub struct Running {
+    pub upstream_addr: Option<SocketAddr>,
+    pub downstream_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+    drain: Duration,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Binds the configured listeners and starts the halves.
+pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Running> {
+    crate::tls::install_default_provider();
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let mut upstream_addr = None;
+    let mut downstream_addr = None;
+    if let Some(u) = cfg.upstream.clone() {
+        let listener = TcpListener::bind(u.listen)
+            .await
+            .with_context(|| format!("cannot listen on upstream.listen = {}", u.listen))?;
+        upstream_addr = Some(listener.local_addr()?);
+        info!(listen = %u.listen, primary = %format!("{}:{}", u.primary.host, u.primary.port), "upstream half serving the link");
+        let up = upstream::Upstream::new(
+            u,
+            cfg.link.clone(),
+            cfg.limits.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        let token = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = upstream::serve(up, listener).await {
+                warn!("upstream half stopped: {e:#}");
+                token.cancel();
+            }
+        }));
+    }
+    if let Some(d) = cfg.downstream.clone() {
+        let listener = TcpListener::bind(d.listen)
+            .await
+            .with_context(|| format!("cannot listen on downstream.listen = {}", d.listen))?;
+        downstream_addr = Some(listener.local_addr()?);
+        info!(listen = %d.listen, upstream = %d.upstream, "downstream half serving standbys");
+        let ds = walsender::Downstream::new(
+            d,
+            cfg.link.clone(),
+            cfg.limits.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        )?;
+        tasks.push(tokio::spawn(walsender::serve(ds, listener)));
+    }
+    Ok(Running {
+        upstream_addr,
+        downstream_addr,
+        metrics,
+        shutdown,
+        drain: Duration::from_secs(cfg.limits.drain_timeout_secs),
+        tasks,
+    })
+}
+
+impl Running {
+    /// Cancels everything and waits for the halves to drain (bounded).
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let all = futures::future::join_all(self.tasks);
+        if tokio::time::timeout(self.drain + Duration::from_secs(1), all)
+            .await
+            .is_err()
+        {
+            warn!("shutdown: halves did not stop within the drain timeout");
+        }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: draining"),
+        _ = int.recv() => info!("SIGINT: draining"),
+    }
+}

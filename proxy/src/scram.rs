@@ -1,0 +1,894 @@
+//! Server side of SCRAM-SHA-256 authentication (RFC 5802 / RFC 7677), as PostgreSQL does it.
+//!
+//! Sans-IO: the caller carries the bytes of the SASL messages of the PostgreSQL protocol.
+//!
+//! # Exchange
+//!
+//! 1. Server → `AuthenticationSASL` listing [`ScramServer::MECHANISMS`].
+//! 2. Client → `SASLInitialResponse` (mechanism name + client-first-message), fed to
+//!    [`ScramServer::client_first`], which returns the server-first-message to send in
+//!    `AuthenticationSASLContinue`.
+//! 3. Client → `SASLResponse` (client-final-message), fed to [`ScramServer::client_final`], which
+//!    returns the server-final-message to send in `AuthenticationSASLFinal` (followed by
+//!    `AuthenticationOk`), or [`ScramError::AuthenticationFailed`], on which the caller sends an
+//!    `ErrorResponse` (SQLSTATE 28P01) like PostgreSQL does.
+//!
+//! # Message formats (comma-separated `letter=value` attributes, UTF-8)
+//!
+//! - client-first-message = gs2-header client-first-bare
+//!   - gs2-header = `n,,` (client does not support channel binding) or `y,,` (client supports it
+//!     but thinks the server does not). `p=<type>,,` (channel binding) and an authzid (`n,a=x,`)
+//!     are rejected.
+//!   - client-first-bare = `n=<user>,r=<client nonce>[,<extensions>]`. PostgreSQL clients send an
+//!     empty user (`n=,`); the user of the startup packet counts, so any value is accepted. A
+//!     leading `m=` (mandatory extension) is rejected.
+//! - server-first-message = `r=<client nonce><server nonce>,s=<salt base64>,i=<iterations>`; the
+//!   server nonce is 18 random bytes in base64.
+//! - client-final-message = `c=<base64 of gs2-header>,r=<full nonce>[,<extensions>],p=<proof base64>`;
+//!   `n,,` is `biws` and `y,,` is `eSws` in base64. `p` must be the last attribute.
+//! - server-final-message = `v=<base64 of ServerSignature>`.
+//!
+//! # Keys
+//!
+//! ```text
+//! SaltedPassword  = Hi(password, salt, iterations)        (PBKDF2-HMAC-SHA-256, one block)
+//! ClientKey       = HMAC(SaltedPassword, "Client Key")
+//! StoredKey       = SHA-256(ClientKey)
+//! ServerKey       = HMAC(SaltedPassword, "Server Key")
+//! AuthMessage     = client-first-bare "," server-first-message "," client-final-without-proof
+//! ClientSignature = HMAC(StoredKey, AuthMessage)
+//! ClientProof     = ClientKey XOR ClientSignature          (sent by the client)
+//! ServerSignature = HMAC(ServerKey, AuthMessage)           (sent by the server)
+//! ```
+//!
+//! The server recovers ClientKey = ClientProof XOR ClientSignature and accepts iff
+//! SHA-256(ClientKey) equals StoredKey.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The only SASL mechanism offered.
+pub const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+/// Iteration count PostgreSQL uses by default (`scram_iterations`), also used for mock verifiers.
+pub const DEFAULT_ITERATIONS: u32 = 4096;
+/// Salt length PostgreSQL uses (`SCRAM_DEFAULT_SALT_LEN`).
+pub const DEFAULT_SALT_LEN: usize = 16;
+/// Raw bytes of the server's nonce part (`SCRAM_RAW_NONCE_LEN`).
+const SERVER_NONCE_RAW_LEN: usize = 18;
+/// Largest client message accepted; real ones are about 30 and 110 bytes.
+pub const MAX_MESSAGE_LEN: usize = 1024;
+/// Prefix of a verifier in pg_authid.rolpassword.
+const VERIFIER_PREFIX: &str = "SCRAM-SHA-256$";
+
+/// Errors of SCRAM verifier parsing and of the server side of the exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum ScramError {
+    /// A stored verifier string is not in PostgreSQL's format.
+    #[error(
+        "invalid SCRAM-SHA-256 verifier: {0}; expected PostgreSQL's pg_authid format \
+         SCRAM-SHA-256$<iterations>:<salt base64>$<StoredKey base64>:<ServerKey base64> \
+         (copy it from pg_authid.rolpassword or generate a new one)"
+    )]
+    BadVerifier(String),
+    /// The client sent a malformed message, or sent it out of order.
+    #[error("SCRAM-SHA-256 protocol error: {0}")]
+    Protocol(String),
+    /// The client chose a mechanism other than SCRAM-SHA-256.
+    #[error(
+        "unsupported SASL mechanism {0:?}: walrelay offers only SCRAM-SHA-256 without channel \
+         binding; connect with channel_binding=disable or prefer"
+    )]
+    UnsupportedMechanism(String),
+    /// Wrong password, or unknown user (indistinguishable on purpose).
+    #[error("password authentication failed: check the user name and password")]
+    AuthenticationFailed,
+}
+
+fn protocol(msg: impl Into<String>) -> ScramError {
+    ScramError::Protocol(msg.into())
+}
+
+fn bad_verifier(msg: impl Into<String>) -> ScramError {
+    ScramError::BadVerifier(msg.into())
+}
+
+/// A SCRAM-SHA-256 secret as PostgreSQL stores it in `pg_authid.rolpassword`:
+/// `SCRAM-SHA-256$<iterations>:<salt base64>$<StoredKey base64>:<ServerKey base64>`.
+///
+/// `Debug` does not print the keys.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScramVerifier {
+    pub iterations: u32,
+    pub salt: Vec<u8>,
+    pub stored_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl fmt::Debug for ScramVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScramVerifier")
+            .field("iterations", &self.iterations)
+            .field("salt", &B64.encode(&self.salt))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScramVerifier {
+    /// Derives the verifier of `password` for `salt` and `iterations` (an iteration count of 0 is
+    /// taken as 1).
+    ///
+    /// The password is used as its raw UTF-8 bytes. PostgreSQL and its clients first apply
+    /// SASLprep (RFC 4013), which leaves every ASCII password unchanged but may rewrite
+    /// non-ASCII ones (NFKC normalisation, non-ASCII spaces); for such passwords use
+    /// [`new_verifier`], which does apply SASLprep.
+    pub fn from_password(password: &str, salt: &[u8], iterations: u32) -> Self {
+        let iterations = iterations.max(1);
+        let salted = hi(password.as_bytes(), salt, iterations);
+        let client_key = hmac(&salted, &[b"Client Key"]);
+        ScramVerifier {
+            iterations,
+            salt: salt.to_vec(),
+            stored_key: Sha256::digest(client_key).into(),
+            server_key: hmac(&salted, &[b"Server Key"]),
+        }
+    }
+
+    /// Renders the verifier in PostgreSQL's pg_authid format.
+    pub fn to_pg_string(&self) -> String {
+        format!(
+            "{VERIFIER_PREFIX}{}:{}${}:{}",
+            self.iterations,
+            B64.encode(&self.salt),
+            B64.encode(self.stored_key),
+            B64.encode(self.server_key)
+        )
+    }
+}
+
+impl FromStr for ScramVerifier {
+    type Err = ScramError;
+
+    /// Parses PostgreSQL's pg_authid format (surrounding whitespace is ignored). Error messages
+    /// never echo the secret.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let rest = s
+            .trim()
+            .strip_prefix(VERIFIER_PREFIX)
+            .ok_or_else(|| bad_verifier("it does not start with \"SCRAM-SHA-256$\""))?;
+        let (iter_salt, keys) = rest
+            .split_once('$')
+            .ok_or_else(|| bad_verifier("missing '$' between <iterations>:<salt> and the keys"))?;
+        let (iterations, salt) = iter_salt
+            .split_once(':')
+            .ok_or_else(|| bad_verifier("missing ':' between iterations and salt"))?;
+        let (stored, server) = keys
+            .split_once(':')
+            .ok_or_else(|| bad_verifier("missing ':' between StoredKey and ServerKey"))?;
+        if iterations.is_empty() || !iterations.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad_verifier("the iteration count is not a decimal number"));
+        }
+        let iterations: u32 = iterations
+            .parse()
+            .map_err(|_| bad_verifier("the iteration count is out of range"))?;
+        if iterations == 0 {
+            return Err(bad_verifier("the iteration count is 0"));
+        }
+        let salt = B64
+            .decode(salt)
+            .map_err(|_| bad_verifier("the salt is not valid base64"))?;
+        if salt.is_empty() {
+            return Err(bad_verifier("the salt is empty"));
+        }
+        Ok(ScramVerifier {
+            iterations,
+            salt,
+            stored_key: decode_key(stored, "StoredKey")?,
+            server_key: decode_key(server, "ServerKey")?,
+        })
+    }
+}
+
+fn decode_key(b64: &str, what: &str) -> Result<[u8; 32], ScramError> {
+    let bytes = B64
+        .decode(b64)
+        .map_err(|_| bad_verifier(format!("{what} is not valid base64")))?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map_err(|_| bad_verifier(format!("{what} is {} bytes, not 32", bytes.len())))
+}
+
+/// A new verifier for `password` in PostgreSQL's pg_authid format: random 16-byte salt, 4096
+/// iterations, SASLprep applied to the password exactly as PostgreSQL and libpq do.
+pub fn new_verifier(password: &str) -> String {
+    // postgres-protocol is what clients use to compute proofs, and it writes exactly the format
+    // of `ScramVerifier::to_pg_string`, including SASLprep, which we cannot do ourselves.
+    postgres_protocol::password::scram_sha_256(password.as_bytes())
+}
+
+/// Hi() of RFC 5802: PBKDF2-HMAC-SHA-256 producing one 32-byte block.
+fn hi(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+    let keyed = hmac_key(password);
+    let mut mac = keyed.clone();
+    mac.update(salt);
+    mac.update(&1u32.to_be_bytes());
+    let mut u: [u8; 32] = mac.finalize().into_bytes().into();
+    let mut out = u;
+    for _ in 1..iterations {
+        let mut mac = keyed.clone();
+        mac.update(&u);
+        u = mac.finalize().into_bytes().into();
+        for (o, x) in out.iter_mut().zip(u) {
+            *o ^= x;
+        }
+    }
+    out
+}
+
+fn hmac_key(key: &[u8]) -> HmacSha256 {
+    // HMAC takes keys of any length (long ones are hashed), so this cannot fail.
+    <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts keys of any length")
+}
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut mac = hmac_key(key);
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// Compares without an early exit, so timing does not reveal where the keys differ.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// Process-wide secret for mock salts (PostgreSQL keeps its `mock_auth_nonce` in pg_control).
+fn mock_secret() -> &'static [u8; 32] {
+    static SECRET: OnceLock<[u8; 32]> = OnceLock::new();
+    SECRET.get_or_init(rand::random)
+}
+
+/// Verifier used for unknown users: a salt derived from the user name and `secret` (stable for a
+/// given secret, like PostgreSQL's `scram_mock_salt`) and keys no proof can match.
+fn mock_verifier(username: &str, secret: &[u8]) -> ScramVerifier {
+    let digest = Sha256::new()
+        .chain_update(username.as_bytes())
+        .chain_update(secret)
+        .finalize();
+    ScramVerifier {
+        iterations: DEFAULT_ITERATIONS,
+        salt: digest.iter().copied().take(DEFAULT_SALT_LEN).collect(),
+        stored_key: [0; 32],
+        server_key: [0; 32],
+    }
+}
+
+enum State {
+    /// Waiting for the SASLInitialResponse.
+    Initial,
+    /// Server-first sent; waiting for the client-final-message.
+    ServerFirstSent {
+        gs2_header: String,
+        client_first_bare: String,
+        server_first: String,
+        nonce: String,
+    },
+    /// Finished (successfully or not); any further message is an error.
+    Done,
+}
+
+/// Server side of one SCRAM-SHA-256 exchange. See the module docs for the message flow.
+pub struct ScramServer {
+    verifier: ScramVerifier,
+    /// True when running against a mock verifier: the exchange always fails at the end.
+    doomed: bool,
+    state: State,
+}
+
+impl fmt::Debug for ScramServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Initial => "Initial",
+            State::ServerFirstSent { .. } => "ServerFirstSent",
+            State::Done => "Done",
+        };
+        f.debug_struct("ScramServer")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScramServer {
+    /// The mechanism names to offer in AuthenticationSASL: only "SCRAM-SHA-256" (no -PLUS; we do
+    /// not do channel binding).
+    pub const MECHANISMS: &'static [&'static str] = &[SCRAM_SHA_256];
+
+    /// `verifier` None means the user is unknown: run the exchange with a mock verifier
+    /// (deterministic per username within this process, like PostgreSQL's scram_mock_salt) and
+    /// fail at the end, so an unknown user is indistinguishable from a wrong password.
+    pub fn new(verifier: Option<ScramVerifier>, username_for_mock: &str) -> Self {
+        Self::with_mock_secret(verifier, username_for_mock, mock_secret())
+    }
+
+    /// Like [`ScramServer::new`], with the secret for mock salts given by the caller, so that
+    /// mock salts stay the same across restarts (pass a persistent random secret).
+    pub fn with_mock_secret(
+        verifier: Option<ScramVerifier>,
+        username_for_mock: &str,
+        mock_secret: &[u8],
+    ) -> Self {
+        let (verifier, doomed) = match verifier {
+            Some(v) => (v, false),
+            None => (mock_verifier(username_for_mock, mock_secret), true),
+        };
+        ScramServer {
+            verifier,
+            doomed,
+            state: State::Initial,
+        }
+    }
+
+    /// Takes the SASLInitialResponse: chosen mechanism and client-first-message bytes; returns
+    /// server-first-message bytes.
+    pub fn client_first(&mut self, mechanism: &str, data: &[u8]) -> Result<Vec<u8>, ScramError> {
+        if !matches!(self.state, State::Initial) {
+            self.state = State::Done;
+            return Err(protocol(
+                "unexpected SASLInitialResponse: the SCRAM exchange has already started",
+            ));
+        }
+        self.state = State::Done;
+        if mechanism != SCRAM_SHA_256 {
+            return Err(ScramError::UnsupportedMechanism(clip(mechanism)));
+        }
+        let msg = message_str(data, "client-first-message")?;
+        let (gs2_header, bare) = split_gs2_header(msg)?;
+        let client_nonce = parse_client_first_bare(bare)?;
+
+        let server_nonce = B64.encode(rand::random::<[u8; SERVER_NONCE_RAW_LEN]>());
+        let nonce = format!("{client_nonce}{server_nonce}");
+        let server_first = format!(
+            "r={nonce},s={},i={}",
+            B64.encode(&self.verifier.salt),
+            self.verifier.iterations
+        );
+        let out = server_first.clone().into_bytes();
+        self.state = State::ServerFirstSent {
+            gs2_header: gs2_header.to_string(),
+            client_first_bare: bare.to_string(),
+            server_first,
+            nonce,
+        };
+        Ok(out)
+    }
+
+    /// Takes the client-final-message; returns server-final-message bytes ("v=...") on success,
+    /// ScramError::AuthenticationFailed on a wrong password/unknown user.
+    pub fn client_final(&mut self, data: &[u8]) -> Result<Vec<u8>, ScramError> {
+        let (gs2_header, client_first_bare, server_first, nonce) =
+            match std::mem::replace(&mut self.state, State::Done) {
+                State::ServerFirstSent {
+                    gs2_header,
+                    client_first_bare,
+                    server_first,
+                    nonce,
+                } => (gs2_header, client_first_bare, server_first, nonce),
+                State::Initial => {
+                    return Err(protocol(
+                        "unexpected SASLResponse: no SASLInitialResponse was received first",
+                    ))
+                }
+                State::Done => {
+                    return Err(protocol(
+                        "unexpected SASLResponse: the SCRAM exchange is already finished",
+                    ))
+                }
+            };
+        let msg = message_str(data, "client-final-message")?;
+        let final_msg = parse_client_final(msg)?;
+
+        let cbind = B64.decode(final_msg.channel_binding).map_err(|_| {
+            protocol("the channel-binding attribute c= of client-final-message is not base64")
+        })?;
+        if cbind != gs2_header.as_bytes() {
+            return Err(protocol(
+                "the channel-binding attribute c= of client-final-message does not match the \
+                 gs2 header of client-first-message",
+            ));
+        }
+        if final_msg.nonce != nonce {
+            return Err(protocol(
+                "the nonce of client-final-message does not match the server's",
+            ));
+        }
+        let proof = B64
+            .decode(final_msg.proof)
+            .map_err(|_| protocol("the proof p= of client-final-message is not base64"))?;
+        let proof = <[u8; 32]>::try_from(proof.as_slice()).map_err(|_| {
+            protocol(format!(
+                "the proof p= of client-final-message is {} bytes, not 32",
+                proof.len()
+            ))
+        })?;
+
+        let parts: [&[u8]; 5] = [
+            client_first_bare.as_bytes(),
+            b",",
+            server_first.as_bytes(),
+            b",",
+            final_msg.without_proof.as_bytes(),
+        ];
+        let client_signature = hmac(&self.verifier.stored_key, &parts);
+        let mut client_key = proof;
+        for (k, s) in client_key.iter_mut().zip(client_signature) {
+            *k ^= s;
+        }
+        let computed: [u8; 32] = Sha256::digest(client_key).into();
+        if !ct_eq(&computed, &self.verifier.stored_key) || self.doomed {
+            return Err(ScramError::AuthenticationFailed);
+        }
+        let server_signature = hmac(&self.verifier.server_key, &parts);
+        Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
+    }
+}
+
+/// Truncates client-supplied text for inclusion in an error message.
+fn clip(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", s.get(..end).unwrap_or_default())
+}
+
+fn message_str<'a>(data: &'a [u8], what: &str) -> Result<&'a str, ScramError> {
+    if data.len() > MAX_MESSAGE_LEN {
+        return Err(protocol(format!(
+            "{what} is {} bytes, more than the {MAX_MESSAGE_LEN} accepted",
+            data.len()
+        )));
+    }
+    std::str::from_utf8(data).map_err(|_| protocol(format!("{what} is not valid UTF-8")))
+}
+
+/// Splits `letter=value` and checks the letter; values never contain ','.
+fn attr(part: &str) -> Option<(u8, &str)> {
+    let (name, value) = part.split_once('=')?;
+    match name.as_bytes() {
+        [c] if c.is_ascii_alphabetic() => Some((*c, value)),
+        _ => None,
+    }
+}
+
+/// Splits off the gs2 header (`n,,` or `y,,`), returning it and client-first-bare.
+fn split_gs2_header(msg: &str) -> Result<(&str, &str), ScramError> {
+    match msg.as_bytes().first() {
+        Some(b'n' | b'y') => {}
+        Some(b'p') => {
+            return Err(protocol(
+                "the client requested channel binding, which walrelay does not support; \
+                 connect with channel_binding=disable or prefer",
+            ))
+        }
+        Some(_) => {
+            return Err(protocol(
+                "client-first-message must start with a gs2 header \"n,,\" or \"y,,\"",
+            ))
+        }
+        None => return Err(protocol("client-first-message is empty")),
+    }
+    let rest = msg.get(1..).unwrap_or_default();
+    let rest = rest.strip_prefix(',').ok_or_else(|| {
+        protocol("client-first-message must start with a gs2 header \"n,,\" or \"y,,\"")
+    })?;
+    if rest.starts_with("a=") {
+        return Err(protocol(
+            "the client sent an authorization identity (a=), which is not supported; \
+             the user of the startup packet is used",
+        ));
+    }
+    let bare = rest.strip_prefix(',').ok_or_else(|| {
+        protocol("client-first-message must start with a gs2 header \"n,,\" or \"y,,\"")
+    })?;
+    let header = msg.get(..3).unwrap_or_default();
+    Ok((header, bare))
+}
+
+/// Parses client-first-bare `n=<user>,r=<nonce>[,ext...]`, returning the client nonce.
+fn parse_client_first_bare(bare: &str) -> Result<&str, ScramError> {
+    if bare.starts_with("m=") {
+        return Err(protocol(
+            "the client requires an unsupported SCRAM extension (m=)",
+        ));
+    }
+    let mut parts = bare.split(',');
+    match parts.next().and_then(attr) {
+        Some((b'n', _user)) => {}
+        _ => {
+            return Err(protocol(
+                "client-first-message must contain the user name attribute n= after the gs2 header",
+            ))
+        }
+    }
+    let nonce = match parts.next().and_then(attr) {
+        Some((b'r', nonce)) => nonce,
+        _ => {
+            return Err(protocol(
+                "client-first-message must contain the nonce attribute r= after n=",
+            ))
+        }
+    };
+    if nonce.is_empty()
+        || !nonce
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b',')
+    {
+        return Err(protocol(
+            "the client nonce must be non-empty printable ASCII without ','",
+        ));
+    }
+    for ext in parts {
+        if attr(ext).is_none() {
+            return Err(protocol(
+                "malformed attribute in client-first-message: expected letter=value",
+            ));
+        }
+    }
+    Ok(nonce)
+}
+
+struct ClientFinal<'a> {
+    channel_binding: &'a str,
+    nonce: &'a str,
+    proof: &'a str,
+    without_proof: &'a str,
+}
+
+/// Parses `c=..,r=..[,ext...],p=..`.
+fn parse_client_final(msg: &str) -> Result<ClientFinal<'_>, ScramError> {
+    let (without_proof, last) = msg
+        .rsplit_once(',')
+        .ok_or_else(|| protocol("client-final-message must be c=<binding>,r=<nonce>,p=<proof>"))?;
+    let proof = match attr(last) {
+        Some((b'p', proof)) => proof,
+        _ => {
+            return Err(protocol(
+                "client-final-message must end with the proof attribute p=",
+            ))
+        }
+    };
+    let mut parts = without_proof.split(',');
+    let channel_binding = match parts.next().and_then(attr) {
+        Some((b'c', v)) => v,
+        _ => {
+            return Err(protocol(
+                "client-final-message must start with the channel-binding attribute c=",
+            ))
+        }
+    };
+    let nonce = match parts.next().and_then(attr) {
+        Some((b'r', v)) => v,
+        _ => {
+            return Err(protocol(
+                "client-final-message must contain the nonce attribute r= after c=",
+            ))
+        }
+    };
+    for ext in parts {
+        match attr(ext) {
+            Some((b'p', _)) => {
+                return Err(protocol(
+                    "the proof attribute p= must be the last of client-final-message",
+                ))
+            }
+            Some(_) => {}
+            None => {
+                return Err(protocol(
+                    "malformed attribute in client-final-message: expected letter=value",
+                ))
+            }
+        }
+    }
+    Ok(ClientFinal {
+        channel_binding,
+        nonce,
+        proof,
+        without_proof,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    use proptest::prelude::*;
+
+    /// Runs a full exchange with the postgres-protocol client; returns the server's verdict and
+    /// whether the client accepted the server-final-message.
+    fn exchange(
+        server: &mut ScramServer,
+        password: &str,
+        cb: ChannelBinding,
+    ) -> Result<bool, ScramError> {
+        let mut client = ScramSha256::new(password.as_bytes(), cb);
+        let first = server.client_first(SCRAM_SHA_256, client.message())?;
+        client.update(&first).expect("client accepts server-first");
+        let last = server.client_final(client.message())?;
+        Ok(client.finish(&last).is_ok())
+    }
+
+    fn test_verifier() -> ScramVerifier {
+        ScramVerifier::from_password("foobar", b"walrelay-salt-16", 4096)
+    }
+
+    #[test]
+    fn known_vectors_match_postgresql() {
+        // Written by PostgreSQL 15 (CREATE ROLE r PASSWORD 'foobar'), and by postgres-protocol
+        // (as libpq) for "secret" with salt 1..=16.
+        let foobar = "SCRAM-SHA-256$4096:c7Wr9koccIRJZLnFqhHv7Q==$mL+Hs2pcaay2xciC7MSudyTFZX+V0c3ON/+oiu/Ouw8=:5YgwdmlYAcuxvGM0yDBYX+LS/og/ZeIIWCJ2i3jMek8=";
+        let secret = "SCRAM-SHA-256$4096:AQIDBAUGBwgJCgsMDQ4PEA==$8rrDg00OqaiWXJ7p+sCgHEIaBSHY89ZJl3mfIsf32oY=:05L1f+yZbiN8O0AnO40Og85NNRhvzTS57naKRWCcsIA=";
+        for (password, pg) in [("foobar", foobar), ("secret", secret)] {
+            let parsed: ScramVerifier = pg.parse().unwrap();
+            let v = ScramVerifier::from_password(password, &parsed.salt, 4096);
+            assert_eq!(v.to_pg_string(), pg);
+            assert_eq!(parsed, v);
+            let mut server = ScramServer::new(Some(parsed), "r");
+            assert!(exchange(&mut server, password, ChannelBinding::unsupported()).unwrap());
+        }
+    }
+
+    #[test]
+    fn verifier_round_trip_and_new_verifier() {
+        let v = test_verifier();
+        assert_eq!(v.to_pg_string().parse::<ScramVerifier>().unwrap(), v);
+        let s = new_verifier("foobar");
+        let parsed: ScramVerifier = s.parse().unwrap();
+        assert_eq!(parsed.iterations, 4096);
+        assert_eq!(parsed.salt.len(), 16);
+        assert_eq!(parsed.to_pg_string(), s);
+        assert_eq!(
+            ScramVerifier::from_password("foobar", &parsed.salt, 4096),
+            parsed
+        );
+        // new_verifier applies SASLprep like the client: a fullwidth password still works.
+        let mut server = ScramServer::new(Some(new_verifier("ｆｏｏ").parse().unwrap()), "u");
+        assert!(exchange(&mut server, "ｆｏｏ", ChannelBinding::unsupported()).unwrap());
+        assert!(!format!("{parsed:?}").contains(&B64.encode(parsed.stored_key)));
+    }
+
+    #[test]
+    fn bad_verifiers_rejected() {
+        let good = test_verifier().to_pg_string();
+        let (head, keys) = good.rsplit_once('$').unwrap();
+        let (stored, _) = keys.split_once(':').unwrap();
+        for bad in [
+            String::new(),
+            "md5abcdef".to_string(),
+            "SCRAM-SHA-256$".to_string(),
+            good.replace("4096", "0"),
+            good.replace("4096", "-1"),
+            good.replace("4096", "99999999999"),
+            good.replace('$', "#"),
+            format!("{head}${stored}"),
+            format!("{head}${stored}:AAAA"),
+            format!("{head}${stored}:!!!!"),
+            good.replacen(":", ":$", 1),
+        ] {
+            let err = bad.parse::<ScramVerifier>().unwrap_err();
+            assert!(matches!(err, ScramError::BadVerifier(_)), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn full_exchange_succeeds_with_both_gs2_headers() {
+        for cb in [ChannelBinding::unsupported(), ChannelBinding::unrequested()] {
+            let mut server = ScramServer::new(Some(test_verifier()), "alice");
+            assert!(exchange(&mut server, "foobar", cb).unwrap());
+            // Finished: nothing more is accepted.
+            assert!(matches!(
+                server.client_final(b"c=biws"),
+                Err(ScramError::Protocol(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn wrong_password_and_unknown_user_fail() {
+        let mut server = ScramServer::new(Some(test_verifier()), "alice");
+        let r = exchange(&mut server, "foobaz", ChannelBinding::unsupported());
+        assert!(matches!(r, Err(ScramError::AuthenticationFailed)), "{r:?}");
+
+        let mut server = ScramServer::new(None, "mallory");
+        let r = exchange(&mut server, "foobar", ChannelBinding::unsupported());
+        assert!(matches!(r, Err(ScramError::AuthenticationFailed)), "{r:?}");
+    }
+
+    #[test]
+    fn mock_salt_is_stable_per_user() {
+        let salt_of = |user: &str| {
+            let mut s = ScramServer::new(None, user);
+            let first = s.client_first(SCRAM_SHA_256, b"n,,n=,r=abc").unwrap();
+            let first = String::from_utf8(first).unwrap();
+            first.split(',').nth(1).unwrap().to_string()
+        };
+        assert_eq!(salt_of("bob"), salt_of("bob"));
+        assert_ne!(salt_of("bob"), salt_of("carol"));
+        let a = ScramServer::with_mock_secret(None, "bob", b"k1").verifier;
+        let b = ScramServer::with_mock_secret(None, "bob", b"k2").verifier;
+        assert_ne!(a.salt, b.salt);
+        assert_eq!(a.iterations, DEFAULT_ITERATIONS);
+    }
+
+    #[test]
+    fn server_first_format() {
+        let mut server = ScramServer::new(Some(test_verifier()), "alice");
+        let first = server
+            .client_first(SCRAM_SHA_256, b"y,,n=*,r=cn0nce,x=ext")
+            .unwrap();
+        let first = String::from_utf8(first).unwrap();
+        let rest = first.strip_prefix("r=cn0nce").unwrap();
+        let (snonce, rest) = rest.split_once(',').unwrap();
+        assert_eq!(B64.decode(snonce).unwrap().len(), 18);
+        assert_eq!(
+            rest,
+            format!("s={},i=4096", B64.encode(b"walrelay-salt-16"))
+        );
+    }
+
+    #[test]
+    fn client_first_rejections() {
+        let cases: &[(&str, &[u8])] = &[
+            ("SCRAM-SHA-256-PLUS", b"p=tls-server-end-point,,n=,r=abc"),
+            ("SCRAM-SHA-1", b"n,,n=,r=abc"),
+        ];
+        for (mech, data) in cases {
+            let mut s = ScramServer::new(Some(test_verifier()), "u");
+            let e = s.client_first(mech, data).unwrap_err();
+            assert!(matches!(e, ScramError::UnsupportedMechanism(_)), "{e}");
+        }
+        let long = [b'a'; 2000];
+        for data in [
+            &b"p=tls-server-end-point,,n=,r=abc"[..],
+            b"n,a=bob,n=,r=abc",
+            b"n,,m=ext,n=,r=abc",
+            b"n,,r=abc",
+            b"n,,n=,r=",
+            b"n,,n=,r=a b",
+            b"n,,n=,x=abc",
+            b"n,,n=,r=abc,bogus",
+            b"x,,n=,r=abc",
+            b"n,n=,r=abc",
+            b"",
+            b"n",
+            b"\xff\xfe",
+            &long[..],
+        ] {
+            let mut s = ScramServer::new(Some(test_verifier()), "u");
+            let e = s.client_first(SCRAM_SHA_256, data).unwrap_err();
+            assert!(matches!(e, ScramError::Protocol(_)), "{data:?}: {e}");
+        }
+        let mut s = ScramServer::new(Some(test_verifier()), "u");
+        let e = s
+            .client_first(SCRAM_SHA_256, b"p=tls-server-end-point,,n=,r=a")
+            .unwrap_err();
+        assert!(e.to_string().contains("channel binding"), "{e}");
+    }
+
+    #[test]
+    fn client_final_rejections() {
+        let proof = B64.encode([0u8; 32]);
+        let short = B64.encode([0u8; 31]);
+        let start = |header: &str| {
+            let mut s = ScramServer::new(Some(test_verifier()), "u");
+            let first = s.client_first(SCRAM_SHA_256, format!("{header}n=,r=abc").as_bytes());
+            let first = String::from_utf8(first.unwrap()).unwrap();
+            let nonce = first
+                .split(',')
+                .next()
+                .unwrap()
+                .strip_prefix("r=")
+                .unwrap()
+                .to_string();
+            (s, nonce)
+        };
+        let (mut s, nonce) = start("n,,");
+        let ok = s.client_final(format!("c=biws,r={nonce},p={proof}").as_bytes());
+        assert!(matches!(ok, Err(ScramError::AuthenticationFailed)));
+        for tmpl in [
+            "c=eSws,r={n},p={p}",       // gs2 header mismatch
+            "c=biws,r={n}x,p={p}",      // nonce mismatch
+            "c=biws,r={n},p={s}",       // short proof
+            "c=biws,r={n},p=***",       // proof not base64
+            "c=biws,r={n},p={p},x=1",   // p not last
+            "c=biws,r={n},p={p},p={p}", // p twice
+            "c=biws,p={p},r={n}",       // order
+            "r={n},c=biws,p={p}",
+            "c=biws,r={n}",
+            "",
+            "c=biws,r={n},bogus,p={p}",
+        ] {
+            let (mut s, nonce) = start("n,,");
+            let msg = tmpl
+                .replace("{n}", &nonce)
+                .replace("{p}", &proof)
+                .replace("{s}", &short);
+            let e = s.client_final(msg.as_bytes()).unwrap_err();
+            assert!(matches!(e, ScramError::Protocol(_)), "{msg}: {e}");
+        }
+        // Extensions before p are allowed (and then the password is simply wrong here).
+        let (mut s, nonce) = start("y,,");
+        let e = s.client_final(format!("c=eSws,r={nonce},x=1,p={proof}").as_bytes());
+        assert!(matches!(e, Err(ScramError::AuthenticationFailed)));
+    }
+
+    #[test]
+    fn out_of_order_calls_are_protocol_errors() {
+        let mut s = ScramServer::new(Some(test_verifier()), "u");
+        assert!(matches!(
+            s.client_final(b"c=biws,r=a,p=b"),
+            Err(ScramError::Protocol(_))
+        ));
+        let mut s = ScramServer::new(Some(test_verifier()), "u");
+        s.client_first(SCRAM_SHA_256, b"n,,n=,r=abc").unwrap();
+        let e = s.client_first(SCRAM_SHA_256, b"n,,n=,r=abc").unwrap_err();
+        assert!(matches!(e, ScramError::Protocol(_)));
+        assert!(matches!(
+            s.client_final(b"c=biws,r=a,p=b"),
+            Err(ScramError::Protocol(_))
+        ));
+    }
+
+    fn cheap_verifier() -> ScramVerifier {
+        ScramVerifier::from_password("pw", b"salt", 2)
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_client_first_never_panics(mech in ".{0,20}", data in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut s = ScramServer::new(Some(cheap_verifier()), "u");
+            let _ = s.client_first(&mech, &data);
+            let _ = s.client_first(SCRAM_SHA_256, &data);
+            let mut s = ScramServer::new(Some(cheap_verifier()), "u");
+            let _ = s.client_first(SCRAM_SHA_256, &data);
+        }
+
+        #[test]
+        fn arbitrary_client_final_never_panics(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut s = ScramServer::new(None, "u");
+            s.client_first(SCRAM_SHA_256, b"n,,n=,r=abc").unwrap();
+            let r = s.client_final(&data);
+            prop_assert!(r.is_err());
+        }
+
+        #[test]
+        fn structured_client_final_never_panics(
+            c in "[a-zA-Z0-9+/=,]{0,10}",
+            ext in "[a-z=,]{0,8}",
+            p in "[a-zA-Z0-9+/=]{0,60}",
+        ) {
+            let mut s = ScramServer::new(Some(cheap_verifier()), "u");
+            let first = String::from_utf8(s.client_first(SCRAM_SHA_256, b"n,,n=,r=abc").unwrap()).unwrap();
+            let nonce = first.split(',').next().unwrap().strip_prefix("r=").unwrap().to_string();
+            let msg = format!("c={c},r={nonce}{ext},p={p}");
+            let _ = s.client_final(msg.as_bytes());
+        }
+
+        #[test]
+        fn arbitrary_verifier_strings_never_panic(s in ".{0,120}") {
+            let _ = s.parse::<ScramVerifier>();
+            let _ = format!("SCRAM-SHA-256${s}").parse::<ScramVerifier>();
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! rustls configurations (ring provider): TLS toward standbys, TLS toward the primary per the
+//! conninfo's sslmode. The link's TLS is configured through tonic in [`crate::link`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+use crate::conninfo::{ConnInfo, SslMode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} holds no PEM certificate")]
+    NoCert { path: String },
+    #[error("{path} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
+    NoKey { path: String },
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("invalid CA certificates in {path}: {why}")]
+    BadCa { path: String, why: String },
+}
+
+/// The crypto provider walrelay uses everywhere.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Installs ring as the process-wide default provider (needed by libraries that use the
+/// default, such as tonic). Safe to call more than once.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let p = path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut &data[..])
+        .filter_map(Result::ok)
+        .collect();
+    if certs.is_empty() {
+        return Err(TlsError::NoCert { path: p });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let p = path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    rustls_pemfile::private_key(&mut &data[..])
+        .ok()
+        .flatten()
+        .ok_or(TlsError::NoKey { path: p })
+}
+
+fn root_store(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in load_certs(path)? {
+        roots.add(c).map_err(|e| TlsError::BadCa {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// Server config for standbys connecting to the downstream (ALPN "postgresql" for PG 17+
+/// direct TLS negotiation).
+pub fn standby_server_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(load_certs(cert)?, load_key(key)?)?;
+    cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Client config for the upstream's connection to the primary, following libpq's sslmode:
+/// require (and allow/prefer) encrypt without verifying, verify-ca checks the chain,
+/// verify-full the chain and the host name.
+pub fn primary_client_config(ci: &ConnInfo) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?;
+    let builder = match (ci.sslmode, &ci.sslrootcert) {
+        (SslMode::VerifyFull, Some(ca)) => builder.with_root_certificates(root_store(ca)?),
+        (SslMode::VerifyCa, Some(ca)) => {
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(root_store(ca)?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::BadCa {
+                path: ca.display().to_string(),
+                why: e.to_string(),
+            })?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+        }
+        _ => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider()))),
+    };
+    let cfg = match (&ci.sslcert, &ci.sslkey) {
+        (Some(c), Some(k)) => builder.with_client_auth_cert(load_certs(c)?, load_key(k)?)?,
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(cfg))
+}
+
+/// sslmode=require: encryption without authentication of the server, as libpq does.
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// sslmode=verify-ca: the chain must lead to the CA; the name is not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end: &CertificateDer<'_>,
+        inter: &[CertificateDer<'_>],
+        name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.0.verify_server_cert(end, inter, name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+            | Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(m, c, d)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(m, c, d)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}

@@ -1,0 +1,311 @@
+//! The upstream half (next to the primary): serves the link and, per standby session, runs a
+//! physical replication connection to the primary on the standby's behalf.
+//!
+//! Per session two loops run concurrently until either ends:
+//! - primary → link: backend messages are read (capped at `limits.max_message_bytes`); XLogData
+//!   payloads are encoded by the session's codec (flushed per message, nothing held back) and
+//!   sent as `Wal`; every other message goes verbatim. The send waits when the session's queue
+//!   (`limits.queue_messages`) is full, so a slow link pauses reading from the primary instead
+//!   of buffering.
+//! - link → primary: validated replication commands become queries; the standby's feedback
+//!   (write/flush/apply positions, hot-standby feedback) becomes CopyData, so the primary's
+//!   `pg_stat_replication` and synchronous replication reflect the real standby.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use walrelay_proto::link::link_server::{Link, LinkServer};
+use walrelay_proto::link::{
+    to_downstream, to_upstream, Param, ToDownstream, ToUpstream, Wal, Welcome,
+};
+use walrelay_proto::PROTOCOL_VERSION;
+
+use crate::codec::{checksum, WalEncoder};
+use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
+use crate::link::{self, CountingIo};
+use crate::metrics::{GaugeGuard, Metrics};
+use crate::pgclient::{self, PrimaryConn};
+use crate::pgwire::io::MsgReader;
+use crate::pgwire::repl::{check_feedback, XLogData};
+use crate::pgwire::{encode, parse_tagged, WireError};
+
+/// Shared state of the upstream half.
+pub struct Upstream {
+    pub cfg: ResolvedUpstream,
+    pub link: LinkConfig,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+    sessions: Arc<Semaphore>,
+}
+
+impl Upstream {
+    pub fn new(
+        cfg: ResolvedUpstream,
+        link: LinkConfig,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> Arc<Upstream> {
+        let sessions = Arc::new(Semaphore::new(limits.max_sessions));
+        Arc::new(Upstream {
+            cfg,
+            link,
+            limits,
+            metrics,
+            shutdown,
+            sessions,
+        })
+    }
+}
+
+/// Serves the link on `listener` until the shutdown token fires and sessions have ended.
+pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let metrics = up.metrics.clone();
+    let incoming = TcpListenerStream::new(listener).map(move |s| {
+        s.map(|s| {
+            let _ = s.set_nodelay(true);
+            CountingIo::new(s, metrics.clone())
+        })
+    });
+    let max = link::max_link_message(&up.limits);
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(up.link.keepalive_secs)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(up.link.keepalive_secs)));
+    if let Some(tls) = link::server_tls(&up.link)? {
+        builder = builder.tls_config(tls).context("link TLS configuration")?;
+    }
+    let shutdown = up.shutdown.clone();
+    let svc = LinkServer::new(LinkService(up))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    builder
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await
+        .context("link server")?;
+    Ok(())
+}
+
+type SessionStream = ReceiverStream<Result<ToDownstream, Status>>;
+
+/// The gRPC service: one link session per standby session.
+struct LinkService(Arc<Upstream>);
+
+impl std::ops::Deref for LinkService {
+    type Target = Arc<Upstream>;
+    fn deref(&self) -> &Arc<Upstream> {
+        &self.0
+    }
+}
+
+#[tonic::async_trait]
+impl Link for LinkService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<ToUpstream>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted("the upstream has reached limits.max_sessions")
+        })?;
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
+            Ok(Some(Ok(ToUpstream {
+                msg: Some(to_upstream::Msg::Hello(h)),
+            }))) => h,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a link session must be Hello",
+                ))
+            }
+        };
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "link protocol {} requested, this upstream speaks {PROTOCOL_VERSION}: run the same walrelay version on both halves",
+                hello.protocol_version
+            )));
+        }
+        let codec = CodecKind::from_name(&hello.codec)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
+        let window_log = self
+            .link
+            .zstd_window_log
+            .min(hello.zstd_window_log_max.max(10));
+        let app = if hello.application_name.is_empty() {
+            "walrelay".to_string()
+        } else {
+            hello.application_name.clone()
+        };
+        info!(%peer, standby = %hello.standby_addr, application_name = %app, user = %hello.standby_user, "link session opened");
+        let mut conn = pgclient::connect(&self.cfg.primary, &app, self.limits.max_message_bytes)
+            .await
+            .map_err(|e| {
+                warn!(application_name = %app, "cannot open the primary connection: {e}");
+                Status::unavailable(e.to_string())
+            })?;
+        if let Some(slot) = &self.cfg.slot {
+            if conn.ensure_physical_slot(slot).await.map_err(|e| {
+                Status::unavailable(format!("cannot create slot {slot:?} on the primary: {e}"))
+            })? {
+                info!(slot = %slot, "created physical replication slot on the primary");
+            }
+        }
+        let encoder = WalEncoder::new(codec, self.link.zstd_level, window_log)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let (tx, rx) = mpsc::channel(self.limits.queue_messages);
+        let welcome = Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            params: conn
+                .params
+                .iter()
+                .map(|(name, value)| Param {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            codec: codec.name().into(),
+        };
+        tx.send(Ok(ToDownstream {
+            msg: Some(to_downstream::Msg::Welcome(welcome)),
+        }))
+        .await
+        .map_err(|_| Status::cancelled("downstream went away"))?;
+        let up = self.0.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
+            Metrics::add(&up.metrics.sessions_total, 1);
+            let end = run_session(&up, conn, inbound, tx.clone(), encoder).await;
+            match &end {
+                Ok(()) => info!(application_name = %app, "link session ended"),
+                Err(status) => {
+                    warn!(application_name = %app, "link session ended: {}", status.message());
+                    let _ = tx.send(Err(status.clone())).await;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn run_session(
+    up: &Upstream,
+    conn: PrimaryConn,
+    inbound: Streaming<ToUpstream>,
+    tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    encoder: WalEncoder,
+) -> Result<(), Status> {
+    let PrimaryConn {
+        reader,
+        writer,
+        max_message_bytes,
+        ..
+    } = conn;
+    tokio::select! {
+        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes) => r,
+        r = link_to_primary(inbound, writer, up.cfg.slot.as_deref()) => r,
+        _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
+    }
+}
+
+fn primary_gone(e: WireError) -> Status {
+    match e {
+        WireError::Closed => Status::unavailable("the primary closed the replication connection"),
+        e => Status::unavailable(format!("primary connection: {e}")),
+    }
+}
+
+async fn primary_to_link<R: AsyncRead + Unpin>(
+    mut reader: MsgReader<R>,
+    tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    mut encoder: WalEncoder,
+    metrics: &Metrics,
+    max: usize,
+) -> Result<(), Status> {
+    let mut encoded = Vec::new();
+    loop {
+        let m = reader
+            .read(|b| parse_tagged(b, |_| max))
+            .await
+            .map_err(primary_gone)?;
+        let msg = match (m.tag, XLogData::parse(&m.body).map_err(primary_gone)?) {
+            (b'd', Some(x)) => {
+                Metrics::add(&metrics.wal_bytes_in, x.data.len() as u64);
+                encoder
+                    .encode(&x.data, &mut encoded)
+                    .map_err(|e| Status::internal(format!("encoding WAL at {}: {e}", x.start)))?;
+                Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
+                to_downstream::Msg::Wal(Wal {
+                    start: x.start.0,
+                    end: x.end.0,
+                    send_time: x.send_time,
+                    raw_len: x.data.len() as u32,
+                    payload: std::mem::take(&mut encoded).into(),
+                    xxh3: checksum(&x.data),
+                })
+            }
+            _ => {
+                let mut out = BytesMut::with_capacity(m.body.len() + 5);
+                m.encode(&mut out);
+                to_downstream::Msg::Backend(out.freeze())
+            }
+        };
+        tx.send(Ok(ToDownstream { msg: Some(msg) }))
+            .await
+            .map_err(|_| Status::cancelled("the downstream went away"))?;
+    }
+}
+
+async fn link_to_primary<W: AsyncWrite + Unpin>(
+    mut inbound: Streaming<ToUpstream>,
+    mut writer: W,
+    slot: Option<&str>,
+) -> Result<(), Status> {
+    let mut out = BytesMut::new();
+    while let Some(msg) = inbound.next().await {
+        let msg = msg.map_err(|s| Status::unavailable(format!("link: {}", s.message())))?;
+        out.clear();
+        match msg.msg {
+            Some(to_upstream::Msg::Command(c)) => {
+                let cmd = link::command_from_proto(c, slot)?;
+                encode::query(&mut out, &cmd.to_sql());
+            }
+            Some(to_upstream::Msg::Feedback(b)) => {
+                check_feedback(&b).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                encode::copy_data(&mut out, &b);
+            }
+            Some(to_upstream::Msg::CopyDone(_)) => encode::copy_done(&mut out),
+            Some(to_upstream::Msg::Hello(_)) | None => {
+                return Err(Status::invalid_argument(
+                    "unexpected message on the link session",
+                ))
+            }
+        }
+        writer
+            .write_all(&out)
+            .await
+            .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
+    }
+    // The downstream closed its side: tell the primary we are done.
+    out.clear();
+    encode::terminate(&mut out);
+    let _ = writer.write_all(&out).await;
+    Ok(())
+}

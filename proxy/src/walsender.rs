@@ -1,0 +1,412 @@
+//! The downstream half (next to the standbys): a walsender that unmodified PostgreSQL standbys
+//! and pg_receivewal connect to.
+//!
+//! A connection goes through:
+//! 1. startup: SSLRequest answered 'S' (TLS) when `downstream.tls_cert` is set, else 'N';
+//!    GSSENCRequest 'N'; PG 17+ direct TLS (first byte 0x16, ALPN `postgresql`); only physical
+//!    replication connections (`replication=true`) are served;
+//! 2. authentication: SCRAM-SHA-256 against `downstream.users`, or trust;
+//! 3. a link session to the upstream, which connects to the primary as this standby; the
+//!    primary's ParameterStatus values go to the standby (walrelay speaks with the primary's
+//!    voice);
+//! 4. relaying: replication commands are parsed and validated here and travel structured;
+//!    the primary's answers come back verbatim, XLogData decoded and verified (xxh3) before any
+//!    byte reaches the standby; the standby's feedback goes back to the primary.
+//!
+//! Any link failure ends the standby's session with a FATAL error; the standby reconnects by
+//! itself and resumes from its own position.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::Channel;
+use tracing::{debug, info, warn};
+
+use walrelay_proto::link::link_client::LinkClient;
+use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
+use walrelay_proto::PROTOCOL_VERSION;
+
+use crate::codec::WalDecoder;
+use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
+use crate::link;
+use crate::lsn::Lsn;
+use crate::metrics::{GaugeGuard, Metrics};
+use crate::pgclient::BoxIo;
+use crate::pgwire::io::MsgReader;
+use crate::pgwire::repl::{check_feedback, XLogData};
+use crate::pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
+use crate::replcmd;
+
+mod startup;
+
+/// Shared state of the downstream half.
+pub struct Downstream {
+    pub cfg: ResolvedDownstream,
+    pub link_cfg: LinkConfig,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+    channel: Channel,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    sessions: Arc<Semaphore>,
+}
+
+impl Downstream {
+    pub fn new(
+        cfg: ResolvedDownstream,
+        link_cfg: LinkConfig,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Arc<Downstream>> {
+        let channel = link::client_channel(&link_cfg, &cfg.upstream)?;
+        let tls = match &cfg.tls {
+            Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
+                crate::tls::standby_server_config(cert, key)?,
+            )),
+            None => None,
+        };
+        let sessions = Arc::new(Semaphore::new(limits.max_sessions));
+        Ok(Arc::new(Downstream {
+            cfg,
+            link_cfg,
+            limits,
+            metrics,
+            shutdown,
+            channel,
+            tls,
+            sessions,
+        }))
+    }
+}
+
+/// Accepts standbys until shutdown, then waits (bounded by `limits.drain_timeout_secs`) for
+/// their sessions to end; sessions themselves end at shutdown with a FATAL like PostgreSQL's.
+pub async fn serve(ds: Arc<Downstream>, listener: TcpListener) {
+    let tracker = TaskTracker::new();
+    loop {
+        let (sock, peer) = tokio::select! {
+            _ = ds.shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!("accept on the standby listener failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let ds = ds.clone();
+        tracker.spawn(async move { handle_connection(ds, sock, peer).await });
+    }
+    tracker.close();
+    if tokio::time::timeout(
+        Duration::from_secs(ds.limits.drain_timeout_secs),
+        tracker.wait(),
+    )
+    .await
+    .is_err()
+    {
+        warn!("standby sessions did not end within limits.drain_timeout_secs; cutting them");
+    }
+}
+
+/// What a session tells the standby before closing, if anything.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The standby left (Terminate or EOF) or asked to cancel.
+    Quiet,
+    /// Send this error, then close.
+    Fatal(ErrorFields),
+}
+
+impl End {
+    fn fatal(code: &str, msg: impl Into<String>) -> End {
+        End::Fatal(ErrorFields::fatal(code, msg))
+    }
+}
+
+async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAddr) {
+    let _ = sock.set_nodelay(true);
+    let Ok(_permit) = ds.sessions.clone().try_acquire_owned() else {
+        warn!(%peer, "refusing standby connection: limits.max_sessions reached");
+        let mut sock = sock;
+        let mut out = BytesMut::new();
+        encode::error_response(
+            &mut out,
+            &ErrorFields::fatal(
+                "53300",
+                "sorry, too many clients already (walrelay limits.max_sessions)",
+            ),
+        );
+        let _ = sock.write_all(&out).await;
+        return;
+    };
+    let _gauge = GaugeGuard::inc(&ds.metrics.sessions_active_downstream);
+    let auth_timeout = Duration::from_secs(ds.limits.auth_timeout_secs);
+    let started = tokio::time::timeout(auth_timeout, startup::accept(&ds, sock, peer)).await;
+    let (mut reader, mut writer, standby) = match started {
+        Ok(Ok(s)) => s,
+        Ok(Err((writer, end))) => {
+            if let (Some(mut w), End::Fatal(e)) = (writer, &end) {
+                send_error(&mut w, e).await;
+            }
+            return;
+        }
+        Err(_) => {
+            warn!(%peer, "standby did not complete startup within limits.auth_timeout_secs");
+            return;
+        }
+    };
+    let end = tokio::select! {
+        end = relay(&ds, &mut reader, &mut writer, &standby) => end,
+        _ = ds.shutdown.cancelled() => End::fatal("57P01", "terminating connection due to administrator command (walrelay is shutting down)"),
+    };
+    match &end {
+        End::Quiet => {
+            info!(%peer, application_name = %standby.application_name, "standby session ended")
+        }
+        End::Fatal(e) => {
+            warn!(%peer, application_name = %standby.application_name, "standby session ended: {}", e.message);
+            send_error(&mut writer, e).await;
+        }
+    }
+}
+
+async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, e: &ErrorFields) {
+    let mut out = BytesMut::new();
+    encode::error_response(&mut out, e);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = w.write_all(&out).await;
+        let _ = w.shutdown().await;
+    })
+    .await;
+}
+
+/// Who is connected, as established during startup.
+pub(crate) struct Standby {
+    pub peer: SocketAddr,
+    pub user: String,
+    pub application_name: String,
+}
+
+type Reader = MsgReader<tokio::io::ReadHalf<BoxIo>>;
+type Writer = tokio::io::WriteHalf<BoxIo>;
+
+/// Opens the link session, finishes the standby's startup with the primary's parameters, then
+/// relays until either side ends.
+async fn relay(
+    ds: &Downstream,
+    reader: &mut Reader,
+    writer: &mut Writer,
+    standby: &Standby,
+) -> End {
+    let (ltx, lrx) = mpsc::channel::<ToUpstream>(ds.limits.queue_messages);
+    let hello = Hello {
+        protocol_version: PROTOCOL_VERSION,
+        application_name: standby.application_name.clone(),
+        standby_user: standby.user.clone(),
+        codec: ds.link_cfg.codec.name().into(),
+        standby_addr: standby.peer.to_string(),
+        zstd_window_log_max: ds.link_cfg.zstd_window_log,
+    };
+    let _ = ltx.try_send(ToUpstream {
+        msg: Some(to_upstream::Msg::Hello(hello)),
+    });
+    let max = link::max_link_message(&ds.limits);
+    let mut client = LinkClient::new(ds.channel.clone())
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let unreachable = |why: String| {
+        End::Fatal(
+            ErrorFields::fatal("08006", format!("walrelay cannot reach the primary through the upstream at {}: {why}", ds.cfg.upstream))
+                .with_hint("check that the upstream half runs and can connect to the primary; the standby retries by itself"),
+        )
+    };
+    let open = async {
+        let mut inbound = client.session(ReceiverStream::new(lrx)).await?.into_inner();
+        let first = inbound.next().await.transpose()?;
+        Ok::<_, tonic::Status>((inbound, first))
+    };
+    let deadline = Duration::from_secs(ds.link_cfg.connect_timeout_secs + 30);
+    let (mut inbound, welcome) = match tokio::time::timeout(deadline, open).await {
+        Err(_) => return unreachable("timed out".into()),
+        Ok(Err(status)) => return unreachable(status.message().to_string()),
+        Ok(Ok((
+            inbound,
+            Some(ToDownstream {
+                msg: Some(to_downstream::Msg::Welcome(w)),
+            }),
+        ))) => (inbound, w),
+        Ok(Ok(_)) => return unreachable("the upstream did not answer with Welcome".into()),
+    };
+    let Some(codec) = CodecKind::from_name(&welcome.codec) else {
+        return unreachable(format!(
+            "the upstream chose unknown codec {:?}",
+            welcome.codec
+        ));
+    };
+    let mut decoder = match WalDecoder::new(
+        codec,
+        ds.link_cfg.zstd_window_log,
+        ds.limits.max_message_bytes,
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            return End::fatal(
+                "XX000",
+                format!("walrelay: cannot set up the {} decoder: {e}", codec.name()),
+            )
+        }
+    };
+    let mut out = BytesMut::new();
+    encode::auth_ok(&mut out);
+    for p in &welcome.params {
+        encode::parameter_status(&mut out, &p.name, &p.value);
+    }
+    encode::backend_key_data(&mut out, rand::random(), rand::random());
+    encode::ready_for_query(&mut out);
+    if writer.write_all(&out).await.is_err() {
+        return End::Quiet;
+    }
+    info!(peer = %standby.peer, application_name = %standby.application_name, codec = codec.name(), "standby session relayed to the primary");
+    let (local_tx, local_rx) = mpsc::channel::<Bytes>(4);
+    let to_standby = link_to_standby(&mut inbound, local_rx, writer, &mut decoder, &ds.metrics);
+    let from_standby = standby_to_link(reader, ltx, local_tx);
+    tokio::pin!(to_standby, from_standby);
+    tokio::select! {
+        end = &mut to_standby => end,
+        end = &mut from_standby => {
+            // Let answers already queued for the standby go out before closing.
+            match end {
+                End::Quiet => End::Quiet,
+                fatal => fatal,
+            }
+        }
+    }
+}
+
+/// Link → standby: the primary's messages verbatim, WAL decoded and verified, plus local
+/// answers (errors for commands walrelay does not relay).
+async fn link_to_standby(
+    inbound: &mut tonic::Streaming<ToDownstream>,
+    mut local: mpsc::Receiver<Bytes>,
+    writer: &mut Writer,
+    decoder: &mut WalDecoder,
+    metrics: &Metrics,
+) -> End {
+    let mut out = BytesMut::new();
+    let mut restored = Vec::new();
+    loop {
+        out.clear();
+        tokio::select! {
+            biased;
+            l = local.recv() => match l {
+                Some(b) => out.extend_from_slice(&b),
+                None => return End::Quiet,
+            },
+            m = inbound.next() => match m {
+                None => return End::fatal("08006", "walrelay: the upstream ended the session (the primary connection closed); the standby will reconnect"),
+                Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
+                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)) })) => {
+                    if let Err(e) = check_framing(&b) {
+                        return End::fatal("08P01", format!("walrelay: malformed message from the upstream: {e}"));
+                    }
+                    out.extend_from_slice(&b);
+                }
+                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)) })) => {
+                    if let Err(e) = decoder.decode(&w.payload, w.raw_len as usize, w.xxh3, &mut restored) {
+                        Metrics::add(&metrics.integrity_failures, 1);
+                        return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", Lsn(w.start)));
+                    }
+                    Metrics::add(&metrics.wal_bytes_delivered, restored.len() as u64);
+                    XLogData { start: Lsn(w.start), end: Lsn(w.end), send_time: w.send_time, data: Bytes::copy_from_slice(&restored) }.encode_copy_data(&mut out);
+                }
+                Some(Ok(_)) => return End::fatal("08P01", "walrelay: unexpected message from the upstream"),
+            },
+        }
+        if writer.write_all(&out).await.is_err() {
+            return End::Quiet;
+        }
+    }
+}
+
+/// Checks that `b` is a sequence of whole backend messages.
+fn check_framing(b: &Bytes) -> Result<(), crate::pgwire::WireError> {
+    let mut buf = BytesMut::from(&b[..]);
+    while !buf.is_empty() {
+        if parse_tagged(&mut buf, |_| usize::MAX)?.is_none() {
+            return Err(crate::pgwire::WireError::Malformed {
+                tag: '?',
+                what: "truncated message",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Standby → link: commands validated and sent structured, feedback verbatim.
+async fn standby_to_link(
+    reader: &mut Reader,
+    ltx: mpsc::Sender<ToUpstream>,
+    local: mpsc::Sender<Bytes>,
+) -> End {
+    let link_gone = End::Quiet; // the other direction reports why
+    loop {
+        let msg = match reader.read(crate::pgwire::parse_frontend).await {
+            Ok(m) => m,
+            Err(crate::pgwire::WireError::Closed) => return End::Quiet,
+            Err(crate::pgwire::WireError::Io(e)) => {
+                debug!("standby socket: {e}");
+                return End::Quiet;
+            }
+            Err(e) => return End::fatal("08P01", format!("invalid message from the standby: {e}")),
+        };
+        let up = match msg {
+            FrontendMsg::Query(q) => match replcmd::parse(&q) {
+                Ok(cmd) => {
+                    debug!(command = %q.trim(), "relaying replication command");
+                    to_upstream::Msg::Command(link::command_to_proto(&cmd))
+                }
+                Err(e) => {
+                    let code = match e {
+                        replcmd::ReplCmdError::Unsupported(_) => "0A000",
+                        _ => "42601",
+                    };
+                    let mut out = BytesMut::new();
+                    encode::error_response(&mut out, &ErrorFields::error(code, e.to_string()));
+                    encode::ready_for_query(&mut out);
+                    if local.send(out.freeze()).await.is_err() {
+                        return link_gone;
+                    }
+                    continue;
+                }
+            },
+            FrontendMsg::CopyData(d) => {
+                if let Err(e) = check_feedback(&d) {
+                    return End::fatal("08P01", format!("invalid message from the standby: {e}"));
+                }
+                to_upstream::Msg::Feedback(d)
+            }
+            FrontendMsg::CopyDone => to_upstream::Msg::CopyDone(walrelay_proto::link::CopyDone {}),
+            FrontendMsg::Terminate => return End::Quiet,
+            FrontendMsg::CopyFail(why) => return End::fatal("57014", format!("COPY failed: {why}")),
+            FrontendMsg::Password(_) => return End::fatal("08P01", "unexpected password message after authentication"),
+            FrontendMsg::Other(tag) => {
+                return End::fatal("08P01", format!("unexpected message type '{}' (walrelay serves the replication protocol's simple queries only)", tag.escape_ascii()))
+            }
+        };
+        if ltx.send(ToUpstream { msg: Some(up) }).await.is_err() {
+            return link_gone;
+        }
+    }
+}

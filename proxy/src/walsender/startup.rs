@@ -1,0 +1,221 @@
+//! Startup and authentication of a standby connection (see the parent module's steps 1–2).
+
+use std::net::SocketAddr;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::{info, warn};
+
+use super::{Downstream, End, Reader, Standby, Writer};
+use crate::config::AuthMethod;
+use crate::metrics::Metrics;
+use crate::pgclient::BoxIo;
+use crate::pgwire::io::MsgReader;
+use crate::pgwire::{
+    encode, parse_frontend, parse_sasl_initial, parse_startup, ErrorFields, FrontendMsg,
+    StartupPacket, WireError,
+};
+use crate::scram::{ScramError, ScramServer};
+
+/// The first byte of a TLS ClientHello record: a PG 17+ client using `sslnegotiation=direct`.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+type Failed = (Option<Writer>, End);
+
+/// Runs startup and authentication. On failure returns the write half (if the connection got
+/// that far) and what to tell the standby.
+pub(super) async fn accept(
+    ds: &Downstream,
+    sock: TcpStream,
+    peer: SocketAddr,
+) -> Result<(Reader, Writer, Standby), Failed> {
+    let mut first = [0u8; 1];
+    let direct_tls = matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE);
+    let mut io: BoxIo = Box::new(sock);
+    let mut encrypted = false;
+    if direct_tls {
+        let Some(tls) = &ds.tls else {
+            warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
+            return Err((None, End::Quiet));
+        };
+        let stream = tls.accept(io).await.map_err(|e| {
+            warn!(%peer, "TLS handshake failed: {e}");
+            (None, End::Quiet)
+        })?;
+        if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
+            warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
+            return Err((None, End::Quiet));
+        }
+        io = Box::new(stream);
+        encrypted = true;
+    }
+    let mut reader = MsgReader::new(io);
+    let (minor, params) = loop {
+        let pkt = match reader.read(parse_startup).await {
+            Ok(p) => p,
+            Err(e) => {
+                Metrics::add(&ds.metrics.protocol_errors, 1);
+                if !matches!(e, WireError::Closed) {
+                    warn!(%peer, "invalid startup packet: {e}");
+                }
+                return Err(split_fail(
+                    reader,
+                    End::fatal("08P01", format!("invalid startup packet: {e}")),
+                ));
+            }
+        };
+        match pkt {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest if encrypted => {
+                return Err(split_fail(
+                    reader,
+                    End::fatal("08P01", "encryption requested twice"),
+                ));
+            }
+            StartupPacket::SslRequest if ds.tls.is_some() => {
+                if !reader.buffered().is_empty() {
+                    return Err(split_fail(
+                        reader,
+                        End::fatal("08P01", "received unencrypted data after SSL request"),
+                    ));
+                }
+                let (mut io, _) = reader.into_parts();
+                if io.write_all(b"S").await.is_err() {
+                    return Err((None, End::Quiet));
+                }
+                let tls = ds.tls.as_ref().expect("checked above");
+                let stream = tls.accept(io).await.map_err(|e| {
+                    warn!(%peer, "TLS handshake failed: {e}");
+                    (None, End::Quiet)
+                })?;
+                reader = MsgReader::new(Box::new(stream));
+                encrypted = true;
+            }
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                if reader.get_mut().write_all(b"N").await.is_err() {
+                    return Err((None, End::Quiet));
+                }
+            }
+            StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
+            StartupPacket::Startup { minor, params } => break (minor, params),
+        }
+    };
+    let (io, buf) = reader.into_parts();
+    let (r, mut writer) = tokio::io::split(io);
+    let mut reader = MsgReader::with_buffer(r, buf);
+    let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
+
+    // Protocol 3.x with x > 0 or _pq_ options: answer with what we support (3.0, no options).
+    let unknown_opts: Vec<&str> = params
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| k.starts_with("_pq_."))
+        .collect();
+    if minor > 0 || !unknown_opts.is_empty() {
+        let mut out = BytesMut::new();
+        encode::negotiate_protocol_version(&mut out, 0, &unknown_opts);
+        if writer.write_all(&out).await.is_err() {
+            return Err((None, End::Quiet));
+        }
+    }
+    let get = |k| StartupPacket::param(&params, k);
+    let user = get("user").unwrap_or_default().to_string();
+    if user.is_empty() {
+        return fail(
+            writer,
+            "28000",
+            "no PostgreSQL user name specified in startup packet".into(),
+        );
+    }
+    match get("replication").map(str::to_ascii_lowercase).as_deref() {
+        Some("true" | "on" | "yes" | "1") => {}
+        Some("database") => {
+            return fail(writer, "0A000", "walrelay relays physical replication only; logical replication connections (replication=database) are not supported".into());
+        }
+        _ => {
+            return fail(writer, "0A000", "walrelay accepts only physical replication connections (replication=true); connect to the primary for SQL".into());
+        }
+    }
+    let application_name = get("application_name")
+        .filter(|s| !s.is_empty())
+        .or(get("fallback_application_name"))
+        .unwrap_or("")
+        .to_string();
+    let standby = Standby {
+        peer,
+        user: user.clone(),
+        application_name,
+    };
+
+    if ds.cfg.auth == AuthMethod::ScramSha256 {
+        if let Err(end) = scram(ds, &mut reader, &mut writer, &user).await {
+            if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
+                Metrics::add(&ds.metrics.auth_failures, 1);
+                warn!(%peer, %user, "password authentication failed");
+            }
+            return Err((Some(writer), end));
+        }
+    }
+    info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
+    Ok((reader, writer, standby))
+}
+
+fn split_fail(reader: MsgReader<BoxIo>, end: End) -> Failed {
+    let (io, _) = reader.into_parts();
+    let (_, w) = tokio::io::split(io);
+    (Some(w), end)
+}
+
+async fn scram(
+    ds: &Downstream,
+    reader: &mut Reader,
+    writer: &mut Writer,
+    user: &str,
+) -> Result<(), End> {
+    let failed = || {
+        End::fatal(
+            "28P01",
+            format!("password authentication failed for user \"{user}\""),
+        )
+    };
+    let protocol = |e: String| End::fatal("08P01", e);
+    let mut server = ScramServer::new(ds.cfg.users.get(user).cloned(), user);
+    let mut out = BytesMut::new();
+    encode::auth_sasl(&mut out, ScramServer::MECHANISMS);
+    writer.write_all(&out).await.map_err(|_| End::Quiet)?;
+    let body = read_password(reader).await?;
+    let (mech, data) = parse_sasl_initial(&body).map_err(|e| protocol(e.to_string()))?;
+    let server_first = server.client_first(&mech, &data).map_err(|e| match e {
+        ScramError::AuthenticationFailed => failed(),
+        e => protocol(e.to_string()),
+    })?;
+    out.clear();
+    encode::auth_sasl_continue(&mut out, &server_first);
+    writer.write_all(&out).await.map_err(|_| End::Quiet)?;
+    let body = read_password(reader).await?;
+    let server_final = server.client_final(&body).map_err(|e| match e {
+        ScramError::AuthenticationFailed => failed(),
+        e => protocol(e.to_string()),
+    })?;
+    out.clear();
+    encode::auth_sasl_final(&mut out, &server_final);
+    writer.write_all(&out).await.map_err(|_| End::Quiet)?;
+    Ok(())
+}
+
+async fn read_password(reader: &mut Reader) -> Result<bytes::Bytes, End> {
+    match reader.read(parse_frontend).await {
+        Ok(FrontendMsg::Password(b)) => Ok(b),
+        Ok(FrontendMsg::Terminate) | Err(WireError::Closed) | Err(WireError::Io(_)) => {
+            Err(End::Quiet)
+        }
+        Ok(_) => Err(End::fatal("08P01", "expected SASL response")),
+        Err(e) => Err(End::fatal(
+            "08P01",
+            format!("invalid authentication message: {e}"),
+        )),
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_error_fields(_: ErrorFields) {}

@@ -1,0 +1,430 @@
+//! Shared harness for the integration tests: real PostgreSQL clusters (from
+//! `walrelay::cluster`), the real `walrelay` binary as a child process, a TCP proxy that can
+//! cut the link, WAL and table comparisons, and test certificates.
+#![allow(dead_code)]
+
+pub mod certs;
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use walrelay::cluster::{
+    free_port, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
+};
+
+pub const REPL_PASSWORD: &str = "repl-secret";
+pub const STANDBY_PASSWORD: &str = "standby-secret";
+pub const STANDBY_USER: &str = "replicator";
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn install() -> PgInstall {
+    PgInstall::discover()
+        .expect("PostgreSQL server binaries (run scripts/test.sh, which installs them)")
+}
+
+/// The relay binary running with a config file; killed on drop.
+pub struct Relay {
+    child: Option<Child>,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    pub downstream: Option<u16>,
+    pub upstream: Option<u16>,
+}
+
+impl Relay {
+    /// Writes `toml` to `<root>/<name>.toml` and starts `walrelay run`, waiting until its
+    /// listeners accept connections.
+    pub fn start(
+        root: &Path,
+        name: &str,
+        toml: &str,
+        downstream: Option<u16>,
+        upstream: Option<u16>,
+    ) -> Relay {
+        let config = root.join(format!("{name}.toml"));
+        std::fs::write(&config, toml).unwrap();
+        let log = root.join(format!("{name}.log"));
+        let mut r = Relay {
+            child: None,
+            config,
+            log,
+            downstream,
+            upstream,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "walrelay=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn walrelay");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for port in [self.downstream, self.upstream].into_iter().flatten() {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!(
+                        "walrelay exited with {status} during start-up:\n{}",
+                        self.log_text()
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "walrelay did not listen on {port}:\n{}",
+                    self.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL (a crash), no draining.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for exit (bounded); returns the exit status.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// The process must not have panicked.
+    pub fn assert_no_panic(&self) {
+        let log = self.log_text();
+        assert!(!log.contains("panicked"), "walrelay panicked:\n{log}");
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- walrelay log ({}) ---\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// Config text for one process running both halves with a plaintext link.
+pub fn both_halves_toml(
+    primary: &Cluster,
+    up_port: u16,
+    down_port: u16,
+    link_target: u16,
+    upstream_extra: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"
+[upstream]
+primary = "host=127.0.0.1 port={pport} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable"
+listen = "127.0.0.1:{up_port}"
+{upstream_extra}
+
+[downstream]
+listen = "127.0.0.1:{down_port}"
+upstream = "127.0.0.1:{link_target}"
+auth = "scram-sha-256"
+users = {{ {STANDBY_USER} = "{verifier}" }}
+
+[link]
+plaintext = true
+keepalive_secs = 2
+connect_timeout_secs = 3
+
+[limits]
+drain_timeout_secs = 3
+{extra}
+"#,
+        pport = primary.port(),
+        verifier = walrelay::scram::new_verifier(STANDBY_PASSWORD),
+    )
+}
+
+/// A primary, a standby replicating through the relay, and the relay.
+pub struct Env {
+    pub primary: Cluster,
+    pub standby: Cluster,
+    pub relay: Relay,
+    pub cut: Option<CutProxy>,
+    pub down_port: u16,
+    pub root: TempRoot,
+}
+
+pub struct EnvOpts {
+    pub primary: PrimaryOpts,
+    /// Put a cuttable proxy between the halves.
+    pub cuttable_link: bool,
+    pub extra_toml: String,
+    /// Extra keys for the [upstream] section.
+    pub upstream_extra: String,
+    pub standby_extra_conf: Vec<(String, String)>,
+}
+
+impl Default for EnvOpts {
+    fn default() -> Self {
+        EnvOpts {
+            primary: PrimaryOpts::default(),
+            cuttable_link: false,
+            extra_toml: String::new(),
+            upstream_extra: String::new(),
+            standby_extra_conf: vec![],
+        }
+    }
+}
+
+pub fn standby_conninfo(down_port: u16) -> String {
+    format!("host=127.0.0.1 port={down_port} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=standby1")
+}
+
+pub async fn env(opts: EnvOpts) -> Env {
+    let root = TempRoot::new().unwrap();
+    let install = install();
+    let primary = Cluster::init_primary(&install, &root, "primary", &opts.primary).unwrap();
+    primary.start().await.unwrap();
+    primary
+        .create_replication_user(REPL_PASSWORD)
+        .await
+        .unwrap();
+    let (up_port, down_port) = (free_port(), free_port());
+    let cut = opts.cuttable_link.then(|| CutProxy::start(up_port));
+    let link_target = cut.as_ref().map(|c| c.port).unwrap_or(up_port);
+    let toml = both_halves_toml(
+        &primary,
+        up_port,
+        down_port,
+        link_target,
+        &opts.upstream_extra,
+        &opts.extra_toml,
+    );
+    let relay = Relay::start(root.path(), "relay", &toml, Some(down_port), Some(up_port));
+    let mut sopts = StandbyOpts::new(standby_conninfo(down_port));
+    sopts.application_name = Some("standby1".into());
+    sopts.extra_conf = opts.standby_extra_conf;
+    let standby = primary
+        .basebackup_standby(&root, "standby", &sopts)
+        .unwrap();
+    standby.start().await.unwrap();
+    let env = Env {
+        primary,
+        standby,
+        relay,
+        cut,
+        down_port,
+        root,
+    };
+    env.wait_streaming_through_relay().await;
+    env
+}
+
+impl Env {
+    /// Waits until the standby's WAL receiver streams from the relay's downstream port.
+    pub async fn wait_streaming_through_relay(&self) {
+        let port = self.down_port;
+        let standby = &self.standby;
+        wait_until("standby streaming through the relay", TIMEOUT, || async move {
+            let s = standby.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await?;
+            Ok(s == format!("streaming:{port}"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nstandby log:\n{}", self.standby.log_tail(30)));
+    }
+
+    /// Waits until the standby has replayed everything the primary has written so far.
+    pub async fn wait_caught_up(&self) {
+        let target = self
+            .primary
+            .query_one_string("select pg_current_wal_flush_lsn()::text")
+            .await
+            .unwrap();
+        let standby = &self.standby;
+        let t = target.clone();
+        wait_until(&format!("standby replayed up to {target}"), TIMEOUT, || {
+            let t = t.clone();
+            async move {
+                let ok = standby
+                    .query_one_string(&format!(
+                        "select (pg_last_wal_replay_lsn() >= '{t}'::pg_lsn)::text"
+                    ))
+                    .await?;
+                Ok(ok == "true")
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nstandby log:\n{}", self.standby.log_tail(30)));
+    }
+}
+
+/// Digest of the pgbench tables (or any table list), to compare primary and standby.
+pub async fn tables_digest(c: &Cluster, tables: &[&str]) -> String {
+    let mut out = String::new();
+    for t in tables {
+        let d = c.query_one_string(&format!("select count(*) || ':' || coalesce(md5(string_agg(x::text, ',' order by x::text)), '') from {t} x")).await.unwrap();
+        out.push_str(&format!("{t}={d};"));
+    }
+    out
+}
+
+pub const PGBENCH_TABLES: &[&str] = &[
+    "pgbench_accounts",
+    "pgbench_branches",
+    "pgbench_tellers",
+    "pgbench_history",
+];
+
+/// Runs pgbench to completion, asserting success.
+pub fn pgbench(c: &Cluster, args: &[&str]) {
+    let out = c.pgbench(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "pgbench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Segment file name for an LSN on a timeline (16 MB segments).
+pub fn segment_name(tli: u32, lsn: u64) -> String {
+    let segno = lsn / (16 << 20);
+    format!("{:08X}{:08X}{:08X}", tli, segno / 0x100, segno % 0x100)
+}
+
+pub fn parse_lsn(s: &str) -> u64 {
+    s.parse::<walrelay::lsn::Lsn>().unwrap().0
+}
+
+/// Compares every complete WAL segment (name < `before`) present in both directories byte
+/// for byte; returns how many were compared.
+pub fn compare_segments(a: &Path, b: &Path, before: &str) -> usize {
+    let mut compared = 0;
+    let mut names: Vec<String> = std::fs::read_dir(a)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.len() == 24 && n.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    names.sort();
+    for n in names.iter().filter(|n| n.as_str() < before) {
+        let pb = b.join(n);
+        if !pb.exists() {
+            continue;
+        }
+        let (x, y) = (
+            std::fs::read(a.join(n)).unwrap(),
+            std::fs::read(&pb).unwrap(),
+        );
+        assert_eq!(x.len(), y.len(), "segment {n} differs in size");
+        if let Some(off) = x.iter().zip(&y).position(|(p, q)| p != q) {
+            panic!("segment {n} differs at byte offset {off:#x}");
+        }
+        compared += 1;
+    }
+    compared
+}
+
+/// A TCP forwarder standing for the WAN link: `cut()` drops every connection and refuses new
+/// ones until `restore()`.
+pub struct CutProxy {
+    pub port: u16,
+    up: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl CutProxy {
+    pub fn start(target: u16) -> CutProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
+        let (u, cs) = (up.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(client) = s else { continue };
+                if !u.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) =
+                    std::net::TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], target)))
+                else {
+                    continue;
+                };
+                {
+                    let mut g = cs.lock().unwrap();
+                    g.push(client.try_clone().unwrap());
+                    g.push(server.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        CutProxy { port, up, conns }
+    }
+
+    pub fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}

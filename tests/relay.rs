@@ -1,0 +1,189 @@
+//! End-to-end: a real primary, a real standby streaming through the real walrelay binary.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use walrelay::cluster::wait_until;
+
+/// pgbench through the relay: contents equal, and the WAL the standby wrote is byte-identical
+/// to the primary's over the streamed range; pg_stat_replication shows the real standby with an
+/// advancing flush position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_through_relay_is_byte_identical() {
+    let env = env(EnvOpts::default()).await;
+    let flush_sql = "select coalesce((select flush_lsn::text from pg_stat_replication where application_name = 'standby1'), '0/0')";
+    let p = &env.primary;
+    wait_until(
+        "a flush position reported by standby1",
+        TIMEOUT,
+        || async move { Ok(parse_lsn(&p.query_one_string(flush_sql).await?) > 0) },
+    )
+    .await
+    .unwrap();
+    let flush_before = p.query_one_string(flush_sql).await.unwrap();
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    pgbench(&env.primary, &["-c", "2", "-T", "6", "postgres"]);
+    // Close the current segment so complete segments exist past the load.
+    env.primary.execute("select pg_switch_wal()").await.unwrap();
+    env.primary
+        .execute("create table after_switch(x int); insert into after_switch values (1)")
+        .await
+        .unwrap();
+    env.wait_caught_up().await;
+
+    assert_eq!(
+        tables_digest(&env.primary, PGBENCH_TABLES).await,
+        tables_digest(&env.standby, PGBENCH_TABLES).await
+    );
+
+    // pg_stat_replication on the primary names the real standby, and its flush position advanced.
+    let row = env.primary.query_one_string("select application_name || '|' || state || '|' || flush_lsn::text from pg_stat_replication").await.unwrap();
+    let parts: Vec<&str> = row.split('|').collect();
+    assert_eq!(parts[..2], ["standby1", "streaming"], "{row}");
+    assert!(
+        parse_lsn(parts[2]) > parse_lsn(&flush_before),
+        "flush_lsn did not advance: {flush_before} -> {}",
+        parts[2]
+    );
+
+    let received = env
+        .standby
+        .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
+        .await
+        .unwrap();
+    let before = segment_name(1, parse_lsn(&received));
+    let n = compare_segments(&env.primary.wal_dir(), &env.standby.wal_dir(), &before);
+    assert!(n >= 2, "only {n} complete segments to compare");
+    env.relay.assert_no_panic();
+}
+
+/// A standby restart and a relay crash in the middle of a load: the standby reconnects by
+/// itself, catches up, and holds the primary's contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_and_relay_restart_mid_load() {
+    let mut env = env(EnvOpts::default()).await;
+    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
+    let mut load = env
+        .primary
+        .pgbench(&["-c", "2", "-T", "14", "postgres"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.standby.restart().await.unwrap();
+    env.wait_streaming_through_relay().await;
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.relay.restart(); // SIGKILL, then start again with the same config
+    env.wait_streaming_through_relay().await;
+
+    let status = tokio::task::spawn_blocking(move || load.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "pgbench failed during the restarts");
+    env.wait_caught_up().await;
+    assert_eq!(
+        tables_digest(&env.primary, PGBENCH_TABLES).await,
+        tables_digest(&env.standby, PGBENCH_TABLES).await
+    );
+    let received = env
+        .standby
+        .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
+        .await
+        .unwrap();
+    let n = compare_segments(
+        &env.primary.wal_dir(),
+        &env.standby.wal_dir(),
+        &segment_name(1, parse_lsn(&received)),
+    );
+    assert!(n >= 1, "no complete segment to compare");
+    env.relay.assert_no_panic();
+}
+
+/// pg_receivewal through the relay (with its own slot, found through READ_REPLICATION_SLOT)
+/// writes segments identical to the primary's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_receivewal_through_relay_writes_identical_segments() {
+    let env = env(EnvOpts::default()).await;
+    env.primary
+        .create_physical_slot("receivewal")
+        .await
+        .unwrap();
+    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
+    env.primary.execute("select pg_switch_wal()").await.unwrap();
+    env.primary
+        .execute("create table t(x int); insert into t values (1)")
+        .await
+        .unwrap();
+    let end = env
+        .primary
+        .query_one_string("select pg_current_wal_flush_lsn()::text")
+        .await
+        .unwrap();
+
+    let dir = env.root.path().join("receivewal");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = env.primary.command("pg_receivewal");
+    cmd.arg("-D").arg(&dir).args([
+        "-d",
+        &format!("host=127.0.0.1 port={} user={STANDBY_USER}", env.down_port),
+        "--slot=receivewal",
+        "--no-loop",
+        &format!("--endpos={end}"),
+    ]);
+    cmd.env("PGPASSWORD", STANDBY_PASSWORD);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_receivewal failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = compare_segments(
+        &dir,
+        &env.primary.wal_dir(),
+        &segment_name(1, parse_lsn(&end)),
+    );
+    assert!(n >= 1, "pg_receivewal wrote no complete segment to compare");
+    // The streamed slot advanced on the primary as pg_receivewal flushed.
+    let slot = env
+        .primary
+        .query_one_string(
+            "select restart_lsn::text from pg_replication_slots where slot_name = 'receivewal'",
+        )
+        .await
+        .unwrap();
+    assert!(parse_lsn(&slot) > 0);
+}
+
+/// With a configured slot, the upstream creates it on the primary and the standby's stream
+/// holds it: the slot's restart_lsn follows the standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_slot_is_created_and_advances() {
+    let env = env(EnvOpts {
+        upstream_extra: "slot = \"walrelay_dc2\"".into(),
+        ..Default::default()
+    })
+    .await;
+    let slot_lsn = "select coalesce((select restart_lsn::text from pg_replication_slots where slot_name = 'walrelay_dc2' and active), '0/0')";
+    let p = &env.primary;
+    wait_until("slot walrelay_dc2 active", TIMEOUT, || async move {
+        Ok(parse_lsn(&p.query_one_string(slot_lsn).await?) > 0)
+    })
+    .await
+    .unwrap();
+    let before = parse_lsn(&p.query_one_string(slot_lsn).await.unwrap());
+    p.execute("create table t as select generate_series(1, 100000) x")
+        .await
+        .unwrap();
+    wait_until("slot restart_lsn advances", TIMEOUT, || async move {
+        Ok(parse_lsn(&p.query_one_string(slot_lsn).await?) > before)
+    })
+    .await
+    .unwrap();
+}
