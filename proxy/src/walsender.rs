@@ -280,18 +280,23 @@ async fn relay(
     }
     info!(peer = %standby.peer, application_name = %standby.application_name, codec = codec.name(), "standby session relayed to the primary");
     let (local_tx, local_rx) = mpsc::channel::<Bytes>(4);
-    let to_standby = link_to_standby(&mut inbound, local_rx, writer, &mut decoder, &ds.metrics);
-    let from_standby = standby_to_link(reader, ltx, local_tx);
+    // Commands are served strictly in turn, as PostgreSQL does: after forwarding a command the
+    // reader waits for a permit, added when its answer's ReadyForQuery (or CopyBothResponse)
+    // has been written to the standby.
+    let turns = Semaphore::new(0);
+    let to_standby = link_to_standby(
+        &mut inbound,
+        local_rx,
+        writer,
+        &mut decoder,
+        &ds.metrics,
+        &turns,
+    );
+    let from_standby = standby_to_link(reader, ltx, local_tx, &turns);
     tokio::pin!(to_standby, from_standby);
     tokio::select! {
         end = &mut to_standby => end,
-        end = &mut from_standby => {
-            // Let answers already queued for the standby go out before closing.
-            match end {
-                End::Quiet => End::Quiet,
-                fatal => fatal,
-            }
-        }
+        end = &mut from_standby => end,
     }
 }
 
@@ -303,23 +308,29 @@ async fn link_to_standby(
     writer: &mut Writer,
     decoder: &mut WalDecoder,
     metrics: &Metrics,
+    turns: &Semaphore,
 ) -> End {
     let mut out = BytesMut::new();
     let mut restored = Vec::new();
     loop {
         out.clear();
+        let mut turns_done: usize = 0;
         tokio::select! {
             biased;
             l = local.recv() => match l {
-                Some(b) => out.extend_from_slice(&b),
+                Some(b) => {
+                    out.extend_from_slice(&b);
+                    turns_done = 1;
+                }
                 None => return End::Quiet,
             },
             m = inbound.next() => match m {
                 None => return End::fatal("08006", "walrelay: the upstream ended the session (the primary connection closed); the standby will reconnect"),
                 Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)) })) => {
-                    if let Err(e) = check_framing(&b) {
-                        return End::fatal("08P01", format!("walrelay: malformed message from the upstream: {e}"));
+                    match check_framing(&b) {
+                        Ok(n) => turns_done = n,
+                        Err(e) => return End::fatal("08P01", format!("walrelay: malformed message from the upstream: {e}")),
                     }
                     out.extend_from_slice(&b);
                 }
@@ -337,21 +348,27 @@ async fn link_to_standby(
         if writer.write_all(&out).await.is_err() {
             return End::Quiet;
         }
+        turns.add_permits(turns_done);
     }
 }
 
-/// Checks that `b` is a sequence of whole backend messages.
-fn check_framing(b: &Bytes) -> Result<(), crate::pgwire::WireError> {
+/// Checks that `b` is a sequence of whole backend messages; returns how many of them end a
+/// command's turn (ReadyForQuery, or CopyBothResponse which starts streaming).
+fn check_framing(b: &Bytes) -> Result<usize, crate::pgwire::WireError> {
     let mut buf = BytesMut::from(&b[..]);
+    let mut turns = 0;
     while !buf.is_empty() {
-        if parse_tagged(&mut buf, |_| usize::MAX)?.is_none() {
-            return Err(crate::pgwire::WireError::Malformed {
-                tag: '?',
-                what: "truncated message",
-            });
+        match parse_tagged(&mut buf, |_| usize::MAX)? {
+            Some(m) => turns += usize::from(m.tag == b'Z' || m.tag == b'W'),
+            None => {
+                return Err(crate::pgwire::WireError::Malformed {
+                    tag: '?',
+                    what: "truncated message",
+                })
+            }
         }
     }
-    Ok(())
+    Ok(turns)
 }
 
 /// Standby → link: commands validated and sent structured, feedback verbatim.
@@ -359,9 +376,18 @@ async fn standby_to_link(
     reader: &mut Reader,
     ltx: mpsc::Sender<ToUpstream>,
     local: mpsc::Sender<Bytes>,
+    turns: &Semaphore,
 ) -> End {
     let link_gone = End::Quiet; // the other direction reports why
+                                // Wait for the answer to the previous command before reading the next message.
+    let mut awaiting = false;
     loop {
+        if std::mem::take(&mut awaiting) {
+            match turns.acquire().await {
+                Ok(p) => p.forget(),
+                Err(_) => return link_gone,
+            }
+        }
         let msg = match reader.read(crate::pgwire::parse_frontend).await {
             Ok(m) => m,
             Err(crate::pgwire::WireError::Closed) => return End::Quiet,
@@ -375,19 +401,21 @@ async fn standby_to_link(
             FrontendMsg::Query(q) => match replcmd::parse(&q) {
                 Ok(cmd) => {
                     debug!(command = %q.trim(), "relaying replication command");
+                    awaiting = true;
                     to_upstream::Msg::Command(link::command_to_proto(&cmd))
                 }
                 Err(e) => {
-                    let code = match e {
-                        replcmd::ReplCmdError::Unsupported(_) => "0A000",
-                        _ => "42601",
-                    };
                     let mut out = BytesMut::new();
-                    encode::error_response(&mut out, &ErrorFields::error(code, e.to_string()));
+                    match e {
+                        replcmd::ReplCmdError::Empty => encode::tagged(&mut out, b'I', |_| {}),
+                        replcmd::ReplCmdError::Unsupported(_) => encode::error_response(&mut out, &ErrorFields::error("0A000", e.to_string())),
+                        _ => encode::error_response(&mut out, &ErrorFields::error("42601", e.to_string())),
+                    }
                     encode::ready_for_query(&mut out);
                     if local.send(out.freeze()).await.is_err() {
                         return link_gone;
                     }
+                    awaiting = true;
                     continue;
                 }
             },
@@ -397,7 +425,10 @@ async fn standby_to_link(
                 }
                 to_upstream::Msg::Feedback(d)
             }
-            FrontendMsg::CopyDone => to_upstream::Msg::CopyDone(walrelay_proto::link::CopyDone {}),
+            FrontendMsg::CopyDone => {
+                awaiting = true; // the primary ends the command with ReadyForQuery
+                to_upstream::Msg::CopyDone(walrelay_proto::link::CopyDone {})
+            }
             FrontendMsg::Terminate => return End::Quiet,
             FrontendMsg::CopyFail(why) => return End::fatal("57014", format!("COPY failed: {why}")),
             FrontendMsg::Password(_) => return End::fatal("08P01", "unexpected password message after authentication"),

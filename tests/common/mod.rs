@@ -201,6 +201,7 @@ pub struct Env {
     pub root: TempRoot,
 }
 
+#[derive(Default)]
 pub struct EnvOpts {
     pub primary: PrimaryOpts,
     /// Put a cuttable proxy between the halves.
@@ -208,19 +209,9 @@ pub struct EnvOpts {
     pub extra_toml: String,
     /// Extra keys for the [upstream] section.
     pub upstream_extra: String,
+    /// Standbys authenticate with `trust` instead of SCRAM.
+    pub trust: bool,
     pub standby_extra_conf: Vec<(String, String)>,
-}
-
-impl Default for EnvOpts {
-    fn default() -> Self {
-        EnvOpts {
-            primary: PrimaryOpts::default(),
-            cuttable_link: false,
-            extra_toml: String::new(),
-            upstream_extra: String::new(),
-            standby_extra_conf: vec![],
-        }
-    }
 }
 
 pub fn standby_conninfo(down_port: u16) -> String {
@@ -239,7 +230,7 @@ pub async fn env(opts: EnvOpts) -> Env {
     let (up_port, down_port) = (free_port(), free_port());
     let cut = opts.cuttable_link.then(|| CutProxy::start(up_port));
     let link_target = cut.as_ref().map(|c| c.port).unwrap_or(up_port);
-    let toml = both_halves_toml(
+    let mut toml = both_halves_toml(
         &primary,
         up_port,
         down_port,
@@ -247,6 +238,9 @@ pub async fn env(opts: EnvOpts) -> Env {
         &opts.upstream_extra,
         &opts.extra_toml,
     );
+    if opts.trust {
+        toml = toml.replace("auth = \"scram-sha-256\"", "auth = \"trust\"");
+    }
     let relay = Relay::start(root.path(), "relay", &toml, Some(down_port), Some(up_port));
     let mut sopts = StandbyOpts::new(standby_conninfo(down_port));
     sopts.application_name = Some("standby1".into());
@@ -427,4 +421,20 @@ impl CutProxy {
     pub fn restore(&self) {
         self.up.store(true, Ordering::SeqCst);
     }
+}
+
+/// Runs psql on a replication connection; returns (success, stdout, stderr).
+pub fn psql_repl(c: &Cluster, conninfo: &str, password: &str, sql: &str) -> (bool, String, String) {
+    let out = c
+        .command("psql")
+        .args([conninfo, "-XAt", "-c", sql])
+        .env("PGPASSWORD", password)
+        .env("PGCONNECT_TIMEOUT", "20")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -1,0 +1,266 @@
+//! Authentication and TLS: SCRAM toward standbys, TLS toward standbys, mutual TLS on the link,
+//! TLS toward the primary.
+
+mod common;
+
+use common::certs::Ca;
+use common::*;
+use walrelay::cluster::{free_port, Cluster, PrimaryOpts, TempRoot};
+
+async fn primary(root: &TempRoot, extra: Vec<(String, String)>) -> Cluster {
+    let opts = PrimaryOpts {
+        extra_conf: extra,
+        ..Default::default()
+    };
+    let p = Cluster::init_primary(&install(), root, "primary", &opts).unwrap();
+    p.start().await.unwrap();
+    p.create_replication_user(REPL_PASSWORD).await.unwrap();
+    p
+}
+
+fn repl_conninfo(port: u16, user: &str) -> String {
+    format!("host=127.0.0.1 port={port} user={user} replication=true sslmode=disable")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_refuses_wrong_passwords_and_unknown_users() {
+    let root = TempRoot::new().unwrap();
+    let p = primary(&root, vec![]).await;
+    let (up, down) = (free_port(), free_port());
+    let relay = Relay::start(
+        root.path(),
+        "relay",
+        &both_halves_toml(&p, up, down, up, "", ""),
+        Some(down),
+        Some(up),
+    );
+
+    let (ok, _, err) = psql_repl(
+        &p,
+        &repl_conninfo(down, STANDBY_USER),
+        "wrong",
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(
+        !ok && err.contains(&format!(
+            "password authentication failed for user \"{STANDBY_USER}\""
+        )),
+        "{err}"
+    );
+    let (ok, _, err) = psql_repl(
+        &p,
+        &repl_conninfo(down, "nobody"),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(
+        !ok && err.contains("password authentication failed for user \"nobody\""),
+        "{err}"
+    );
+
+    // The right password works, and the answer is the primary's own system identifier.
+    let (ok, out, err) = psql_repl(
+        &p,
+        &repl_conninfo(down, STANDBY_USER),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(ok, "{err}");
+    let sysid = p
+        .query_one_string("select system_identifier::text from pg_control_system()")
+        .await
+        .unwrap();
+    assert!(
+        out.starts_with(&format!("{sysid}|1|")),
+        "IDENTIFY_SYSTEM answered {out:?}, primary's sysid is {sysid}"
+    );
+    relay.assert_no_panic();
+}
+
+/// Writes a TOML for one half with TLS files from `dir`.
+fn upstream_only(p: &Cluster, up: u16, primary_conninfo_extra: &str, link: &str) -> String {
+    format!(
+        "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} {primary_conninfo_extra}\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\n{link}\n",
+        p.port()
+    )
+}
+
+fn downstream_only(down: u16, up: u16, link: &str, downstream_extra: &str) -> String {
+    format!(
+        "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\n{downstream_extra}\n\n[link]\n{link}\nconnect_timeout_secs = 3\n",
+        walrelay::scram::new_verifier(STANDBY_PASSWORD)
+    )
+}
+
+fn tls_link(ca: &std::path::Path, cert: &common::certs::CertFiles) -> String {
+    format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"",
+        cert.cert.display(),
+        cert.key.display(),
+        ca.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
+    let root = TempRoot::new().unwrap();
+    let dir = root.path();
+    let p = primary(&root, vec![]).await;
+    let ca = Ca::new("walrelay test CA");
+    let rogue = Ca::new("rogue CA");
+    let ca_pem = ca.write_ca(dir, "ca");
+    let server = ca.issue(dir, "upstream", &["localhost", "127.0.0.1"]);
+    let good_client = ca.issue(dir, "downstream", &["downstream"]);
+    let rogue_client = rogue.issue(dir, "rogue", &["downstream"]);
+
+    let up = free_port();
+    let _upstream = Relay::start(
+        dir,
+        "upstream",
+        &upstream_only(&p, up, "sslmode=disable", &tls_link(&ca_pem, &server)),
+        None,
+        Some(up),
+    );
+
+    for (name, client, should_work) in [
+        ("good", &good_client, true),
+        ("rogue", &rogue_client, false),
+    ] {
+        let down = free_port();
+        let relay = Relay::start(
+            dir,
+            &format!("downstream-{name}"),
+            &downstream_only(down, up, &tls_link(&ca_pem, client), ""),
+            Some(down),
+            None,
+        );
+        let (ok, out, err) = psql_repl(
+            &p,
+            &repl_conninfo(down, STANDBY_USER),
+            STANDBY_PASSWORD,
+            "IDENTIFY_SYSTEM",
+        );
+        assert_eq!(
+            ok,
+            should_work,
+            "{name}: stdout {out:?} stderr {err:?}\n{}",
+            relay.log_text()
+        );
+        if !should_work {
+            assert!(
+                err.contains("cannot reach the primary through the upstream"),
+                "{name}: {err}"
+            );
+        }
+    }
+
+    // A peer that verifies the upstream but presents no client certificate at all.
+    walrelay::tls::install_default_provider();
+    let link = walrelay::config::LinkConfig {
+        tls_ca: Some(ca_pem.clone()),
+        connect_timeout_secs: 3,
+        ..Default::default()
+    };
+    let channel = walrelay::link::client_channel(&link, &format!("localhost:{up}")).unwrap();
+    let mut client = walrelay_proto::link::link_client::LinkClient::new(channel);
+    let hello = walrelay_proto::link::ToUpstream {
+        msg: Some(walrelay_proto::link::to_upstream::Msg::Hello(
+            walrelay_proto::link::Hello {
+                protocol_version: walrelay_proto::PROTOCOL_VERSION,
+                codec: "zstd".into(),
+                ..Default::default()
+            },
+        )),
+    };
+    let r = client.session(tokio_stream::iter(vec![hello])).await;
+    assert!(
+        r.is_err(),
+        "the upstream accepted a link session from a peer without a client certificate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_toward_standbys_and_toward_the_primary() {
+    let root = TempRoot::new().unwrap();
+    let dir = root.path();
+    let ca = Ca::new("walrelay test CA");
+    let ca_pem = ca.write_ca(dir, "ca");
+    // The primary serves TLS with a certificate for localhost.
+    let pg_cert = ca.issue(dir, "pgserver", &["localhost", "127.0.0.1"]);
+    for f in [&pg_cert.cert, &pg_cert.key] {
+        std::os::unix::fs::chown(f, Some(postgres_uid()), None).ok();
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    let p = primary(
+        &root,
+        vec![
+            ("ssl".into(), "on".into()),
+            ("ssl_cert_file".into(), pg_cert.cert.display().to_string()),
+            ("ssl_key_file".into(), pg_cert.key.display().to_string()),
+            ("log_connections".into(), "on".into()),
+        ],
+    )
+    .await;
+    let standby_cert = ca.issue(dir, "standbyside", &["localhost", "127.0.0.1"]);
+    let (up, down) = (free_port(), free_port());
+    let toml = both_halves_toml(&p, up, down, up, "", "")
+        .replace(
+            "sslmode=disable",
+            &format!(
+                "sslmode=verify-full sslrootcert={} host=localhost",
+                ca_pem.display()
+            ),
+        )
+        .replace(
+            "[link]",
+            &format!(
+                "tls_cert = \"{}\"\ntls_key = \"{}\"\n\n[link]",
+                standby_cert.cert.display(),
+                standby_cert.key.display()
+            ),
+        );
+    let relay = Relay::start(dir, "relay", &toml, Some(down), Some(up));
+
+    // A standby-side client that insists on a verified TLS connection to the downstream.
+    let conninfo = format!("host=localhost port={down} user={STANDBY_USER} replication=true sslmode=verify-full sslrootcert={} application_name=tls_probe", ca_pem.display());
+    let (ok, out, err) = psql_repl(&p, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(
+        ok,
+        "verify-full TLS to the downstream failed: {out} {err}\n{}",
+        relay.log_text()
+    );
+    // The plaintext attempt is still accepted only if the client allows it; sslmode=require works too.
+    let (ok, _, err) = psql_repl(
+        &p,
+        &format!("host=127.0.0.1 port={down} user={STANDBY_USER} replication=true sslmode=require"),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        relay.log_text().contains("tls=true"),
+        "the downstream did not log a TLS session"
+    );
+
+    // The upstream reached the primary over verified TLS.
+    let log = std::fs::read_to_string(p.log_path()).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("replication connection authorized")
+                && l.contains("application_name=tls_probe")
+                && l.contains("SSL enabled")),
+        "the primary did not log a TLS replication connection for tls_probe:\n{}",
+        p.log_tail(20)
+    );
+}
+
+fn postgres_uid() -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", "postgres"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
