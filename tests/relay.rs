@@ -11,7 +11,11 @@ use walrelay::cluster::wait_until;
 /// advancing flush position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_through_relay_is_byte_identical() {
-    let env = env(EnvOpts::default()).await;
+    let env = env(EnvOpts {
+        standby_extra_conf: vec![("hot_standby_feedback".into(), "on".into())],
+        ..Default::default()
+    })
+    .await;
     let flush_sql = "select coalesce((select flush_lsn::text from pg_stat_replication where application_name = 'standby1'), '0/0')";
     let p = &env.primary;
     wait_until(
@@ -46,6 +50,13 @@ async fn pgbench_through_relay_is_byte_identical() {
         "flush_lsn did not advance: {flush_before} -> {}",
         parts[2]
     );
+
+    // Hot-standby feedback crossed the link: the primary holds back xmin for the standby.
+    wait_until("backend_xmin from hot-standby feedback", TIMEOUT, || async move {
+        Ok(p.query_one_string("select coalesce((select (backend_xmin is not null)::text from pg_stat_replication), 'false')").await? == "true")
+    })
+    .await
+    .unwrap();
 
     let received = env
         .standby

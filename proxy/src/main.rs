@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             }))
         }
         Cmd::Demo { seconds } => {
-            walrelay::logging::init("warn", "text");
+            walrelay::logging::init("error", "text");
             exit(runtime().block_on(walrelay::demo::run(seconds)))
         }
         Cmd::ScramVerifier => {

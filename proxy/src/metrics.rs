@@ -10,6 +10,8 @@ pub struct Metrics {
     pub wal_bytes_in: AtomicU64,
     /// Encoded WAL payload bytes sent on the link.
     pub wal_payload_bytes_out: AtomicU64,
+    /// Link messages sent by the upstream (WAL and other).
+    pub link_messages_out: AtomicU64,
     /// Bytes read from / written to link sockets by the upstream (TLS and HTTP/2 framing included).
     pub link_socket_bytes_in: AtomicU64,
     pub link_socket_bytes_out: AtomicU64,
@@ -28,6 +30,7 @@ pub struct Metrics {
 pub struct Snapshot {
     pub wal_bytes_in: u64,
     pub wal_payload_bytes_out: u64,
+    pub link_messages_out: u64,
     pub link_socket_bytes_in: u64,
     pub link_socket_bytes_out: u64,
     pub wal_bytes_delivered: u64,
@@ -47,6 +50,7 @@ impl Metrics {
         Snapshot {
             wal_bytes_in: self.wal_bytes_in.load(Relaxed),
             wal_payload_bytes_out: self.wal_payload_bytes_out.load(Relaxed),
+            link_messages_out: self.link_messages_out.load(Relaxed),
             link_socket_bytes_in: self.link_socket_bytes_in.load(Relaxed),
             link_socket_bytes_out: self.link_socket_bytes_out.load(Relaxed),
             wal_bytes_delivered: self.wal_bytes_delivered.load(Relaxed),

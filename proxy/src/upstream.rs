@@ -32,12 +32,12 @@ use walrelay_proto::PROTOCOL_VERSION;
 
 use crate::codec::{checksum, WalEncoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
-use crate::link::{self, CountingIo};
+use crate::link::{self, CountingIo, WalHeader};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
 use crate::pgwire::io::MsgReader;
 use crate::pgwire::repl::{check_feedback, XLogData};
-use crate::pgwire::{encode, parse_tagged, WireError};
+use crate::pgwire::{encode, parse_tagged, RawMsg, WireError};
 
 /// Shared state of the upstream half.
 pub struct Upstream {
@@ -232,6 +232,10 @@ fn primary_gone(e: WireError) -> Status {
     }
 }
 
+/// Most WAL bytes coalesced into one link message (within the smallest allowed
+/// `limits.max_message_bytes`, so any downstream accepts it).
+const COALESCE_MAX: usize = 256 * 1024;
+
 async fn primary_to_link<R: AsyncRead + Unpin>(
     mut reader: MsgReader<R>,
     tx: mpsc::Sender<Result<ToDownstream, Status>>,
@@ -240,26 +244,62 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
     max: usize,
 ) -> Result<(), Status> {
     let mut encoded = Vec::new();
+    let mut positions = link::WalPositions::default();
+    let mut pending: Option<RawMsg> = None;
     loop {
-        let m = reader
-            .read(|b| parse_tagged(b, |_| max))
-            .await
-            .map_err(primary_gone)?;
+        let m = match pending.take() {
+            Some(m) => m,
+            None => reader
+                .read(|b| parse_tagged(b, |_| max))
+                .await
+                .map_err(primary_gone)?,
+        };
         let msg = match (m.tag, XLogData::parse(&m.body).map_err(primary_gone)?) {
-            (b'd', Some(x)) => {
-                Metrics::add(&metrics.wal_bytes_in, x.data.len() as u64);
-                encoder
-                    .encode(&x.data, &mut encoded)
-                    .map_err(|e| Status::internal(format!("encoding WAL at {}: {e}", x.start)))?;
+            (b'd', Some(first)) => {
+                // Coalesce contiguous XLogData messages that are already here; never wait.
+                let mut header = WalHeader {
+                    start: first.start,
+                    end: first.end,
+                    send_time: first.send_time,
+                    raw_len: 0,
+                };
+                let mut data = BytesMut::from(&first.data[..]);
+                while data.len() < COALESCE_MAX {
+                    let Some(next) = reader
+                        .try_read(|b| parse_tagged(b, |_| max))
+                        .map_err(primary_gone)?
+                    else {
+                        break;
+                    };
+                    match XLogData::parse(&next.body).map_err(primary_gone)? {
+                        Some(x)
+                            if next.tag == b'd'
+                                && x.start.0 == header.start.0 + data.len() as u64
+                                && data.len() + x.data.len() <= COALESCE_MAX =>
+                        {
+                            data.extend_from_slice(&x.data);
+                            header.end = x.end;
+                            header.send_time = x.send_time;
+                        }
+                        _ => {
+                            pending = Some(next);
+                            break;
+                        }
+                    }
+                }
+                header.raw_len = data.len() as u32;
+                Metrics::add(&metrics.wal_bytes_in, data.len() as u64);
+                encoder.encode(&data, &mut encoded).map_err(|e| {
+                    Status::internal(format!("encoding WAL at {}: {e}", header.start))
+                })?;
                 Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
-                to_downstream::Msg::Wal(Wal {
-                    start: x.start.0,
-                    end: x.end.0,
-                    send_time: x.send_time,
-                    raw_len: x.data.len() as u32,
+                let mut wal = Wal {
                     payload: std::mem::take(&mut encoded).into(),
-                    xxh3: checksum(&x.data),
-                })
+                    xxh3: checksum(&data),
+                    ..Default::default()
+                };
+                positions.encode(&header, &mut wal);
+                to_downstream::Msg::Wal(wal)
             }
             _ => {
                 let mut out = BytesMut::with_capacity(m.body.len() + 5);
@@ -267,6 +307,7 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
                 to_downstream::Msg::Backend(out.freeze())
             }
         };
+        Metrics::add(&metrics.link_messages_out, 1);
         tx.send(Ok(ToDownstream { msg: Some(msg) }))
             .await
             .map_err(|_| Status::cancelled("the downstream went away"))?;

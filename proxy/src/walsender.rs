@@ -38,7 +38,6 @@ use walrelay_proto::PROTOCOL_VERSION;
 use crate::codec::WalDecoder;
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
-use crate::lsn::Lsn;
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::BoxIo;
 use crate::pgwire::io::MsgReader;
@@ -312,6 +311,7 @@ async fn link_to_standby(
 ) -> End {
     let mut out = BytesMut::new();
     let mut restored = Vec::new();
+    let mut positions = link::WalPositions::default();
     loop {
         out.clear();
         let mut turns_done: usize = 0;
@@ -335,12 +335,13 @@ async fn link_to_standby(
                     out.extend_from_slice(&b);
                 }
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)) })) => {
+                    let h = positions.decode(&w);
                     if let Err(e) = decoder.decode(&w.payload, w.raw_len as usize, w.xxh3, &mut restored) {
                         Metrics::add(&metrics.integrity_failures, 1);
-                        return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", Lsn(w.start)));
+                        return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", h.start));
                     }
                     Metrics::add(&metrics.wal_bytes_delivered, restored.len() as u64);
-                    XLogData { start: Lsn(w.start), end: Lsn(w.end), send_time: w.send_time, data: Bytes::copy_from_slice(&restored) }.encode_copy_data(&mut out);
+                    XLogData { start: h.start, end: h.end, send_time: h.send_time, data: Bytes::copy_from_slice(&restored) }.encode_copy_data(&mut out);
                 }
                 Some(Ok(_)) => return End::fatal("08P01", "walrelay: unexpected message from the upstream"),
             },

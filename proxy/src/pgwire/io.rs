@@ -48,6 +48,14 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
         }
     }
 
+    /// A message already buffered, without reading from the socket.
+    pub fn try_read<T>(
+        &mut self,
+        parse: impl FnOnce(&mut BytesMut) -> Result<Option<T>, WireError>,
+    ) -> Result<Option<T>, WireError> {
+        parse(&mut self.buf)
+    }
+
     /// Bytes received but not yet parsed.
     pub fn buffered(&self) -> &[u8] {
         &self.buf

