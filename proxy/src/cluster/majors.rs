@@ -44,7 +44,9 @@ pub fn installed_majors() -> Vec<PgInstall> {
     {
         match PgInstall::from_bindir(&bindir) {
             Ok(install) => add(install),
-            Err(e) => tracing::debug!(bindir = %bindir.display(), "skipping unusable PostgreSQL: {e}"),
+            Err(e) => {
+                tracing::debug!(bindir = %bindir.display(), "skipping unusable PostgreSQL: {e}")
+            }
         }
     }
     found.sort_by_key(|i| i.major);

@@ -13,8 +13,10 @@
 
 mod install;
 mod instance;
+pub mod majors;
 #[cfg(test)]
 mod tests;
+pub mod walrec;
 
 use std::collections::HashSet;
 use std::ffi::CString;
