@@ -6,17 +6,22 @@
 //! before a byte reaches a standby.
 //!
 //! Codecs are per session and stateful: both ends feed every message through in order.
+//! - `wal`: the WAL-aware codec of [`crate::walcodec`] (its payload format is documented there);
 //! - `zstd`: one streaming zstd context per direction, `ZSTD_e_flush` after every message;
-//!   the window (and so the memory per session) is bounded by `link.zstd_window_log`.
+//!   the window (and so the memory per session) is bounded by `link.zstd_window_log`;
 //! - `none`: the bytes as they are.
 
 use crate::config::CodecKind;
+use crate::lsn::Lsn;
+use crate::walcodec;
 use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
     #[error("zstd: {0}")]
     Zstd(#[from] std::io::Error),
+    #[error("WAL codec: {0}")]
+    Wal(#[from] walcodec::WalCodecError),
     #[error("decoded {got} bytes where the sender announced {want}")]
     Length { got: usize, want: usize },
     #[error("announced length {0} exceeds the limit of {1} bytes (limits.max_message_bytes)")]
@@ -25,21 +30,29 @@ pub enum CodecError {
     Checksum { got: u64, want: u64 },
 }
 
+/// What both ends of a session agreed on.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub kind: CodecKind,
+    pub zstd_level: i32,
+    /// zstd window (log2 bytes) of the `zstd` codec; the decoder accepts at most this.
+    pub window_log: u32,
+    /// Parameters of the `wal` codec; `max_message_bytes` caps every decoded message.
+    pub wal: walcodec::CodecParams,
+}
+
 /// Encoder side of a session.
 pub enum WalEncoder {
     None,
     Zstd(Box<Encoder<'static>>),
+    Wal(Box<walcodec::Encoder>),
 }
 
 /// Decoder side of a session.
 pub enum WalDecoder {
-    None {
-        max_len: usize,
-    },
-    Zstd {
-        dec: Box<Decoder<'static>>,
-        max_len: usize,
-    },
+    None,
+    Zstd(Box<Decoder<'static>>),
+    Wal(Box<walcodec::Decoder>),
 }
 
 /// The checksum carried with every `Wal` message.
@@ -48,22 +61,32 @@ pub fn checksum(raw: &[u8]) -> u64 {
 }
 
 impl WalEncoder {
-    pub fn new(kind: CodecKind, level: i32, window_log: u32) -> Result<WalEncoder, CodecError> {
-        Ok(match kind {
+    pub fn new(setup: &Setup) -> Result<WalEncoder, CodecError> {
+        Ok(match setup.kind {
             CodecKind::None => WalEncoder::None,
             CodecKind::Zstd => {
-                let mut e = Encoder::new(level)?;
-                e.set_parameter(CParameter::WindowLog(window_log))?;
+                let mut e = Encoder::new(setup.zstd_level)?;
+                e.set_parameter(CParameter::WindowLog(setup.window_log))?;
                 WalEncoder::Zstd(Box::new(e))
             }
+            CodecKind::Wal => WalEncoder::Wal(Box::new(walcodec::Encoder::new(&setup.wal)?)),
         })
     }
 
-    /// Encodes one message's WAL bytes into `out` (cleared first), flushed.
-    pub fn encode(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
+    /// Statistics of the WAL-aware codec, if this is one.
+    pub fn wal_stats(&self) -> Option<&walcodec::CodecStats> {
+        match self {
+            WalEncoder::Wal(e) => Some(e.stats()),
+            _ => None,
+        }
+    }
+
+    /// Encodes one message's WAL bytes (starting at `start`) into `out` (cleared first), flushed.
+    pub fn encode(&mut self, start: Lsn, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
         out.clear();
         match self {
             WalEncoder::None => out.extend_from_slice(raw),
+            WalEncoder::Wal(e) => e.encode(start, raw, out)?,
             WalEncoder::Zstd(enc) => {
                 out.reserve(raw.len() / 2 + 128);
                 let mut input = InBuffer::around(raw);
@@ -75,8 +98,7 @@ impl WalEncoder {
                 loop {
                     reserve_spare(out, 64 * 1024);
                     let mut o = OutBuffer::around_pos(out, out.len());
-                    let remaining = enc.flush(&mut o)?;
-                    if remaining == 0 {
+                    if enc.flush(&mut o)? == 0 {
                         break;
                     }
                 }
@@ -87,44 +109,37 @@ impl WalEncoder {
 }
 
 impl WalDecoder {
-    pub fn new(
-        kind: CodecKind,
-        window_log_max: u32,
-        max_len: usize,
-    ) -> Result<WalDecoder, CodecError> {
-        Ok(match kind {
-            CodecKind::None => WalDecoder::None { max_len },
+    pub fn new(setup: &Setup) -> Result<WalDecoder, CodecError> {
+        Ok(match setup.kind {
+            CodecKind::None => WalDecoder::None,
             CodecKind::Zstd => {
                 let mut d = Decoder::new()?;
-                d.set_parameter(DParameter::WindowLogMax(window_log_max))?;
-                WalDecoder::Zstd {
-                    dec: Box::new(d),
-                    max_len,
-                }
+                d.set_parameter(DParameter::WindowLogMax(setup.window_log))?;
+                WalDecoder::Zstd(Box::new(d))
             }
+            CodecKind::Wal => WalDecoder::Wal(Box::new(walcodec::Decoder::new(&setup.wal)?)),
         })
     }
 
-    /// Decodes one message into `out` (cleared first) and verifies length and checksum.
+    /// Decodes one message (starting at `start`) into `out` (cleared first) and verifies its
+    /// length (at most `max_len`) and checksum.
     pub fn decode(
         &mut self,
+        start: Lsn,
         payload: &[u8],
         raw_len: usize,
+        max_len: usize,
         xxh3: u64,
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
         out.clear();
+        if raw_len > max_len {
+            return Err(CodecError::TooLong(raw_len, max_len));
+        }
         match self {
-            WalDecoder::None { max_len } => {
-                if raw_len > *max_len {
-                    return Err(CodecError::TooLong(raw_len, *max_len));
-                }
-                out.extend_from_slice(payload)
-            }
-            WalDecoder::Zstd { dec, max_len } => {
-                if raw_len > *max_len {
-                    return Err(CodecError::TooLong(raw_len, *max_len));
-                }
+            WalDecoder::None => out.extend_from_slice(payload),
+            WalDecoder::Wal(d) => d.decode(start, payload, raw_len, out)?,
+            WalDecoder::Zstd(dec) => {
                 // Room for exactly the announced length plus one byte to notice an overrun.
                 out.reserve(raw_len + 1);
                 let mut input = InBuffer::around(payload);
@@ -132,6 +147,7 @@ impl WalDecoder {
                     let before = (input.pos(), out.len());
                     let mut o = OutBuffer::around_pos(out, out.len());
                     dec.run(&mut input, &mut o)?;
+                    drop(o);
                     if out.len() > raw_len {
                         return Err(CodecError::Length {
                             got: out.len(),
@@ -160,6 +176,60 @@ impl WalDecoder {
     }
 }
 
+/// Bench only: the same messages through generic streaming zstd-3 (flushed per message, as
+/// the `zstd` codec does), counting bytes and encode/decode time into the metrics.
+pub struct ShadowZstd {
+    enc: WalEncoder,
+    dec: WalDecoder,
+    encoded: Vec<u8>,
+    decoded: Vec<u8>,
+}
+
+impl ShadowZstd {
+    pub fn new(max_len: usize) -> Result<ShadowZstd, CodecError> {
+        let setup = Setup {
+            kind: CodecKind::Zstd,
+            zstd_level: 3,
+            window_log: 23,
+            wal: walcodec::CodecParams {
+                pg_major: 0,
+                block_cache_bytes: 0,
+                zstd_level: 3,
+                max_message_bytes: max_len,
+            },
+        };
+        Ok(ShadowZstd {
+            enc: WalEncoder::new(&setup)?,
+            dec: WalDecoder::new(&setup)?,
+            encoded: Vec::new(),
+            decoded: Vec::new(),
+        })
+    }
+
+    pub fn observe(
+        &mut self,
+        start: Lsn,
+        raw: &[u8],
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<(), CodecError> {
+        use crate::metrics::{timed, Metrics};
+        timed(&metrics.shadow_encode_ns, || {
+            self.enc.encode(start, raw, &mut self.encoded)
+        })?;
+        Metrics::add(&metrics.shadow_zstd_bytes, self.encoded.len() as u64);
+        timed(&metrics.shadow_decode_ns, || {
+            self.dec.decode(
+                start,
+                &self.encoded,
+                raw.len(),
+                usize::MAX,
+                checksum(raw),
+                &mut self.decoded,
+            )
+        })
+    }
+}
+
 /// Makes sure `out` has at least `n` bytes of spare capacity.
 fn reserve_spare(out: &mut Vec<u8>, n: usize) {
     if out.capacity() - out.len() < n {
@@ -167,77 +237,102 @@ fn reserve_spare(out: &mut Vec<u8>, n: usize) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    const MAX: usize = 1 << 20;
+
+    fn setup(kind: CodecKind) -> Setup {
+        Setup {
+            kind,
+            zstd_level: 3,
+            window_log: 20,
+            wal: walcodec::CodecParams {
+                pg_major: 15,
+                block_cache_bytes: 1 << 20,
+                zstd_level: 3,
+                max_message_bytes: MAX,
+            },
+        }
+    }
+
     fn round_trip(kind: CodecKind, msgs: &[Vec<u8>]) {
-        let mut enc = WalEncoder::new(kind, 3, 20).unwrap();
-        let mut dec = WalDecoder::new(kind, 20, 1 << 20).unwrap();
+        let mut enc = WalEncoder::new(&setup(kind)).unwrap();
+        let mut dec = WalDecoder::new(&setup(kind)).unwrap();
         let (mut e, mut d) = (Vec::new(), Vec::new());
+        let mut at = Lsn(0x1000000);
         for m in msgs {
-            enc.encode(m, &mut e).unwrap();
-            dec.decode(&e, m.len(), checksum(m), &mut d).unwrap();
+            enc.encode(at, m, &mut e).unwrap();
+            dec.decode(at, &e, m.len(), MAX, checksum(m), &mut d)
+                .unwrap();
             assert_eq!(&d, m);
+            at = Lsn(at.0 + m.len() as u64);
         }
     }
 
     #[test]
     fn zstd_compresses_repetitive_wal_across_messages() {
         let msg: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
-        let mut enc = WalEncoder::new(CodecKind::Zstd, 3, 20).unwrap();
+        let mut enc = WalEncoder::new(&setup(CodecKind::Zstd)).unwrap();
         let mut out = Vec::new();
-        enc.encode(&msg, &mut out).unwrap();
-        enc.encode(&msg, &mut out).unwrap();
+        enc.encode(Lsn(0), &msg, &mut out).unwrap();
+        enc.encode(Lsn(8192), &msg, &mut out).unwrap();
         // The second copy refers back to the first: a few bytes.
         assert!(out.len() < 64, "second message took {} bytes", out.len());
-        round_trip(CodecKind::Zstd, &[msg.clone(), msg.clone(), vec![], msg]);
+        for kind in [CodecKind::Zstd, CodecKind::None, CodecKind::Wal] {
+            round_trip(kind, &[msg.clone(), msg.clone(), vec![], msg.clone()]);
+        }
     }
 
     #[test]
     fn corruption_is_detected() {
         let msg = b"some WAL bytes that matter".repeat(10);
-        let mut enc = WalEncoder::new(CodecKind::Zstd, 3, 20).unwrap();
-        let mut dec = WalDecoder::new(CodecKind::Zstd, 20, 1 << 20).unwrap();
+        let mut enc = WalEncoder::new(&setup(CodecKind::Zstd)).unwrap();
+        let mut dec = WalDecoder::new(&setup(CodecKind::Zstd)).unwrap();
         let mut e = Vec::new();
-        enc.encode(&msg, &mut e).unwrap();
+        enc.encode(Lsn(0), &msg, &mut e).unwrap();
         let mut d = Vec::new();
         assert!(dec
-            .decode(&e, msg.len(), checksum(&msg) ^ 1, &mut d)
+            .decode(Lsn(0), &e, msg.len(), MAX, checksum(&msg) ^ 1, &mut d)
             .is_err());
-        let mut dec = WalDecoder::new(CodecKind::None, 20, 1 << 20).unwrap();
+        let mut dec = WalDecoder::new(&setup(CodecKind::None)).unwrap();
         let mut bad = msg.clone();
         bad[3] ^= 0x40;
         assert!(matches!(
-            dec.decode(&bad, msg.len(), checksum(&msg), &mut d),
+            dec.decode(Lsn(0), &bad, msg.len(), MAX, checksum(&msg), &mut d),
             Err(CodecError::Checksum { .. })
         ));
     }
 
     #[test]
     fn announced_length_is_capped() {
-        let mut dec = WalDecoder::new(CodecKind::Zstd, 20, 1000).unwrap();
-        let mut d = Vec::new();
-        assert!(matches!(
-            dec.decode(&[], 1 << 30, 0, &mut d),
-            Err(CodecError::TooLong(..))
-        ));
+        for kind in [CodecKind::Zstd, CodecKind::None, CodecKind::Wal] {
+            let mut dec = WalDecoder::new(&setup(kind)).unwrap();
+            let mut d = Vec::new();
+            assert!(matches!(
+                dec.decode(Lsn(0), &[], 1 << 30, 1000, 0, &mut d),
+                Err(CodecError::TooLong(..))
+            ));
+        }
     }
 
     proptest! {
         #[test]
         fn any_messages_round_trip(msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 1..8)) {
-            round_trip(CodecKind::Zstd, &msgs);
-            round_trip(CodecKind::None, &msgs);
+            for kind in [CodecKind::Zstd, CodecKind::None, CodecKind::Wal] {
+                round_trip(kind, &msgs);
+            }
         }
 
         #[test]
         fn garbage_payload_never_panics(payload in proptest::collection::vec(any::<u8>(), 0..500), len in 0usize..5000) {
-            let mut dec = WalDecoder::new(CodecKind::Zstd, 20, 1 << 16).unwrap();
-            let mut d = Vec::new();
-            let _ = dec.decode(&payload, len, 0, &mut d);
+            for kind in [CodecKind::Zstd, CodecKind::Wal] {
+                let mut dec = WalDecoder::new(&setup(kind)).unwrap();
+                let mut d = Vec::new();
+                let _ = dec.decode(Lsn(0x1000000), &payload, len, 1 << 16, 0, &mut d);
+            }
         }
     }
 }

@@ -93,8 +93,11 @@ pub enum AuthMethod {
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum CodecKind {
-    /// Streaming zstd, flushed at every message of the primary.
+    /// WAL-aware: full-page images against earlier images of the same block, derivable
+    /// bytes left out, the rest in per-kind zstd streams.
     #[default]
+    Wal,
+    /// Streaming zstd, flushed at every message of the primary.
     Zstd,
     /// No compression (for comparison and debugging).
     None,
@@ -103,12 +106,14 @@ pub enum CodecKind {
 impl CodecKind {
     pub fn name(self) -> &'static str {
         match self {
+            CodecKind::Wal => "wal",
             CodecKind::Zstd => "zstd",
             CodecKind::None => "none",
         }
     }
     pub fn from_name(s: &str) -> Option<CodecKind> {
         match s {
+            "wal" => Some(CodecKind::Wal),
             "zstd" => Some(CodecKind::Zstd),
             "none" => Some(CodecKind::None),
             _ => None,
@@ -132,10 +137,16 @@ pub struct LinkConfig {
     pub zstd_level: i32,
     /// zstd window log (10..=27): the window both ends keep per session is 2^window_log bytes.
     pub zstd_window_log: u32,
+    /// Block cache of the "wal" codec, bytes per session on each side.
+    pub block_cache_bytes: u64,
     /// HTTP/2 keepalive interval on the link, seconds (a dead link is noticed within ~2x this).
     pub keepalive_secs: u64,
     /// Timeout for connecting to the upstream half, seconds.
     pub connect_timeout_secs: u64,
+    /// Bench only (not configurable): also run every message through generic streaming
+    /// zstd-3 and count its bytes, for a side-by-side comparison.
+    #[serde(skip)]
+    pub bench_shadow_zstd: bool,
 }
 
 impl Default for LinkConfig {
@@ -146,11 +157,13 @@ impl Default for LinkConfig {
             tls_ca: None,
             tls_server_name: None,
             plaintext: false,
-            codec: CodecKind::Zstd,
+            codec: CodecKind::Wal,
             zstd_level: 3,
             zstd_window_log: 23,
+            block_cache_bytes: 1 << 30,
             keepalive_secs: 10,
             connect_timeout_secs: 10,
+            bench_shadow_zstd: false,
         }
     }
 }
@@ -295,6 +308,9 @@ impl Config {
         }
         if !(10..=27).contains(&link.zstd_window_log) {
             return Err(key_err("link.zstd_window_log", "must be between 10 and 27"));
+        }
+        if link.block_cache_bytes > 64 << 30 {
+            return Err(key_err("link.block_cache_bytes", "must be at most 64 GiB"));
         }
         if link.keepalive_secs == 0 {
             return Err(key_err("link.keepalive_secs", "must be at least 1"));

@@ -2,7 +2,27 @@
 //!
 //! Map of the modules, in the order WAL flows through them:
 //!
+//! ```text
+//! primary ──▶ pgclient ──▶ upstream ──▶ codec ──▶ link ══▶ link ──▶ codec ──▶ walsender ──▶ standby
+//!             (replication  (per-session  (encode)   (gRPC, mTLS)    (decode,    (serves the
+//!              client)       pumps)                                   verify)     standby)
+//! ```
+//!
+//! - [`pgwire`]: PostgreSQL protocol v3 framing, sans-IO, and the one I/O adapter that owns a socket.
+//! - [`pgclient`]: the upstream's replication connection to the primary (TLS, SCRAM/md5).
+//! - [`upstream`]: the half next to the primary: serves the link, one primary connection per standby session.
+//! - [`codec`]: how WAL bytes travel on the link (streaming zstd or none), verified by xxh3.
+//! - [`walcodec`]: the WAL-aware codec (decodes WAL records; work in progress for issue #3).
+//! - [`link`]: gRPC channel/server setup, socket byte counting, delta-encoded WAL headers.
+//! - [`walsender`]: the half next to the standbys: startup, authentication, relaying.
+//! - [`replcmd`]: the replication commands a standby may send, parsed and re-rendered.
+//! - [`scram`]: server side of SCRAM-SHA-256 for standbys.
+//! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
+//! - [`metrics`]: process counters.
+//! - [`relay`]: starts and drains the configured halves.
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`).
+//! - [`cluster`], [`demo`]: throw-away PostgreSQL clusters for the demo, the bench and the tests.
+pub mod bench;
 pub mod cluster;
 pub mod codec;
 pub mod config;
@@ -19,4 +39,5 @@ pub mod replcmd;
 pub mod scram;
 pub mod tls;
 pub mod upstream;
+pub mod walcodec;
 pub mod walsender;

@@ -35,6 +35,20 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
+    /// Side-by-side bench: walrelay's codec vs generic streaming zstd-3 on the same WAL.
+    Bench {
+        /// pgbench, pgbench-lz4, updates, bulk, or all.
+        #[arg(long, default_value = "all")]
+        workload: String,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Link codec under test: wal, zstd or none.
+        #[arg(long, default_value = "wal")]
+        codec: String,
+        /// Also write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Print a SCRAM-SHA-256 verifier (pg_authid format) for downstream.users.
     /// Reads the password from standard input.
     ScramVerifier,
@@ -74,6 +88,42 @@ fn main() -> ExitCode {
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");
             exit(runtime().block_on(walrelay::demo::run(seconds)))
+        }
+        Cmd::Bench {
+            workload,
+            seconds,
+            codec,
+            json,
+        } => {
+            walrelay::logging::init("error", "text");
+            let workloads: Vec<walrelay::bench::Workload> = if workload == "all" {
+                walrelay::bench::Workload::ALL.to_vec()
+            } else {
+                match workload
+                    .split(',')
+                    .map(walrelay::bench::Workload::from_name)
+                    .collect::<Option<Vec<_>>>()
+                {
+                    Some(w) => w,
+                    None => {
+                        eprintln!("walrelay: unknown workload {workload:?}: use pgbench, pgbench-lz4, updates, bulk or all");
+                        return ExitCode::from(EXIT_CONFIG as u8);
+                    }
+                }
+            };
+            let Some(codec) = walrelay::config::CodecKind::from_name(&codec) else {
+                eprintln!("walrelay: unknown codec {codec:?}: use wal, zstd or none");
+                return ExitCode::from(EXIT_CONFIG as u8);
+            };
+            exit(runtime().block_on(async move {
+                let rows = walrelay::bench::run(&workloads, seconds, codec).await?;
+                println!("{}", walrelay::bench::markdown(&rows));
+                if let Some(path) = json {
+                    std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+                Ok(())
+            }))
         }
         Cmd::ScramVerifier => {
             let mut pw = String::new();

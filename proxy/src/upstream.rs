@@ -30,7 +30,7 @@ use walrelay_proto::link::{
 };
 use walrelay_proto::PROTOCOL_VERSION;
 
-use crate::codec::{checksum, WalEncoder};
+use crate::codec::{checksum, Setup, ShadowZstd, WalEncoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo, WalHeader};
 use crate::metrics::{GaugeGuard, Metrics};
@@ -38,6 +38,7 @@ use crate::pgclient::{self, PrimaryConn};
 use crate::pgwire::io::MsgReader;
 use crate::pgwire::repl::{check_feedback, XLogData};
 use crate::pgwire::{encode, parse_tagged, RawMsg, WireError};
+use crate::walcodec;
 
 /// Shared state of the upstream half.
 pub struct Upstream {
@@ -167,8 +168,20 @@ impl Link for LinkService {
                 info!(slot = %slot, "created physical replication slot on the primary");
             }
         }
-        let encoder = WalEncoder::new(codec, self.link.zstd_level, window_log)
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let pg_major = server_major(&conn.params);
+        let setup = Setup {
+            kind: codec,
+            zstd_level: self.link.zstd_level,
+            window_log,
+            wal: walcodec::CodecParams {
+                pg_major,
+                block_cache_bytes: self.link.block_cache_bytes.min(hello.block_cache_bytes_max)
+                    as usize,
+                zstd_level: self.link.zstd_level,
+                max_message_bytes: COALESCE_MAX,
+            },
+        };
+        let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
         let (tx, rx) = mpsc::channel(self.limits.queue_messages);
         let welcome = Welcome {
             protocol_version: PROTOCOL_VERSION,
@@ -181,6 +194,8 @@ impl Link for LinkService {
                 })
                 .collect(),
             codec: codec.name().into(),
+            pg_major,
+            block_cache_bytes: setup.wal.block_cache_bytes as u64,
         };
         tx.send(Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Welcome(welcome)),
@@ -219,7 +234,7 @@ async fn run_session(
         ..
     } = conn;
     tokio::select! {
-        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes) => r,
+        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd) => r,
         r = link_to_primary(inbound, writer, up.cfg.slot.as_deref()) => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
     }
@@ -232,6 +247,21 @@ fn primary_gone(e: WireError) -> Status {
     }
 }
 
+/// The major version in the primary's `server_version` ("15.18 (Debian ...)", "18beta1"); 0
+/// when absent or unreadable, which makes the WAL codec pass everything through raw.
+pub fn server_major(params: &[(String, String)]) -> u32 {
+    let v = params
+        .iter()
+        .find(|(k, _)| k == "server_version")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("");
+    v.chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0)
+}
+
 /// Most WAL bytes coalesced into one link message (within the smallest allowed
 /// `limits.max_message_bytes`, so any downstream accepts it).
 const COALESCE_MAX: usize = 256 * 1024;
@@ -242,7 +272,12 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
     mut encoder: WalEncoder,
     metrics: &Metrics,
     max: usize,
+    shadow: bool,
 ) -> Result<(), Status> {
+    let mut shadow = match shadow {
+        true => Some(ShadowZstd::new(COALESCE_MAX).map_err(|e| Status::internal(e.to_string()))?),
+        false => None,
+    };
     let mut encoded = Vec::new();
     let mut positions = link::WalPositions::default();
     let mut pending: Option<RawMsg> = None;
@@ -289,9 +324,14 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
                 }
                 header.raw_len = data.len() as u32;
                 Metrics::add(&metrics.wal_bytes_in, data.len() as u64);
-                encoder.encode(&data, &mut encoded).map_err(|e| {
-                    Status::internal(format!("encoding WAL at {}: {e}", header.start))
-                })?;
+                if let Some(sh) = shadow.as_mut() {
+                    sh.observe(header.start, &data, metrics)
+                        .map_err(|e| Status::internal(format!("bench shadow zstd: {e}")))?;
+                }
+                crate::metrics::timed(&metrics.encode_ns, || {
+                    encoder.encode(header.start, &data, &mut encoded)
+                })
+                .map_err(|e| Status::internal(format!("encoding WAL at {}: {e}", header.start)))?;
                 Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
                 let mut wal = Wal {
                     payload: std::mem::take(&mut encoded).into(),

@@ -35,7 +35,7 @@ use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
 use walrelay_proto::PROTOCOL_VERSION;
 
-use crate::codec::WalDecoder;
+use crate::codec::{Setup, WalDecoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
@@ -44,6 +44,7 @@ use crate::pgwire::io::MsgReader;
 use crate::pgwire::repl::{check_feedback, XLogData};
 use crate::pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
 use crate::replcmd;
+use crate::walcodec;
 
 mod startup;
 
@@ -57,7 +58,13 @@ pub struct Downstream {
     channel: Channel,
     tls: Option<tokio_rustls::TlsAcceptor>,
     sessions: Arc<Semaphore>,
+    /// After WAL failed verification with the `wal` codec, sessions use plain `zstd` until
+    /// then, so a codec bug can never keep a standby from replicating.
+    fallback_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long sessions use plain zstd after an integrity failure of the `wal` codec.
+const CODEC_FALLBACK: Duration = Duration::from_secs(600);
 
 impl Downstream {
     pub fn new(
@@ -84,7 +91,30 @@ impl Downstream {
             channel,
             tls,
             sessions,
+            fallback_until: std::sync::Mutex::new(None),
         }))
+    }
+}
+
+impl Downstream {
+    /// The codec to ask for: the configured one, or `zstd` during a fallback.
+    fn session_codec(&self) -> CodecKind {
+        let until = *self
+            .fallback_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match (self.link_cfg.codec, until) {
+            (CodecKind::Wal, Some(t)) if std::time::Instant::now() < t => CodecKind::Zstd,
+            (c, _) => c,
+        }
+    }
+
+    fn start_fallback(&self) {
+        warn!("WAL failed verification with the wal codec: sessions use plain zstd for the next {} s (please report this with the log)", CODEC_FALLBACK.as_secs());
+        *self
+            .fallback_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now() + CODEC_FALLBACK);
     }
 }
 
@@ -214,9 +244,10 @@ async fn relay(
         protocol_version: PROTOCOL_VERSION,
         application_name: standby.application_name.clone(),
         standby_user: standby.user.clone(),
-        codec: ds.link_cfg.codec.name().into(),
+        codec: ds.session_codec().name().into(),
         standby_addr: standby.peer.to_string(),
         zstd_window_log_max: ds.link_cfg.zstd_window_log,
+        block_cache_bytes_max: ds.link_cfg.block_cache_bytes,
     };
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
@@ -254,11 +285,24 @@ async fn relay(
             welcome.codec
         ));
     };
-    let mut decoder = match WalDecoder::new(
-        codec,
-        ds.link_cfg.zstd_window_log,
-        ds.limits.max_message_bytes,
-    ) {
+    if welcome.block_cache_bytes > ds.link_cfg.block_cache_bytes {
+        return unreachable(format!(
+            "the upstream wants a {} byte block cache, more than link.block_cache_bytes",
+            welcome.block_cache_bytes
+        ));
+    }
+    let setup = Setup {
+        kind: codec,
+        zstd_level: ds.link_cfg.zstd_level,
+        window_log: ds.link_cfg.zstd_window_log,
+        wal: walcodec::CodecParams {
+            pg_major: welcome.pg_major,
+            block_cache_bytes: welcome.block_cache_bytes as usize,
+            zstd_level: ds.link_cfg.zstd_level,
+            max_message_bytes: ds.limits.max_message_bytes,
+        },
+    };
+    let mut decoder = match WalDecoder::new(&setup) {
         Ok(d) => d,
         Err(e) => {
             return End::fatal(
@@ -289,14 +333,19 @@ async fn relay(
         writer,
         &mut decoder,
         &ds.metrics,
+        ds.limits.max_message_bytes,
         &turns,
     );
     let from_standby = standby_to_link(reader, ltx, local_tx, &turns);
     tokio::pin!(to_standby, from_standby);
-    tokio::select! {
+    let end = tokio::select! {
         end = &mut to_standby => end,
         end = &mut from_standby => end,
+    };
+    if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
+        ds.start_fallback();
     }
+    end
 }
 
 /// Link → standby: the primary's messages verbatim, WAL decoded and verified, plus local
@@ -307,6 +356,7 @@ async fn link_to_standby(
     writer: &mut Writer,
     decoder: &mut WalDecoder,
     metrics: &Metrics,
+    max_len: usize,
     turns: &Semaphore,
 ) -> End {
     let mut out = BytesMut::new();
@@ -336,7 +386,7 @@ async fn link_to_standby(
                 }
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)) })) => {
                     let h = positions.decode(&w);
-                    if let Err(e) = decoder.decode(&w.payload, w.raw_len as usize, w.xxh3, &mut restored) {
+                    if let Err(e) = crate::metrics::timed(&metrics.decode_ns, || decoder.decode(h.start, &w.payload, w.raw_len as usize, max_len, w.xxh3, &mut restored)) {
                         Metrics::add(&metrics.integrity_failures, 1);
                         return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", h.start));
                     }

@@ -135,10 +135,15 @@ impl Relay {
             .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
-    /// The process must not have panicked.
+    /// The process must not have panicked, nor caught WAL that failed verification (a
+    /// standby would reconnect after one, which could hide it).
     pub fn assert_no_panic(&self) {
         let log = self.log_text();
         assert!(!log.contains("panicked"), "walrelay panicked:\n{log}");
+        assert!(
+            !log.contains("failed verification"),
+            "walrelay restored WAL that failed verification:\n{log}"
+        );
     }
 }
 
@@ -370,6 +375,8 @@ pub struct CutProxy {
     pub port: u16,
     up: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    /// Flip one byte of the upstream → downstream stream once this many more bytes passed.
+    corrupt_after: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl CutProxy {
@@ -378,7 +385,8 @@ impl CutProxy {
         let port = listener.local_addr().unwrap().port();
         let up = Arc::new(AtomicBool::new(true));
         let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-        let (u, cs) = (up.clone(), conns.clone());
+        let corrupt_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+        let (u, cs, corrupt) = (up.clone(), conns.clone(), corrupt_after.clone());
         std::thread::spawn(move || {
             for s in listener.incoming() {
                 let Ok(client) = s else { continue };
@@ -396,19 +404,57 @@ impl CutProxy {
                     g.push(client.try_clone().unwrap());
                     g.push(server.try_clone().unwrap());
                 }
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
+                for (mut from, mut to, downward) in [
+                    (
+                        client.try_clone().unwrap(),
+                        server.try_clone().unwrap(),
+                        false,
+                    ),
+                    (server, client, true),
                 ] {
+                    let corrupt = corrupt.clone();
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
+                        use std::io::{Read, Write};
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if downward {
+                                let left = corrupt.load(Ordering::SeqCst);
+                                if left >= 0 && (left as usize) < n {
+                                    buf[left as usize] ^= 0x20;
+                                    corrupt.store(-1, Ordering::SeqCst);
+                                } else if left >= 0 {
+                                    corrupt.store(left - n as i64, Ordering::SeqCst);
+                                }
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = to.shutdown(std::net::Shutdown::Both);
                         let _ = from.shutdown(std::net::Shutdown::Both);
                     });
                 }
             }
         });
-        CutProxy { port, up, conns }
+        CutProxy {
+            port,
+            up,
+            conns,
+            corrupt_after,
+        }
+    }
+
+    /// Flips one bit of the byte that crosses toward the downstream after `n` more bytes.
+    pub fn corrupt_once_after(&self, n: i64) {
+        self.corrupt_after.store(n, Ordering::SeqCst);
+    }
+
+    pub fn corruption_pending(&self) -> bool {
+        self.corrupt_after.load(Ordering::SeqCst) >= 0
     }
 
     pub fn cut(&self) {

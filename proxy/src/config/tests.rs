@@ -22,7 +22,7 @@ fn minimal_plaintext_config_resolves() {
     let u = r.upstream.unwrap();
     assert_eq!(u.primary.password.as_deref(), Some("secret"));
     assert_eq!(r.downstream.unwrap().auth, AuthMethod::Trust);
-    assert_eq!(r.link.codec, CodecKind::Zstd);
+    assert_eq!(r.link.codec, CodecKind::Wal);
 }
 
 fn key_of(e: ConfigError) -> String {

@@ -1,0 +1,103 @@
+//! Codec micro-benchmark: the primary's WAL of the run (complete segment files), replayed
+//! through the codec in 128 kB messages (the walsender's MAX_SEND_SIZE) on one core, then
+//! through streaming zstd-3 for comparison.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::codec::{checksum, Setup, WalDecoder, WalEncoder};
+use crate::config::CodecKind;
+use crate::lsn::Lsn;
+use crate::walcodec::CodecParams;
+
+const SEGMENT: u64 = 16 << 20;
+const MESSAGE: usize = 128 * 1024;
+const MAX_BYTES: u64 = 512 << 20;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MicroResult {
+    pub wal_bytes: u64,
+    pub encoded_bytes: u64,
+    pub zstd3_bytes: u64,
+    pub encode_mb_s: f64,
+    pub decode_mb_s: f64,
+    pub zstd3_encode_mb_s: f64,
+    pub zstd3_decode_mb_s: f64,
+}
+
+/// Reads the complete segments between `from` and `to` (timeline 1) from the primary's pg_wal.
+fn read_wal(primary: &Cluster, from: Lsn, to: Lsn) -> Result<(Lsn, Vec<u8>)> {
+    let first = from.0 / SEGMENT;
+    let last = (to.0 / SEGMENT).min(first + MAX_BYTES / SEGMENT);
+    let mut wal = Vec::new();
+    for segno in first..last {
+        let name = format!("{:08X}{:08X}{:08X}", 1, segno / 0x100, segno % 0x100);
+        wal.extend_from_slice(&std::fs::read(primary.wal_dir().join(name))?);
+    }
+    anyhow::ensure!(
+        !wal.is_empty(),
+        "no complete WAL segment between {from} and {to}"
+    );
+    Ok((Lsn(first * SEGMENT), wal))
+}
+
+fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<(u64, f64, f64)> {
+    let setup = Setup {
+        kind,
+        zstd_level: 3,
+        window_log: 23,
+        wal: CodecParams {
+            pg_major: major,
+            block_cache_bytes: 1 << 30,
+            zstd_level: 3,
+            max_message_bytes: MESSAGE,
+        },
+    };
+    let mut enc = WalEncoder::new(&setup)?;
+    let mut encoded = Vec::new();
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
+        enc.encode(Lsn(start.0 + (i * MESSAGE) as u64), chunk, &mut out)?;
+        encoded.push(out.clone());
+    }
+    let enc_s = t.elapsed().as_secs_f64();
+    let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
+    let mut dec = WalDecoder::new(&setup)?;
+    let t = Instant::now();
+    for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
+        dec.decode(
+            Lsn(start.0 + (i * MESSAGE) as u64),
+            payload,
+            chunk.len(),
+            MESSAGE,
+            sums[i],
+            &mut out,
+        )?;
+    }
+    let dec_s = t.elapsed().as_secs_f64();
+    let mb = wal.len() as f64 / 1e6;
+    Ok((
+        encoded.iter().map(|e| e.len() as u64).sum(),
+        mb / enc_s,
+        mb / dec_s,
+    ))
+}
+
+pub fn run(primary: &Cluster, major: u32, from: Lsn, to: Lsn) -> Result<MicroResult> {
+    let (start, wal) = read_wal(primary, from, to)?;
+    let (encoded, e, d) = pass(CodecKind::Wal, major, start, &wal)?;
+    let (zbytes, ze, zd) = pass(CodecKind::Zstd, major, start, &wal)?;
+    Ok(MicroResult {
+        wal_bytes: wal.len() as u64,
+        encoded_bytes: encoded,
+        zstd3_bytes: zbytes,
+        encode_mb_s: e,
+        decode_mb_s: d,
+        zstd3_encode_mb_s: ze,
+        zstd3_decode_mb_s: zd,
+    })
+}

@@ -1,0 +1,146 @@
+//! The bench workloads: what runs on the primary while WAL streams through the relay.
+
+use anyhow::Result;
+use std::process::Stdio;
+
+use crate::cluster::Cluster;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// pgbench TPC-B, scale 10, 4 clients.
+    Pgbench,
+    /// The same with `wal_compression = lz4` on the primary.
+    PgbenchLz4,
+    /// Updates of wide rows with random (hex) payload.
+    Updates,
+    /// A bulk load: INSERT ... SELECT, then CREATE INDEX.
+    Bulk,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 4] = [
+        Workload::Pgbench,
+        Workload::Updates,
+        Workload::Bulk,
+        Workload::PgbenchLz4,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Pgbench => "pgbench",
+            Workload::PgbenchLz4 => "pgbench-lz4",
+            Workload::Updates => "updates",
+            Workload::Bulk => "bulk",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    pub fn wal_compression(self) -> &'static str {
+        match self {
+            Workload::PgbenchLz4 => "lz4",
+            _ => "off",
+        }
+    }
+
+    /// Schema and initial data (not measured).
+    pub async fn prepare(self, p: &Cluster) -> Result<()> {
+        match self {
+            Workload::Pgbench | Workload::PgbenchLz4 => {
+                let out =
+                    tokio::process::Command::from(p.pgbench(&["-i", "-s", "10", "-q", "postgres"]))
+                        .output()
+                        .await?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "pgbench -i: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Workload::Updates => {
+                p.execute(
+                    "create table wide (id int primary key, payload text) with (fillfactor = 90);
+                     insert into wide select g, (select string_agg(md5(random()::text || g), '') from generate_series(1, 12)) from generate_series(1, 40000) g;
+                     vacuum analyze wide",
+                )
+                .await?;
+            }
+            Workload::Bulk => {
+                p.execute("create table bulk (id bigint, k text, v text)")
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    /// The measured load, running for about `seconds`.
+    pub async fn load(self, p: &Cluster, seconds: u64) -> Result<Load> {
+        let secs = seconds.to_string();
+        let cmd = match self {
+            Workload::Pgbench | Workload::PgbenchLz4 => {
+                p.pgbench(&["-c", "4", "-j", "2", "-T", &secs, "postgres"])
+            }
+            Workload::Updates => {
+                let script = p.dir().parent().unwrap_or(p.dir()).join("updates.sql");
+                std::fs::write(
+                    &script,
+                    "\\set id random(1, 40000)\nupdate wide set payload = (select string_agg(md5(random()::text), '') from generate_series(1, 12)) where id = :id;\n",
+                )?;
+                let f = format!("--file={}", script.display());
+                p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])
+            }
+            Workload::Bulk => {
+                // Batches of INSERT ... SELECT for two thirds of the time, then CREATE INDEX.
+                let client = p.connect().await?;
+                let until = std::time::Instant::now()
+                    + std::time::Duration::from_secs((seconds * 2 / 3).max(1));
+                return Ok(Load::Task(tokio::spawn(async move {
+                    let mut n: i64 = 0;
+                    while std::time::Instant::now() < until {
+                        client
+                            .batch_execute(&format!(
+                                "insert into bulk select g, md5(g::text), repeat(md5(random()::text), 4) from generate_series({}, {}) g",
+                                n,
+                                n + 19_999
+                            ))
+                            .await?;
+                        n += 20_000;
+                    }
+                    client
+                        .batch_execute("create index on bulk (k); create index on bulk (v)")
+                        .await?;
+                    Ok(())
+                })));
+            }
+        };
+        let mut cmd = tokio::process::Command::from(cmd);
+        Ok(Load::Child(
+            cmd.kill_on_drop(true)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()?,
+        ))
+    }
+}
+
+/// A running load.
+pub enum Load {
+    Child(tokio::process::Child),
+    Task(tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>),
+}
+
+impl Load {
+    /// Waits for the load to end; Err if it failed.
+    pub async fn wait(&mut self) -> Result<()> {
+        match self {
+            Load::Child(c) => {
+                let status = c.wait().await?;
+                anyhow::ensure!(status.success(), "load exited with {status}");
+            }
+            Load::Task(t) => t.await??,
+        }
+        Ok(())
+    }
+}

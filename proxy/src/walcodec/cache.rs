@@ -1,0 +1,237 @@
+//! The block cache: the last page image of recently seen blocks, held on both ends.
+//!
+//! The encoder owns the policy: it maps block keys to slot numbers, evicts least recently used
+//! slots and tells the decoder, per image, which slot to use as reference and which slot to
+//! store the new page into. The decoder's cache is just an array of slots that obeys; it
+//! refuses slot numbers at or beyond its own capacity. Each slot costs [`SLOT_BYTES`] of
+//! `block_cache_bytes`.
+
+use std::collections::HashMap;
+
+use super::wal::{BlockKey, PAGE_SIZE};
+
+/// Memory accounted per cache slot: the page plus bookkeeping.
+pub const SLOT_BYTES: usize = PAGE_SIZE + 64;
+/// Upper bound on slots whatever the configuration (2^24 slots = 128 GiB of pages).
+pub const MAX_SLOTS: usize = 1 << 24;
+
+pub type Page = Box<[u8; PAGE_SIZE]>;
+
+pub fn new_page() -> Page {
+    Box::new([0u8; PAGE_SIZE])
+}
+
+/// Slots that `block_cache_bytes` pays for.
+pub fn slots_for(bytes: usize) -> usize {
+    (bytes / SLOT_BYTES).min(MAX_SLOTS)
+}
+
+const NIL: u32 = u32::MAX;
+
+/// (spc, db, rel, fork): the relation fork of a block.
+type RelKey = (u32, u32, u32, u8);
+
+fn rel_of(k: &BlockKey) -> RelKey {
+    (k.spc, k.db, k.rel, k.fork)
+}
+
+/// The encoder's cache: pages, keys, and an LRU list threaded through slot indices.
+pub struct EncCache {
+    cap: usize,
+    pages: Vec<Page>,
+    keys: Vec<BlockKey>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    /// Most recently used slot.
+    head: u32,
+    /// Least recently used slot.
+    tail: u32,
+    map: HashMap<BlockKey, u32>,
+    /// The slot most recently stored for each relation fork (a reference for new blocks).
+    by_rel: HashMap<RelKey, u32>,
+}
+
+/// What the encoder does with one page image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Slot whose page is the reference, if any.
+    pub reference: Option<u32>,
+    /// Slot to store the page into (`None` with a zero-capacity cache).
+    pub store: Option<u32>,
+    /// The reference holds the same block (a cache hit).
+    pub hit: bool,
+}
+
+impl EncCache {
+    pub fn new(cap: usize) -> EncCache {
+        EncCache {
+            cap,
+            pages: Vec::new(),
+            keys: Vec::new(),
+            prev: Vec::new(),
+            next: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            map: HashMap::new(),
+            by_rel: HashMap::new(),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        *self = EncCache::new(self.cap);
+    }
+
+    pub fn page(&self, slot: u32) -> &[u8; PAGE_SIZE] {
+        &self.pages[slot as usize]
+    }
+
+    /// Chooses reference and destination slots for the image of `key`.
+    pub fn plan(&mut self, key: &BlockKey) -> Plan {
+        if self.cap == 0 {
+            return Plan {
+                reference: None,
+                store: None,
+                hit: false,
+            };
+        }
+        if let Some(&slot) = self.map.get(key) {
+            return Plan {
+                reference: Some(slot),
+                store: Some(slot),
+                hit: true,
+            };
+        }
+        // A new block: the page of the previous block of the relation, else the latest page
+        // stored for the relation, is a good reference (same layout, similar tuples; a second
+        // reference page measured no better). It must be chosen before a slot is evicted.
+        let mut prev = *key;
+        prev.blkno = prev.blkno.wrapping_sub(1);
+        let reference = self
+            .map
+            .get(&prev)
+            .or_else(|| self.by_rel.get(&rel_of(key)))
+            .copied();
+        let store = if self.pages.len() < self.cap {
+            None
+        } else {
+            Some(self.tail)
+        };
+        let store = match store {
+            Some(s) => s,
+            None => self.pages.len() as u32,
+        };
+        Plan {
+            reference,
+            store: Some(store),
+            hit: false,
+        }
+    }
+
+    /// Stores `page` as the image of `key` in `slot` (from [`EncCache::plan`]).
+    pub fn store(&mut self, slot: u32, key: &BlockKey, page: &[u8; PAGE_SIZE]) {
+        let s = slot as usize;
+        if s == self.pages.len() {
+            self.pages.push(Box::new(*page));
+            self.keys.push(*key);
+            self.prev.push(NIL);
+            self.next.push(NIL);
+        } else {
+            self.unlink(slot);
+            let old = self.keys[s];
+            if old != *key {
+                self.map.remove(&old);
+                if self.by_rel.get(&rel_of(&old)) == Some(&slot) {
+                    self.by_rel.remove(&rel_of(&old));
+                }
+            }
+            self.pages[s].copy_from_slice(page);
+            self.keys[s] = *key;
+        }
+        self.map.insert(*key, slot);
+        self.by_rel.insert(rel_of(key), slot);
+        self.push_front(slot);
+    }
+
+    /// Marks `slot` most recently used without changing it.
+    pub fn touch(&mut self, slot: u32) {
+        self.unlink(slot);
+        self.push_front(slot);
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let s = slot as usize;
+        let (p, n) = (self.prev[s], self.next[s]);
+        if p != NIL {
+            self.next[p as usize] = n;
+        } else if self.head == slot {
+            self.head = n;
+        }
+        if n != NIL {
+            self.prev[n as usize] = p;
+        } else if self.tail == slot {
+            self.tail = p;
+        }
+        self.prev[s] = NIL;
+        self.next[s] = NIL;
+    }
+
+    fn push_front(&mut self, slot: u32) {
+        let s = slot as usize;
+        self.prev[s] = NIL;
+        self.next[s] = self.head;
+        if self.head != NIL {
+            self.prev[self.head as usize] = slot;
+        }
+        self.head = slot;
+        if self.tail == NIL {
+            self.tail = slot;
+        }
+    }
+
+    /// Bytes of pages held.
+    pub fn bytes(&self) -> usize {
+        self.pages.len() * SLOT_BYTES
+    }
+}
+
+/// The decoder's cache: slots filled as the encoder says.
+pub struct DecCache {
+    cap: usize,
+    slots: Vec<Option<Page>>,
+}
+
+impl DecCache {
+    pub fn new(cap: usize) -> DecCache {
+        DecCache {
+            cap,
+            slots: Vec::new(),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.slots.clear();
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    pub fn get(&self, slot: usize) -> Option<&[u8; PAGE_SIZE]> {
+        self.slots.get(slot)?.as_deref()
+    }
+
+    /// Stores `page` into `slot`; `false` if the slot is beyond the capacity.
+    pub fn put(&mut self, slot: usize, page: &[u8; PAGE_SIZE]) -> bool {
+        if slot >= self.cap {
+            return false;
+        }
+        if slot >= self.slots.len() {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        match &mut self.slots[slot] {
+            Some(p) => p.copy_from_slice(page),
+            s @ None => *s = Some(Box::new(*page)),
+        }
+        true
+    }
+}

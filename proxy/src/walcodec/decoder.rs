@@ -1,0 +1,440 @@
+//! The receiving half: payload → the exact WAL bytes the encoder was given.
+
+use super::cache::{new_page, slots_for, DecCache, Page};
+use super::encoder::MIN_STREAM_IMAGE;
+use super::format::*;
+use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
+use super::tracker::Tracker;
+use super::wal::{
+    bimg_compressed_mask, page_magic, parse_area, record_crc, Area, ImageRef, PAGE_SIZE, REC_HDR,
+    WAL_PAGE,
+};
+use super::{
+    check_params, CodecParams, WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL,
+    S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+};
+use crate::lsn::Lsn;
+
+pub struct Decoder {
+    magic: Option<u16>,
+    max_message: usize,
+    next_pos: Option<u64>,
+    streams: Vec<DStream>,
+    bufs: Vec<Vec<u8>>,
+    st: State,
+    poisoned: bool,
+}
+
+/// Everything the ops act on besides the section readers.
+struct State {
+    compressed_mask: u8,
+    tracker: Tracker,
+    last_xid: u32,
+    cache: DecCache,
+    pd: PageDecompressor,
+    rec: Vec<u8>,
+    area: Area,
+    page: Page,
+}
+
+/// Readers over this message's sections.
+struct Sections<'a> {
+    ctrl: Reader<'a>,
+    hdr: Reader<'a>,
+    data: Reader<'a>,
+    main: Reader<'a>,
+    raw: Reader<'a>,
+    img: Reader<'a>,
+    page: Reader<'a>,
+    fpi: Reader<'a>,
+}
+
+fn corrupt(msg: impl Into<String>) -> WalCodecError {
+    WalCodecError::Corrupt(msg.into())
+}
+
+impl Decoder {
+    /// `p.block_cache_bytes` is the most cache memory this side accepts; a stream that needs
+    /// more is an error.
+    pub fn new(p: &CodecParams) -> Result<Decoder, WalCodecError> {
+        check_params(p)?;
+        let magic = page_magic(p.pg_major);
+        Ok(Decoder {
+            magic,
+            max_message: p.max_message_bytes,
+            next_pos: None,
+            streams: (0..STREAMS)
+                .map(|_| DStream::new())
+                .collect::<Result<Vec<_>, _>>()?,
+            bufs: vec![Vec::new(); STREAMS],
+            st: State {
+                compressed_mask: bimg_compressed_mask(p.pg_major),
+                tracker: Tracker::new(magic, 0),
+                last_xid: 0,
+                cache: DecCache::new(slots_for(p.block_cache_bytes)),
+                pd: PageDecompressor::new()?,
+                rec: Vec::new(),
+                area: Area::default(),
+                page: new_page(),
+            },
+            poisoned: false,
+        })
+    }
+
+    /// Restores exactly the raw bytes given to the encoder for the message at `start`
+    /// (`raw_len` bytes, capped by max_message_bytes); `out` cleared first. After an error the
+    /// decoder's state no longer mirrors the encoder's and every later call fails.
+    pub fn decode(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WalCodecError> {
+        out.clear();
+        if self.poisoned {
+            return Err(WalCodecError::Poisoned);
+        }
+        let res = self.decode_inner(start, payload, raw_len, out);
+        if res.is_err() {
+            self.poisoned = true;
+            out.clear();
+        }
+        res
+    }
+
+    fn decode_inner(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WalCodecError> {
+        if raw_len > self.max_message {
+            return Err(WalCodecError::TooLong {
+                len: raw_len,
+                max: self.max_message,
+            });
+        }
+        let end = start
+            .0
+            .checked_add(raw_len as u64)
+            .ok_or(WalCodecError::Overflow {
+                start,
+                len: raw_len,
+            })?;
+        if self.next_pos != Some(start.0) {
+            self.st.tracker = Tracker::new(self.magic, start.0);
+            self.st.cache.clear();
+            self.st.last_xid = 0;
+        }
+
+        // Header and sections.
+        let mut hdr = Reader::new(payload, "payload header");
+        let version = hdr.u8()?;
+        if version != FORMAT_VERSION {
+            return Err(corrupt(format!(
+                "payload format version {version}, this decoder reads {FORMAT_VERSION}"
+            )));
+        }
+        let mut sizes = [(0usize, 0usize); STREAMS];
+        for (s, size) in sizes.iter_mut().enumerate() {
+            // Caps that the encoder's output always meets (see the encoder).
+            let cap = match s {
+                S_CTRL => 4 * raw_len + 1024,
+                S_PAGE => 8 * raw_len + PAGE_SIZE,
+                _ => raw_len,
+            };
+            let ulen = hdr.len(cap)?;
+            let clen = if ulen > 0 { hdr.len(payload.len())? } else { 0 };
+            *size = (ulen, clen);
+        }
+        let fpi_len = hdr.len(payload.len())?;
+        let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
+        for (s, &(ulen, clen)) in sizes.iter().enumerate() {
+            let chunk = rest
+                .get(..clen)
+                .ok_or_else(|| corrupt(format!("the {} section is cut short", STREAM_NAMES[s])))?;
+            rest = &rest[clen..];
+            if ulen == 0 {
+                self.bufs[s].clear();
+            } else {
+                self.streams[s].decode(chunk, ulen, &mut self.bufs[s], STREAM_NAMES[s])?;
+            }
+        }
+        if rest.len() != fpi_len {
+            return Err(corrupt(format!(
+                "the FPI section has {} bytes where {fpi_len} were announced",
+                rest.len()
+            )));
+        }
+        let mut r = Sections {
+            ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),
+            hdr: Reader::new(&self.bufs[S_HDR], "HDR"),
+            data: Reader::new(&self.bufs[S_DATA], "DATA"),
+            main: Reader::new(&self.bufs[S_MAIN], "MAIN"),
+            raw: Reader::new(&self.bufs[S_RAW], "RAW"),
+            img: Reader::new(&self.bufs[S_IMG], "IMG"),
+            page: Reader::new(&self.bufs[S_PAGE], "PAGE"),
+            fpi: Reader::new(rest, "FPI"),
+        };
+
+        out.reserve(raw_len);
+        while out.len() < raw_len {
+            self.st.op(&mut r, out, raw_len)?;
+        }
+        for rd in [
+            &r.ctrl, &r.hdr, &r.data, &r.main, &r.raw, &r.img, &r.page, &r.fpi,
+        ] {
+            if !rd.done() {
+                return Err(corrupt(format!(
+                    "the {} section has bytes left after the message was restored",
+                    rd.name()
+                )));
+            }
+        }
+        self.next_pos = Some(end);
+        Ok(())
+    }
+}
+
+impl State {
+    fn op(
+        &mut self,
+        r: &mut Sections<'_>,
+        out: &mut Vec<u8>,
+        raw_len: usize,
+    ) -> Result<(), WalCodecError> {
+        let op = r.ctrl.u8()?;
+        let room = raw_len - out.len();
+        match op {
+            OP_RAW | OP_RAW_HDR => {
+                let n = r.ctrl.len(room)?;
+                let src = if op == OP_RAW { &mut r.raw } else { &mut r.hdr };
+                let b = src.bytes(n)?;
+                out.extend_from_slice(b);
+                self.tracker.feed(b);
+            }
+            OP_ZERO => {
+                let n = r.ctrl.len(room)?;
+                let s = out.len();
+                out.resize(s + n, 0);
+                self.tracker.feed(&out[s..]);
+            }
+            OP_PAGE_HDR => self.page_header(out, room)?,
+            op if op & OP_REC_MASK == OP_REC => self.record(op, r, out, raw_len)?,
+            op => return Err(corrupt(format!("unknown op 0x{op:02x}"))),
+        }
+        Ok(())
+    }
+
+    fn page_header(&mut self, out: &mut Vec<u8>, room: usize) -> Result<(), WalCodecError> {
+        let (h, hl) = self.tracker.predict_header().ok_or_else(|| {
+            corrupt(format!(
+                "no page header can be predicted at {}",
+                Lsn(self.tracker.pos)
+            ))
+        })?;
+        if hl > room {
+            return Err(corrupt("a page header runs past the message end"));
+        }
+        out.extend_from_slice(&h[..hl]);
+        self.tracker.feed(&h[..hl]);
+        Ok(())
+    }
+
+    fn record(
+        &mut self,
+        flags: u8,
+        r: &mut Sections<'_>,
+        out: &mut Vec<u8>,
+        raw_len: usize,
+    ) -> Result<(), WalCodecError> {
+        if flags & !(OP_REC | REC_KNOWN) != 0 {
+            return Err(corrupt(format!("unknown record flags 0x{flags:02x}")));
+        }
+        let prev = if flags & REC_PREV_EXPLICIT != 0 {
+            r.ctrl.u64()?
+        } else {
+            self.tracker
+                .last_rec
+                .ok_or_else(|| corrupt("xl_prev derived where no previous record is known"))?
+        };
+        let xid = match flags & REC_XID_MASK {
+            REC_XID_SAME => self.last_xid,
+            REC_XID_ZERO => 0,
+            REC_XID_DELTA => self
+                .last_xid
+                .wrapping_add(unzigzag(r.ctrl.varint()?) as u32),
+            _ => return Err(corrupt("unknown xid mode")),
+        };
+        let info = r.ctrl.u8()?;
+        let rmid = r.ctrl.u8()?;
+        let room = raw_len - out.len();
+        let area_len = r.ctrl.len(room)?;
+        let area = r.hdr.bytes(area_len)?;
+        parse_area(area, None, self.compressed_mask, &mut self.area)
+            .map_err(|e| corrupt(format!("bad block header area: {e:?}")))?;
+        let tot = (REC_HDR as u64 + area_len as u64).saturating_add(self.area.data_total);
+        if tot > room as u64 {
+            return Err(corrupt("a record runs past the message end"));
+        }
+        let tot = tot as usize;
+
+        let rec = &mut self.rec;
+        rec.clear();
+        rec.reserve(tot);
+        rec.extend_from_slice(&(tot as u32).to_le_bytes());
+        rec.extend_from_slice(&xid.to_le_bytes());
+        rec.extend_from_slice(&prev.to_le_bytes());
+        rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
+        rec.extend_from_slice(area);
+        for i in 0..self.area.blocks.len() {
+            let b = self.area.blocks[i];
+            if let Some(img) = b.image {
+                self.image(&img, r)?;
+            }
+            self.rec
+                .extend_from_slice(r.data.bytes(usize::from(b.data_len))?);
+        }
+        self.rec
+            .extend_from_slice(r.main.bytes(self.area.main_len as usize)?);
+        if self.rec.len() != tot {
+            return Err(corrupt("record length mismatch"));
+        }
+        let crc = record_crc(&self.rec);
+        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+
+        // Lay it out with page headers at the boundaries.
+        let mut k = 0;
+        while k < tot {
+            let room = raw_len - out.len();
+            if self.tracker.pos % WAL_PAGE == 0 {
+                match r.ctrl.u8()? {
+                    BND_PREDICTED => self.page_header(out, room)?,
+                    b @ (BND_SHORT | BND_LONG) => {
+                        let hl = if b == BND_SHORT { 24 } else { 40 };
+                        if hl > room {
+                            return Err(corrupt("a page header runs past the message end"));
+                        }
+                        let h = r.hdr.bytes(hl)?;
+                        out.extend_from_slice(h);
+                        self.tracker.feed(h);
+                    }
+                    b => return Err(corrupt(format!("unknown page boundary flag {b}"))),
+                }
+                continue;
+            }
+            let n = (tot - k).min(self.tracker.to_page_end()).min(room);
+            if n == 0 {
+                return Err(corrupt("a record runs past the message end"));
+            }
+            out.extend_from_slice(&self.rec[k..k + n]);
+            self.tracker.feed(&self.rec[k..k + n]);
+            k += n;
+        }
+        if flags & REC_PAD != 0 {
+            let pad = ((8 - self.tracker.pos % 8) % 8) as usize;
+            if pad > raw_len - out.len() {
+                return Err(corrupt("record padding runs past the message end"));
+            }
+            let s = out.len();
+            out.resize(s + pad, 0);
+            self.tracker.feed(&out[s..]);
+        }
+        if xid != 0 {
+            self.last_xid = xid;
+        }
+        Ok(())
+    }
+
+    /// Restores one block image into `self.rec`.
+    fn image(&mut self, img: &ImageRef, r: &mut Sections<'_>) -> Result<(), WalCodecError> {
+        let op = r.ctrl.u8()?;
+        if op == IMG_OPAQUE {
+            self.rec
+                .extend_from_slice(r.img.bytes(usize::from(img.len))?);
+            return Ok(());
+        }
+        if !img.reconstructible() {
+            return Err(corrupt("a page frame for an image that cannot be rebuilt"));
+        }
+        let cap = self.cache.capacity();
+        let slot = |v: u64| -> Result<usize, WalCodecError> {
+            if v >= cap as u64 {
+                Err(WalCodecError::CacheTooSmall {
+                    slot: v,
+                    capacity: cap,
+                })
+            } else {
+                Ok(v as usize)
+            }
+        };
+        // (reference slot, slot to store into, frame)
+        let (reference, store, frame): (Option<usize>, Option<usize>, Option<&[u8]>) = match op {
+            IMG_IDENT => (Some(slot(r.ctrl.varint()?)?), None, None),
+            IMG_NEW => {
+                let k = slot(r.ctrl.varint()?)?;
+                (None, Some(k), Some(read_frame(r)?))
+            }
+            IMG_SAME => {
+                let k = slot(r.ctrl.varint()?)?;
+                (Some(k), Some(k), Some(read_frame(r)?))
+            }
+            IMG_REF => {
+                let j = slot(r.ctrl.varint()?)?;
+                let k = slot(r.ctrl.varint()?)?;
+                (Some(j), Some(k), Some(read_frame(r)?))
+            }
+            IMG_NOCACHE => (None, None, Some(read_frame(r)?)),
+            IMG_STREAM | IMG_STREAM_NOCACHE => {
+                let store = if op == IMG_STREAM {
+                    Some(slot(r.ctrl.varint()?)?)
+                } else {
+                    None
+                };
+                if usize::from(img.len) < MIN_STREAM_IMAGE {
+                    return Err(corrupt("a whole page sent for a small image"));
+                }
+                self.page.copy_from_slice(r.page.bytes(PAGE_SIZE)?);
+                (None, store, None)
+            }
+            op => return Err(corrupt(format!("unknown image op {op}"))),
+        };
+        let ref_page = match reference {
+            Some(j) => Some(
+                self.cache
+                    .get(j)
+                    .ok_or_else(|| corrupt(format!("cache slot {j} is referenced but empty")))?,
+            ),
+            None => None,
+        };
+        match (frame, ref_page) {
+            (Some(f), Some(p)) => self.pd.decompress(f, &[p], &mut self.page)?,
+            (Some(f), None) => self.pd.decompress(f, &[], &mut self.page)?,
+            // IDENT: the reference is the page.
+            (None, Some(p)) => self.page.copy_from_slice(p),
+            // STREAM: already in place.
+            (None, None) => {}
+        }
+        if let Some(k) = store {
+            if !self.cache.put(k, &self.page) {
+                return Err(WalCodecError::CacheTooSmall {
+                    slot: k as u64,
+                    capacity: cap,
+                });
+            }
+        }
+        let off = usize::from(img.hole_offset);
+        let hole = usize::from(img.hole_len);
+        self.rec.extend_from_slice(&self.page[..off]);
+        self.rec.extend_from_slice(&self.page[off + hole..]);
+        Ok(())
+    }
+}
+
+/// The length (CTRL) and bytes (FPI) of one page frame.
+fn read_frame<'a>(r: &mut Sections<'a>) -> Result<&'a [u8], WalCodecError> {
+    let n = r.ctrl.len(2 * PAGE_SIZE)?;
+    r.fpi.bytes(n)
+}

@@ -1,0 +1,67 @@
+//! The op sequence in the CTRL stream. Each op appends bytes to the restored message, which
+//! both sides feed, in order, to their [`Tracker`](super::tracker::Tracker); the decoder runs
+//! ops until it has `raw_len` bytes.
+//!
+//! ```text
+//! op = RAW      0x01 n:varint            n bytes from RAW
+//!    | RAW_HDR  0x02 n:varint            n bytes from HDR (a page header not predicted, or part)
+//!    | ZERO     0x03 n:varint            n zero bytes
+//!    | PAGE_HDR 0x04                     the page header the tracker predicts here
+//!    | REC      0x40|flags record        one whole record, from a record start
+//!
+//! flags: 0x01 PREV_EXPLICIT  xl_prev follows (else the tracker's previous record start)
+//!        0x02 PAD            the record's zero alignment padding follows it
+//!        0x0C xid mode       0x00 same as the last record's xid, 0x04 zero, 0x08 delta follows
+//!
+//! record = [xl_prev:u64le if PREV_EXPLICIT] [zigzag(xid - last xid):varint if delta]
+//!          xl_info:u8 xl_rmid:u8 area_len:varint      (area_len bytes of HDR: block headers)
+//!          image-op × (blocks with an image, in block order)
+//!          boundary × (page boundaries the record crosses, in order)
+//!
+//! image-op = 0 OPAQUE                   bimg_len bytes from IMG
+//!          | 1 NEW    k:varint len:varint  frame (no reference) → page; store in slot k
+//!          | 2 SAME   k:varint len:varint  frame against slot k → page; store in slot k
+//!          | 3 REF    j:varint k:varint len:varint  frame against slot j; store in slot k
+//!          | 4 IDENT  k:varint             the page in slot k, unchanged
+//!          | 5 NOCACHE len:varint          frame (no reference), not stored
+//!          | 6 STREAM k:varint             the next 8192 bytes of PAGE; store in slot k
+//!                                          (only for images of at least 1024 bytes)
+//!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
+//!          frames are `len` bytes of FPI; the image is the page without its hole
+//!
+//! boundary = 0 predicted header | 1 24 bytes of HDR | 2 40 bytes of HDR
+//! ```
+//!
+//! The record is rebuilt as: the 24-byte header (xl_tot_len = 24 + area_len + data announced
+//! by the area, the two pad bytes zero, xl_crc recomputed), the area, then per block its image
+//! (from the image op) and its data (`data_length` bytes of DATA), then `main_len` bytes of
+//! DATA. It is laid out from the current position with a page header at each page boundary.
+
+pub const OP_RAW: u8 = 0x01;
+pub const OP_RAW_HDR: u8 = 0x02;
+pub const OP_ZERO: u8 = 0x03;
+pub const OP_PAGE_HDR: u8 = 0x04;
+pub const OP_REC: u8 = 0x40;
+pub const OP_REC_MASK: u8 = 0xC0;
+
+pub const REC_PREV_EXPLICIT: u8 = 0x01;
+pub const REC_PAD: u8 = 0x02;
+pub const REC_XID_MASK: u8 = 0x0C;
+pub const REC_XID_SAME: u8 = 0x00;
+pub const REC_XID_ZERO: u8 = 0x04;
+pub const REC_XID_DELTA: u8 = 0x08;
+/// Flag bits a version-1 decoder understands.
+pub const REC_KNOWN: u8 = 0x0F;
+
+pub const IMG_OPAQUE: u8 = 0;
+pub const IMG_NEW: u8 = 1;
+pub const IMG_SAME: u8 = 2;
+pub const IMG_REF: u8 = 3;
+pub const IMG_IDENT: u8 = 4;
+pub const IMG_NOCACHE: u8 = 5;
+pub const IMG_STREAM: u8 = 6;
+pub const IMG_STREAM_NOCACHE: u8 = 7;
+
+pub const BND_PREDICTED: u8 = 0;
+pub const BND_SHORT: u8 = 1;
+pub const BND_LONG: u8 = 2;

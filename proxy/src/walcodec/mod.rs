@@ -1,0 +1,194 @@
+//! WAL-aware link codec: replaces generic zstd for the WAL bytes of XLogData messages.
+//!
+//! Pure and sans-IO: [`Encoder::encode`] turns one message's WAL bytes into a payload,
+//! [`Decoder::decode`] restores exactly those bytes. Both are deterministic state machines fed
+//! the same messages in the same order; the decoder mirrors the encoder's state (the WAL
+//! [`tracker`], the block cache, the zstd streams), so derivable bytes never cross the link:
+//!
+//! - page headers are predicted from the previous header and the record being followed;
+//! - xl_prev is the start of the previous record, xl_crc is recomputed, xl_tot_len follows from
+//!   the block headers, padding is zeros;
+//! - full-page images are rebuilt into 8 KiB pages (hole zero filled) and compressed with zstd
+//!   against the last image of the same block held in a block cache on both ends (for a block
+//!   not in the cache: the previous block of the relation, else the relation's latest page);
+//!   the encoder says which slots to read and write, the decoder obeys;
+//! - everything else (header fields that are not derivable, block headers, block and main data,
+//!   raw bytes) goes through streaming zstd, one context per kind, flushed every message.
+//!
+//! Anything not understood (unsupported major, no lock on a record boundary yet, a record cut
+//! by the message boundary, a CRC mismatch, an unparsable block header area) passes through as
+//! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
+//! length and xxh3 of the result (see `crate::codec`).
+//!
+//! # Payload format (version 1)
+//!
+//! ```text
+//! payload  = version:u8 (=1)
+//!            6 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, in this order
+//!            fpi_len:varint
+//!            CTRL bytes, HDR bytes, DATA bytes, RAW bytes, IMG bytes, PAGE bytes, FPI bytes
+//! section-size = ulen:varint [clen:varint if ulen > 0]
+//! ```
+//!
+//! Varints are unsigned LEB128. Each of CTRL..PAGE is the output of its own streaming zstd
+//! context for this message, ended with ZSTD_e_flush (`clen` bytes that decompress to `ulen`;
+//! absent when the stream got nothing this message). The streams:
+//!
+//! - CTRL: the op sequence ([`format`]) and small record-header fields;
+//! - HDR: block-header areas of records and page headers that were not predicted;
+//! - DATA: block data and main data of records;
+//! - RAW: bytes passed through as they are;
+//! - IMG: image bytes that do not go through the cache (compressed or odd images);
+//! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
+//!   cache has no reference page at all (the stream's window holds the other recent pages).
+//!
+//! FPI is not compressed further: it is the concatenation of magicless zstd frames, each
+//! exactly one 8192-byte page, compressed against a cached reference page
+//! (ZSTD_CCtx_refPrefix) or alone, lengths in CTRL (level `zstd_level + 2` against the same
+//! block's previous image, `zstd_level` otherwise).
+//!
+//! The decoder replays the ops in CTRL until it has `raw_len` bytes; every section must then be
+//! used up exactly. Decompressed sizes are capped before anything is allocated: CTRL at
+//! 4 × raw_len + 1024, PAGE at 8 × raw_len + 8192, the others at raw_len.
+//!
+//! # Memory per session (each end)
+//!
+//! - zstd windows: 4 MiB for DATA, RAW and PAGE, 1 MiB for CTRL, HDR and IMG (the decoder
+//!   refuses windows above 4 MiB), plus the contexts' tables on the encoder side;
+//! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
+//!   they are first used;
+//! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
+//!   decoded sections, one record, three pages of scratch.
+
+mod cache;
+mod decoder;
+mod encoder;
+pub mod format;
+mod streams;
+pub mod tracker;
+pub mod wal;
+
+#[cfg(test)]
+mod testgen;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_pg;
+
+pub use decoder::Decoder;
+pub use encoder::Encoder;
+
+/// Configuration shared by both ends (they must agree on `pg_major`; the decoder's cache must
+/// be at least as large as the encoder's).
+#[derive(Debug, Clone)]
+pub struct CodecParams {
+    /// PostgreSQL major version of the primary; outside 14..=18 everything passes raw.
+    pub pg_major: u32,
+    /// Block cache memory (each slot costs 8192 + 64 bytes). The decoder refuses a stream
+    /// that uses more slots than this pays for.
+    pub block_cache_bytes: usize,
+    /// zstd level of the streams and the page frames.
+    pub zstd_level: i32,
+    /// Largest message (raw WAL bytes) either end accepts.
+    pub max_message_bytes: usize,
+}
+
+/// Counters of what the codec did, for metrics. `*_in` are raw WAL bytes by kind; `*_out` are
+/// link bytes: for the zstd streams the compressed size of the stream carrying that kind
+/// (CTRL and HDR count as record headers, IMG and FPI as images); page headers count the bytes
+/// put into the streams before compression (1 per predicted header).
+#[derive(Debug, Default, Clone)]
+pub struct CodecStats {
+    pub messages: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub page_header_in: u64,
+    pub page_header_out: u64,
+    /// 24-byte record headers and block-header areas of encoded records.
+    pub record_header_in: u64,
+    pub record_header_out: u64,
+    /// Page images of encoded records (as they are in the WAL, holes removed).
+    pub fpi_in: u64,
+    pub fpi_out: u64,
+    /// Block data and main data of encoded records.
+    pub data_in: u64,
+    pub data_out: u64,
+    /// Zero padding (between records, after XLOG_SWITCH) sent as a count.
+    pub zeros_in: u64,
+    /// Bytes passed through raw (not locked, records cut by messages, not understood).
+    pub raw_in: u64,
+    pub raw_out: u64,
+    /// Records encoded field by field.
+    pub records: u64,
+    /// Images sent as page frames through the cache.
+    pub fpis: u64,
+    /// Of those, images whose block was in the cache.
+    pub fpi_cache_hits: u64,
+    /// Frame bytes of the cache hits (part of `fpi_out`).
+    pub fpi_hit_out: u64,
+    /// Images identical to the cached page (no frame at all).
+    pub fpi_identical: u64,
+    /// Images passed opaquely (wal_compression, odd geometry).
+    pub fpi_opaque: u64,
+    /// Records that were complete in a message but passed raw (bad CRC, unknown layout).
+    pub records_raw: u64,
+    /// Records cut by a message boundary (passed raw).
+    pub records_split: u64,
+    /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
+    /// tracker.
+    pub resyncs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WalCodecError {
+    #[error("unsupported codec parameters: {0}")]
+    Params(String),
+    #[error("message of {len} bytes exceeds the limit of {max} bytes (max_message_bytes)")]
+    TooLong { len: usize, max: usize },
+    #[error("message at {start} of {len} bytes runs past the end of the WAL address space")]
+    Overflow { start: crate::lsn::Lsn, len: usize },
+    #[error("zstd: {0}")]
+    Zstd(String),
+    #[error("corrupt walcodec payload: {0}")]
+    Corrupt(String),
+    #[error("the stream needs block cache slot {slot} but this side's cache has {capacity} slots (raise block_cache_bytes to match the sender)")]
+    CacheTooSmall { slot: u64, capacity: usize },
+    #[error("codec state lost after an earlier error; start a new session")]
+    Poisoned,
+}
+
+impl WalCodecError {
+    fn zstd(e: std::io::Error) -> WalCodecError {
+        WalCodecError::Zstd(e.to_string())
+    }
+}
+
+/// Number of zstd streams and their names (payload order).
+pub(crate) const STREAMS: usize = 7;
+pub(crate) const STREAM_NAMES: [&str; STREAMS] =
+    ["CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN"];
+pub(crate) const S_CTRL: usize = 0;
+pub(crate) const S_HDR: usize = 1;
+pub(crate) const S_DATA: usize = 2;
+pub(crate) const S_RAW: usize = 3;
+pub(crate) const S_IMG: usize = 4;
+pub(crate) const S_PAGE: usize = 5;
+pub(crate) const S_MAIN: usize = 6;
+pub(crate) const FORMAT_VERSION: u8 = 1;
+
+fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
+    if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {
+        return Err(WalCodecError::Params(format!(
+            "max_message_bytes must be between 1 and 1 GiB, not {}",
+            p.max_message_bytes
+        )));
+    }
+    let (lo, hi) = (zstd_safe::min_c_level(), zstd_safe::max_c_level());
+    if !(lo..=hi).contains(&p.zstd_level) {
+        return Err(WalCodecError::Params(format!(
+            "zstd_level {} is outside {lo}..={hi}",
+            p.zstd_level
+        )));
+    }
+    Ok(())
+}

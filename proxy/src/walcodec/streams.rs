@@ -1,0 +1,353 @@
+//! Byte plumbing: LEB128 varints, bounds-checked readers, the streaming zstd sections and the
+//! per-page zstd frames with a reference page.
+
+use super::WalCodecError;
+use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
+use zstd_safe::{CCtx, DCtx, FrameFormat};
+
+use super::wal::PAGE_SIZE;
+
+/// Most reference pages a page frame is compressed against.
+pub const MAX_REFS: usize = 1;
+
+/// Largest window of a streaming context (4 MiB, for DATA, RAW and PAGE); the decoder refuses
+/// larger ones. This bounds the decoder's memory per stream.
+pub const WINDOW_LOG: u32 = 22;
+/// Window of the small streams (CTRL, HDR, IMG): 1 MiB.
+pub const SMALL_WINDOW_LOG: u32 = 20;
+
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Zigzag for signed deltas.
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+pub fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// A bounds-checked reader over one decoded section.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    name: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], name: &'static str) -> Reader<'a> {
+        Reader { buf, pos: 0, name }
+    }
+
+    fn short(&self) -> WalCodecError {
+        WalCodecError::Corrupt(format!("the {} section ends early", self.name))
+    }
+
+    pub fn u8(&mut self) -> Result<u8, WalCodecError> {
+        let b = *self.buf.get(self.pos).ok_or_else(|| self.short())?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], WalCodecError> {
+        let end = self.pos.checked_add(n).ok_or_else(|| self.short())?;
+        let s = self.buf.get(self.pos..end).ok_or_else(|| self.short())?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    pub fn u64(&mut self) -> Result<u64, WalCodecError> {
+        let s = self.bytes(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub fn varint(&mut self) -> Result<u64, WalCodecError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7F) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(WalCodecError::Corrupt(format!(
+            "overlong varint in the {} section",
+            self.name
+        )))
+    }
+
+    /// A varint that must not exceed `max` (a length about to be used).
+    pub fn len(&mut self, max: usize) -> Result<usize, WalCodecError> {
+        let v = self.varint()?;
+        if v > max as u64 {
+            return Err(WalCodecError::Corrupt(format!(
+                "length {v} in the {} section exceeds the limit of {max}",
+                self.name
+            )));
+        }
+        Ok(v as usize)
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn done(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// One streaming zstd context of the encoder with the bytes gathered for it this message.
+pub struct CStream {
+    ctx: Encoder<'static>,
+    pub buf: Vec<u8>,
+}
+
+impl CStream {
+    pub fn new(level: i32, window_log: u32) -> Result<CStream, WalCodecError> {
+        let mut ctx = Encoder::new(level).map_err(WalCodecError::zstd)?;
+        ctx.set_parameter(CParameter::WindowLog(window_log.min(WINDOW_LOG)))
+            .map_err(WalCodecError::zstd)?;
+        Ok(CStream {
+            ctx,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Compresses and flushes the gathered bytes, appending to `out`; clears the buffer.
+    pub fn flush_into(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        out.reserve(self.buf.len() / 2 + 64);
+        let mut input = InBuffer::around(&self.buf);
+        while input.pos() < self.buf.len() {
+            spare(out, 64 * 1024);
+            let mut o = OutBuffer::around_pos(out, out.len());
+            self.ctx
+                .run(&mut input, &mut o)
+                .map_err(WalCodecError::zstd)?;
+        }
+        loop {
+            spare(out, 16 * 1024);
+            let mut o = OutBuffer::around_pos(out, out.len());
+            let left = self.ctx.flush(&mut o).map_err(WalCodecError::zstd)?;
+            if left == 0 {
+                break;
+            }
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+fn spare(out: &mut Vec<u8>, n: usize) {
+    if out.capacity() - out.len() < n {
+        out.reserve(n);
+    }
+}
+
+/// One streaming zstd context of the decoder.
+pub struct DStream {
+    ctx: Decoder<'static>,
+}
+
+impl DStream {
+    pub fn new() -> Result<DStream, WalCodecError> {
+        let mut ctx = Decoder::new().map_err(WalCodecError::zstd)?;
+        ctx.set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
+            .map_err(WalCodecError::zstd)?;
+        Ok(DStream { ctx })
+    }
+
+    /// Decompresses one flushed chunk into `out` (cleared), which must come to exactly `ulen`
+    /// bytes.
+    pub fn decode(
+        &mut self,
+        chunk: &[u8],
+        ulen: usize,
+        out: &mut Vec<u8>,
+        name: &str,
+    ) -> Result<(), WalCodecError> {
+        out.clear();
+        if ulen == 0 && chunk.is_empty() {
+            return Ok(());
+        }
+        out.reserve(ulen);
+        let mut input = InBuffer::around(chunk);
+        loop {
+            let before = (input.pos(), out.len());
+            let mut o = OutBuffer::around_pos(out, out.len());
+            self.ctx
+                .run(&mut input, &mut o)
+                .map_err(WalCodecError::zstd)?;
+            if out.len() > ulen {
+                break;
+            }
+            if (input.pos(), out.len()) == before
+                || (input.pos() == chunk.len() && out.len() == ulen)
+            {
+                break;
+            }
+            if out.len() == out.capacity() {
+                // Room for one more byte, so that too much output shows up as an error.
+                out.reserve(1);
+            }
+        }
+        if out.len() != ulen || input.pos() != chunk.len() {
+            return Err(WalCodecError::Corrupt(format!(
+                "the {name} section decompressed to {} bytes where {ulen} were announced",
+                out.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Compresses single pages as magicless zstd frames, optionally against a reference page.
+///
+/// The reference and the page are copied next to each other into one buffer, so that zstd sees
+/// the reference as a contiguous prefix of the input (faster than a separate dictionary).
+pub struct PageCompressor {
+    cctx: CCtx<'static>,
+    scratch: Box<[u8; (MAX_REFS + 1) * PAGE_SIZE]>,
+}
+
+impl PageCompressor {
+    pub fn new(level: i32) -> Result<PageCompressor, WalCodecError> {
+        let mut cctx = CCtx::try_create()
+            .ok_or_else(|| WalCodecError::Zstd("cannot create a compression context".into()))?;
+        for p in [
+            zstd_safe::CParameter::CompressionLevel(level),
+            zstd_safe::CParameter::Format(FrameFormat::Magicless),
+            zstd_safe::CParameter::ContentSizeFlag(false),
+            zstd_safe::CParameter::ChecksumFlag(false),
+            zstd_safe::CParameter::DictIdFlag(false),
+        ] {
+            cctx.set_parameter(p).map_err(zerr)?;
+        }
+        Ok(PageCompressor {
+            cctx,
+            scratch: Box::new([0; (MAX_REFS + 1) * PAGE_SIZE]),
+        })
+    }
+
+    /// Appends the frame of `page`, compressed against the `refs` pages (at most [`MAX_REFS`],
+    /// in this order), to `out`; returns its length.
+    pub fn compress(
+        &mut self,
+        page: &[u8; PAGE_SIZE],
+        refs: &[&[u8; PAGE_SIZE]],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, WalCodecError> {
+        let start = out.len();
+        out.reserve(zstd_safe::compress_bound(PAGE_SIZE));
+        let mut dst = std::io::Cursor::new(&mut *out);
+        dst.set_position(start as u64);
+        let n = refs.len().min(MAX_REFS);
+        let r = if n > 0 {
+            for (i, r) in refs.iter().take(n).enumerate() {
+                self.scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&r[..]);
+            }
+            self.scratch[n * PAGE_SIZE..(n + 1) * PAGE_SIZE].copy_from_slice(page);
+            let (prefix, src) = self.scratch.split_at(n * PAGE_SIZE);
+            // SAFETY: ZSTD_CCtx_refPrefix only records the pointer for the next frame. That
+            // frame is compressed completely (ZSTD_e_end) by compress2 below, while `prefix` is
+            // borrowed, and ref_prefix(&[]) afterwards drops the reference in all cases, so
+            // zstd never reads it after this function returns. The 'static lifetime is only
+            // needed because the context lives in a long-lived struct.
+            let prefix: &'static [u8] =
+                unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) };
+            self.cctx.ref_prefix(prefix).map_err(zerr)?;
+            let res = self.cctx.compress2(&mut dst, &src[..PAGE_SIZE]);
+            self.cctx.ref_prefix(&[]).map_err(zerr)?;
+            res
+        } else {
+            self.cctx.compress2(&mut dst, &page[..])
+        };
+        r.map_err(zerr)?;
+        Ok(out.len() - start)
+    }
+}
+
+/// Decompresses the frames of [`PageCompressor`] (reference contiguous with the output too).
+pub struct PageDecompressor {
+    dctx: DCtx<'static>,
+    scratch: Box<[u8; (MAX_REFS + 1) * PAGE_SIZE]>,
+}
+
+impl PageDecompressor {
+    pub fn new() -> Result<PageDecompressor, WalCodecError> {
+        let mut dctx = DCtx::try_create()
+            .ok_or_else(|| WalCodecError::Zstd("cannot create a decompression context".into()))?;
+        dctx.set_parameter(zstd_safe::DParameter::Format(FrameFormat::Magicless))
+            .map_err(zerr)?;
+        dctx.set_parameter(zstd_safe::DParameter::WindowLogMax(WINDOW_LOG))
+            .map_err(zerr)?;
+        Ok(PageDecompressor {
+            dctx,
+            scratch: Box::new([0; (MAX_REFS + 1) * PAGE_SIZE]),
+        })
+    }
+
+    /// Decompresses `frame` (made against the `refs` pages) into `page`, which it must fill
+    /// exactly.
+    pub fn decompress(
+        &mut self,
+        frame: &[u8],
+        refs: &[&[u8; PAGE_SIZE]],
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), WalCodecError> {
+        let n = refs.len().min(MAX_REFS);
+        let res = if n > 0 {
+            for (i, r) in refs.iter().take(n).enumerate() {
+                self.scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&r[..]);
+            }
+            let (prefix, dst) = self.scratch.split_at_mut(n * PAGE_SIZE);
+            let dst = &mut dst[..PAGE_SIZE];
+            // SAFETY: as in PageCompressor::compress: the prefix is used by the single frame
+            // decompressed here and ref_prefix(&[]) clears it before the borrow ends.
+            let prefix: &'static [u8] =
+                unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) };
+            self.dctx.ref_prefix(prefix).map_err(zerr)?;
+            let res = self.dctx.decompress(&mut *dst, frame);
+            self.dctx.ref_prefix(&[]).map_err(zerr)?;
+            if res == Ok(PAGE_SIZE) {
+                page.copy_from_slice(dst);
+            }
+            res
+        } else {
+            self.dctx.decompress(&mut page[..], frame)
+        };
+        match res {
+            Ok(PAGE_SIZE) => Ok(()),
+            Ok(n) => Err(WalCodecError::Corrupt(format!(
+                "a page frame decompressed to {n} bytes instead of {PAGE_SIZE}"
+            ))),
+            Err(code) => {
+                // Leave the context ready for the next frame after an error.
+                let _ = self.dctx.reset(zstd_safe::ResetDirective::SessionOnly);
+                Err(WalCodecError::Corrupt(format!(
+                    "bad page frame: {}",
+                    zstd_safe::get_error_name(code)
+                )))
+            }
+        }
+    }
+}
+
+fn zerr(code: usize) -> WalCodecError {
+    WalCodecError::Zstd(zstd_safe::get_error_name(code).to_string())
+}

@@ -1,0 +1,463 @@
+use proptest::prelude::*;
+
+use super::cache::SLOT_BYTES;
+use super::testgen::{Rng, WalGen};
+use super::*;
+use crate::lsn::Lsn;
+
+const SEG: u64 = 1 << 20;
+
+fn params(cache_slots: usize) -> CodecParams {
+    CodecParams {
+        pg_major: 15,
+        block_cache_bytes: cache_slots * SLOT_BYTES,
+        zstd_level: 3,
+        max_message_bytes: 4 << 20,
+    }
+}
+
+/// A synthetic stream of about `bytes` bytes starting at a segment boundary, ending with an
+/// XLOG_SWITCH and some records in the next segment.
+fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {
+    synthetic_major(15, seed, bytes, blocks)
+}
+
+fn synthetic_major(major: u32, seed: u64, bytes: usize, blocks: u32) -> WalGen {
+    let mut g = WalGen::new(major, SEG, 3 * SEG, seed);
+    while g.buf.len() < bytes {
+        g.random_record(blocks);
+    }
+    g.switch();
+    for _ in 0..20 {
+        g.random_record(blocks);
+    }
+    g
+}
+
+/// Encodes `wal` (starting at `start`) cut into `chunks` and decodes it again, checking every
+/// message; returns the encoder's stats and the total payload size.
+fn round_trip(p: &CodecParams, start: u64, wal: &[u8], cuts: &[usize]) -> (CodecStats, usize) {
+    let mut enc = Encoder::new(p).unwrap();
+    let mut dec = Decoder::new(p).unwrap();
+    let (mut payload, mut restored) = (Vec::new(), Vec::new());
+    let mut total = 0;
+    let mut at = 0usize;
+    let mut bounds: Vec<usize> = cuts
+        .iter()
+        .copied()
+        .filter(|&c| c > 0 && c < wal.len())
+        .collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    bounds.push(wal.len());
+    for end in bounds {
+        let msg = &wal[at..end];
+        let lsn = Lsn(start + at as u64);
+        enc.encode(lsn, msg, &mut payload).unwrap();
+        total += payload.len();
+        dec.decode(lsn, &payload, msg.len(), &mut restored)
+            .unwrap_or_else(|e| panic!("decoding message at {lsn} ({} bytes): {e}", msg.len()));
+        assert!(
+            restored == msg,
+            "message at {lsn} ({} bytes) restored differently",
+            msg.len()
+        );
+        at = end;
+    }
+    (enc.stats().clone(), total)
+}
+
+/// Cuts every `n` bytes.
+fn every(n: usize, len: usize) -> Vec<usize> {
+    (1..=len / n).map(|i| i * n).collect()
+}
+
+#[test]
+fn synthetic_stream_round_trips_and_is_encoded() {
+    let g = synthetic(1, 600_000, 40);
+    assert!(
+        g.split_headers > 0,
+        "the generator should split some record headers"
+    );
+    for slots in [0, 1, 4096] {
+        let (st, total) = round_trip(
+            &params(slots),
+            g.start,
+            &g.buf,
+            &every(128 * 1024, g.buf.len()),
+        );
+        assert_eq!(st.records_raw, 0, "{st:?}");
+        assert!(
+            st.records as usize + st.records_split as usize >= g.records - 1,
+            "{st:?}"
+        );
+        assert!(st.fpis > 0 && st.fpi_opaque > 0, "{st:?}");
+        assert_eq!(st.resyncs, 0, "{st:?}");
+        if slots == 4096 {
+            assert!(st.fpi_cache_hits > 0, "{st:?}");
+        }
+        // Page headers cost about a byte each.
+        assert!(st.page_header_out * 10 < st.page_header_in, "{st:?}");
+        assert!(total < g.buf.len() / 2, "{total} of {}", g.buf.len());
+    }
+}
+
+#[test]
+fn whole_stream_in_one_message_encodes_every_record() {
+    let g = synthetic(2, 300_000, 10);
+    let (st, _) = round_trip(&params(64), g.start, &g.buf, &[]);
+    assert_eq!(st.records as usize, g.records, "{st:?}");
+    assert_eq!(st.raw_in, 0, "{st:?}");
+}
+
+#[test]
+fn cache_beats_no_cache_on_repeated_blocks() {
+    let g = synthetic(3, 800_000, 8);
+    let cuts = every(100_000, g.buf.len());
+    let (_, none) = round_trip(&params(0), g.start, &g.buf, &cuts);
+    let (st, big) = round_trip(&params(1000), g.start, &g.buf, &cuts);
+    assert!(st.fpi_cache_hits > 10, "{st:?}");
+    assert!(big < none, "cache {big} vs none {none}");
+}
+
+#[test]
+fn stream_starting_mid_record_locks_on() {
+    let g = synthetic(4, 400_000, 20);
+    // Start inside a record at a page boundary and at an odd offset.
+    for skip in [5 * 8192, 3 * 8192 + 1234, 77] {
+        let wal = &g.buf[skip..];
+        let (st, _) = round_trip(
+            &params(16),
+            g.start + skip as u64,
+            wal,
+            &every(50_000, wal.len()),
+        );
+        assert!(st.records > 10, "skip {skip}: {st:?}");
+    }
+}
+
+#[test]
+fn non_contiguous_messages_reset_both_sides() {
+    let g = synthetic(5, 300_000, 10);
+    let p = params(100);
+    let mut enc = Encoder::new(&p).unwrap();
+    let mut dec = Decoder::new(&p).unwrap();
+    let (mut payload, mut out) = (Vec::new(), Vec::new());
+    // First half, then a jump back (a reconnect replaying from an earlier point), then on.
+    let cuts = [
+        (0, 100_000),
+        (100_000, 200_000),
+        (50_000, 150_000),
+        (150_000, 300_000),
+    ];
+    for (a, b) in cuts {
+        let lsn = Lsn(g.start + a as u64);
+        enc.encode(lsn, &g.buf[a..b], &mut payload).unwrap();
+        dec.decode(lsn, &payload, b - a, &mut out).unwrap();
+        assert!(out == g.buf[a..b]);
+    }
+    assert!(enc.stats().resyncs >= 1);
+}
+
+#[test]
+fn every_supported_major_round_trips() {
+    for major in 14..=18 {
+        let g = synthetic_major(major, 11, 150_000, 20);
+        let p = CodecParams {
+            pg_major: major,
+            ..params(100)
+        };
+        let (st, _) = round_trip(&p, g.start, &g.buf, &every(64 * 1024, g.buf.len()));
+        assert_eq!((st.records_raw, st.resyncs), (0, 0), "PG{major}: {st:?}");
+        assert!(st.fpis > 0 && st.fpi_opaque > 0, "PG{major}: {st:?}");
+        // The other majors' magic is not locked on.
+        let other = CodecParams {
+            pg_major: if major == 14 { 15 } else { 14 },
+            ..p
+        };
+        let (st, _) = round_trip(&other, g.start, &g.buf, &every(64 * 1024, g.buf.len()));
+        assert_eq!(st.records, 0, "PG{major} read as another major: {st:?}");
+    }
+}
+
+#[test]
+fn other_wal_block_sizes_pass_raw() {
+    let mut g = synthetic(12, 100_000, 10);
+    // The first long header announces XLOG_BLCKSZ 16384.
+    g.buf[36..40].copy_from_slice(&16384u32.to_le_bytes());
+    let (st, _) = round_trip(&params(10), g.start, &g.buf, &every(30_000, g.buf.len()));
+    assert_eq!(st.records, 0, "{st:?}");
+    // The long header itself went as a (raw) page header.
+    assert_eq!(
+        (st.raw_in + st.page_header_in) as usize,
+        g.buf.len(),
+        "{st:?}"
+    );
+    assert_eq!(st.page_header_in, 40, "{st:?}");
+}
+
+#[test]
+fn unsupported_major_passes_raw() {
+    let g = synthetic(6, 100_000, 10);
+    let mut p = params(10);
+    p.pg_major = 13;
+    let (st, _) = round_trip(&p, g.start, &g.buf, &every(30_000, g.buf.len()));
+    assert_eq!(st.records, 0);
+    assert_eq!(st.raw_in as usize, g.buf.len());
+}
+
+#[test]
+fn decoder_with_a_smaller_cache_refuses() {
+    let g = synthetic(7, 200_000, 50);
+    let mut enc = Encoder::new(&params(100)).unwrap();
+    let mut dec = Decoder::new(&params(2)).unwrap();
+    let mut payload = Vec::new();
+    let mut out = Vec::new();
+    enc.encode(Lsn(g.start), &g.buf, &mut payload).unwrap();
+    let err = dec
+        .decode(Lsn(g.start), &payload, g.buf.len(), &mut out)
+        .unwrap_err();
+    assert!(matches!(err, WalCodecError::CacheTooSmall { .. }), "{err}");
+    assert!(err.to_string().contains("block_cache_bytes"));
+    // And stays refused.
+    assert!(matches!(
+        dec.decode(Lsn(g.start), &payload, g.buf.len(), &mut out),
+        Err(WalCodecError::Poisoned)
+    ));
+}
+
+#[test]
+fn limits_are_enforced() {
+    let p = CodecParams {
+        max_message_bytes: 1000,
+        ..params(1)
+    };
+    let mut enc = Encoder::new(&p).unwrap();
+    let mut dec = Decoder::new(&p).unwrap();
+    let mut out = Vec::new();
+    assert!(matches!(
+        enc.encode(Lsn(0), &[0; 1001], &mut out),
+        Err(WalCodecError::TooLong { .. })
+    ));
+    assert!(matches!(
+        dec.decode(Lsn(0), &[1, 0, 0, 0, 0, 0, 0], 1 << 30, &mut out),
+        Err(WalCodecError::TooLong { .. })
+    ));
+    let mut enc = Encoder::new(&params(1)).unwrap();
+    assert!(matches!(
+        enc.encode(Lsn(u64::MAX - 3), &[0; 10], &mut out),
+        Err(WalCodecError::Overflow { .. })
+    ));
+    assert!(Encoder::new(&CodecParams {
+        zstd_level: 1000,
+        ..params(1)
+    })
+    .is_err());
+}
+
+#[test]
+fn empty_messages_round_trip() {
+    let p = params(1);
+    let (st, _) = round_trip(&p, 0, &[], &[]);
+    assert_eq!(st.messages, 1);
+}
+
+/// Flips one bit of one payload: the decoder errors or restores bytes that differ (which the
+/// caller's xxh3 catches), or, rarely, the very same bytes (a flip zstd does not depend on, e.g.
+/// the last-block flag of the final block); it never panics.
+#[test]
+fn corrupted_payloads_are_errors_or_differ() {
+    let g = synthetic(8, 200_000, 10);
+    let p = params(64);
+    let cuts = every(40_000, g.buf.len());
+    let mut payloads = Vec::new();
+    let mut enc = Encoder::new(&p).unwrap();
+    let mut at = 0;
+    for end in cuts.iter().copied().chain([g.buf.len()]) {
+        let mut out = Vec::new();
+        enc.encode(Lsn(g.start + at as u64), &g.buf[at..end], &mut out)
+            .unwrap();
+        payloads.push((at, end, out));
+        at = end;
+    }
+    let mut rng = Rng::new(99);
+    let (mut errors, mut differ, mut same) = (0, 0, 0);
+    for trial in 0..300 {
+        let victim = trial % payloads.len();
+        let mut dec = Decoder::new(&p).unwrap();
+        let mut out = Vec::new();
+        for (i, (a, b, pl)) in payloads.iter().enumerate() {
+            let lsn = Lsn(g.start + *a as u64);
+            if i == victim {
+                let mut bad = pl.clone();
+                let k = rng.below(bad.len() as u64) as usize;
+                bad[k] ^= 1 << rng.below(8);
+                match dec.decode(lsn, &bad, b - a, &mut out) {
+                    Err(_) => errors += 1,
+                    Ok(()) if out != g.buf[*a..*b] => differ += 1,
+                    Ok(()) => same += 1,
+                }
+                break;
+            }
+            dec.decode(lsn, pl, b - a, &mut out).unwrap();
+        }
+    }
+    println!("bit flips: {errors} errors, {differ} different bytes, {same} harmless");
+    assert!(
+        errors + differ >= 270,
+        "{errors} errors, {differ} differ, {same} same"
+    );
+}
+
+fn chunks_from(sizes: &[usize], len: usize) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut at = 0;
+    for s in sizes.iter().cycle().take(10_000) {
+        at += s;
+        if at >= len {
+            break;
+        }
+        cuts.push(at);
+    }
+    cuts
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn synthetic_round_trips_at_any_chunking(
+        seed in 0u64..1000,
+        sizes in proptest::collection::vec(1usize..40_000, 1..12),
+        slots in prop_oneof![Just(0usize), Just(1usize), Just(3usize), Just(10_000usize)],
+        skip in 0usize..20_000,
+    ) {
+        let g = synthetic(seed, 120_000, 12);
+        let skip = skip.min(g.buf.len());
+        let wal = &g.buf[skip..];
+        round_trip(&params(slots), g.start + skip as u64, wal, &chunks_from(&sizes, wal.len()));
+    }
+
+    #[test]
+    fn tiny_chunks_round_trip(seed in 0u64..1000, size in 1usize..64) {
+        let g = synthetic(seed, 30_000, 4);
+        let cuts: Vec<usize> = (1..g.buf.len() / size).map(|i| i * size).collect();
+        round_trip(&params(2), g.start, &g.buf, &cuts);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_round_trip(
+        msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 1..6),
+        start in prop_oneof![Just(0u64), Just(3 * SEG), any::<u32>().prop_map(u64::from)],
+    ) {
+        let p = params(4);
+        let mut enc = Encoder::new(&p).unwrap();
+        let mut dec = Decoder::new(&p).unwrap();
+        let (mut pl, mut out) = (Vec::new(), Vec::new());
+        let mut at = start;
+        for m in &msgs {
+            enc.encode(Lsn(at), m, &mut pl).unwrap();
+            dec.decode(Lsn(at), &pl, m.len(), &mut out).unwrap();
+            prop_assert_eq!(&out, m);
+            at += m.len() as u64;
+        }
+    }
+
+    /// Arbitrary bytes that look like WAL: real page headers sprinkled over random bytes.
+    #[test]
+    fn wal_like_garbage_round_trips(seed in any::<u64>(), cuts in proptest::collection::vec(0usize..40_000, 0..8)) {
+        let mut rng = Rng::new(seed);
+        let g = synthetic(seed % 50, 40_000, 4);
+        let mut wal = g.buf.clone();
+        for _ in 0..(1 + rng.below(30)) {
+            let k = rng.below(wal.len() as u64) as usize;
+            wal[k] = rng.next() as u8;
+        }
+        round_trip(&params(3), g.start, &wal, &cuts);
+    }
+
+    #[test]
+    fn garbage_payloads_never_panic(payload in proptest::collection::vec(any::<u8>(), 0..600), len in 0usize..5000) {
+        let mut dec = Decoder::new(&params(4)).unwrap();
+        let mut out = Vec::new();
+        let _ = dec.decode(Lsn(3 * SEG), &payload, len, &mut out);
+        // A structurally valid header with garbage ops.
+        let mut pl = vec![1u8, 40, 40, 0, 0, 0, 0, 0];
+        pl.extend_from_slice(&payload);
+        let mut dec = Decoder::new(&params(4)).unwrap();
+        let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
+    }
+}
+
+/// One message of synthetic WAL (without the zero tail of a switch), encoded: (start, length,
+/// payload).
+fn warm_payload() -> &'static (u64, usize, Vec<u8>) {
+    static WARM: std::sync::OnceLock<(u64, usize, Vec<u8>)> = std::sync::OnceLock::new();
+    WARM.get_or_init(|| {
+        let mut g = WalGen::new(15, SEG, 3 * SEG, 1);
+        while g.buf.len() < 30_000 {
+            g.random_record(4);
+        }
+        let mut enc = Encoder::new(&params(4)).unwrap();
+        let mut pl = Vec::new();
+        enc.encode(Lsn(g.start), &g.buf, &mut pl).unwrap();
+        (g.start, g.buf.len(), pl)
+    })
+}
+
+/// Builds a payload whose sections are valid zstd holding arbitrary bytes, so that the op
+/// interpreter itself sees garbage.
+fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8]) -> Vec<u8> {
+    use super::streams::{put_varint, CStream};
+    let mut out = vec![FORMAT_VERSION];
+    let mut secs = Vec::new();
+    for s in sections {
+        let mut c = CStream::new(3, 20).unwrap();
+        c.buf.extend_from_slice(s);
+        let mut sec = Vec::new();
+        c.flush_into(&mut sec).unwrap();
+        put_varint(&mut out, s.len() as u64);
+        if !s.is_empty() {
+            put_varint(&mut out, sec.len() as u64);
+        }
+        secs.push(sec);
+    }
+    put_varint(&mut out, fpi.len() as u64);
+    for s in secs {
+        out.extend_from_slice(&s);
+    }
+    out.extend_from_slice(fpi);
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn garbage_ops_never_panic(
+        ctrl in proptest::collection::vec(prop_oneof![0u8..6, 0x40u8..0x50, any::<u8>()], 0..200),
+        other in proptest::collection::vec(any::<u8>(), 0..400),
+        fpi in proptest::collection::vec(any::<u8>(), 0..100),
+        len in 0usize..20_000,
+        warm in any::<bool>(),
+    ) {
+        let p = params(4);
+        let mut dec = Decoder::new(&p).unwrap();
+        let mut out = Vec::new();
+        let mut lsn = 3 * SEG;
+        if warm {
+            // Lock the decoder on first so that predictions are possible.
+            let (start, len, pl) = warm_payload();
+            dec.decode(Lsn(*start), pl, *len, &mut out).unwrap();
+            lsn = start + *len as u64;
+        }
+        let h = other.len() / 2;
+        let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec()];
+        let pl = garbage_payload(&sections, &fpi);
+        let _ = dec.decode(Lsn(lsn), &pl, len, &mut out);
+    }
+}

@@ -1,0 +1,412 @@
+//! PostgreSQL WAL format facts (majors 14..=18, little-endian, MAXALIGN 8) and the parsers the
+//! codec needs: page headers (validation and prediction) and the block-header area of records.
+//!
+//! Sources: `src/include/access/xlog_internal.h` (page headers, XLOG_PAGE_MAGIC per branch),
+//! `src/include/access/xlogrecord.h` (record and block headers) and `DecodeXLogRecord` in
+//! `src/backend/access/transam/xlogreader.c` (the cross-checks mirrored in [`parse_area`]).
+
+/// XLOG_BLCKSZ: size of a WAL page. Anything else is passed raw.
+pub const WAL_PAGE: u64 = 8192;
+/// BLCKSZ: size of a data page (full-page images).
+pub const PAGE_SIZE: usize = 8192;
+/// SizeOfXLogShortPHD: MAXALIGN(sizeof(XLogPageHeaderData)).
+pub const SHORT_PHD: usize = 24;
+/// SizeOfXLogLongPHD: MAXALIGN(sizeof(XLogLongPageHeaderData)).
+pub const LONG_PHD: usize = 40;
+/// SizeOfXLogRecord.
+pub const REC_HDR: usize = 24;
+/// Segment size assumed until a long page header tells otherwise (only used for predictions).
+pub const DEFAULT_SEG_SIZE: u64 = 16 << 20;
+
+pub const XLP_FIRST_IS_CONTRECORD: u16 = 0x0001;
+pub const XLP_LONG_HEADER: u16 = 0x0002;
+pub const XLP_BKP_REMOVABLE: u16 = 0x0004;
+/// Every flag bit known to PostgreSQL 14..=18 (0x0008 is XLP_FIRST_IS_OVERWRITE_CONTRECORD).
+pub const XLP_ALL_FLAGS: u16 = 0x000F;
+
+pub const RM_XLOG_ID: u8 = 0;
+pub const XLOG_SWITCH: u8 = 0x40;
+
+pub const XLR_MAX_BLOCK_ID: u8 = 32;
+pub const XLR_BLOCK_ID_DATA_SHORT: u8 = 255;
+pub const XLR_BLOCK_ID_DATA_LONG: u8 = 254;
+pub const XLR_BLOCK_ID_ORIGIN: u8 = 253;
+pub const XLR_BLOCK_ID_TOPLEVEL_XID: u8 = 252;
+
+pub const BKPBLOCK_FORK_MASK: u8 = 0x0F;
+pub const BKPBLOCK_HAS_IMAGE: u8 = 0x10;
+pub const BKPBLOCK_HAS_DATA: u8 = 0x20;
+pub const BKPBLOCK_SAME_REL: u8 = 0x80;
+
+pub const BKPIMAGE_HAS_HOLE: u8 = 0x01;
+
+/// XLOG_PAGE_MAGIC of each supported major (checked against the REL_14..REL_18 headers).
+pub fn page_magic(pg_major: u32) -> Option<u16> {
+    match pg_major {
+        14 => Some(0xD10D),
+        15 => Some(0xD110),
+        16 => Some(0xD113),
+        17 => Some(0xD116),
+        18 => Some(0xD118),
+        _ => None,
+    }
+}
+
+/// Mask of the bimg_info bits that mean "compressed" for a major: PG14 has one flag
+/// (BKPIMAGE_IS_COMPRESSED 0x02), PG15+ one per method (PGLZ 0x04, LZ4 0x08, ZSTD 0x10).
+pub fn bimg_compressed_mask(pg_major: u32) -> u8 {
+    if pg_major <= 14 {
+        0x02
+    } else {
+        0x04 | 0x08 | 0x10
+    }
+}
+
+pub fn le16(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off.checked_add(2)?)
+        .map(|s| u16::from_le_bytes([s[0], s[1]]))
+}
+
+pub fn le32(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off.checked_add(4)?)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_le_bytes)
+}
+
+pub fn le64(b: &[u8], off: usize) -> Option<u64> {
+    b.get(off..off.checked_add(8)?)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+}
+
+/// Length of a page header given its xlp_info.
+pub fn phd_len(info: u16) -> usize {
+    if info & XLP_LONG_HEADER != 0 {
+        LONG_PHD
+    } else {
+        SHORT_PHD
+    }
+}
+
+/// A page header that passed [`validate_page_header`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageHeader {
+    pub info: u16,
+    pub tli: u32,
+    pub rem_len: u32,
+    /// (xlp_sysid, xlp_seg_size) of a long header.
+    pub long: Option<(u64, u64)>,
+}
+
+impl PageHeader {
+    /// Whether the page starts with the continuation of a record (XLP_FIRST_IS_CONTRECORD with
+    /// a non-zero xlp_rem_len); PostgreSQL ignores xlp_rem_len without the flag.
+    pub fn continues(&self) -> Option<u32> {
+        (self.info & XLP_FIRST_IS_CONTRECORD != 0 && self.rem_len > 0).then_some(self.rem_len)
+    }
+}
+
+/// Checks a complete page header found at `pos` (a multiple of [`WAL_PAGE`]): magic, known
+/// flags, xlp_pageaddr, and for a long header a sane segment size that `pos` is a multiple of
+/// and xlp_xlog_blcksz 8192. `h` is exactly 24 or 40 bytes as its own flag says.
+pub fn validate_page_header(h: &[u8], pos: u64, magic: u16) -> Option<PageHeader> {
+    let info = le16(h, 2)?;
+    if le16(h, 0)? != magic || info & !XLP_ALL_FLAGS != 0 || le64(h, 8)? != pos {
+        return None;
+    }
+    if h.len() != phd_len(info) {
+        return None;
+    }
+    let long = if info & XLP_LONG_HEADER != 0 {
+        let seg = u64::from(le32(h, 32)?);
+        let blcksz = le32(h, 36)?;
+        if !seg.is_power_of_two() || !(1 << 20..=1 << 30).contains(&seg) || blcksz != 8192 {
+            return None;
+        }
+        if pos % seg != 0 {
+            return None;
+        }
+        Some((le64(h, 24)?, seg))
+    } else {
+        None
+    };
+    Some(PageHeader {
+        info,
+        tli: le32(h, 4)?,
+        rem_len: le32(h, 16)?,
+        long,
+    })
+}
+
+/// What the next page header is expected to repeat from the last one seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageTemplate {
+    pub magic: u16,
+    pub tli: u32,
+    pub bkp_removable: bool,
+    /// xlp_sysid of the last long header seen.
+    pub sysid: Option<u64>,
+}
+
+impl PageTemplate {
+    /// The header PostgreSQL writes at `pos` when `rem` bytes of a record continue there
+    /// (0: a record starts after the header). Returns the bytes and the header length.
+    pub fn build(
+        &self,
+        pos: u64,
+        rem: u32,
+        long: bool,
+        seg_size: u64,
+    ) -> Option<([u8; 40], usize)> {
+        let mut info = 0u16;
+        if rem > 0 {
+            info |= XLP_FIRST_IS_CONTRECORD;
+        }
+        if self.bkp_removable {
+            info |= XLP_BKP_REMOVABLE;
+        }
+        let mut h = [0u8; 40];
+        let len = if long {
+            info |= XLP_LONG_HEADER;
+            h[24..32].copy_from_slice(&self.sysid?.to_le_bytes());
+            h[32..36].copy_from_slice(&u32::try_from(seg_size).ok()?.to_le_bytes());
+            h[36..40].copy_from_slice(&8192u32.to_le_bytes());
+            LONG_PHD
+        } else {
+            SHORT_PHD
+        };
+        h[0..2].copy_from_slice(&self.magic.to_le_bytes());
+        h[2..4].copy_from_slice(&info.to_le_bytes());
+        h[4..8].copy_from_slice(&self.tli.to_le_bytes());
+        h[8..16].copy_from_slice(&pos.to_le_bytes());
+        h[16..20].copy_from_slice(&rem.to_le_bytes());
+        Some((h, len))
+    }
+}
+
+/// Identity of a data page: RelFileLocator (spcOid, dbOid, relNumber), fork and block number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct BlockKey {
+    pub spc: u32,
+    pub db: u32,
+    pub rel: u32,
+    pub fork: u8,
+    pub blkno: u32,
+}
+
+/// The full-page image of a block reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageRef {
+    /// Bytes of the image in the record.
+    pub len: u16,
+    pub hole_offset: u16,
+    /// Bytes of the hole: BLCKSZ - len for uncompressed images, from the header otherwise.
+    pub hole_len: u16,
+    pub compressed: bool,
+}
+
+impl ImageRef {
+    /// Whether the image can go through the page cache: uncompressed and the hole (if any)
+    /// inside the page, so that page = image[..off] ++ zeros(hole) ++ image[off..].
+    pub fn reconstructible(&self) -> bool {
+        !self.compressed
+            && usize::from(self.len) + usize::from(self.hole_len) == PAGE_SIZE
+            && usize::from(self.hole_offset) <= usize::from(self.len)
+    }
+}
+
+/// One block reference of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRef {
+    pub key: BlockKey,
+    pub data_len: u16,
+    pub image: Option<ImageRef>,
+}
+
+/// The block-header area of a record (everything between the 24-byte header and the first
+/// image/data byte), parsed.
+#[derive(Debug, Default)]
+pub struct Area {
+    /// Bytes of the area.
+    pub len: usize,
+    pub blocks: Vec<BlockRef>,
+    pub main_len: u32,
+    /// Images + block data + main data: the bytes that follow the area.
+    pub data_total: u64,
+}
+
+/// Why a record body is not understood (the record then passes raw).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AreaError {
+    Short,
+    BadBlockId,
+    OutOfOrder,
+    DataLenMismatch,
+    BadImage,
+    NoPreviousRel,
+    LengthMismatch,
+    TrailingBytes,
+}
+
+/// Parses block headers the way `DecodeXLogRecord` does, with all of its cross-checks.
+///
+/// With `body_len = Some(n)` (the encoder: `b` is the record after its 24-byte header, `n`
+/// bytes) the loop runs while the bytes left exceed the data announced so far, and the
+/// lengths must add up exactly. With `None` (the decoder: `b` is exactly the area the encoder
+/// sent) the loop runs until `b` is used up. Both take the same steps on the same bytes.
+pub fn parse_area(
+    b: &[u8],
+    body_len: Option<usize>,
+    compressed_mask: u8,
+    out: &mut Area,
+) -> Result<(), AreaError> {
+    out.blocks.clear();
+    out.main_len = 0;
+    out.data_total = 0;
+    let mut p = 0usize;
+    let mut max_block: i32 = -1;
+    let mut rel: Option<(u32, u32, u32)> = None;
+    let mut total: u64 = 0;
+    let more = |p: usize, total: u64| match body_len {
+        Some(n) => (n as u64).saturating_sub(p as u64) > total,
+        None => p < b.len(),
+    };
+    macro_rules! take {
+        ($n:expr) => {{
+            let s = b.get(p..p + $n).ok_or(AreaError::Short)?;
+            p += $n;
+            s
+        }};
+    }
+    while more(p, total) {
+        let id = take!(1)[0];
+        match id {
+            XLR_BLOCK_ID_DATA_SHORT => {
+                out.main_len = u32::from(take!(1)[0]);
+                total += u64::from(out.main_len);
+                break;
+            }
+            XLR_BLOCK_ID_DATA_LONG => {
+                let s = take!(4);
+                out.main_len = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                total += u64::from(out.main_len);
+                break;
+            }
+            XLR_BLOCK_ID_ORIGIN => {
+                take!(2);
+            }
+            XLR_BLOCK_ID_TOPLEVEL_XID => {
+                take!(4);
+            }
+            id if id <= XLR_MAX_BLOCK_ID => {
+                if i32::from(id) <= max_block {
+                    return Err(AreaError::OutOfOrder);
+                }
+                max_block = i32::from(id);
+                let h = take!(3);
+                let fork_flags = h[0];
+                let data_len = u16::from_le_bytes([h[1], h[2]]);
+                let has_data = fork_flags & BKPBLOCK_HAS_DATA != 0;
+                if has_data != (data_len > 0) {
+                    return Err(AreaError::DataLenMismatch);
+                }
+                total += u64::from(data_len);
+                let image = if fork_flags & BKPBLOCK_HAS_IMAGE != 0 {
+                    let h = take!(5);
+                    let len = u16::from_le_bytes([h[0], h[1]]);
+                    let hole_offset = u16::from_le_bytes([h[2], h[3]]);
+                    let info = h[4];
+                    let compressed = info & compressed_mask != 0;
+                    let has_hole = info & BKPIMAGE_HAS_HOLE != 0;
+                    let hole_len = if compressed {
+                        if has_hole {
+                            let s = take!(2);
+                            u16::from_le_bytes([s[0], s[1]])
+                        } else {
+                            0
+                        }
+                    } else {
+                        // BLCKSZ - bimg_len, as PostgreSQL computes it (bimg_len <= BLCKSZ is
+                        // checked below for images without a hole).
+                        (PAGE_SIZE as u16).wrapping_sub(len)
+                    };
+                    total += u64::from(len);
+                    if has_hole
+                        && (hole_offset == 0 || hole_len == 0 || usize::from(len) == PAGE_SIZE)
+                    {
+                        return Err(AreaError::BadImage);
+                    }
+                    if !has_hole && (hole_offset != 0 || hole_len != 0) {
+                        return Err(AreaError::BadImage);
+                    }
+                    if compressed && usize::from(len) == PAGE_SIZE {
+                        return Err(AreaError::BadImage);
+                    }
+                    if !has_hole && !compressed && usize::from(len) != PAGE_SIZE {
+                        return Err(AreaError::BadImage);
+                    }
+                    if !compressed && usize::from(len) > PAGE_SIZE {
+                        return Err(AreaError::BadImage);
+                    }
+                    Some(ImageRef {
+                        len,
+                        hole_offset,
+                        hole_len,
+                        compressed,
+                    })
+                } else {
+                    None
+                };
+                let (spc, db, relno) = if fork_flags & BKPBLOCK_SAME_REL == 0 {
+                    let s = take!(12);
+                    let r = (
+                        u32::from_le_bytes([s[0], s[1], s[2], s[3]]),
+                        u32::from_le_bytes([s[4], s[5], s[6], s[7]]),
+                        u32::from_le_bytes([s[8], s[9], s[10], s[11]]),
+                    );
+                    rel = Some(r);
+                    r
+                } else {
+                    rel.ok_or(AreaError::NoPreviousRel)?
+                };
+                let s = take!(4);
+                let blkno = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                out.blocks.push(BlockRef {
+                    key: BlockKey {
+                        spc,
+                        db,
+                        rel: relno,
+                        fork: fork_flags & BKPBLOCK_FORK_MASK,
+                        blkno,
+                    },
+                    data_len,
+                    image,
+                });
+            }
+            _ => return Err(AreaError::BadBlockId),
+        }
+    }
+    out.len = p;
+    out.data_total = total;
+    match body_len {
+        Some(n) => {
+            if (n as u64).checked_sub(p as u64) != Some(total) {
+                return Err(AreaError::LengthMismatch);
+            }
+        }
+        None => {
+            if p != b.len() {
+                return Err(AreaError::TrailingBytes);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// PostgreSQL's record CRC: CRC-32C over the record after its header, then over the first 20
+/// header bytes (up to xl_crc); `rec` is the whole record.
+pub fn record_crc(rec: &[u8]) -> u32 {
+    let body = rec.get(REC_HDR..).unwrap_or(&[]);
+    let head = rec.get(..20).unwrap_or(rec);
+    crc32c::crc32c_append(crc32c::crc32c(body), head)
+}
