@@ -216,6 +216,8 @@ pub struct EnvOpts {
     pub upstream_extra: String,
     /// Standbys authenticate with `trust` instead of SCRAM.
     pub trust: bool,
+    /// PostgreSQL major to run (default: the system's, see `install()`).
+    pub major: Option<u32>,
     pub standby_extra_conf: Vec<(String, String)>,
 }
 
@@ -225,7 +227,12 @@ pub fn standby_conninfo(down_port: u16) -> String {
 
 pub async fn env(opts: EnvOpts) -> Env {
     let root = TempRoot::new().unwrap();
-    let install = install();
+    let install = match opts.major {
+        None => install(),
+        Some(m) => walrelay::cluster::majors::install_for_major(m).unwrap_or_else(|| {
+            panic!("PostgreSQL {m} is not installed: run scripts/install-pg-majors.sh")
+        }),
+    };
     let primary = Cluster::init_primary(&install, &root, "primary", &opts.primary).unwrap();
     primary.start().await.unwrap();
     primary

@@ -54,7 +54,7 @@ impl Encoder {
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
-                    S_DATA | S_RAW | S_PAGE => WINDOW_LOG,
+                    S_DATA | S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
                 CStream::new(p.zstd_level, wlog)

@@ -35,7 +35,7 @@
 //! The record is rebuilt as: the 24-byte header (xl_tot_len = 24 + area_len + data announced
 //! by the area, the two pad bytes zero, xl_crc recomputed), the area, then per block its image
 //! (from the image op) and its data (`data_length` bytes of DATA), then `main_len` bytes of
-//! DATA. It is laid out from the current position with a page header at each page boundary.
+//! MAIN. It is laid out from the current position with a page header at each page boundary.
 
 pub const OP_RAW: u8 = 0x01;
 pub const OP_RAW_HDR: u8 = 0x02;

@@ -24,23 +24,24 @@
 //!
 //! ```text
 //! payload  = version:u8 (=1)
-//!            6 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, in this order
+//!            7 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN, in this order
 //!            fpi_len:varint
-//!            CTRL bytes, HDR bytes, DATA bytes, RAW bytes, IMG bytes, PAGE bytes, FPI bytes
+//!            the 7 sections' bytes in the same order, then FPI bytes
 //! section-size = ulen:varint [clen:varint if ulen > 0]
 //! ```
 //!
-//! Varints are unsigned LEB128. Each of CTRL..PAGE is the output of its own streaming zstd
+//! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
 //! context for this message, ended with ZSTD_e_flush (`clen` bytes that decompress to `ulen`;
 //! absent when the stream got nothing this message). The streams:
 //!
 //! - CTRL: the op sequence ([`format`]) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
-//! - DATA: block data and main data of records;
+//! - DATA: block data of records (tuples, mostly);
 //! - RAW: bytes passed through as they are;
 //! - IMG: image bytes that do not go through the cache (compressed or odd images);
 //! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
-//!   cache has no reference page at all (the stream's window holds the other recent pages).
+//!   cache has no reference page at all (the stream's window holds the other recent pages);
+//! - MAIN: main data of records (rmgr structs; kept apart from tuples: 4% smaller).
 //!
 //! FPI is not compressed further: it is the concatenation of magicless zstd frames, each
 //! exactly one 8192-byte page, compressed against a cached reference page
@@ -53,7 +54,7 @@
 //!
 //! # Memory per session (each end)
 //!
-//! - zstd windows: 4 MiB for DATA, RAW and PAGE, 1 MiB for CTRL, HDR and IMG (the decoder
+//! - zstd windows: 4 MiB for DATA, RAW, PAGE and MAIN, 1 MiB for CTRL, HDR and IMG (the decoder
 //!   refuses windows above 4 MiB), plus the contexts' tables on the encoder side;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;

@@ -10,7 +10,7 @@ use super::wal::PAGE_SIZE;
 /// Most reference pages a page frame is compressed against.
 pub const MAX_REFS: usize = 1;
 
-/// Largest window of a streaming context (4 MiB, for DATA, RAW and PAGE); the decoder refuses
+/// Largest window of a streaming context (4 MiB, for DATA, RAW, PAGE and MAIN); the decoder refuses
 /// larger ones. This bounds the decoder's memory per stream.
 pub const WINDOW_LOG: u32 = 22;
 /// Window of the small streams (CTRL, HDR, IMG): 1 MiB.
