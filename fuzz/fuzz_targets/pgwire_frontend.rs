@@ -33,8 +33,10 @@ fuzz_target!(|data: &[u8]| {
                 // (names and values are lossy UTF-8 without NUL, so this holds when no name is
                 // empty: an empty name ends the list).
                 if params.iter().all(|(k, _)| !k.is_empty()) {
-                    let pairs: Vec<(&str, &str)> =
-                        params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let pairs: Vec<(&str, &str)> = params
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
                     let mut enc = BytesMut::new();
                     encode::startup(&mut enc, &pairs);
                     if enc.len() <= pgwire::MAX_STARTUP_LEN {
@@ -71,7 +73,11 @@ fn frontend_loop(mut buf: BytesMut, input_len: usize) {
                 assert!(consumed >= 5, "message consumed {consumed} bytes");
                 let body = consumed - 5;
                 let cap = pgwire::frontend_cap(tag);
-                assert!(body <= cap, "'{}' body of {body} bytes exceeds cap {cap}", tag as char);
+                assert!(
+                    body <= cap,
+                    "'{}' body of {body} bytes exceeds cap {cap}",
+                    tag as char
+                );
                 check_msg(tag, body, &msg);
             }
             Ok(None) => {
@@ -137,7 +143,10 @@ fn bodies(data: &[u8]) {
             .expect("whole ErrorResponse");
         assert_eq!(tag, b'E');
         assert!(enc.is_empty());
-        assert_eq!(ErrorFields::parse(&body).expect("re-parse ErrorResponse"), fields);
+        assert_eq!(
+            ErrorFields::parse(&body).expect("re-parse ErrorResponse"),
+            fields
+        );
     }
 
     // XLogData inside CopyData: parse, re-encode, the CopyData body is the input again.
@@ -157,6 +166,9 @@ fn bodies(data: &[u8]) {
     let ok = repl::check_feedback(data).is_ok();
     let positions = repl::status_positions(data);
     if positions.is_some() {
-        assert!(ok, "status positions read from a message check_feedback refuses");
+        assert!(
+            ok,
+            "status positions read from a message check_feedback refuses"
+        );
     }
 }

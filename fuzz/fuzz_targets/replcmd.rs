@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => {
             // The error text goes into an ErrorResponse: it must render, and stay bounded.
             let msg = e.to_string();
-            assert!(msg.len() <= 4 * replcmd::MAX_COMMAND_LEN + 1024, "error message of {} bytes", msg.len());
+            assert!(
+                msg.len() <= 4 * replcmd::MAX_COMMAND_LEN + 1024,
+                "error message of {} bytes",
+                msg.len()
+            );
         }
     }
 });

@@ -30,8 +30,13 @@ fn pencil() -> ScramVerifier {
 /// The nonce `r=` of a server-first-message.
 fn server_nonce(server_first: &[u8]) -> String {
     let s = std::str::from_utf8(server_first).expect("server-first-message is UTF-8");
-    let r = s.split(',').next().expect("server-first-message has attributes");
-    r.strip_prefix("r=").expect("server-first-message starts with r=").to_string()
+    let r = s
+        .split(',')
+        .next()
+        .expect("server-first-message has attributes");
+    r.strip_prefix("r=")
+        .expect("server-first-message starts with r=")
+        .to_string()
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -45,7 +50,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let mock = flags & 1 != 0;
-    let mechanism = if flags & 2 != 0 { "SCRAM-SHA-256-PLUS" } else { SCRAM_SHA_256 };
+    let mechanism = if flags & 2 != 0 {
+        "SCRAM-SHA-256-PLUS"
+    } else {
+        SCRAM_SHA_256
+    };
     let (first, last) = match rest.iter().position(|&b| b == 0) {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, &[][..]),
@@ -59,7 +68,10 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => last.to_vec(),
     };
     let res = server.client_final(&final_msg);
-    assert!(res.is_err(), "fuzzed SCRAM exchange authenticated (mock={mock})");
+    assert!(
+        res.is_err(),
+        "fuzzed SCRAM exchange authenticated (mock={mock})"
+    );
     // The exchange is over: anything further is refused.
     assert!(server.client_final(&final_msg).is_err());
     assert!(server.client_first(mechanism, first).is_err());
@@ -96,18 +108,24 @@ fn honest_client(flags: u8, rest: &[u8]) {
     let server_first = server
         .client_first(SCRAM_SHA_256, client.message())
         .expect("client-first of an honest client");
-    client.update(&server_first).expect("client accepts server-first");
+    client
+        .update(&server_first)
+        .expect("client accepts server-first");
     let server_final = server
         .client_final(client.message())
         .unwrap_or_else(|e| panic!("honest client with password {password:?} refused: {e}"));
-    client.finish(&server_final).expect("client accepts server-final");
+    client
+        .finish(&server_final)
+        .expect("client accepts server-final");
 }
 
 fn verifier_text(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if let Ok(v) = text.parse::<ScramVerifier>() {
         let s = v.to_pg_string();
-        let back: ScramVerifier = s.parse().unwrap_or_else(|e| panic!("{s:?} does not parse back: {e}"));
+        let back: ScramVerifier = s
+            .parse()
+            .unwrap_or_else(|e| panic!("{s:?} does not parse back: {e}"));
         assert_eq!(back, v);
     } else if let Err(e) = text.parse::<ScramVerifier>() {
         let _ = e.to_string();

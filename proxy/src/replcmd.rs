@@ -445,6 +445,18 @@ fn show_name(lx: &mut Lexer<'_>) -> Result<String, ReplCmdError> {
             clip(&name)
         )));
     }
+    // A quoted part may itself contain dots ("a..b".c): every dot-separated component must
+    // still be a non-empty name of at most 63 bytes, or the name could not be rendered back
+    // unambiguously (and names no parameter anyway).
+    if name
+        .split('.')
+        .any(|p| p.is_empty() || p.len() > MAX_IDENT_LEN)
+    {
+        return Err(syntax(format!(
+            "invalid parameter name {:?} after SHOW: each dot-separated part must have 1 to {MAX_IDENT_LEN} characters",
+            clip(&name)
+        )));
+    }
     Ok(name)
 }
 

@@ -221,6 +221,9 @@ fn show_name() -> impl Strategy<Value = String> {
         "[a-z0-9_.]{1,63}",
     ]
     .prop_filter("$ is not allowed in SHOW", |s| !s.contains('$'))
+    .prop_filter("every dot-separated part is a name", |s| {
+        s.split('.').all(|p| !p.is_empty())
+    })
 }
 
 fn slot() -> impl Strategy<Value = String> {
@@ -267,4 +270,16 @@ proptest! {
         let _ = parse(&words.join(" "));
         let _ = parse(&words.concat());
     }
+}
+
+/// Found by the replcmd fuzz target: a quoted part with an empty dotted component used to
+/// parse but not round-trip.
+#[test]
+fn show_names_with_empty_components_are_refused() {
+    let sql = format!("SHOW \"a..b\".{}", "c".repeat(60));
+    assert!(matches!(parse(&sql), Err(ReplCmdError::Syntax(_))));
+    assert!(matches!(parse("SHOW \".x\""), Err(ReplCmdError::Syntax(_))));
+    assert_eq!(parse("SHOW \"a.b\""), Ok(ReplCommand::Show("a.b".into())));
+    let cmd = parse("SHOW \"a.b\"").unwrap();
+    assert_eq!(parse(&cmd.to_sql()), Ok(cmd));
 }
