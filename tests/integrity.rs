@@ -48,20 +48,7 @@ async fn corrupted_link_bytes_never_reach_the_standby() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        tables_digest(&env.primary, PGBENCH_TABLES).await,
-        tables_digest(&env.standby, PGBENCH_TABLES).await
-    );
-    let received = env
-        .standby
-        .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
-        .await
-        .unwrap();
-    let n = compare_segments(
-        &env.primary.wal_dir(),
-        &env.standby.wal_dir(),
-        &segment_name(1, parse_lsn(&received)),
-    );
+    let n = env.assert_identical().await;
     assert!(n >= 1, "no complete segment to compare");
     assert!(!relay_log.contains("panicked"));
 }

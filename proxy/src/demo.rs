@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cluster::{free_port, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot};
+use crate::cluster::{
+    free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
+};
 use crate::config::{
     AuthMethod, Limits, LinkConfig, LogConfig, Resolved, ResolvedDownstream, ResolvedUpstream,
 };
@@ -45,7 +47,7 @@ pub async fn run(seconds: u64) -> Result<()> {
     let metrics = Metrics::new();
     let cfg = demo_config(&primary, up_port, down_port)?;
     let running = crate::relay::start(cfg, metrics.clone()).await?;
-    println!("relay: standbys connect to 127.0.0.1:{down_port}, the link runs on 127.0.0.1:{up_port} (zstd)");
+    println!("relay: standbys connect to 127.0.0.1:{down_port}, the link runs on 127.0.0.1:{up_port} (codec {})", crate::config::CodecKind::default().name());
 
     let conninfo = format!("host=127.0.0.1 port={down_port} user=replicator password={STANDBY_PASSWORD} application_name=dc2_standby");
     let mut sopts = StandbyOpts::new(conninfo);
@@ -67,10 +69,12 @@ pub async fn run(seconds: u64) -> Result<()> {
 
     print!("waiting for the standby to replay the initial load ... ");
     let _ = std::io::stdout().flush();
-    wait_replayed(&primary, &standby, Duration::from_secs(300)).await?;
+    wait_replayed(&primary, &standby, Duration::from_secs(300), || None).await?;
     println!("done");
     let base = metrics.snapshot();
-    let base_lsn = lsn(&primary, "select pg_current_wal_lsn()::text").await?;
+    let base_lsn = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
     let mut load = tokio::process::Command::from(primary.pgbench(&[
         "-c",
         "4",
@@ -114,8 +118,10 @@ pub async fn run(seconds: u64) -> Result<()> {
         }
     };
     // Let the standby catch up, then summarize.
-    let end_lsn = lsn(&primary, "select pg_current_wal_lsn()::text").await?;
-    wait_replayed(&primary, &standby, Duration::from_secs(60)).await?;
+    let end_lsn = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
+    wait_replayed(&primary, &standby, Duration::from_secs(60), || None).await?;
     let m = metrics.snapshot();
     let (wal, link) = (
         m.wal_bytes_in - base.wal_bytes_in,
@@ -136,8 +142,8 @@ pub async fn run(seconds: u64) -> Result<()> {
         "  WAL from the primary {:>10.1} MB ({} bytes since the load began, LSN {} .. {})",
         mb(wal),
         wal,
-        crate::lsn::Lsn(base_lsn),
-        crate::lsn::Lsn(end_lsn)
+        base_lsn,
+        end_lsn
     );
     println!(
         "  on the link          {:>10.2} MB (TLS-less demo link: HTTP/2 framing included)",
@@ -201,34 +207,14 @@ fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolv
     })
 }
 
-async fn lsn(c: &Cluster, sql: &str) -> Result<u64> {
-    let s = c.query_one_string(sql).await?;
-    Ok(s.parse::<crate::lsn::Lsn>()?.0)
-}
-
-/// Waits until the standby has replayed what the primary had written when called.
-async fn wait_replayed(primary: &Cluster, standby: &Cluster, timeout: Duration) -> Result<()> {
-    let target = lsn(primary, "select pg_current_wal_lsn()::text").await?;
-    let deadline = Instant::now() + timeout;
-    while lsn(standby, "select pg_last_wal_replay_lsn()::text")
-        .await
-        .unwrap_or(0)
-        < target
-    {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the standby did not replay up to {} within {timeout:?}",
-            crate::lsn::Lsn(target)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
 async fn replay_lag(primary: &Cluster, standby: &Cluster) -> Result<String> {
-    let p = lsn(primary, "select pg_current_wal_lsn()::text").await?;
-    let s = lsn(standby, "select pg_last_wal_replay_lsn()::text").await?;
-    Ok(format!("{:.1} kB", p.saturating_sub(s) as f64 / 1024.0))
+    let p = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
+    let s = standby
+        .query_lsn("select pg_last_wal_replay_lsn()::text")
+        .await?;
+    Ok(format!("{:.1} kB", p.0.saturating_sub(s.0) as f64 / 1024.0))
 }
 
 fn mb(b: u64) -> f64 {

@@ -129,17 +129,9 @@ fn syntax(msg: impl Into<String>) -> ReplCmdError {
     ReplCmdError::Syntax(msg.into())
 }
 
-/// Truncates input text quoted in an error message.
+/// Truncates peer-supplied text quoted in an error message.
 fn clip(s: &str) -> String {
-    const MAX: usize = MAX_IDENT_LEN;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", s.get(..end).unwrap_or_default())
+    crate::pgwire::clip(s, MAX_IDENT_LEN)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -440,17 +440,9 @@ impl ScramServer {
     }
 }
 
-/// Truncates client-supplied text for inclusion in an error message.
+/// Truncates peer-supplied text quoted in an error message.
 fn clip(s: &str) -> String {
-    const MAX: usize = 64;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", s.get(..end).unwrap_or_default())
+    crate::pgwire::clip(s, 64)
 }
 
 fn message_str<'a>(data: &'a [u8], what: &str) -> Result<&'a str, ScramError> {

@@ -311,6 +311,27 @@ impl Env {
     }
 }
 
+impl Env {
+    /// The standby holds the primary's pgbench tables, and every complete WAL segment it
+    /// received is byte-identical to the primary's; returns how many segments were compared.
+    pub async fn assert_identical(&self) -> usize {
+        assert_eq!(
+            tables_digest(&self.primary, PGBENCH_TABLES).await,
+            tables_digest(&self.standby, PGBENCH_TABLES).await
+        );
+        let received = self
+            .standby
+            .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
+            .await
+            .unwrap();
+        compare_segments(
+            &self.primary.wal_dir(),
+            &self.standby.wal_dir(),
+            &segment_name(1, parse_lsn(&received)),
+        )
+    }
+}
+
 /// Digest of the pgbench tables (or any table list), to compare primary and standby.
 pub async fn tables_digest(c: &Cluster, tables: &[&str]) -> String {
     let mut out = String::new();

@@ -112,9 +112,12 @@ async fn run_one(install: &PgInstall, w: Workload, seconds: u64, codec: CodecKin
 
     w.prepare(&primary).await?;
     primary.execute("checkpoint").await?;
-    wait_replayed(&primary, &standby, &metrics, Duration::from_secs(600)).await?;
+    wait_caught_up(&primary, &standby, &metrics).await?;
     let base = metrics.snapshot();
-    let base_lsn = lsn(&primary, "select pg_current_wal_lsn()::text").await?;
+    let base_lsn = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?
+        .0;
     let (up_cpu0, down_cpu0) = (up.cpu(), down.cpu());
 
     let mut load = w.load(&primary, seconds).await?;
@@ -125,8 +128,8 @@ async fn run_one(install: &PgInstall, w: Workload, seconds: u64, codec: CodecKin
         tokio::select! {
             r = load.wait() => break r.with_context(|| format!("the {} load failed", w.name()))?,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                if let (Ok(p), Ok(s)) = (lsn(&primary, "select pg_current_wal_lsn()::text").await, lsn(&standby, "select pg_last_wal_replay_lsn()::text").await) {
-                    lags.push(p.saturating_sub(s));
+                if let (Ok(p), Ok(s)) = (primary.query_lsn("select pg_current_wal_lsn()::text").await, standby.query_lsn("select pg_last_wal_replay_lsn()::text").await) {
+                    lags.push(p.0.saturating_sub(s.0));
                 }
                 if started.elapsed() >= next_checkpoint {
                     primary.execute("checkpoint").await?;
@@ -135,8 +138,11 @@ async fn run_one(install: &PgInstall, w: Workload, seconds: u64, codec: CodecKin
             }
         }
     }
-    wait_replayed(&primary, &standby, &metrics, Duration::from_secs(600)).await?;
-    let end_lsn = lsn(&primary, "select pg_current_wal_lsn()::text").await?;
+    wait_caught_up(&primary, &standby, &metrics).await?;
+    let end_lsn = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?
+        .0;
     let m = metrics.snapshot();
     let (up_cpu, down_cpu) = (up.cpu() - up_cpu0, down.cpu() - down_cpu0);
     up.stop();
@@ -326,37 +332,16 @@ impl HalfThread {
     }
 }
 
-async fn lsn(c: &Cluster, sql: &str) -> Result<u64> {
-    Ok(c.query_one_string(sql).await?.parse::<Lsn>()?.0)
-}
-
 /// Waits for the standby to replay what the primary wrote; fails at once on an integrity
 /// failure (the bench measures the codec: a failure must be loud, not averaged away).
-async fn wait_replayed(
-    primary: &Cluster,
-    standby: &Cluster,
-    metrics: &Metrics,
-    timeout: Duration,
-) -> Result<()> {
-    let target = lsn(primary, "select pg_current_wal_lsn()::text").await?;
-    let deadline = Instant::now() + timeout;
-    while lsn(standby, "select pg_last_wal_replay_lsn()::text")
-        .await
-        .unwrap_or(0)
-        < target
-    {
-        anyhow::ensure!(
-            metrics.snapshot().integrity_failures == 0,
+async fn wait_caught_up(primary: &Cluster, standby: &Cluster, metrics: &Metrics) -> Result<()> {
+    let give_up = || {
+        (metrics.snapshot().integrity_failures > 0).then(|| {
             "WAL failed verification on the link (see the log with RUST_LOG=walrelay=warn)"
-        );
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the standby did not replay up to {} in time",
-            Lsn(target)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
+                .to_string()
+        })
+    };
+    Ok(crate::cluster::wait_replayed(primary, standby, Duration::from_secs(600), give_up).await?)
 }
 
 /// The markdown table of a run.

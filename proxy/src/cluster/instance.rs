@@ -361,6 +361,13 @@ host  all         all        127.0.0.1/32  scram-sha-256
         Ok(client)
     }
 
+    /// An LSN-valued query (`select pg_current_wal_lsn()::text`, ...).
+    pub async fn query_lsn(&self, sql: &str) -> Result<crate::lsn::Lsn, ClusterError> {
+        let s = self.query_one_string(sql).await?;
+        s.parse()
+            .map_err(|e| ClusterError::Other(format!("{sql:?} on {:?}: {e}", self.name())))
+    }
+
     /// First column of the first row, as the server's text form (no cast needed). A NULL or an
     /// empty result is an error.
     pub async fn query_one_string(&self, sql: &str) -> Result<String, ClusterError> {

@@ -259,3 +259,36 @@ pub(crate) async fn run_async(cmd: Command) -> Result<Output, ClusterError> {
         .map_err(|e| ClusterError::io(format!("running `{desc}`"), e))?;
     check_output(desc, out)
 }
+
+/// Waits until `standby` has replayed what `primary` had written when called. `give_up` is
+/// asked at every poll and ends the wait with its reason (the bench stops on integrity failures).
+pub async fn wait_replayed(
+    primary: &Cluster,
+    standby: &Cluster,
+    timeout: Duration,
+    give_up: impl Fn() -> Option<String>,
+) -> Result<(), ClusterError> {
+    let target = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(why) = give_up() {
+            return Err(ClusterError::Other(why));
+        }
+        let replayed = standby
+            .query_lsn("select pg_last_wal_replay_lsn()::text")
+            .await
+            .ok();
+        if replayed.is_some_and(|r| r >= target) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(ClusterError::Other(format!(
+                "standby {:?} did not replay up to {target} within {timeout:?}",
+                standby.name()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

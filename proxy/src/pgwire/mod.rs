@@ -128,6 +128,19 @@ pub fn parse_startup(buf: &mut BytesMut) -> Result<Option<StartupPacket>, WireEr
     }
 }
 
+/// `s` cut to at most `max` bytes (at a character boundary) with "..." when cut, for quoting
+/// peer-supplied text in error messages.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", s.get(..end).unwrap_or_default())
+}
+
 /// Takes a NUL-terminated string (lossy UTF-8). None when there is no NUL.
 fn take_cstr(b: &mut Bytes) -> Option<String> {
     let nul = b.iter().position(|&c| c == 0)?;
