@@ -13,8 +13,8 @@ use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 use crate::pgwire::io::MsgReader;
 use crate::pgwire::{
-    encode, parse_frontend, parse_sasl_initial, parse_startup, ErrorFields, FrontendMsg,
-    StartupPacket, WireError,
+    encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
+    WireError,
 };
 use crate::scram::{ScramError, ScramServer};
 
@@ -216,6 +216,3 @@ async fn read_password(reader: &mut Reader) -> Result<bytes::Bytes, End> {
         )),
     }
 }
-
-#[allow(dead_code)]
-fn _assert_error_fields(_: ErrorFields) {}
