@@ -2,6 +2,7 @@
 
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
+use super::rmgr::{Marks, RmgrTally};
 use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::tracker::{RecState, Tracker};
 use super::wal::{
@@ -36,6 +37,7 @@ pub struct Encoder {
     page: Page,
     sections: Vec<Vec<u8>>,
     stats: CodecStats,
+    rmgr: RmgrTally,
     poisoned: bool,
 }
 
@@ -78,6 +80,7 @@ impl Encoder {
             page: new_page(),
             sections: vec![Vec::new(); STREAMS],
             stats: CodecStats::default(),
+            rmgr: RmgrTally::default(),
             poisoned: false,
         })
     }
@@ -353,6 +356,7 @@ impl Encoder {
             REC_XID_DELTA
         };
         self.flush_pending();
+        let marks = self.marks();
         let area_len = self.area.len;
         {
             let ctrl = &mut self.streams[S_CTRL].buf;
@@ -437,7 +441,20 @@ impl Encoder {
             self.last_xid = xid;
         }
         self.stats.records += 1;
+        let after = self.marks();
+        self.rmgr
+            .charge(&mut self.stats.by_rmgr, rec[17], j as u64, &marks, &after);
         Ok(Ok(j))
+    }
+
+    /// Where the streams' inputs and the page frames end now.
+    fn marks(&self) -> Marks {
+        let mut m = [0; STREAMS + 1];
+        for (x, s) in m.iter_mut().zip(&self.streams) {
+            *x = s.buf.len();
+        }
+        m[STREAMS] = self.fpi.len();
+        m
     }
 
     /// One block image: through the cache as a page frame when it can be rebuilt, else as is.
@@ -547,6 +564,8 @@ impl Encoder {
             out.extend_from_slice(sec);
         }
         out.extend_from_slice(&self.fpi);
+        let clens: Vec<usize> = self.sections.iter().map(Vec::len).collect();
+        self.rmgr.finish(&mut self.stats.by_rmgr, &ulens, &clens);
         let c = |s: usize| self.sections[s].len() as u64;
         self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
         self.stats.data_out += c(S_DATA) + c(S_MAIN);

@@ -65,6 +65,7 @@ mod cache;
 mod decoder;
 mod encoder;
 pub mod format;
+pub mod rmgr;
 mod streams;
 pub mod tracker;
 pub mod wal;
@@ -138,6 +139,8 @@ pub struct CodecStats {
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,
+    /// Bytes in and out per resource manager, for encoded records.
+    pub by_rmgr: rmgr::RmgrTotals,
 }
 
 #[derive(Debug, thiserror::Error)]

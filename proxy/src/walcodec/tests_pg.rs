@@ -249,6 +249,26 @@ async fn pg15_pgbench_wal_round_trips() {
         "{stats:?}"
     );
     assert!(stats.fpis > 0 && stats.records > 10_000, "{stats:?}");
+    // Per resource manager: every encoded record counted once, Heap and Btree carry most bytes,
+    // and the attributed output stays within what was sent.
+    let by: Vec<_> = stats.by_rmgr.iter().collect();
+    let records: u64 = by.iter().map(|(_, t)| t.records).sum();
+    let (rin, rout): (u64, u64) = by
+        .iter()
+        .fold((0, 0), |(a, b), (_, t)| (a + t.bytes_in, b + t.bytes_out));
+    assert_eq!(records, stats.records, "{by:?}");
+    assert!(
+        rin <= stats.bytes_in && rout <= stats.bytes_out,
+        "{by:?} vs {stats:?}"
+    );
+    let heap = by
+        .iter()
+        .find(|(id, _)| super::rmgr::rmgr_name(*id) == "Heap")
+        .map(|x| x.1);
+    assert!(
+        heap.is_some_and(|h| h.bytes_in > rin / 4 && h.bytes_out > 0),
+        "{by:?}"
+    );
     // The WAL after the initial load only (pgbench rounds with checkpoints).
     let (_, tail) = wal.split_at(wal.len() * 2 / 3);
     let tail_start = start + (wal.len() - tail.len()) as u64;
