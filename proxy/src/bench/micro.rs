@@ -10,7 +10,8 @@ use crate::codec::{checksum, Setup, WalDecoder, WalEncoder};
 use crate::config::CodecKind;
 use crate::lsn::Lsn;
 use crate::metrics::thread_cpu_ns;
-use crate::walcodec::CodecParams;
+use crate::walcodec::rmgr::rmgr_name;
+use crate::walcodec::{CodecParams, CodecStats};
 
 const SEGMENT: u64 = 16 << 20;
 const MESSAGE: usize = 128 * 1024;
@@ -25,6 +26,21 @@ pub struct MicroResult {
     pub decode_mb_s: f64,
     pub zstd3_encode_mb_s: f64,
     pub zstd3_decode_mb_s: f64,
+    /// What the WAL-aware codec did with each resource manager's records (see
+    /// `walcodec::rmgr`: bytes out are the records' share of the compressed streams).
+    pub by_rmgr: Vec<RmgrRow>,
+    /// Heap tuples sent as deltas, bytes they saved, and tuples without a good reference.
+    pub tuple_deltas: u64,
+    pub tuple_delta_saved: u64,
+    pub tuple_misses: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RmgrRow {
+    pub rmgr: &'static str,
+    pub records: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 /// Reads the complete segments between `from` and `to` (timeline 1) from the primary's pg_wal.
@@ -43,7 +59,10 @@ fn read_wal(primary: &Cluster, from: Lsn, to: Lsn) -> Result<(Lsn, Vec<u8>)> {
     Ok((Lsn(first * SEGMENT), wal))
 }
 
-fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<(u64, f64, f64)> {
+/// Encoded bytes, encode and decode MB/s, and the WAL-aware codec's counters.
+type Pass = (u64, f64, f64, Option<CodecStats>);
+
+fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<Pass> {
     let setup = Setup {
         kind,
         zstd_level: 3,
@@ -64,6 +83,7 @@ fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<(u64, f64
         encoded.push(out.clone());
     }
     let enc_s = (thread_cpu_ns() - t) as f64 / 1e9;
+    let stats = enc.wal_stats().cloned();
     let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
     let mut dec = WalDecoder::new(&setup)?;
     let t = thread_cpu_ns();
@@ -83,13 +103,15 @@ fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<(u64, f64
         encoded.iter().map(|e| e.len() as u64).sum(),
         mb / enc_s,
         mb / dec_s,
+        stats,
     ))
 }
 
 pub fn run(primary: &Cluster, major: u32, from: Lsn, to: Lsn) -> Result<MicroResult> {
     let (start, wal) = read_wal(primary, from, to)?;
-    let (encoded, e, d) = pass(CodecKind::Wal, major, start, &wal)?;
-    let (zbytes, ze, zd) = pass(CodecKind::Zstd, major, start, &wal)?;
+    let (encoded, e, d, stats) = pass(CodecKind::Wal, major, start, &wal)?;
+    let (zbytes, ze, zd, _) = pass(CodecKind::Zstd, major, start, &wal)?;
+    let stats = stats.unwrap_or_default();
     Ok(MicroResult {
         wal_bytes: wal.len() as u64,
         encoded_bytes: encoded,
@@ -98,5 +120,18 @@ pub fn run(primary: &Cluster, major: u32, from: Lsn, to: Lsn) -> Result<MicroRes
         decode_mb_s: d,
         zstd3_encode_mb_s: ze,
         zstd3_decode_mb_s: zd,
+        by_rmgr: stats
+            .by_rmgr
+            .iter()
+            .map(|(id, t)| RmgrRow {
+                rmgr: rmgr_name(id),
+                records: t.records,
+                bytes_in: t.bytes_in,
+                bytes_out: t.bytes_out,
+            })
+            .collect(),
+        tuple_deltas: stats.tuple_deltas,
+        tuple_delta_saved: stats.tuple_delta_saved,
+        tuple_misses: stats.tuple_misses,
     })
 }

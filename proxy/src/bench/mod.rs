@@ -94,6 +94,7 @@ async fn run_one(install: &PgInstall, w: Workload, seconds: u64, codec: CodecKin
     let popts = PrimaryOpts {
         checkpoint_timeout: "30s".into(),
         wal_compression: w.wal_compression().into(),
+        wal_level: w.wal_level().into(),
         extra_conf: vec![("max_wal_size".into(), "4GB".into())],
         ..Default::default()
     };
@@ -377,6 +378,41 @@ pub fn markdown(rows: &[Row]) -> String {
             r.downstream_cpu_s_per_gb,
             r.replay_lag_max_bytes as f64 / 1e6,
         ));
+    }
+    s.push_str(&rmgr_markdown(rows));
+    s
+}
+
+/// Per workload and resource manager: bytes in and out of the WAL-aware codec (from the
+/// micro-benchmark's pass over the run's WAL), largest first.
+fn rmgr_markdown(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "\n| workload | resource manager | records | WAL MB in | codec MB out | out / in |\n|---|---|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let Some(m) = &r.micro else { continue };
+        let mut by = m.by_rmgr.clone();
+        by.sort_by_key(|x| std::cmp::Reverse(x.bytes_in));
+        for x in by.iter().filter(|x| x.bytes_in >= 1 << 16) {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.2} | {:.3} | {:.3} |\n",
+                r.workload,
+                x.rmgr,
+                x.records,
+                x.bytes_in as f64 / 1e6,
+                x.bytes_out as f64 / 1e6,
+                ratio(x.bytes_out, x.bytes_in),
+            ));
+        }
+        if m.tuple_deltas + m.tuple_misses > 0 {
+            s.push_str(&format!(
+                "| {} | (heap tuples as deltas) | {} of {} | | {:.2} MB saved | |\n",
+                r.workload,
+                m.tuple_deltas,
+                m.tuple_deltas + m.tuple_misses,
+                m.tuple_delta_saved as f64 / 1e6,
+            ));
+        }
     }
     s
 }

@@ -15,14 +15,25 @@ pub enum Workload {
     Updates,
     /// A bulk load: INSERT ... SELECT, then CREATE INDEX.
     Bulk,
+    /// Updates of one small column of wide random rows on full pages (fillfactor 100): the
+    /// new versions move to other pages, so PostgreSQL logs them whole.
+    Moves,
+    /// The same updates on pages with room (HOT), `wal_level = logical`: new tuples logged
+    /// whole (no prefix/suffix cut), also when the page gets an image.
+    Logical,
+    /// As `Logical` with `REPLICA IDENTITY FULL`: the whole old tuple is logged too.
+    LogicalFull,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 7] = [
         Workload::Pgbench,
         Workload::Updates,
         Workload::Bulk,
         Workload::PgbenchLz4,
+        Workload::Moves,
+        Workload::Logical,
+        Workload::LogicalFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -31,6 +42,16 @@ impl Workload {
             Workload::PgbenchLz4 => "pgbench-lz4",
             Workload::Updates => "updates",
             Workload::Bulk => "bulk",
+            Workload::Moves => "moves",
+            Workload::Logical => "logical",
+            Workload::LogicalFull => "logical-full",
+        }
+    }
+
+    pub fn wal_level(self) -> &'static str {
+        match self {
+            Workload::Logical | Workload::LogicalFull => "logical",
+            _ => "replica",
         }
     }
 
@@ -71,6 +92,19 @@ impl Workload {
                 p.execute("create table bulk (id bigint, k text, v text)")
                     .await?
             }
+            Workload::Moves | Workload::Logical | Workload::LogicalFull => {
+                let ff = if self == Workload::Moves { 100 } else { 85 };
+                p.execute(&format!(
+                    "create table movers (id int primary key, n int not null default 0, payload text) with (fillfactor = {ff});
+                     insert into movers select g, 0, (select string_agg(md5(random()::text || i), '') from generate_series(1, 12 + 0 * g) i) from generate_series(1, 40000) g"
+                ))
+                .await?;
+                if self == Workload::LogicalFull {
+                    p.execute("alter table movers replica identity full")
+                        .await?;
+                }
+                p.execute("vacuum analyze movers").await?;
+            }
         }
         Ok(())
     }
@@ -87,6 +121,15 @@ impl Workload {
                 std::fs::write(
                     &script,
                     "\\set id random(1, 40000)\nupdate wide set payload = (select string_agg(md5(random()::text), '') from generate_series(1, 12)) where id = :id;\n",
+                )?;
+                let f = format!("--file={}", script.display());
+                p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])
+            }
+            Workload::Moves | Workload::Logical | Workload::LogicalFull => {
+                let script = p.dir().parent().unwrap_or(p.dir()).join("moves.sql");
+                std::fs::write(
+                    &script,
+                    "\\set id random(1, 40000)\nupdate movers set n = n + 1 where id = :id;\n",
                 )?;
                 let f = format!("--file={}", script.display());
                 p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])

@@ -152,6 +152,11 @@ impl EncCache {
         self.push_front(slot);
     }
 
+    /// The cached image of `key`, if any (no change to the eviction order).
+    pub fn lookup(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
+        self.map.get(key).map(|&s| &*self.pages[s as usize])
+    }
+
     /// Marks `slot` most recently used without changing it.
     pub fn touch(&mut self, slot: u32) {
         self.unlink(slot);
@@ -198,6 +203,9 @@ impl EncCache {
 pub struct DecCache {
     cap: usize,
     slots: Vec<Option<Page>>,
+    /// Which block each slot holds, mirroring the encoder's map (for tuple references).
+    keys: Vec<Option<BlockKey>>,
+    map: HashMap<BlockKey, usize>,
 }
 
 impl DecCache {
@@ -205,11 +213,29 @@ impl DecCache {
         DecCache {
             cap,
             slots: Vec::new(),
+            keys: Vec::new(),
+            map: HashMap::new(),
         }
     }
 
     pub fn clear(&mut self) {
         self.slots.clear();
+        self.keys.clear();
+        self.map.clear();
+    }
+
+    /// Records that `slot` (just filled by [`DecCache::put`]) holds the image of `key`, as
+    /// [`EncCache::store`] does on the other end.
+    pub fn set_key(&mut self, slot: usize, key: &BlockKey) {
+        if slot >= self.keys.len() {
+            self.keys.resize(slot + 1, None);
+        }
+        if let Some(old) = self.keys[slot].replace(*key) {
+            if old != *key {
+                self.map.remove(&old);
+            }
+        }
+        self.map.insert(*key, slot);
     }
 
     pub fn capacity(&self) -> usize {
@@ -233,5 +259,17 @@ impl DecCache {
             s @ None => *s = Some(Box::new(*page)),
         }
         true
+    }
+}
+
+impl super::tuples::PageLookup for EncCache {
+    fn page_of(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
+        self.lookup(key)
+    }
+}
+
+impl super::tuples::PageLookup for DecCache {
+    fn page_of(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
+        self.get(*self.map.get(key)?)
     }
 }

@@ -5,6 +5,7 @@ use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
+use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
     bimg_compressed_mask, page_magic, parse_area, record_crc, Area, ImageRef, PAGE_SIZE, REC_HDR,
     WAL_PAGE,
@@ -31,6 +32,12 @@ struct State {
     tracker: Tracker,
     last_xid: u32,
     cache: DecCache,
+    tuples: TupleCache,
+    /// The cache slot the last image op stored into.
+    stored: Option<usize>,
+    /// The current record's images, restored, and where each block's ends.
+    imgs: Vec<u8>,
+    img_ends: Vec<usize>,
     pd: PageDecompressor,
     rec: Vec<u8>,
     area: Area,
@@ -72,6 +79,10 @@ impl Decoder {
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
+                tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
+                stored: None,
+                imgs: Vec::new(),
+                img_ends: Vec::new(),
                 pd: PageDecompressor::new()?,
                 rec: Vec::new(),
                 area: Area::default(),
@@ -126,6 +137,7 @@ impl Decoder {
         if self.next_pos != Some(start.0) {
             self.st.tracker = Tracker::new(self.magic, start.0);
             self.st.cache.clear();
+            self.st.tuples.clear();
             self.st.last_xid = 0;
         }
 
@@ -289,16 +301,44 @@ impl State {
         rec.extend_from_slice(&prev.to_le_bytes());
         rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
         rec.extend_from_slice(area);
+        // The fixed part of main data first: it says where the record's tuples belong.
+        let main_len = self.area.main_len as usize;
+        let main_head = r
+            .main
+            .bytes(HeapRec::main_fixed(rmid, info).min(main_len))?;
+        let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
+        // Every image first (so tuples may refer to any of them), then the blocks in order.
+        self.imgs.clear();
+        self.img_ends.clear();
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             if let Some(img) = b.image {
                 self.image(&img, r)?;
+                if let Some(k) = self.stored.take() {
+                    self.cache.set_key(k, &b.key);
+                }
             }
-            self.rec
-                .extend_from_slice(r.data.bytes(usize::from(b.data_len))?);
+            self.img_ends.push(self.imgs.len());
         }
-        self.rec
-            .extend_from_slice(r.main.bytes(self.area.main_len as usize)?);
+        let mut block0 = None;
+        for i in 0..self.area.blocks.len() {
+            let b = self.area.blocks[i];
+            let from = if i == 0 { 0 } else { self.img_ends[i - 1] };
+            self.rec
+                .extend_from_slice(&self.imgs[from..self.img_ends[i]]);
+            let d = usize::from(b.data_len);
+            let at = self.rec.len();
+            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+            self.get_site(site, &[], &mut r.data, d, &mut r.ctrl)?;
+            if b.id == 0 && d > 0 {
+                block0 = Some(at..at + d);
+            }
+        }
+        let site = heap.and_then(|h| h.main_site(main_len));
+        self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
+        if let Some(h) = heap {
+            h.feed(block0.map(|x| &self.rec[x]), &mut self.tuples, &self.cache);
+        }
         if self.rec.len() != tot {
             return Err(corrupt("record length mismatch"));
         }
@@ -348,11 +388,49 @@ impl State {
         Ok(())
     }
 
-    /// Restores one block image into `self.rec`.
+    /// Appends `len` bytes of block 0's data or main data to `self.rec` (`head`: what was read
+    /// of them already), restoring a tuple sent as a delta (see [`tuples`]).
+    fn get_site(
+        &mut self,
+        site: Option<tuples::Site>,
+        head: &[u8],
+        src: &mut Reader<'_>,
+        len: usize,
+        ctrl: &mut Reader<'_>,
+    ) -> Result<(), WalCodecError> {
+        self.rec.extend_from_slice(head);
+        let rest = len - head.len();
+        let Some(site) = site else {
+            self.rec.extend_from_slice(src.bytes(rest)?);
+            return Ok(());
+        };
+        let c = ctrl.u8()?;
+        if c == 0 {
+            self.rec.extend_from_slice(src.bytes(rest)?);
+            return Ok(());
+        }
+        let tlen = len - site.skip;
+        let pre = ctrl.len(tlen)?;
+        let suf = ctrl.len(tlen - pre)?;
+        let reference = tuples::candidate(c, &site, &self.tuples, &self.cache)
+            .ok_or_else(|| corrupt(format!("tuple reference {c} is not known here")))?;
+        if pre + suf > reference.len() {
+            return Err(corrupt("a tuple delta longer than its reference"));
+        }
+        self.rec
+            .extend_from_slice(src.bytes(site.skip - head.len())?);
+        self.rec.extend_from_slice(&reference[..pre]);
+        self.rec.extend_from_slice(src.bytes(tlen - pre - suf)?);
+        self.rec
+            .extend_from_slice(&reference[reference.len() - suf..]);
+        Ok(())
+    }
+
+    /// Restores one block image into `self.imgs`.
     fn image(&mut self, img: &ImageRef, r: &mut Sections<'_>) -> Result<(), WalCodecError> {
         let op = r.ctrl.u8()?;
         if op == IMG_OPAQUE {
-            self.rec
+            self.imgs
                 .extend_from_slice(r.img.bytes(usize::from(img.len))?);
             return Ok(());
         }
@@ -418,6 +496,7 @@ impl State {
             (None, None) => {}
         }
         if let Some(k) = store {
+            self.stored = Some(k);
             if !self.cache.put(k, &self.page) {
                 return Err(WalCodecError::CacheTooSmall {
                     slot: k as u64,
@@ -427,8 +506,8 @@ impl State {
         }
         let off = usize::from(img.hole_offset);
         let hole = usize::from(img.hole_len);
-        self.rec.extend_from_slice(&self.page[..off]);
-        self.rec.extend_from_slice(&self.page[off + hole..]);
+        self.imgs.extend_from_slice(&self.page[..off]);
+        self.imgs.extend_from_slice(&self.page[off + hole..]);
         Ok(())
     }
 }

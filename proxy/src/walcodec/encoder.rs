@@ -5,6 +5,7 @@ use super::format::*;
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::tracker::{RecState, Tracker};
+use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
     bimg_compressed_mask, le16, le32, le64, page_magic, parse_area, phd_len, record_crc, Area,
     BlockKey, ImageRef, PAGE_SIZE, REC_HDR, SHORT_PHD, WAL_PAGE,
@@ -24,6 +25,7 @@ pub struct Encoder {
     next_pos: Option<u64>,
     last_xid: u32,
     cache: EncCache,
+    tuples: TupleCache,
     /// Page frames of cache hits (level + 2) and of everything else (level).
     pc_hit: PageCompressor,
     pc: PageCompressor,
@@ -70,6 +72,7 @@ impl Encoder {
             next_pos: None,
             last_xid: 0,
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
+            tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             pc_hit: PageCompressor::new(hit_frame_level(p.zstd_level))?,
             pc: PageCompressor::new(p.zstd_level)?,
             streams,
@@ -92,6 +95,11 @@ impl Encoder {
     /// Block cache memory in use (bytes accounted per slot).
     pub fn cache_bytes(&self) -> usize {
         self.cache.bytes()
+    }
+
+    /// Tuple cache memory in use.
+    pub fn tuple_cache_bytes(&self) -> usize {
+        self.tuples.bytes()
     }
 
     /// One XLogData message's WAL bytes starting at `start`, in stream order; `out` cleared
@@ -126,6 +134,7 @@ impl Encoder {
             }
             self.tracker = Tracker::new(self.magic, start.0);
             self.cache.clear();
+            self.tuples.clear();
             self.last_xid = 0;
         }
         let before = self.tracker.resyncs;
@@ -379,26 +388,44 @@ impl Encoder {
 
         // Images and data, in block order, then main data.
         let mut p = REC_HDR + area_len;
+        let main = &rec[tot - self.area.main_len as usize..];
+        let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
         let blocks = std::mem::take(&mut self.area.blocks);
         let mut res = Ok(());
+        let mut block0 = None;
+        // Every image first (so tuples may refer to any of them), then the data in order.
+        let mut q = p;
         for b in &blocks {
             if let Some(img) = b.image {
-                let bytes = &rec[p..p + usize::from(img.len)];
+                let bytes = &rec[q..q + usize::from(img.len)];
                 if let Err(e) = self.encode_image(&b.key, &img, bytes) {
                     res = Err(e);
                     break;
                 }
-                p += usize::from(img.len);
+                q += usize::from(img.len);
             }
+            q += usize::from(b.data_len);
+        }
+        for b in blocks.iter().filter(|_| res.is_ok()) {
+            p += b.image.map_or(0, |img| usize::from(img.len));
             let d = usize::from(b.data_len);
-            self.streams[S_DATA].buf.extend_from_slice(&rec[p..p + d]);
+            let data = &rec[p..p + d];
+            if b.id == 0 && d > 0 {
+                block0 = Some(p..p + d);
+            }
+            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+            self.put_site(site, S_DATA, data);
             self.stats.data_in += d as u64;
             p += d;
         }
         self.area.blocks = blocks;
         res?;
-        self.streams[S_MAIN].buf.extend_from_slice(&rec[p..]);
+        let site = heap.and_then(|h| h.main_site(main.len()));
+        self.put_site(site, S_MAIN, main);
         self.stats.data_in += (tot - p) as u64;
+        if let Some(h) = heap {
+            h.feed(block0.map(|r| &rec[r]), &mut self.tuples, &self.cache);
+        }
 
         // Lay the record out again, feeding the tracker, with a flag per page boundary.
         let (mut j, mut k) = (0usize, 0usize);
@@ -455,6 +482,34 @@ impl Encoder {
         }
         m[STREAMS] = self.fpi.len();
         m
+    }
+
+    /// Writes `bytes` (block 0's data or main data) to `stream`, its tuple as a delta when a
+    /// reference both ends hold saves enough (site marker in CTRL, see [`tuples`]).
+    fn put_site(&mut self, site: Option<tuples::Site>, stream: usize, bytes: &[u8]) {
+        let Some(site) = site else {
+            self.streams[stream].buf.extend_from_slice(bytes);
+            return;
+        };
+        let (head, tuple) = bytes.split_at(site.skip);
+        let ctrl = &mut self.streams[S_CTRL].buf;
+        match tuples::choose(tuple, &site, &self.tuples, &self.cache) {
+            Some((c, pre, suf)) => {
+                ctrl.push(c);
+                put_varint(ctrl, pre as u64);
+                put_varint(ctrl, suf as u64);
+                let out = &mut self.streams[stream].buf;
+                out.extend_from_slice(head);
+                out.extend_from_slice(&tuple[pre..tuple.len() - suf]);
+                self.stats.tuple_deltas += 1;
+                self.stats.tuple_delta_saved += (pre + suf) as u64;
+            }
+            None => {
+                ctrl.push(0);
+                self.streams[stream].buf.extend_from_slice(bytes);
+                self.stats.tuple_misses += 1;
+            }
+        }
     }
 
     /// One block image: through the cache as a page frame when it can be rebuilt, else as is.

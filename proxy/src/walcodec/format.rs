@@ -16,6 +16,8 @@
 //! record = [xl_prev:u64le if PREV_EXPLICIT] [zigzag(xid - last xid):varint if delta]
 //!          xl_info:u8 xl_rmid:u8 area_len:varint      (area_len bytes of HDR: block headers)
 //!          image-op × (blocks with an image, in block order)
+//!          [site]     (block 0's data, if it holds a heap tuple: see super::tuples)
+//!          [site]     (main data, if it holds an old heap tuple or key)
 //!          boundary × (page boundaries the record crosses, in order)
 //!
 //! image-op = 0 OPAQUE                   bimg_len bytes from IMG
@@ -34,8 +36,12 @@
 //!
 //! The record is rebuilt as: the 24-byte header (xl_tot_len = 24 + area_len + data announced
 //! by the area, the two pad bytes zero, xl_crc recomputed), the area, then per block its image
-//! (from the image op) and its data (`data_length` bytes of DATA), then `main_len` bytes of
-//! MAIN. It is laid out from the current position with a page header at each page boundary.
+//! (from the image op) and its data (`data_length` bytes of DATA, or fewer when a site says
+//! its tuple is a delta), then `main_len` bytes of MAIN (the same). All images of a record are
+//! restored (and enter the block cache) before any data, so a tuple may refer to the image of
+//! any block of its own record. MAIN is read in two steps: first the fixed struct of a heap
+//! record (`tuples::HeapRec::main_fixed`, which locates the record's tuples), then the rest.
+//! It is laid out from the current position with a page header at each page boundary.
 
 pub const OP_RAW: u8 = 0x01;
 pub const OP_RAW_HDR: u8 = 0x02;

@@ -12,6 +12,9 @@
 //!   against the last image of the same block held in a block cache on both ends (for a block
 //!   not in the cache: the previous block of the relation, else the relation's latest page);
 //!   the encoder says which slots to read and write, the decoder obeys;
+//! - heap tuples (new tuples of INSERT/UPDATE, old tuples that wal_level=logical adds) go as
+//!   a prefix/suffix delta against a version both ends hold: a tuple cache fed by the records,
+//!   or the tuple's line pointer in a cached page image ([`tuples`]);
 //! - everything else (header fields that are not derivable, block headers, block and main data,
 //!   raw bytes) goes through streaming zstd, one context per kind, flushed every message.
 //!
@@ -20,10 +23,10 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::codec`).
 //!
-//! # Payload format (version 1)
+//! # Payload format (version 2)
 //!
 //! ```text
-//! payload  = version:u8 (=1)
+//! payload  = version:u8 (=2)
 //!            7 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN, in this order
 //!            fpi_len:varint
 //!            the 7 sections' bytes in the same order, then FPI bytes
@@ -58,6 +61,7 @@
 //!   refuses windows above 4 MiB), plus the contexts' tables on the encoder side;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
+//! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
 //!   decoded sections, one record, three pages of scratch.
 
@@ -68,6 +72,7 @@ pub mod format;
 pub mod rmgr;
 mod streams;
 pub mod tracker;
+pub mod tuples;
 pub mod wal;
 
 #[cfg(test)]
@@ -139,6 +144,11 @@ pub struct CodecStats {
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,
+    /// Heap tuples sent as a delta against a version both ends hold, and the bytes that saved.
+    pub tuple_deltas: u64,
+    pub tuple_delta_saved: u64,
+    /// Tuples that could have been sent as a delta but had no good reference.
+    pub tuple_misses: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
 }
@@ -178,7 +188,8 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// 2: heap tuples as deltas (`tuples`), images before data.
+pub(crate) const FORMAT_VERSION: u8 = 2;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

@@ -47,10 +47,18 @@ pub fn rmgr_name(rmid: u8) -> &'static str {
 }
 
 /// Totals per resource manager over the life of an encoder.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RmgrTotals {
     /// Indexed by rmid; empty until the first record.
     totals: Vec<RmgrBytes>,
+}
+
+impl std::fmt::Debug for RmgrTotals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(id, t)| (rmgr_name(id), t)))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

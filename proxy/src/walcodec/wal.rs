@@ -218,6 +218,8 @@ impl ImageRef {
 /// One block reference of a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockRef {
+    /// block_id (0..=XLR_MAX_BLOCK_ID).
+    pub id: u8,
     pub key: BlockKey,
     pub data_len: u16,
     pub image: Option<ImageRef>,
@@ -372,6 +374,7 @@ pub fn parse_area(
                 let s = take!(4);
                 let blkno = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
                 out.blocks.push(BlockRef {
+                    id,
                     key: BlockKey {
                         spc,
                         db,

@@ -1,0 +1,443 @@
+//! Heap tuples sent as deltas against a version the far side already holds (issue #4).
+//!
+//! PostgreSQL shortens an UPDATE's new tuple by the prefix and suffix it shares with the old one
+//! only when both are on the same page, no full-page image is taken, and `wal_level` is below
+//! logical. Everywhere else the whole tuple is in the record although the receiver has usually
+//! seen the old version: in an earlier record or in a full-page image of its page. Both ends
+//! therefore keep, fed deterministically from the records they encode/restore:
+//!
+//! - a **tuple cache**: the newest tuple written at (relation, fork, block, offset) by a heap
+//!   INSERT or UPDATE/HOT_UPDATE record, bounded by bytes (`block_cache_bytes / 8`; both ends
+//!   use the same `block_cache_bytes`, the link handshake sees to it), evicted oldest first;
+//! - the **block cache** of #3 (page images by block), read through the line pointers of the
+//!   cached page (`PageLookup`).
+//!
+//! A *site* is a tuple inside a record that may be sent as a delta: the new tuple of an INSERT
+//! or UPDATE (block 0's data, after the `xl_heap_header`, when PostgreSQL did not already cut a
+//! prefix/suffix) and the old tuple or key that `wal_level=logical` adds to an UPDATE's or
+//! DELETE's main data. For each site both ends list the same *candidates* (references):
+//!
+//! ```text
+//! 1 the tuple cache at the old tuple's TID
+//! 2 the old tuple's TID in the cached page of its block
+//! 3 the new tuple's TID in the cached page of block 0 (after this record's image of block 0,
+//!   if any: at wal_level=logical an image of block 0 contains the very tuple that follows it)
+//! ```
+//!
+//! and the encoder writes to CTRL, at the site (block data: right after the block's image;
+//! main data: after all blocks):
+//!
+//! ```text
+//! site = 0                                  the tuple as it is (in DATA / MAIN)
+//!      | c:u8 (1..=3) prefix:varint suffix:varint
+//!                                           the tuple = ref[..prefix] ++ middle ++ ref[len-suffix..]
+//! ```
+//!
+//! where `middle` replaces the tuple bytes in DATA / MAIN (the bytes before the tuple — the
+//! `xl_heap_header`, the fixed part of main data — are sent as they are). References are the
+//! tuple bytes from `t_bits` on, the form in which heap records carry them. Which records have
+//! sites is decided from bytes both ends have at that point (the record header, the block
+//! headers, the fixed part of main data), so the decoder asks the same question.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::wal::{le16, BlockKey, BlockRef, PAGE_SIZE};
+
+pub const RM_HEAP_ID: u8 = 10;
+const XLOG_HEAP_OPMASK: u8 = 0x70;
+const XLOG_HEAP_INSERT: u8 = 0x00;
+const XLOG_HEAP_DELETE: u8 = 0x10;
+const XLOG_HEAP_UPDATE: u8 = 0x20;
+const XLOG_HEAP_HOT_UPDATE: u8 = 0x40;
+/// `SizeOfHeapInsert`, `SizeOfHeapDelete`, `SizeOfHeapUpdate`, `SizeOfHeapHeader`.
+const SIZE_INSERT: usize = 3;
+const SIZE_DELETE: usize = 8;
+const SIZE_UPDATE: usize = 14;
+const SIZE_HEAP_HEADER: usize = 5;
+/// `SizeofHeapTupleHeader` (offsetof t_bits): heap records carry tuples from here on.
+const TUPLE_HEADER: usize = 23;
+const XLH_UPDATE_CONTAINS_OLD: u8 = 0x04 | 0x08;
+const XLH_UPDATE_PREFIX_FROM_OLD: u8 = 0x20;
+const XLH_UPDATE_SUFFIX_FROM_OLD: u8 = 0x40;
+const XLH_DELETE_CONTAINS_OLD: u8 = 0x02 | 0x04;
+/// Bytes accounted per cached tuple besides its data.
+const ENTRY_OVERHEAD: usize = 64;
+/// A delta must save at least this many bytes to be used.
+pub const MIN_SAVING: usize = 8;
+
+/// A tuple's identity: its block and line pointer offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tid {
+    pub block: BlockKey,
+    pub off: u16,
+}
+
+/// A cached tuple's bytes from `t_bits` on, and its `t_hoff`.
+struct Entry {
+    seq: u64,
+    hoff: u8,
+    data: Vec<u8>,
+}
+
+/// Bounded cache of the newest tuple per TID; identical on both ends when fed the same calls.
+pub struct TupleCache {
+    cap: usize,
+    bytes: usize,
+    seq: u64,
+    map: HashMap<Tid, Entry>,
+    /// Insertion order for eviction; entries whose seq no longer matches are stale.
+    order: VecDeque<(Tid, u64)>,
+}
+
+impl TupleCache {
+    pub fn new(cap_bytes: usize) -> TupleCache {
+        TupleCache {
+            cap: cap_bytes,
+            bytes: 0,
+            seq: 0,
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Capacity for a block cache of `block_cache_bytes`.
+    pub fn bytes_for(block_cache_bytes: usize) -> usize {
+        block_cache_bytes / 8
+    }
+
+    pub fn clear(&mut self) {
+        *self = TupleCache::new(self.cap);
+    }
+
+    /// Memory accounted to the cached tuples.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn get(&self, tid: &Tid) -> Option<&[u8]> {
+        self.map.get(tid).map(|e| e.data.as_slice())
+    }
+
+    fn get_full(&self, tid: &Tid) -> Option<(u8, &[u8])> {
+        self.map.get(tid).map(|e| (e.hoff, e.data.as_slice()))
+    }
+
+    fn remove(&mut self, tid: &Tid) {
+        if let Some(e) = self.map.remove(tid) {
+            self.bytes -= e.data.len() + ENTRY_OVERHEAD;
+        }
+    }
+
+    /// Stores the tuple at `tid`, replacing an older one; evicts the oldest beyond capacity.
+    pub fn put(&mut self, tid: Tid, hoff: u8, data: &[u8]) {
+        self.remove(&tid);
+        let cost = data.len() + ENTRY_OVERHEAD;
+        if cost > self.cap / 4 || data.len() > PAGE_SIZE {
+            return;
+        }
+        self.seq += 1;
+        self.map.insert(
+            tid,
+            Entry {
+                seq: self.seq,
+                hoff,
+                data: data.to_vec(),
+            },
+        );
+        self.order.push_back((tid, self.seq));
+        self.bytes += cost;
+        while self.bytes > self.cap {
+            let Some((old, seq)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&old).is_some_and(|e| e.seq == seq) {
+                self.remove(&old);
+            }
+        }
+        // Stale order entries are dropped once they outnumber the live ones.
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.order
+                .retain(|(t, s)| map.get(t).is_some_and(|e| e.seq == *s));
+        }
+    }
+}
+
+/// Access to the block cache's page of a block, on either end.
+pub trait PageLookup {
+    fn page_of(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]>;
+}
+
+/// The tuple at line pointer `off` of a heap `page`: (t_hoff, bytes from t_bits on).
+pub fn tuple_in_page(page: &[u8; PAGE_SIZE], off: u16) -> Option<(u8, &[u8])> {
+    let lower = usize::from(le16(page, 12)?);
+    let i = 24 + (usize::from(off).checked_sub(1)?) * 4;
+    if off == 0 || i + 4 > lower.min(PAGE_SIZE) {
+        return None;
+    }
+    let v = u32::from_le_bytes(page[i..i + 4].try_into().ok()?);
+    let (lp_off, lp_flags, lp_len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
+    if lp_flags != 1 || lp_len <= TUPLE_HEADER || lp_off + lp_len > PAGE_SIZE {
+        return None;
+    }
+    Some((
+        page[lp_off + 22],
+        &page[lp_off + TUPLE_HEADER..lp_off + lp_len],
+    ))
+}
+
+/// Where a site's tuple is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// In the data of the record's first block (block 0), after `skip` bytes.
+    Block0,
+    /// In the main data, after `skip` bytes.
+    Main,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Site {
+    pub place: Place,
+    pub skip: usize,
+    /// The TID whose older version is the best guess (candidates 1 and 2).
+    pub old: Option<Tid>,
+    /// The TID the tuple is written to (candidate 3).
+    pub new: Option<Tid>,
+}
+
+/// The fixed facts of a heap record both ends can read before its tuples.
+#[derive(Clone, Copy, Debug)]
+pub struct HeapRec {
+    op: u8,
+    flags: u8,
+    /// TID of the tuple written (INSERT, UPDATE) or of the old tuple (UPDATE, DELETE).
+    new: Option<Tid>,
+    old: Option<Tid>,
+}
+
+impl HeapRec {
+    /// `main_head` must hold the first bytes of main data (at least the fixed struct). Records
+    /// that are not heap INSERT/UPDATE/HOT_UPDATE/DELETE, or are malformed, give `None`.
+    pub fn parse(rmid: u8, info: u8, blocks: &[BlockRef], main_head: &[u8]) -> Option<HeapRec> {
+        if rmid != RM_HEAP_ID {
+            return None;
+        }
+        let b0 = blocks.first().filter(|b| b.id == 0)?.key;
+        let op = info & XLOG_HEAP_OPMASK;
+        let tid = |block: BlockKey, off: u16| Some(Tid { block, off });
+        match op {
+            XLOG_HEAP_INSERT if main_head.len() >= SIZE_INSERT => Some(HeapRec {
+                op,
+                flags: main_head[2],
+                new: tid(b0, le16(main_head, 0)?),
+                old: None,
+            }),
+            XLOG_HEAP_DELETE if main_head.len() >= SIZE_DELETE => Some(HeapRec {
+                op,
+                flags: main_head[7],
+                new: None,
+                old: tid(b0, le16(main_head, 4)?),
+            }),
+            XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE if main_head.len() >= SIZE_UPDATE => {
+                let old_block = match blocks.get(1) {
+                    Some(b) if b.id == 1 => b.key,
+                    _ => b0,
+                };
+                Some(HeapRec {
+                    op,
+                    flags: main_head[7],
+                    new: tid(b0, le16(main_head, 12)?),
+                    old: tid(old_block, le16(main_head, 4)?),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Bytes of main data both ends read before the sites (the fixed struct).
+    pub fn main_fixed(rmid: u8, info: u8) -> usize {
+        if rmid != RM_HEAP_ID {
+            return 0;
+        }
+        match info & XLOG_HEAP_OPMASK {
+            XLOG_HEAP_INSERT => SIZE_INSERT,
+            XLOG_HEAP_DELETE => SIZE_DELETE,
+            XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE => SIZE_UPDATE,
+            _ => 0,
+        }
+    }
+
+    fn is_update(&self) -> bool {
+        matches!(self.op, XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE)
+    }
+
+    /// The site in block 0's data of `data_len` bytes, if any.
+    pub fn block0_site(&self, data_len: usize) -> Option<Site> {
+        let cut = XLH_UPDATE_PREFIX_FROM_OLD | XLH_UPDATE_SUFFIX_FROM_OLD;
+        let ok = match self.op {
+            XLOG_HEAP_INSERT => true,
+            _ if self.is_update() => self.flags & cut == 0,
+            _ => false,
+        };
+        (ok && data_len > SIZE_HEAP_HEADER + MIN_SAVING).then_some(Site {
+            place: Place::Block0,
+            skip: SIZE_HEAP_HEADER,
+            old: self.old,
+            new: self.new,
+        })
+    }
+
+    /// The site in main data of `main_len` bytes (the old tuple or key of wal_level=logical).
+    pub fn main_site(&self, main_len: usize) -> Option<Site> {
+        let skip = match self.op {
+            _ if self.is_update() && self.flags & XLH_UPDATE_CONTAINS_OLD != 0 => SIZE_UPDATE,
+            XLOG_HEAP_DELETE if self.flags & XLH_DELETE_CONTAINS_OLD != 0 => SIZE_DELETE,
+            _ => return None,
+        } + SIZE_HEAP_HEADER;
+        (main_len > skip + MIN_SAVING).then_some(Site {
+            place: Place::Main,
+            skip,
+            old: self.old,
+            new: None,
+        })
+    }
+
+    /// After the whole record (`block0` = block 0's data, restored): what it wrote into the
+    /// tuple cache. Updates whose new tuple PostgreSQL cut against the old one are expanded
+    /// with the old version when it is known (else the TID is forgotten).
+    pub fn feed(&self, block0: Option<&[u8]>, tuples: &mut TupleCache, pages: &dyn PageLookup) {
+        let Some(new) = self.new else {
+            if let Some(old) = self.old {
+                tuples.remove(&old);
+            }
+            return;
+        };
+        let Some(d) = block0 else {
+            // The tuple is in an image of the page: candidate 2/3 find it there.
+            tuples.remove(&new);
+            return;
+        };
+        let mut p = 0;
+        let mut field = |on: bool| -> Option<usize> {
+            if !on {
+                return Some(0);
+            }
+            let v = le16(d, p)?;
+            p += 2;
+            Some(usize::from(v))
+        };
+        let (Some(prefix), Some(suffix)) = (
+            field(self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0 && self.is_update()),
+            field(self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0 && self.is_update()),
+        ) else {
+            tuples.remove(&new);
+            return;
+        };
+        let Some(hdr) = d.get(p..p + SIZE_HEAP_HEADER) else {
+            tuples.remove(&new);
+            return;
+        };
+        let hoff = hdr[4];
+        let body = &d[p + SIZE_HEAP_HEADER..];
+        if prefix == 0 && suffix == 0 {
+            tuples.put(new, hoff, body);
+            return;
+        }
+        // body = bitmap (t_hoff - 23 bytes) ++ user data minus the shared prefix/suffix.
+        let expanded = self.old.and_then(|old| {
+            let (ohoff, odata) = lookup(tuples, pages, &old)?;
+            let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
+            let bitmap = usize::from(hoff).checked_sub(TUPLE_HEADER)?;
+            if prefix + suffix > ouser.len() || bitmap > body.len() {
+                return None;
+            }
+            let mut t = Vec::with_capacity(body.len() + prefix + suffix);
+            t.extend_from_slice(&body[..bitmap]);
+            t.extend_from_slice(&ouser[..prefix]);
+            t.extend_from_slice(&body[bitmap..]);
+            t.extend_from_slice(&ouser[ouser.len() - suffix..]);
+            Some(t)
+        });
+        match expanded {
+            Some(t) => tuples.put(new, hoff, &t),
+            None => tuples.remove(&new),
+        }
+    }
+}
+
+/// The newest known version of `tid`: the tuple cache, else the cached page of its block.
+fn lookup<'a>(
+    tuples: &'a TupleCache,
+    pages: &'a dyn PageLookup,
+    tid: &Tid,
+) -> Option<(u8, &'a [u8])> {
+    tuples
+        .get_full(tid)
+        .or_else(|| tuple_in_page(pages.page_of(&tid.block)?, tid.off))
+}
+
+/// Candidate `c` (1..=3) of `site`.
+pub fn candidate<'a>(
+    c: u8,
+    site: &Site,
+    tuples: &'a TupleCache,
+    pages: &'a dyn PageLookup,
+) -> Option<&'a [u8]> {
+    match c {
+        1 => tuples.get(site.old.as_ref()?),
+        2 => {
+            let t = site.old?;
+            Some(tuple_in_page(pages.page_of(&t.block)?, t.off)?.1)
+        }
+        3 => {
+            let t = site.new?;
+            Some(tuple_in_page(pages.page_of(&t.block)?, t.off)?.1)
+        }
+        _ => None,
+    }
+}
+
+pub const CANDIDATES: u8 = 3;
+
+/// Shared prefix and (non-overlapping) suffix of `t` and `r`.
+pub fn prefix_suffix(t: &[u8], r: &[u8]) -> (usize, usize) {
+    let p = t.iter().zip(r).take_while(|(a, b)| a == b).count();
+    let s = t[p..]
+        .iter()
+        .rev()
+        .zip(r[p..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    (p, s)
+}
+
+/// The encoder's choice for `tuple` at `site`: `(candidate, prefix, suffix)` saving the most,
+/// if it saves at least [`MIN_SAVING`] bytes.
+pub fn choose(
+    tuple: &[u8],
+    site: &Site,
+    tuples: &TupleCache,
+    pages: &dyn PageLookup,
+) -> Option<(u8, usize, usize)> {
+    let mut best: Option<(u8, usize, usize)> = None;
+    for c in 1..=CANDIDATES {
+        if let Some(r) = candidate(c, site, tuples, pages) {
+            let (p, s) = prefix_suffix(tuple, r);
+            if best.is_none_or(|(_, bp, bs)| p + s > bp + bs) {
+                best = Some((c, p, s));
+            }
+        }
+    }
+    best.filter(|&(_, p, s)| p + s >= MIN_SAVING)
+}
+
+#[cfg(test)]
+mod tests;
