@@ -7,8 +7,8 @@ use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
-    bimg_compressed_mask, page_magic, parse_area, record_crc, Area, ImageRef, PAGE_SIZE, REC_HDR,
-    WAL_PAGE,
+    bimg_compressed_mask, page_magic, parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE,
+    REC_HDR, WAL_PAGE,
 };
 use super::{
     check_params, CodecParams, WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL,
@@ -35,6 +35,8 @@ struct State {
     tuples: TupleCache,
     /// The cache slot the last image op stored into.
     stored: Option<usize>,
+    /// Known tuples of the block of the image being restored.
+    tprefix: Vec<u8>,
     /// The current record's images, restored, and where each block's ends.
     imgs: Vec<u8>,
     img_ends: Vec<usize>,
@@ -82,6 +84,7 @@ impl Decoder {
                 tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
                 stored: None,
                 imgs: Vec::new(),
+                tprefix: Vec::new(),
                 img_ends: Vec::new(),
                 pd: PageDecompressor::new()?,
                 rec: Vec::new(),
@@ -313,7 +316,7 @@ impl State {
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             if let Some(img) = b.image {
-                self.image(&img, r)?;
+                self.image(&b.key, &img, r)?;
                 if let Some(k) = self.stored.take() {
                     self.cache.set_key(k, &b.key);
                 }
@@ -427,7 +430,12 @@ impl State {
     }
 
     /// Restores one block image into `self.imgs`.
-    fn image(&mut self, img: &ImageRef, r: &mut Sections<'_>) -> Result<(), WalCodecError> {
+    fn image(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        r: &mut Sections<'_>,
+    ) -> Result<(), WalCodecError> {
         let op = r.ctrl.u8()?;
         if op == IMG_OPAQUE {
             self.imgs
@@ -487,9 +495,13 @@ impl State {
             ),
             None => None,
         };
+        if frame.is_some() {
+            tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
+        }
+        let tp = &self.tprefix[..];
         match (frame, ref_page) {
-            (Some(f), Some(p)) => self.pd.decompress(f, &[p], &mut self.page)?,
-            (Some(f), None) => self.pd.decompress(f, &[], &mut self.page)?,
+            (Some(f), Some(p)) => self.pd.decompress(f, &[tp, &p[..]], &mut self.page)?,
+            (Some(f), None) => self.pd.decompress(f, &[tp], &mut self.page)?,
             // IDENT: the reference is the page.
             (None, Some(p)) => self.page.copy_from_slice(p),
             // STREAM: already in place.

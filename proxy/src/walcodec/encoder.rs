@@ -26,6 +26,8 @@ pub struct Encoder {
     last_xid: u32,
     cache: EncCache,
     tuples: TupleCache,
+    /// Known tuples of the block of the image being encoded.
+    tprefix: Vec<u8>,
     /// Page frames of cache hits (level + 2) and of everything else (level).
     pc_hit: PageCompressor,
     pc: PageCompressor,
@@ -73,6 +75,7 @@ impl Encoder {
             last_xid: 0,
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
+            tprefix: Vec::new(),
             pc_hit: PageCompressor::new(hit_frame_level(p.zstd_level))?,
             pc: PageCompressor::new(p.zstd_level)?,
             streams,
@@ -535,6 +538,11 @@ impl Encoder {
         self.stats.fpis += 1;
 
         let plan = self.cache.plan(key);
+        tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
+        let tp = &self.tprefix[..];
+        // A big image without a reference page goes whole through PAGE (whose window holds
+        // the recent pages) unless the block's known tuples make a better reference.
+        let framed = usize::from(img.len) < MIN_STREAM_IMAGE || tp.len() >= MIN_TUPLE_PREFIX;
         let ctrl = &mut self.streams[S_CTRL].buf;
         match (plan.reference, plan.store) {
             (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
@@ -551,7 +559,7 @@ impl Encoder {
                 } else {
                     &mut self.pc
                 };
-                let len = pc.compress(page, &[self.cache.page(r)], &mut self.fpi)?;
+                let len = pc.compress(page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
                 if plan.hit {
                     ctrl.push(IMG_SAME);
                     put_varint(ctrl, u64::from(s));
@@ -564,8 +572,8 @@ impl Encoder {
                 }
                 put_varint(ctrl, len as u64);
             }
-            (None, Some(s)) if usize::from(img.len) < MIN_STREAM_IMAGE => {
-                let len = self.pc.compress(page, &[], &mut self.fpi)?;
+            (None, Some(s)) if framed => {
+                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
                 ctrl.push(IMG_NEW);
                 put_varint(ctrl, u64::from(s));
                 put_varint(ctrl, len as u64);
@@ -575,8 +583,8 @@ impl Encoder {
                 put_varint(ctrl, u64::from(s));
                 self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
             }
-            (_, None) if usize::from(img.len) < MIN_STREAM_IMAGE => {
-                let len = self.pc.compress(page, &[], &mut self.fpi)?;
+            (_, None) if framed => {
+                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
                 ctrl.push(IMG_NOCACHE);
                 put_varint(ctrl, len as u64);
                 return Ok(());
@@ -641,6 +649,9 @@ pub(crate) fn hit_frame_level(level: i32) -> i32 {
 
 /// Smallest image sent as a whole page through PAGE: bounds PAGE to 8 × the message size.
 pub(crate) const MIN_STREAM_IMAGE: usize = PAGE_SIZE / 8;
+
+/// Known tuples of a block worth a page frame instead of the PAGE stream for a big image.
+pub(crate) const MIN_TUPLE_PREFIX: usize = 1024;
 
 /// Whether `b` is all zero bytes (eight at a time).
 pub(crate) fn is_zero(b: &[u8]) -> bool {

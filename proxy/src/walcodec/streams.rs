@@ -8,7 +8,9 @@ use zstd_safe::{CCtx, DCtx, FrameFormat};
 use super::wal::PAGE_SIZE;
 
 /// Most reference pages a page frame is compressed against.
-pub const MAX_REFS: usize = 1;
+/// Most bytes a page frame may be compressed against: a reference page and up to a page of
+/// known tuples of the block (see `tuples::page_prefix`).
+pub const MAX_PREFIX: usize = 2 * PAGE_SIZE;
 
 /// Largest window of a streaming context (4 MiB, for DATA, RAW, PAGE and MAIN); the decoder refuses
 /// larger ones. This bounds the decoder's memory per stream.
@@ -216,13 +218,13 @@ impl DStream {
     }
 }
 
-/// Compresses single pages as magicless zstd frames, optionally against a reference page.
+/// Compresses single pages as magicless zstd frames, optionally against reference bytes.
 ///
-/// The reference and the page are copied next to each other into one buffer, so that zstd sees
-/// the reference as a contiguous prefix of the input (faster than a separate dictionary).
+/// The references and the page are copied next to each other into one buffer, so that zstd sees
+/// the references as a contiguous prefix of the input (faster than a separate dictionary).
 pub struct PageCompressor {
     cctx: CCtx<'static>,
-    scratch: Box<[u8; (MAX_REFS + 1) * PAGE_SIZE]>,
+    scratch: Vec<u8>,
 }
 
 impl PageCompressor {
@@ -240,29 +242,27 @@ impl PageCompressor {
         }
         Ok(PageCompressor {
             cctx,
-            scratch: Box::new([0; (MAX_REFS + 1) * PAGE_SIZE]),
+            scratch: Vec::with_capacity(MAX_PREFIX + PAGE_SIZE),
         })
     }
 
-    /// Appends the frame of `page`, compressed against the `refs` pages (at most [`MAX_REFS`],
-    /// in this order), to `out`; returns its length.
+    /// Appends the frame of `page`, compressed against the concatenation of `refs` (at most
+    /// [`MAX_PREFIX`] bytes: the rest is not used, on both ends alike), to `out`; returns its
+    /// length.
     pub fn compress(
         &mut self,
         page: &[u8; PAGE_SIZE],
-        refs: &[&[u8; PAGE_SIZE]],
+        refs: &[&[u8]],
         out: &mut Vec<u8>,
     ) -> Result<usize, WalCodecError> {
         let start = out.len();
         out.reserve(zstd_safe::compress_bound(PAGE_SIZE));
         let mut dst = std::io::Cursor::new(&mut *out);
         dst.set_position(start as u64);
-        let n = refs.len().min(MAX_REFS);
+        let n = gather_prefix(&mut self.scratch, refs);
         let r = if n > 0 {
-            for (i, r) in refs.iter().take(n).enumerate() {
-                self.scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&r[..]);
-            }
-            self.scratch[n * PAGE_SIZE..(n + 1) * PAGE_SIZE].copy_from_slice(page);
-            let (prefix, src) = self.scratch.split_at(n * PAGE_SIZE);
+            self.scratch.extend_from_slice(page);
+            let (prefix, src) = self.scratch.split_at(n);
             // SAFETY: ZSTD_CCtx_refPrefix only records the pointer for the next frame. That
             // frame is compressed completely (ZSTD_e_end) by compress2 below, while `prefix` is
             // borrowed, and ref_prefix(&[]) afterwards drops the reference in all cases, so
@@ -271,7 +271,7 @@ impl PageCompressor {
             let prefix: &'static [u8] =
                 unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) };
             self.cctx.ref_prefix(prefix).map_err(zerr)?;
-            let res = self.cctx.compress2(&mut dst, &src[..PAGE_SIZE]);
+            let res = self.cctx.compress2(&mut dst, src);
             self.cctx.ref_prefix(&[]).map_err(zerr)?;
             res
         } else {
@@ -282,10 +282,21 @@ impl PageCompressor {
     }
 }
 
-/// Decompresses the frames of [`PageCompressor`] (reference contiguous with the output too).
+/// Copies the references into `scratch` (cleared first), at most [`MAX_PREFIX`] bytes in all;
+/// returns how many.
+fn gather_prefix(scratch: &mut Vec<u8>, refs: &[&[u8]]) -> usize {
+    scratch.clear();
+    for r in refs {
+        let room = MAX_PREFIX - scratch.len();
+        scratch.extend_from_slice(&r[..r.len().min(room)]);
+    }
+    scratch.len()
+}
+
+/// Decompresses the frames of [`PageCompressor`] (references contiguous with the output too).
 pub struct PageDecompressor {
     dctx: DCtx<'static>,
-    scratch: Box<[u8; (MAX_REFS + 1) * PAGE_SIZE]>,
+    scratch: Vec<u8>,
 }
 
 impl PageDecompressor {
@@ -298,25 +309,22 @@ impl PageDecompressor {
             .map_err(zerr)?;
         Ok(PageDecompressor {
             dctx,
-            scratch: Box::new([0; (MAX_REFS + 1) * PAGE_SIZE]),
+            scratch: Vec::with_capacity(MAX_PREFIX + PAGE_SIZE),
         })
     }
 
-    /// Decompresses `frame` (made against the `refs` pages) into `page`, which it must fill
+    /// Decompresses `frame` (made against the same `refs`) into `page`, which it must fill
     /// exactly.
     pub fn decompress(
         &mut self,
         frame: &[u8],
-        refs: &[&[u8; PAGE_SIZE]],
+        refs: &[&[u8]],
         page: &mut [u8; PAGE_SIZE],
     ) -> Result<(), WalCodecError> {
-        let n = refs.len().min(MAX_REFS);
+        let n = gather_prefix(&mut self.scratch, refs);
         let res = if n > 0 {
-            for (i, r) in refs.iter().take(n).enumerate() {
-                self.scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].copy_from_slice(&r[..]);
-            }
-            let (prefix, dst) = self.scratch.split_at_mut(n * PAGE_SIZE);
-            let dst = &mut dst[..PAGE_SIZE];
+            self.scratch.resize(n + PAGE_SIZE, 0);
+            let (prefix, dst) = self.scratch.split_at_mut(n);
             // SAFETY: as in PageCompressor::compress: the prefix is used by the single frame
             // decompressed here and ref_prefix(&[]) clears it before the borrow ends.
             let prefix: &'static [u8] =

@@ -12,6 +12,10 @@
 //! - the **block cache** of #3 (page images by block), read through the line pointers of the
 //!   cached page (`PageLookup`).
 //!
+//! The tuple cache also helps full-page images: a page frame is compressed against the known
+//! tuples of its block (offset order, at most 8 KiB, [`page_prefix`]) followed by its reference
+//! page, since an image holds the tuples records wrote into the page since its last image.
+//!
 //! A *site* is a tuple inside a record that may be sent as a delta: the new tuple of an INSERT
 //! or UPDATE (block 0's data, after the `xl_heap_header`, when PostgreSQL did not already cut a
 //! prefix/suffix) and the old tuple or key that `wal_level=logical` adds to an UPDATE's or
@@ -167,6 +171,29 @@ impl TupleCache {
             let map = &self.map;
             self.order
                 .retain(|(t, s)| map.get(t).is_some_and(|e| e.seq == *s));
+        }
+    }
+}
+
+/// Most line pointers of an 8 KiB heap page (`MaxHeapTuplesPerPage`).
+const MAX_TUPLES_PER_PAGE: usize = 291;
+
+/// The known tuples of block `key` (the tuple cache's, in offset order, at most a page of
+/// bytes) into `out`: page frames of the block's image are compressed against them, since an
+/// image holds the tuples that records wrote into the page since its previous image. The line
+/// pointers to try follow from the image's hole offset (its `pd_lower`), which both ends know.
+pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &mut Vec<u8>) {
+    out.clear();
+    if tuples.is_empty() || key.fork != 0 {
+        return;
+    }
+    let n = (usize::from(hole_offset).saturating_sub(24) / 4).min(MAX_TUPLES_PER_PAGE);
+    for off in 1..=n as u16 {
+        if let Some(d) = tuples.get(&Tid { block: *key, off }) {
+            if out.len() + d.len() > PAGE_SIZE {
+                break;
+            }
+            out.extend_from_slice(d);
         }
     }
 }
