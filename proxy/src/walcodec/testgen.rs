@@ -65,6 +65,8 @@ pub struct WalGen {
     prev: u64,
     pub rng: Rng,
     pages: HashMap<BlockKey, Vec<u8>>,
+    /// Heap tuples written by the generated heap records, by (block, offset).
+    tuples: HashMap<(BlockKey, u16), Vec<u8>>,
     /// Records whose 24-byte header was split by a page boundary.
     pub split_headers: usize,
     pub records: usize,
@@ -85,6 +87,7 @@ impl WalGen {
             prev: 0,
             rng: Rng::new(seed),
             pages: HashMap::new(),
+            tuples: HashMap::new(),
             split_headers: 0,
             records: 0,
             xid: 1000,
@@ -256,7 +259,7 @@ impl WalGen {
             let t = rng.tuple(tlen);
             page[nu..upper].copy_from_slice(&t);
             page[lower..lower + 4]
-                .copy_from_slice(&((nu as u32) | ((tlen as u32) << 17)).to_le_bytes());
+                .copy_from_slice(&((nu as u32) | (1 << 15) | ((tlen as u32) << 17)).to_le_bytes());
             page[12..14].copy_from_slice(&((lower + 4) as u16).to_le_bytes());
             page[14..16].copy_from_slice(&(nu as u16).to_le_bytes());
         } else {
@@ -298,7 +301,15 @@ impl WalGen {
             fork: 0,
             blkno: rng.below(u64::from(n.max(1))) as u32,
         };
-        let rec = if r < 40 {
+        let rec = if r < 20 {
+            // A small heap of its own, so that rows are updated again and again.
+            let k = BlockKey {
+                rel: 16390,
+                blkno: self.rng.below(4) as u32,
+                ..key(&mut self.rng, 1)
+            };
+            self.heap_record(k, xid)
+        } else if r < 40 {
             let k = key(&mut self.rng, blocks_in_play);
             let n = 20 + self.rng.below(150) as usize;
             let data = self.rng.tuple(n);
@@ -356,5 +367,74 @@ impl WalGen {
             self.record(1, 0x00, xid, &[], &main)
         };
         self.write_record(&rec);
+    }
+
+    /// A heap INSERT, UPDATE (to the same or another block, sometimes with the old tuple that
+    /// wal_level=logical adds, sometimes with an image of the new block) or DELETE whose tuples
+    /// are small edits of tuples written before at the same offsets: the tuple-delta paths.
+    fn heap_record(&mut self, k: BlockKey, xid: u32) -> Vec<u8> {
+        let off = |rng: &mut Rng| 1 + rng.below(6) as u16;
+        let (old_off, new_off) = (off(&mut self.rng), off(&mut self.rng));
+        let mut other = k;
+        other.blkno = other.blkno.wrapping_add(1 + self.rng.below(2) as u32);
+        let fresh = 60 + self.rng.below(200) as usize;
+        let old = match self.tuples.get(&(other, old_off)) {
+            Some(t) => t.clone(),
+            None => self.rng.tuple(fresh),
+        };
+        let mut new = old.clone();
+        for _ in 0..1 + self.rng.below(3) {
+            let i = self.rng.below(new.len() as u64) as usize;
+            new[i] = self.rng.next() as u8;
+        }
+        let header = [0u8, 0, 0, 0, 24];
+        let op = self.rng.below(10);
+        let (info, main, data) = if op < 2 {
+            let mut m = new_off.to_le_bytes().to_vec();
+            m.push(0);
+            (0x00, m, [&header[..], &new].concat())
+        } else if op < 3 {
+            let mut m = vec![0u8; 8];
+            m[4..6].copy_from_slice(&old_off.to_le_bytes());
+            m[7] = if self.rng.below(2) == 0 { 0x02 } else { 0 };
+            if m[7] != 0 {
+                m.extend_from_slice(&header);
+                m.extend_from_slice(&old);
+            }
+            (0x10, m, Vec::new())
+        } else {
+            let mut m = vec![0u8; 14];
+            m[4..6].copy_from_slice(&old_off.to_le_bytes());
+            m[7] = if self.rng.below(2) == 0 { 0x04 } else { 0 };
+            m[12..14].copy_from_slice(&new_off.to_le_bytes());
+            if m[7] != 0 {
+                m.extend_from_slice(&header);
+                m.extend_from_slice(&old);
+            }
+            (0x20, m, [&header[..], &new].concat())
+        };
+        let mut blocks = vec![GenBlock {
+            key: k,
+            image: self.rng.below(5) == 0,
+            compressed: false,
+            data,
+        }];
+        if info != 0x00 {
+            blocks.push(GenBlock {
+                key: other,
+                image: self.rng.below(4) == 0,
+                compressed: false,
+                data: Vec::new(),
+            });
+        }
+        if info == 0x10 {
+            blocks.swap(0, 1);
+            blocks.pop();
+            blocks[0].key = other;
+        }
+        if info != 0x10 {
+            self.tuples.insert((k, new_off), new);
+        }
+        self.record(10, info, xid, &blocks, &main)
     }
 }

@@ -95,6 +95,8 @@ fn synthetic_stream_round_trips_and_is_encoded() {
         assert_eq!(st.resyncs, 0, "{st:?}");
         if slots == 4096 {
             assert!(st.fpi_cache_hits > 0, "{st:?}");
+            // Heap tuples that are edits of earlier ones travel as deltas.
+            assert!(st.tuple_deltas > 30 && st.tuple_misses > 0, "{st:?}");
         }
         // Page headers cost about a byte each.
         assert!(st.page_header_out * 10 < st.page_header_in, "{st:?}");
