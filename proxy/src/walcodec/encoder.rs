@@ -541,8 +541,9 @@ impl Encoder {
         tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         let tp = &self.tprefix[..];
         // A big image without a reference page goes whole through PAGE (whose window holds
-        // the recent pages) unless the block's known tuples make a better reference.
-        let framed = usize::from(img.len) < MIN_STREAM_IMAGE || tp.len() >= MIN_TUPLE_PREFIX;
+        // the recent pages) unless the block's known tuples make up half of it or more.
+        let framed =
+            usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
         let ctrl = &mut self.streams[S_CTRL].buf;
         match (plan.reference, plan.store) {
             (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
@@ -649,9 +650,6 @@ pub(crate) fn hit_frame_level(level: i32) -> i32 {
 
 /// Smallest image sent as a whole page through PAGE: bounds PAGE to 8 × the message size.
 pub(crate) const MIN_STREAM_IMAGE: usize = PAGE_SIZE / 8;
-
-/// Known tuples of a block worth a page frame instead of the PAGE stream for a big image.
-pub(crate) const MIN_TUPLE_PREFIX: usize = 1024;
 
 /// Whether `b` is all zero bytes (eight at a time).
 pub(crate) fn is_zero(b: &[u8]) -> bool {
