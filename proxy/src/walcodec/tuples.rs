@@ -44,6 +44,7 @@
 //! headers, the fixed part of main data), so the decoder asks the same question.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::wal::{le16, BlockKey, BlockRef, PAGE_SIZE};
 
@@ -76,6 +77,40 @@ pub struct Tid {
     pub off: u16,
 }
 
+/// A fast multiplicative hash for the cache's small fixed-size keys (an image asks for up to
+/// 291 TIDs; SipHash was a seventh of the encoder's time). Keys come from the primary's WAL,
+/// not from an untrusted peer.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type FxBuild = BuildHasherDefault<FxHasher>;
+
 /// A cached tuple's bytes from `t_bits` on, and its `t_hoff`.
 struct Entry {
     seq: u64,
@@ -88,7 +123,9 @@ pub struct TupleCache {
     cap: usize,
     bytes: usize,
     seq: u64,
-    map: HashMap<Tid, Entry>,
+    map: HashMap<Tid, Entry, FxBuild>,
+    /// Cached tuples per block, so that images of blocks without any cost nothing.
+    per_block: HashMap<BlockKey, u16, FxBuild>,
     /// Insertion order for eviction; entries whose seq no longer matches are stale.
     order: VecDeque<(Tid, u64)>,
 }
@@ -99,7 +136,8 @@ impl TupleCache {
             cap: cap_bytes,
             bytes: 0,
             seq: 0,
-            map: HashMap::new(),
+            map: HashMap::default(),
+            per_block: HashMap::default(),
             order: VecDeque::new(),
         }
     }
@@ -137,7 +175,18 @@ impl TupleCache {
     fn remove(&mut self, tid: &Tid) {
         if let Some(e) = self.map.remove(tid) {
             self.bytes -= e.data.len() + ENTRY_OVERHEAD;
+            if let Some(n) = self.per_block.get_mut(&tid.block) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_block.remove(&tid.block);
+                }
+            }
         }
+    }
+
+    /// How many tuples of `block` are cached.
+    fn in_block(&self, block: &BlockKey) -> usize {
+        self.per_block.get(block).map_or(0, |&n| usize::from(n))
     }
 
     /// Stores the tuple at `tid`, replacing an older one; evicts the oldest beyond capacity.
@@ -157,6 +206,7 @@ impl TupleCache {
             },
         );
         self.order.push_back((tid, self.seq));
+        *self.per_block.entry(tid.block).or_insert(0) += 1;
         self.bytes += cost;
         while self.bytes > self.cap {
             let Some((old, seq)) = self.order.pop_front() else {
@@ -184,12 +234,17 @@ const MAX_TUPLES_PER_PAGE: usize = 291;
 /// pointers to try follow from the image's hole offset (its `pd_lower`), which both ends know.
 pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &mut Vec<u8>) {
     out.clear();
-    if tuples.is_empty() || key.fork != 0 {
+    let mut left = tuples.in_block(key);
+    if left == 0 || key.fork != 0 {
         return;
     }
     let n = (usize::from(hole_offset).saturating_sub(24) / 4).min(MAX_TUPLES_PER_PAGE);
     for off in 1..=n as u16 {
+        if left == 0 {
+            break;
+        }
         if let Some(d) = tuples.get(&Tid { block: *key, off }) {
+            left -= 1;
             if out.len() + d.len() > PAGE_SIZE {
                 break;
             }
