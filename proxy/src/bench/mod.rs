@@ -240,6 +240,7 @@ fn configs(
         link,
         limits: Limits::default(),
         log: LogConfig::default(),
+        metrics: None,
     };
     let up = Resolved {
         upstream: Some(ResolvedUpstream {
