@@ -223,6 +223,34 @@ mod tests {
         assert!(authority("127.0.0.1:9187").is_err());
     }
 
+    #[test]
+    fn table_has_a_row_per_standby_and_the_totals() {
+        let m = crate::metrics::Metrics::default();
+        crate::metrics::Metrics::add(&m.wal_bytes_in, 40_400_000);
+        crate::metrics::Metrics::add(&m.link_socket_bytes_out, 1_600_000);
+        let h = m
+            .ops
+            .standbys
+            .register(super::super::Half::Downstream, "dc2_a", "p");
+        h.set_slot(Some("dc2"));
+        h.wal(Lsn(0x5688FD8));
+        h.reply(Lsn(0x5688FD8), Lsn(0x5688FD8), Lsn(0x5000000));
+        let halves = super::super::expo::Halves {
+            upstream: true,
+            downstream: true,
+        };
+        let text = format(&super::super::expo::status(&m, halves, 13.0, Vec::new()));
+        println!("{text}");
+        let row = text.lines().find(|l| l.starts_with("dc2_a")).expect(&text);
+        for cell in ["downstream", "dc2", "0/5688FD8", "0/5000000", "6.9 MB"] {
+            assert!(row.contains(cell), "{cell} not in {row:?}");
+        }
+        assert!(
+            text.contains("ratio (WAL / link)           25.25x"),
+            "{text}"
+        );
+    }
+
     #[tokio::test]
     async fn refused_connection_names_the_config_key() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
