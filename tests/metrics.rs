@@ -280,6 +280,27 @@ async fn metrics_status_page_and_dashboard() {
         link_out > 0.0 && link_out < wal_in,
         "link {link_out} vs WAL {wal_in}"
     );
+    // Both ends of the link count its sockets. Counters only grow, so a later scrape's upstream
+    // bytes sent cover the downstream's bytes received now, and those cover the WAL payload it
+    // had received by now.
+    let down = [("half", "downstream")];
+    let link_in_down = value(&samples, "walrelay_link_received_bytes_total", &down);
+    let payload_down = value(&samples, "walrelay_link_payload_bytes_total", &down);
+    let later = parse_exposition(&http_get(mport, "/metrics").1);
+    let later_out = value(
+        &later,
+        "walrelay_link_sent_bytes_total",
+        &[("half", "upstream")],
+    );
+    let later_in_down = value(&later, "walrelay_link_received_bytes_total", &down);
+    assert!(
+        payload_down > 0.0,
+        "no WAL payload counted at the downstream"
+    );
+    assert!(
+        later_in_down >= payload_down && later_out >= link_in_down,
+        "downstream received {link_in_down} then {later_in_down} with {payload_down} of payload; upstream sent {later_out}"
+    );
     assert!(
         value(
             &samples,

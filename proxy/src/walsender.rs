@@ -75,7 +75,7 @@ impl Downstream {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Arc<Downstream>> {
-        let channel = link::client_channel(&link_cfg, &cfg.upstream)?;
+        let channel = link::client_channel_counted(&link_cfg, &cfg.upstream, metrics.clone())?;
         let tls = match &cfg.tls {
             Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
                 crate::tls::standby_server_config(cert, key)?,

@@ -32,8 +32,8 @@ pub struct Sample {
     /// WAL bytes per second (from the primary at the upstream; delivered at a downstream-only
     /// process).
     pub wal_bps: f64,
-    /// Link bytes per second (socket bytes sent at the upstream; WAL payload bytes received at
-    /// a downstream-only process).
+    /// Link bytes per second (socket bytes sent at the upstream; socket bytes received at a
+    /// downstream-only process), framing included.
     pub link_bps: f64,
 }
 
@@ -77,7 +77,7 @@ pub fn chart_counters(m: &Metrics, halves: Halves) -> (u64, u64) {
     } else {
         (
             m.wal_bytes_delivered.load(Relaxed),
-            m.ops.link_payload_bytes_received.load(Relaxed),
+            m.ops.link_socket_bytes_in_downstream.load(Relaxed),
         )
     }
 }
@@ -85,11 +85,19 @@ pub fn chart_counters(m: &Metrics, halves: Halves) -> (u64, u64) {
 pub fn status(m: &Metrics, halves: Halves, uptime_seconds: f64, history: Vec<Sample>) -> StatusDoc {
     let codec = m.ops.codec.snapshot();
     let (wal, link) = chart_counters(m, halves);
+    // The link's sockets as seen by the upstream half if this process runs it.
+    let (link_in, link_out) = match halves.upstream {
+        true => (&m.link_socket_bytes_in, &m.link_socket_bytes_out),
+        false => (
+            &m.ops.link_socket_bytes_in_downstream,
+            &m.ops.link_socket_bytes_out_downstream,
+        ),
+    };
     let totals = StatusTotals {
         wal_received_bytes: m.wal_bytes_in.load(Relaxed),
         wal_delivered_bytes: m.wal_bytes_delivered.load(Relaxed),
-        link_sent_bytes: m.link_socket_bytes_out.load(Relaxed),
-        link_received_bytes: m.link_socket_bytes_in.load(Relaxed),
+        link_sent_bytes: link_out.load(Relaxed),
+        link_received_bytes: link_in.load(Relaxed),
         link_payload_bytes: if halves.upstream {
             m.wal_payload_bytes_out.load(Relaxed)
         } else {
@@ -197,6 +205,11 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
         &up,
         c(&m.link_socket_bytes_out),
     );
+    e.sample(
+        "walrelay_link_sent_bytes_total",
+        &down,
+        c(&m.ops.link_socket_bytes_out_downstream),
+    );
     e.family(
         "walrelay_link_received_bytes_total",
         "counter",
@@ -206,6 +219,11 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
         "walrelay_link_received_bytes_total",
         &up,
         c(&m.link_socket_bytes_in),
+    );
+    e.sample(
+        "walrelay_link_received_bytes_total",
+        &down,
+        c(&m.ops.link_socket_bytes_in_downstream),
     );
     e.family(
         "walrelay_link_payload_bytes_total",

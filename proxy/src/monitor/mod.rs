@@ -45,6 +45,9 @@ pub struct Ops {
     pub codec: codec_totals::CodecTotals,
     /// Standby sessions that reached the link (the downstream's count of link sessions).
     pub sessions_started_downstream: AtomicU64,
+    /// Bytes read from / written to the downstream's link sockets (framing included).
+    pub link_socket_bytes_in_downstream: AtomicU64,
+    pub link_socket_bytes_out_downstream: AtomicU64,
     /// Encoded WAL payload bytes the downstream received on the link (framing excluded).
     pub link_payload_bytes_received: AtomicU64,
     /// Sessions that ended with an error (link lost, primary gone, verification failed...);
