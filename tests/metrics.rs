@@ -198,8 +198,40 @@ async fn metrics_status_page_and_dashboard() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     assert_eq!(http_get(mport, "/nonexistent").0, 404);
 
+    // With replay paused the standby falls more than 16 MB behind while still receiving and
+    // reporting: the downstream logs progress lines until it has caught up.
+    env.standby
+        .execute("select pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    let relay = &env.relay;
+    wait_until("a catch-up progress line", TIMEOUT, || async move {
+        Ok(relay.log_text().contains("standby catching up"))
+    })
+    .await
+    .unwrap();
+    let log = env.relay.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("standby catching up"))
+        .unwrap();
+    eprintln!("progress line: {line}");
+    for field in [
+        "application_name=standby1",
+        "remaining_mb=",
+        "rate_mb_s=",
+        "eta=",
+    ] {
+        assert!(line.contains(field), "{field} missing in {line:?}");
+    }
+    assert!(!log.contains("standby caught up"), "{log}");
+    env.standby
+        .execute("select pg_wal_replay_resume()")
+        .await
+        .unwrap();
+
     // Traffic with full-page images: a checkpoint first, so first touches log FPIs.
-    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
     env.primary.execute("checkpoint").await.unwrap();
     pgbench(&env.primary, &["-c", "2", "-T", "4", "postgres"]);
     env.wait_caught_up().await;
@@ -346,6 +378,13 @@ async fn metrics_status_page_and_dashboard() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("[metrics] listen"));
+
+    let relay = &env.relay;
+    wait_until("the caught-up line", TIMEOUT, || async move {
+        Ok(relay.log_text().contains("standby caught up"))
+    })
+    .await
+    .unwrap();
 
     status_page_in_chromium(env.root.path(), mport);
     dashboard_uses_exported_metrics(&samples);

@@ -211,7 +211,7 @@ impl StandbyHandle {
                     application_name = %app,
                     replay = %replay,
                     primary = %primary,
-                    rate_mb_s = format!("{:.1}", bytes_per_sec / 1e6),
+                    rate_mb_s = %format!("{:.1}", bytes_per_sec / 1e6),
                     remaining_mb = remaining >> 20,
                     eta = %eta.map(|s| format!("{s:.0}s")).unwrap_or_else(|| "unknown".into()),
                     "standby catching up"
