@@ -25,7 +25,7 @@ pub enum StatusError {
     },
     #[error("no answer from {0} within {TIMEOUT:?}")]
     Timeout(String),
-    #[error("HTTP from {addr}: {message}")]
+    #[error("{addr} does not answer like walrelay's metrics endpoint ({message}); is it the [metrics] listen address?")]
     Http { addr: String, message: String },
     #[error("{url} answered {status}; is this walrelay's metrics address?")]
     Status { url: String, status: u16 },
