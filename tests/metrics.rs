@@ -32,11 +32,29 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// A plain HTTP/1.0 GET; returns (status, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
+    http_request(
+        port,
+        &format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"),
+    )
+}
+
+/// Sends `request` as it is; returns (status, body) of the answer.
+fn http_request(port: u16, request: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    // Until EOF; a server refusing a request may reset the connection after its answer.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if raw.is_empty() => panic!("no answer to {:?}: {e}", &request[..20]),
+            Err(_) => break,
+        }
+    }
+    let resp = String::from_utf8_lossy(&raw);
     let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
     (status, body.to_string())
@@ -92,6 +110,11 @@ async fn metrics_status_page_and_dashboard() {
     let (status, body) = http_get(mport, "/healthz");
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     assert_eq!(http_get(mport, "/nonexistent").0, 404);
+    let post = "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc";
+    assert_eq!(http_request(mport, post).0, 405);
+    // Request heads are bounded (16 KiB).
+    let big = format!("GET / HTTP/1.0\r\nX-Big: {}\r\n\r\n", "a".repeat(40_000));
+    assert_eq!(http_request(mport, &big).0, 431);
 
     // With replay paused the standby falls more than 16 MB behind while still receiving and
     // reporting: the downstream logs progress lines until it has caught up.
