@@ -2,7 +2,8 @@
 # Makes a Debian 12 machine ready for walrelay's test suite and `walrelay demo`:
 #   - PostgreSQL server binaries (postgres, initdb, pg_ctl, pg_basebackup, pgbench, ...);
 #   - the `postgres` OS user, which runs the servers when tests run as root
-#     (initdb and postgres refuse to run as root).
+#     (initdb and postgres refuse to run as root);
+#   - headless Chromium (Debian's `chromium`), which renders the status page in tests/metrics.rs.
 # Finds PostgreSQL the way walrelay::cluster::PgInstall::discover() does: $PG_BIN,
 # `pg_config --bindir`, `pg_ctl` on PATH, the highest /usr/lib/postgresql/*/bin.
 #
@@ -87,4 +88,14 @@ fi
 if is_root && ! id -u postgres >/dev/null 2>&1; then
     useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
     say "created the postgres OS user"
+fi
+
+# The status page test renders GET / in headless Chromium and takes a screenshot.
+if ! command -v chromium >/dev/null 2>&1; then
+    is_root || die "chromium not found and not root: run this script as root or install Debian's chromium package"
+    command -v apt-get >/dev/null 2>&1 || die "chromium not found and no apt-get: install Chromium (the chromium command)"
+    say "chromium not found; installing it with apt-get (for the status page test)"
+    apt-get update -qq
+    apt_install chromium
+    command -v chromium >/dev/null 2>&1 || die "installed chromium but the chromium command is still missing"
 fi

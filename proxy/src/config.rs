@@ -47,6 +47,16 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub log: LogConfig,
+    /// Optional: without it no HTTP endpoint is served.
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// The HTTP endpoint for Prometheus, the status page and `walrelay status`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address to serve on, e.g. "127.0.0.1:9187" (no authentication: keep it private).
+    pub listen: String,
 }
 
 /// The half next to the primary.
@@ -260,6 +270,8 @@ pub struct Resolved {
     pub link: LinkConfig,
     pub limits: Limits,
     pub log: LogConfig,
+    /// `[metrics] listen`, if configured.
+    pub metrics: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -436,12 +448,17 @@ impl Config {
                 })
             }
         };
+        let metrics = match &self.metrics {
+            Some(m) => Some(parse_addr("metrics.listen", &m.listen)?),
+            None => None,
+        };
         Ok(Resolved {
             upstream,
             downstream,
             link,
             limits,
             log: self.log,
+            metrics,
         })
     }
 }

@@ -186,6 +186,7 @@ fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolv
     ))?;
     primary_ci.sslmode = SslMode::Disable;
     Ok(Resolved {
+        metrics: None,
         upstream: Some(ResolvedUpstream {
             primary: primary_ci,
             slot: None,

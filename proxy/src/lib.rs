@@ -18,7 +18,8 @@
 //! - [`replcmd`]: the replication commands a standby may send, parsed and re-rendered.
 //! - [`scram`]: server side of SCRAM-SHA-256 for standbys.
 //! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
-//! - [`metrics`]: process counters.
+//! - [`metrics`]: process counters; [`monitor`]: per-standby state, codec totals, the
+//!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves.
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`).
 //! - [`cluster`], [`demo`]: throw-away PostgreSQL clusters for the demo, the bench and the tests.
@@ -32,6 +33,7 @@ pub mod link;
 pub mod logging;
 pub mod lsn;
 pub mod metrics;
+pub mod monitor;
 pub mod pgclient;
 pub mod pgwire;
 pub mod relay;

@@ -3,7 +3,8 @@
 //!
 //! The upstream serves; every accepted socket is wrapped in [`CountingIo`] so the bytes that
 //! really crossed the link (TLS and HTTP/2 framing included) are counted. The downstream keeps
-//! one lazily connected channel and opens a stream per standby.
+//! one lazily connected channel and opens a stream per standby; its sockets are counted too
+//! (into the downstream's own counters) when it connects through [`client_channel_counted`].
 
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
@@ -67,6 +68,23 @@ pub fn server_tls(link: &LinkConfig) -> Result<Option<ServerTlsConfig>, LinkErro
 
 /// A lazily connecting channel from the downstream to the upstream half.
 pub fn client_channel(link: &LinkConfig, upstream: &str) -> Result<Channel, LinkError> {
+    channel(link, upstream, None)
+}
+
+/// [`client_channel`], counting socket bytes into the downstream's link counters.
+pub fn client_channel_counted(
+    link: &LinkConfig,
+    upstream: &str,
+    metrics: Arc<Metrics>,
+) -> Result<Channel, LinkError> {
+    channel(link, upstream, Some(metrics))
+}
+
+fn channel(
+    link: &LinkConfig,
+    upstream: &str,
+    metrics: Option<Arc<Metrics>>,
+) -> Result<Channel, LinkError> {
     let scheme = if link.plaintext { "http" } else { "https" };
     let mut ep = Endpoint::from_shared(format!("{scheme}://{upstream}"))
         .map_err(|e| LinkError::Address(upstream.to_string(), e.to_string()))?
@@ -95,18 +113,74 @@ pub fn client_channel(link: &LinkConfig, upstream: &str) -> Result<Channel, Link
             .tls_config(tls)
             .map_err(|e| LinkError::Tls(e.to_string()))?;
     }
-    Ok(ep.connect_lazy())
+    Ok(match metrics {
+        None => ep.connect_lazy(),
+        Some(metrics) => ep.connect_with_connector_lazy(CountingConnector { metrics }),
+    })
+}
+
+/// Connects TCP (no delay) and wraps the socket in a downstream [`CountingIo`]; tonic puts
+/// TLS on top and applies `connect_timeout`.
+#[derive(Clone)]
+struct CountingConnector {
+    metrics: Arc<Metrics>,
+}
+
+impl tonic::codegen::Service<http::Uri> for CountingConnector {
+    type Response = hyper_util::rt::TokioIo<CountingIo>;
+    type Error = std::io::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .unwrap_or("")
+                .trim_matches(['[', ']'])
+                .to_string();
+            let port = uri.port_u16().unwrap_or(443);
+            let s = TcpStream::connect((host.as_str(), port)).await?;
+            s.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(CountingIo {
+                inner: s,
+                metrics,
+                downstream: true,
+            }))
+        })
+    }
 }
 
 /// A TCP stream that counts the bytes read and written into process metrics.
 pub struct CountingIo {
     inner: TcpStream,
     metrics: Arc<Metrics>,
+    /// Count into the downstream's counters (`metrics.ops`) instead of the upstream's.
+    downstream: bool,
 }
 
 impl CountingIo {
     pub fn new(inner: TcpStream, metrics: Arc<Metrics>) -> Self {
-        CountingIo { inner, metrics }
+        CountingIo {
+            inner,
+            metrics,
+            downstream: false,
+        }
+    }
+    fn counters(&self) -> (&AtomicU64, &AtomicU64) {
+        let m = &self.metrics;
+        match self.downstream {
+            false => (&m.link_socket_bytes_in, &m.link_socket_bytes_out),
+            true => (
+                &m.ops.link_socket_bytes_in_downstream,
+                &m.ops.link_socket_bytes_out_downstream,
+            ),
+        }
     }
     fn count(c: &AtomicU64, n: usize) {
         Metrics::add(c, n as u64);
@@ -122,7 +196,7 @@ impl AsyncRead for CountingIo {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
-        Self::count(&self.metrics.link_socket_bytes_in, n);
+        Self::count(self.counters().0, n);
         r
     }
 }
@@ -135,7 +209,7 @@ impl AsyncWrite for CountingIo {
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
-            Self::count(&self.metrics.link_socket_bytes_out, n);
+            Self::count(self.counters().1, n);
         }
         r
     }

@@ -1,4 +1,5 @@
-//! The `walrelay` command: run the halves, check a config, run the demo, make SCRAM verifiers.
+//! The `walrelay` command: run the halves, check a config, show a running process's status, run
+//! the demo, make SCRAM verifiers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,11 @@ enum Cmd {
         /// Also write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Show a running process's standbys and totals (read from its [metrics] listen address).
+    Status {
+        #[arg(long, default_value = "http://127.0.0.1:9187")]
+        url: String,
     },
     /// Print a SCRAM-SHA-256 verifier (pg_authid format) for downstream.users.
     /// Reads the password from standard input.
@@ -125,6 +131,16 @@ fn main() -> ExitCode {
                 Ok(())
             }))
         }
+        Cmd::Status { url } => match runtime().block_on(walrelay::monitor::client::fetch(&url)) {
+            Ok(doc) => {
+                print!("{}", walrelay::monitor::client::format(&doc));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("walrelay status: {e}");
+                ExitCode::from(1)
+            }
+        },
         Cmd::ScramVerifier => {
             let mut pw = String::new();
             if let Err(e) = std::io::stdin().read_line(&mut pw) {

@@ -1,5 +1,5 @@
 //! Process-wide counters: what came from the primary, what crossed the link, sessions.
-//! (The Prometheus endpoint that exports them comes with the operations work.)
+//! `[metrics] listen` exports them (see [`crate::monitor`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -31,6 +31,8 @@ pub struct Metrics {
     pub shadow_decode_ns: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Per-standby state, codec totals and session counters (see [`crate::monitor`]).
+    pub ops: crate::monitor::Ops,
 }
 
 /// A snapshot of the counters.

@@ -22,6 +22,8 @@ use crate::{upstream, walsender};
 pub struct Running {
     pub upstream_addr: Option<SocketAddr>,
     pub downstream_addr: Option<SocketAddr>,
+    /// Where `[metrics] listen` serves, if configured.
+    pub metrics_addr: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
     drain: Duration,
@@ -71,14 +73,41 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
         )?;
         tasks.push(tokio::spawn(walsender::serve(ds, listener)));
     }
+    let metrics_addr = match cfg.metrics {
+        Some(addr) => Some(start_metrics(&cfg, addr, &metrics, &shutdown).await?),
+        None => None,
+    };
     Ok(Running {
         upstream_addr,
         downstream_addr,
+        metrics_addr,
         metrics,
         shutdown,
         drain: Duration::from_secs(cfg.limits.drain_timeout_secs),
         tasks,
     })
+}
+
+/// Serves `[metrics] listen` (see [`crate::monitor::http`]).
+async fn start_metrics(
+    cfg: &Resolved,
+    addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    use crate::monitor::{expo::Halves, http};
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on metrics.listen = {addr}"))?;
+    let local = listener.local_addr()?;
+    info!(listen = %local, "serving /metrics, /healthz, /status.json and the status page");
+    let halves = Halves {
+        upstream: cfg.upstream.is_some(),
+        downstream: cfg.downstream.is_some(),
+    };
+    let server = http::Server::new(metrics.clone(), halves);
+    tokio::spawn(http::serve(server, listener, shutdown.clone()));
+    Ok(local)
 }
 
 impl Running {

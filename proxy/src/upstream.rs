@@ -34,9 +34,10 @@ use crate::codec::{checksum, Setup, ShadowZstd, WalEncoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo, WalHeader};
 use crate::metrics::{GaugeGuard, Metrics};
+use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PrimaryConn};
 use crate::pgwire::io::MsgReader;
-use crate::pgwire::repl::{check_feedback, XLogData};
+use crate::pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
 use crate::pgwire::{encode, parse_tagged, RawMsg, WireError};
 use crate::walcodec;
 
@@ -207,10 +208,17 @@ impl Link for LinkService {
             let _permit = permit;
             let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
             Metrics::add(&up.metrics.sessions_total, 1);
-            let end = run_session(&up, conn, inbound, tx.clone(), encoder).await;
+            let standby =
+                up.metrics
+                    .ops
+                    .standbys
+                    .register(Half::Upstream, &app, &hello.standby_addr);
+            standby.set_slot(up.cfg.slot.as_deref());
+            let end = run_session(&up, conn, inbound, tx.clone(), encoder, &standby).await;
             match &end {
                 Ok(()) => info!(application_name = %app, "link session ended"),
                 Err(status) => {
+                    Metrics::add(&up.metrics.ops.sessions_failed_upstream, 1);
                     warn!(application_name = %app, "link session ended: {}", status.message());
                     let _ = tx.send(Err(status.clone())).await;
                 }
@@ -226,6 +234,7 @@ async fn run_session(
     inbound: Streaming<ToUpstream>,
     tx: mpsc::Sender<Result<ToDownstream, Status>>,
     encoder: WalEncoder,
+    standby: &StandbyHandle,
 ) -> Result<(), Status> {
     let PrimaryConn {
         reader,
@@ -234,8 +243,8 @@ async fn run_session(
         ..
     } = conn;
     tokio::select! {
-        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd) => r,
-        r = link_to_primary(inbound, writer, up.cfg.slot.as_deref()) => r,
+        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd, standby) => r,
+        r = link_to_primary(inbound, writer, up.cfg.slot.as_deref(), standby) => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
     }
 }
@@ -273,7 +282,9 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
     metrics: &Metrics,
     max: usize,
     shadow: bool,
+    standby: &StandbyHandle,
 ) -> Result<(), Status> {
+    let mut codec_stats = metrics.ops.codec.session();
     let mut shadow = match shadow {
         true => Some(ShadowZstd::new(COALESCE_MAX).map_err(|e| Status::internal(e.to_string()))?),
         false => None,
@@ -289,6 +300,8 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
                 .await
                 .map_err(primary_gone)?,
         };
+        // (primary's WAL end, end of the WAL in this message) for the standby's entry.
+        let mut seen = (None, None);
         let msg = match (m.tag, XLogData::parse(&m.body).map_err(primary_gone)?) {
             (b'd', Some(first)) => {
                 // Coalesce contiguous XLogData messages that are already here; never wait.
@@ -333,6 +346,11 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
                 })
                 .map_err(|e| Status::internal(format!("encoding WAL at {}: {e}", header.start)))?;
                 Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
+                codec_stats.observe(&encoder, &metrics.ops.codec);
+                seen = (
+                    Some(header.end),
+                    header.start.checked_add(data.len() as u64),
+                );
                 let mut wal = Wal {
                     payload: std::mem::take(&mut encoded).into(),
                     xxh3: checksum(&data),
@@ -342,6 +360,9 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
                 to_downstream::Msg::Wal(wal)
             }
             _ => {
+                if m.tag == b'd' {
+                    seen.0 = keepalive_end(&m.body);
+                }
                 let mut out = BytesMut::with_capacity(m.body.len() + 5);
                 m.encode(&mut out);
                 to_downstream::Msg::Backend(out.freeze())
@@ -351,6 +372,12 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
         tx.send(Ok(ToDownstream { msg: Some(msg) }))
             .await
             .map_err(|_| Status::cancelled("the downstream went away"))?;
+        if let Some(end) = seen.0 {
+            standby.primary_end(end);
+        }
+        if let Some(end) = seen.1 {
+            standby.wal(end);
+        }
     }
 }
 
@@ -358,6 +385,7 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
     mut inbound: Streaming<ToUpstream>,
     mut writer: W,
     slot: Option<&str>,
+    standby: &StandbyHandle,
 ) -> Result<(), Status> {
     let mut out = BytesMut::new();
     while let Some(msg) = inbound.next().await {
@@ -366,10 +394,16 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
         match msg.msg {
             Some(to_upstream::Msg::Command(c)) => {
                 let cmd = link::command_from_proto(c, slot)?;
+                if let crate::replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
+                    standby.set_slot(slot.as_deref());
+                }
                 encode::query(&mut out, &cmd.to_sql());
             }
             Some(to_upstream::Msg::Feedback(b)) => {
                 check_feedback(&b).map_err(|e| Status::invalid_argument(e.to_string()))?;
+                if let Some((w, f, r)) = status_positions(&b) {
+                    standby.reply(w, f, r);
+                }
                 encode::copy_data(&mut out, &b);
             }
             Some(to_upstream::Msg::CopyDone(_)) => encode::copy_done(&mut out),

@@ -39,9 +39,10 @@ use crate::codec::{Setup, WalDecoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
+use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::BoxIo;
 use crate::pgwire::io::MsgReader;
-use crate::pgwire::repl::{check_feedback, XLogData};
+use crate::pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
 use crate::pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
 use crate::replcmd;
 use crate::walcodec;
@@ -74,7 +75,7 @@ impl Downstream {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Arc<Downstream>> {
-        let channel = link::client_channel(&link_cfg, &cfg.upstream)?;
+        let channel = link::client_channel_counted(&link_cfg, &cfg.upstream, metrics.clone())?;
         let tls = match &cfg.tls {
             Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
                 crate::tls::standby_server_config(cert, key)?,
@@ -205,6 +206,7 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
             info!(%peer, application_name = %standby.application_name, "standby session ended")
         }
         End::Fatal(e) => {
+            Metrics::add(&ds.metrics.ops.sessions_failed_downstream, 1);
             warn!(%peer, application_name = %standby.application_name, "standby session ended: {}", e.message);
             send_error(&mut writer, e).await;
         }
@@ -322,6 +324,12 @@ async fn relay(
         return End::Quiet;
     }
     info!(peer = %standby.peer, application_name = %standby.application_name, codec = codec.name(), "standby session relayed to the primary");
+    Metrics::add(&ds.metrics.ops.sessions_started_downstream, 1);
+    let entry = ds.metrics.ops.standbys.register(
+        Half::Downstream,
+        &standby.application_name,
+        &standby.peer.to_string(),
+    );
     let (local_tx, local_rx) = mpsc::channel::<Bytes>(4);
     // Commands are served strictly in turn, as PostgreSQL does: after forwarding a command the
     // reader waits for a permit, added when its answer's ReadyForQuery (or CopyBothResponse)
@@ -332,11 +340,11 @@ async fn relay(
         local_rx,
         writer,
         &mut decoder,
-        &ds.metrics,
-        ds.limits.max_message_bytes,
+        ds,
         &turns,
+        &entry,
     );
-    let from_standby = standby_to_link(reader, ltx, local_tx, &turns);
+    let from_standby = standby_to_link(reader, ltx, local_tx, &turns, &entry);
     tokio::pin!(to_standby, from_standby);
     let end = tokio::select! {
         end = &mut to_standby => end,
@@ -355,16 +363,19 @@ async fn link_to_standby(
     mut local: mpsc::Receiver<Bytes>,
     writer: &mut Writer,
     decoder: &mut WalDecoder,
-    metrics: &Metrics,
-    max_len: usize,
+    ds: &Downstream,
     turns: &Semaphore,
+    entry: &StandbyHandle,
 ) -> End {
+    let (metrics, max_len) = (&*ds.metrics, ds.limits.max_message_bytes);
     let mut out = BytesMut::new();
     let mut restored = Vec::new();
     let mut positions = link::WalPositions::default();
     loop {
         out.clear();
         let mut turns_done: usize = 0;
+        // (primary's WAL end, end of the WAL delivered) for the standby's entry.
+        let mut seen = (None, None);
         tokio::select! {
             biased;
             l = local.recv() => match l {
@@ -379,18 +390,23 @@ async fn link_to_standby(
                 Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)) })) => {
                     match check_framing(&b) {
-                        Ok(n) => turns_done = n,
+                        Ok((n, keepalive)) => {
+                            turns_done = n;
+                            seen.0 = keepalive;
+                        }
                         Err(e) => return End::fatal("08P01", format!("walrelay: malformed message from the upstream: {e}")),
                     }
                     out.extend_from_slice(&b);
                 }
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)) })) => {
                     let h = positions.decode(&w);
+                    Metrics::add(&metrics.ops.link_payload_bytes_received, w.payload.len() as u64);
                     if let Err(e) = crate::metrics::timed(&metrics.decode_ns, || decoder.decode(h.start, &w.payload, w.raw_len as usize, max_len, w.xxh3, &mut restored)) {
                         Metrics::add(&metrics.integrity_failures, 1);
                         return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", h.start));
                     }
                     Metrics::add(&metrics.wal_bytes_delivered, restored.len() as u64);
+                    seen = (Some(h.end), h.start.checked_add(restored.len() as u64));
                     XLogData { start: h.start, end: h.end, send_time: h.send_time, data: Bytes::copy_from_slice(&restored) }.encode_copy_data(&mut out);
                 }
                 Some(Ok(_)) => return End::fatal("08P01", "walrelay: unexpected message from the upstream"),
@@ -400,17 +416,30 @@ async fn link_to_standby(
             return End::Quiet;
         }
         turns.add_permits(turns_done);
+        if let Some(end) = seen.0 {
+            entry.primary_end(end);
+        }
+        if let Some(end) = seen.1 {
+            entry.wal(end);
+        }
     }
 }
 
 /// Checks that `b` is a sequence of whole backend messages; returns how many of them end a
-/// command's turn (ReadyForQuery, or CopyBothResponse which starts streaming).
-fn check_framing(b: &Bytes) -> Result<usize, crate::pgwire::WireError> {
+/// command's turn (ReadyForQuery, or CopyBothResponse which starts streaming), and the
+/// primary's WAL end from a keepalive among them, if any.
+fn check_framing(b: &Bytes) -> Result<(usize, Option<crate::lsn::Lsn>), crate::pgwire::WireError> {
     let mut buf = BytesMut::from(&b[..]);
     let mut turns = 0;
+    let mut keepalive = None;
     while !buf.is_empty() {
         match parse_tagged(&mut buf, |_| usize::MAX)? {
-            Some(m) => turns += usize::from(m.tag == b'Z' || m.tag == b'W'),
+            Some(m) => {
+                turns += usize::from(m.tag == b'Z' || m.tag == b'W');
+                if m.tag == b'd' {
+                    keepalive = keepalive.max(keepalive_end(&m.body));
+                }
+            }
             None => {
                 return Err(crate::pgwire::WireError::Malformed {
                     tag: '?',
@@ -419,7 +448,7 @@ fn check_framing(b: &Bytes) -> Result<usize, crate::pgwire::WireError> {
             }
         }
     }
-    Ok(turns)
+    Ok((turns, keepalive))
 }
 
 /// Standby → link: commands validated and sent structured, feedback verbatim.
@@ -428,6 +457,7 @@ async fn standby_to_link(
     ltx: mpsc::Sender<ToUpstream>,
     local: mpsc::Sender<Bytes>,
     turns: &Semaphore,
+    entry: &StandbyHandle,
 ) -> End {
     let link_gone = End::Quiet; // the other direction reports why
                                 // Wait for the answer to the previous command before reading the next message.
@@ -452,6 +482,9 @@ async fn standby_to_link(
             FrontendMsg::Query(q) => match replcmd::parse(&q) {
                 Ok(cmd) => {
                     debug!(command = %q.trim(), "relaying replication command");
+                    if let replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
+                        entry.set_slot(slot.as_deref());
+                    }
                     awaiting = true;
                     to_upstream::Msg::Command(link::command_to_proto(&cmd))
                 }
@@ -473,6 +506,9 @@ async fn standby_to_link(
             FrontendMsg::CopyData(d) => {
                 if let Err(e) = check_feedback(&d) {
                     return End::fatal("08P01", format!("invalid message from the standby: {e}"));
+                }
+                if let Some((w, f, r)) = status_positions(&d) {
+                    entry.reply(w, f, r);
                 }
                 to_upstream::Msg::Feedback(d)
             }

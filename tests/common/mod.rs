@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod prom;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

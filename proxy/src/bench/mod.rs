@@ -241,6 +241,7 @@ fn configs(
         link,
         limits: Limits::default(),
         log: LogConfig::default(),
+        metrics: None,
     };
     let up = Resolved {
         upstream: Some(ResolvedUpstream {

@@ -102,3 +102,16 @@ fn secrets_from_env_and_file() {
         "upstream.primary_password"
     );
 }
+
+#[test]
+fn metrics_section_is_optional_and_checked() {
+    assert_eq!(load(BOTH).unwrap().metrics, None);
+    let r = load(&format!("{BOTH}[metrics]\nlisten = \"127.0.0.1:9187\"\n")).unwrap();
+    assert_eq!(r.metrics, Some("127.0.0.1:9187".parse().unwrap()));
+    let e = load(&format!("{BOTH}[metrics]\nlisten = \"localhost\"\n")).unwrap_err();
+    assert_eq!(key_of(e), "metrics.listen");
+    assert!(load(&format!(
+        "{BOTH}[metrics]\nlisten = \"127.0.0.1:1\"\npath = \"/x\"\n"
+    ))
+    .is_err());
+}

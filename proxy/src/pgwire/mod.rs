@@ -586,6 +586,17 @@ pub mod repl {
         };
         Some((rd(1), rd(9), rd(17)))
     }
+
+    /// Length of a primary keepalive ('k'): walEnd, sendTime, replyRequested.
+    pub const KEEPALIVE_LEN: usize = 1 + 8 + 8 + 1;
+
+    /// The `walEnd` of a primary keepalive CopyData payload ('k'), for metrics.
+    pub fn keepalive_end(payload: &[u8]) -> Option<Lsn> {
+        if payload.len() != KEEPALIVE_LEN || payload[0] != b'k' {
+            return None;
+        }
+        Some(Lsn(u64::from_be_bytes(payload[1..9].try_into().ok()?)))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,265 @@
+//! `walrelay status`: reads `/status.json` from a running process and prints it as tables.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+
+use super::expo::StatusDoc;
+use super::standbys::StandbyRow;
+use crate::lsn::Lsn;
+
+/// Largest `/status.json` accepted.
+const MAX_BODY: usize = 8 << 20;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("{0:?} is not a URL like http://127.0.0.1:9187 (http only)")]
+    Url(String),
+    #[error("cannot connect to {addr}: {source}; is walrelay running with [metrics] listen = \"{addr}\" in its config?")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("no answer from {0} within {TIMEOUT:?}")]
+    Timeout(String),
+    #[error("{addr} does not answer like walrelay's metrics endpoint ({message}); is it the [metrics] listen address?")]
+    Http { addr: String, message: String },
+    #[error("{url} answered {status}; is this walrelay's metrics address?")]
+    Status { url: String, status: u16 },
+    #[error("{url} did not return walrelay's status document: {message}")]
+    Json { url: String, message: String },
+}
+
+/// `host:port` of an `http://host:port[/...]` URL.
+fn authority(url: &str) -> Result<String, StatusError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| StatusError::Url(url.into()))?;
+    let host = rest.split('/').next().unwrap_or("");
+    if host.is_empty() {
+        return Err(StatusError::Url(url.into()));
+    }
+    Ok(
+        if host
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            host.to_string()
+        } else {
+            format!("{host}:80")
+        },
+    )
+}
+
+/// Fetches and parses `<url>/status.json`.
+pub async fn fetch(url: &str) -> Result<StatusDoc, StatusError> {
+    let addr = authority(url)?;
+    let full = format!("{}/status.json", url.trim_end_matches('/'));
+    let work = async {
+        let sock = tokio::net::TcpStream::connect(&addr)
+            .await
+            .map_err(|source| StatusError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let http = |e: hyper::Error| StatusError::Http {
+            addr: addr.clone(),
+            message: e.to_string(),
+        };
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(sock))
+            .await
+            .map_err(http)?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get("/status.json")
+            .header(hyper::header::HOST, &addr)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| StatusError::Url(format!("{url}: {e}")))?;
+        let resp = send.send_request(req).await.map_err(http)?;
+        if !resp.status().is_success() {
+            return Err(StatusError::Status {
+                url: full.clone(),
+                status: resp.status().as_u16(),
+            });
+        }
+        let body = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| StatusError::Http {
+                addr: addr.clone(),
+                message: e.to_string(),
+            })?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| StatusError::Json {
+            url: full.clone(),
+            message: e.to_string(),
+        })
+    };
+    tokio::time::timeout(TIMEOUT, work)
+        .await
+        .map_err(|_| StatusError::Timeout(addr.clone()))?
+}
+
+fn mb(v: u64) -> String {
+    format!("{:.1} MB", v as f64 / 1e6)
+}
+
+fn opt_lsn(v: Option<u64>) -> String {
+    v.map(|v| Lsn(v).to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// The human tables `walrelay status` prints.
+pub fn format(doc: &StatusDoc) -> String {
+    let mut out = String::new();
+    let halves: Vec<&str> = [
+        doc.halves.upstream.then_some("upstream"),
+        doc.halves.downstream.then_some("downstream"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    out.push_str(&format!(
+        "walrelay {} ({}), up {:.0} s\n\n",
+        doc.version,
+        halves.join(" + "),
+        doc.uptime_seconds
+    ));
+    let head = [
+        "APPLICATION_NAME",
+        "HALF",
+        "SLOT",
+        "SENT",
+        "WRITE",
+        "FLUSH",
+        "REPLAY",
+        "LAG",
+        "LAG_S",
+    ];
+    let rows: Vec<[String; 9]> = doc.standbys.iter().map(standby_cells).collect();
+    if rows.is_empty() {
+        out.push_str("no standby connected\n");
+    } else {
+        let mut w = head.map(str::len);
+        for r in &rows {
+            for (wi, c) in w.iter_mut().zip(r) {
+                *wi = (*wi).max(c.len());
+            }
+        }
+        let line = |cells: &[&str]| {
+            let mut l = String::new();
+            for (i, (c, wi)) in cells.iter().zip(&w).enumerate() {
+                if i < 3 {
+                    l.push_str(&format!("{c:<wi$}  "));
+                } else {
+                    l.push_str(&format!("{c:>wi$}  "));
+                }
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        out.push_str(&line(&head));
+        for r in &rows {
+            out.push_str(&line(&r.each_ref().map(String::as_str)));
+        }
+    }
+    let t = &doc.totals;
+    out.push('\n');
+    let ratio = t
+        .ratio
+        .map(|r| format!("{r:.2}x"))
+        .unwrap_or_else(|| "-".into());
+    for (k, v) in [
+        ("WAL in (from the primary)", mb(t.wal_received_bytes)),
+        ("WAL delivered (to standbys)", mb(t.wal_delivered_bytes)),
+        ("link out (socket bytes)", mb(t.link_sent_bytes)),
+        ("link WAL payload", mb(t.link_payload_bytes)),
+        ("ratio (WAL / link)", ratio),
+        ("integrity failures", t.integrity_failures.to_string()),
+        (
+            "block cache",
+            format!(
+                "{} in use, {} hits of {} images",
+                mb(t.block_cache_bytes),
+                t.fpi_cache_hits,
+                t.fpis
+            ),
+        ),
+    ] {
+        out.push_str(&format!("{k:<28} {v}\n"));
+    }
+    out
+}
+
+fn standby_cells(r: &StandbyRow) -> [String; 9] {
+    [
+        r.application_name.clone(),
+        r.half.clone(),
+        r.slot.clone().unwrap_or_else(|| "-".into()),
+        Lsn(r.sent_lsn).to_string(),
+        opt_lsn(r.write_lsn),
+        opt_lsn(r.flush_lsn),
+        opt_lsn(r.replay_lsn),
+        r.lag_bytes.map(mb).unwrap_or_else(|| "-".into()),
+        r.lag_seconds
+            .map(|s| format!("{s:.1}"))
+            .unwrap_or_else(|| "-".into()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            authority("http://127.0.0.1:9187").unwrap(),
+            "127.0.0.1:9187"
+        );
+        assert_eq!(authority("http://h:1/x").unwrap(), "h:1");
+        assert_eq!(authority("http://h").unwrap(), "h:80");
+        assert!(authority("https://h:1").is_err());
+        assert!(authority("127.0.0.1:9187").is_err());
+    }
+
+    #[test]
+    fn table_has_a_row_per_standby_and_the_totals() {
+        let m = crate::metrics::Metrics::default();
+        crate::metrics::Metrics::add(&m.wal_bytes_in, 40_400_000);
+        crate::metrics::Metrics::add(&m.link_socket_bytes_out, 1_600_000);
+        let h = m
+            .ops
+            .standbys
+            .register(super::super::Half::Downstream, "dc2_a", "p");
+        h.set_slot(Some("dc2"));
+        h.wal(Lsn(0x5688FD8));
+        h.reply(Lsn(0x5688FD8), Lsn(0x5688FD8), Lsn(0x5000000));
+        let halves = super::super::expo::Halves {
+            upstream: true,
+            downstream: true,
+        };
+        let text = format(&super::super::expo::status(&m, halves, 13.0, Vec::new()));
+        println!("{text}");
+        let row = text.lines().find(|l| l.starts_with("dc2_a")).expect(&text);
+        for cell in ["downstream", "dc2", "0/5688FD8", "0/5000000", "6.9 MB"] {
+            assert!(row.contains(cell), "{cell} not in {row:?}");
+        }
+        assert!(
+            text.contains("ratio (WAL / link)           25.25x"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn refused_connection_names_the_config_key() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let e = fetch(&format!("http://127.0.0.1:{port}"))
+            .await
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("[metrics] listen"), "{msg}");
+    }
+}

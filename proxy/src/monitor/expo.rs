@@ -1,0 +1,512 @@
+//! What `/metrics` and `/status.json` serve, rendered from the process's counters (sans-IO).
+//!
+//! `/metrics` is the Prometheus text exposition format, version 0.0.4: for every family a
+//! `# HELP` and a `# TYPE` line, then its samples `name{label="value",...} value`, one per line,
+//! label values escaped (`\\`, `\"`, `\n`). Every metric is listed with its meaning in
+//! README.md ("Monitoring").
+//!
+//! `/status.json` is [`StatusDoc`] as JSON; `walrelay status` and the status page read it.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+
+use serde::{Deserialize, Serialize};
+
+use super::codec_totals::KINDS;
+use super::standbys::StandbyRow;
+use super::ProcessStats;
+use crate::metrics::Metrics;
+
+/// Which halves this process runs.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Halves {
+    pub upstream: bool,
+    pub downstream: bool,
+}
+
+/// One point of the bandwidth chart: rates over the preceding sampling interval.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the epoch.
+    pub t: f64,
+    /// WAL bytes per second (from the primary at the upstream; delivered at a downstream-only
+    /// process).
+    pub wal_bps: f64,
+    /// Link bytes per second (socket bytes sent at the upstream; socket bytes received at a
+    /// downstream-only process), framing included.
+    pub link_bps: f64,
+}
+
+/// Totals over the life of the process.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatusTotals {
+    pub wal_received_bytes: u64,
+    pub wal_delivered_bytes: u64,
+    pub link_sent_bytes: u64,
+    pub link_received_bytes: u64,
+    pub link_payload_bytes: u64,
+    /// WAL bytes / link bytes, as in [`Sample`]; None before any link byte.
+    pub ratio: Option<f64>,
+    pub integrity_failures: u64,
+    pub block_cache_bytes: u64,
+    pub fpis: u64,
+    pub fpi_cache_hits: u64,
+    pub sessions_upstream: u64,
+    pub sessions_downstream: u64,
+}
+
+/// The `/status.json` document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusDoc {
+    pub version: String,
+    pub halves: Halves,
+    pub uptime_seconds: f64,
+    pub totals: StatusTotals,
+    pub standbys: Vec<StandbyRow>,
+    /// Oldest first, one per second at most.
+    pub history: Vec<Sample>,
+}
+
+/// (WAL bytes, link bytes) as charted: see [`Sample`].
+pub fn chart_counters(m: &Metrics, halves: Halves) -> (u64, u64) {
+    if halves.upstream {
+        (
+            m.wal_bytes_in.load(Relaxed),
+            m.link_socket_bytes_out.load(Relaxed),
+        )
+    } else {
+        (
+            m.wal_bytes_delivered.load(Relaxed),
+            m.ops.link_socket_bytes_in_downstream.load(Relaxed),
+        )
+    }
+}
+
+pub fn status(m: &Metrics, halves: Halves, uptime_seconds: f64, history: Vec<Sample>) -> StatusDoc {
+    let codec = m.ops.codec.snapshot();
+    let (wal, link) = chart_counters(m, halves);
+    // The link's sockets as seen by the upstream half if this process runs it.
+    let (link_in, link_out) = match halves.upstream {
+        true => (&m.link_socket_bytes_in, &m.link_socket_bytes_out),
+        false => (
+            &m.ops.link_socket_bytes_in_downstream,
+            &m.ops.link_socket_bytes_out_downstream,
+        ),
+    };
+    let totals = StatusTotals {
+        wal_received_bytes: m.wal_bytes_in.load(Relaxed),
+        wal_delivered_bytes: m.wal_bytes_delivered.load(Relaxed),
+        link_sent_bytes: link_out.load(Relaxed),
+        link_received_bytes: link_in.load(Relaxed),
+        link_payload_bytes: if halves.upstream {
+            m.wal_payload_bytes_out.load(Relaxed)
+        } else {
+            m.ops.link_payload_bytes_received.load(Relaxed)
+        },
+        ratio: (link > 0).then(|| wal as f64 / link as f64),
+        integrity_failures: m.integrity_failures.load(Relaxed),
+        block_cache_bytes: m.ops.codec.cache_bytes(),
+        fpis: codec.fpis,
+        fpi_cache_hits: codec.fpi_cache_hits,
+        sessions_upstream: m.sessions_active_upstream.load(Relaxed),
+        sessions_downstream: m.sessions_active_downstream.load(Relaxed),
+    };
+    StatusDoc {
+        version: env!("CARGO_PKG_VERSION").into(),
+        halves,
+        uptime_seconds,
+        totals,
+        standbys: m.ops.standbys.rows(),
+        history,
+    }
+}
+
+/// A Prometheus text exposition being written.
+struct Expo(String);
+
+impl Expo {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let v = v
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                let _ = write!(self.0, "{k}=\"{v}\"");
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {}", fmt_value(value));
+    }
+
+    /// A family with a single unlabelled sample.
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Renders every metric of the process.
+pub fn render(m: &Metrics, p: &ProcessStats) -> String {
+    let mut e = Expo(String::with_capacity(16 * 1024));
+    let c = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
+    let up = [("half", "upstream")];
+    let down = [("half", "downstream")];
+
+    e.family(
+        "walrelay_build_info",
+        "gauge",
+        "Always 1; the version is a label.",
+    );
+    e.sample(
+        "walrelay_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    e.one(
+        "walrelay_wal_received_bytes_total",
+        "counter",
+        "WAL bytes received from the primary (XLogData payloads, upstream half).",
+        c(&m.wal_bytes_in),
+    );
+    e.one(
+        "walrelay_wal_delivered_bytes_total",
+        "counter",
+        "WAL bytes delivered to standbys after verification (downstream half).",
+        c(&m.wal_bytes_delivered),
+    );
+    e.family(
+        "walrelay_link_sent_bytes_total",
+        "counter",
+        "Bytes written to link sockets (TLS and HTTP/2 framing included).",
+    );
+    e.sample(
+        "walrelay_link_sent_bytes_total",
+        &up,
+        c(&m.link_socket_bytes_out),
+    );
+    e.sample(
+        "walrelay_link_sent_bytes_total",
+        &down,
+        c(&m.ops.link_socket_bytes_out_downstream),
+    );
+    e.family(
+        "walrelay_link_received_bytes_total",
+        "counter",
+        "Bytes read from link sockets (TLS and HTTP/2 framing included).",
+    );
+    e.sample(
+        "walrelay_link_received_bytes_total",
+        &up,
+        c(&m.link_socket_bytes_in),
+    );
+    e.sample(
+        "walrelay_link_received_bytes_total",
+        &down,
+        c(&m.ops.link_socket_bytes_in_downstream),
+    );
+    e.family(
+        "walrelay_link_payload_bytes_total",
+        "counter",
+        "Encoded WAL payload bytes sent (upstream) or received (downstream) on the link, framing excluded.",
+    );
+    e.sample(
+        "walrelay_link_payload_bytes_total",
+        &up,
+        c(&m.wal_payload_bytes_out),
+    );
+    e.sample(
+        "walrelay_link_payload_bytes_total",
+        &down,
+        c(&m.ops.link_payload_bytes_received),
+    );
+    e.one(
+        "walrelay_link_messages_sent_total",
+        "counter",
+        "Link messages sent by the upstream half (WAL and other).",
+        c(&m.link_messages_out),
+    );
+    e.family(
+        "walrelay_compression_ratio",
+        "gauge",
+        "WAL bytes / encoded WAL payload bytes since start (upstream: received / sent; downstream: delivered / received); absent before any WAL.",
+    );
+    let ratio = |wal: u64, link: u64| (link > 0).then(|| wal as f64 / link as f64);
+    if let Some(r) = ratio(
+        m.wal_bytes_in.load(Relaxed),
+        m.wal_payload_bytes_out.load(Relaxed),
+    ) {
+        e.sample("walrelay_compression_ratio", &up, r);
+    }
+    if let Some(r) = ratio(
+        m.wal_bytes_delivered.load(Relaxed),
+        m.ops.link_payload_bytes_received.load(Relaxed),
+    ) {
+        e.sample("walrelay_compression_ratio", &down, r);
+    }
+    e.family(
+        "walrelay_codec_cpu_seconds_total",
+        "counter",
+        "CPU time spent in the link codec (encode at the upstream, decode and verify at the downstream).",
+    );
+    e.sample(
+        "walrelay_codec_cpu_seconds_total",
+        &up,
+        c(&m.encode_ns) / 1e9,
+    );
+    e.sample(
+        "walrelay_codec_cpu_seconds_total",
+        &down,
+        c(&m.decode_ns) / 1e9,
+    );
+
+    let t = m.ops.codec.snapshot();
+    e.family(
+        "walrelay_codec_input_bytes_total",
+        "counter",
+        "WAL bytes given to the wal codec, by kind of bytes.",
+    );
+    for (k, v) in KINDS.iter().zip(&t.kinds) {
+        e.sample(
+            "walrelay_codec_input_bytes_total",
+            &[("kind", k)],
+            v.bytes_in as f64,
+        );
+    }
+    e.family(
+        "walrelay_codec_output_bytes_total",
+        "counter",
+        "Link payload bytes the wal codec produced, by kind of bytes (compressed stream sizes attributed; zeros travel as counts).",
+    );
+    for (k, v) in KINDS.iter().zip(&t.kinds) {
+        e.sample(
+            "walrelay_codec_output_bytes_total",
+            &[("kind", k)],
+            v.bytes_out as f64,
+        );
+    }
+    e.family(
+        "walrelay_codec_rmgr_input_bytes_total",
+        "counter",
+        "WAL bytes of records encoded by the wal codec, by resource manager.",
+    );
+    for (r, v) in t.by_rmgr_name() {
+        e.sample(
+            "walrelay_codec_rmgr_input_bytes_total",
+            &[("rmgr", r)],
+            v.bytes_in as f64,
+        );
+    }
+    e.family(
+        "walrelay_codec_rmgr_output_bytes_total",
+        "counter",
+        "Link payload bytes attributed to records of each resource manager.",
+    );
+    for (r, v) in t.by_rmgr_name() {
+        e.sample(
+            "walrelay_codec_rmgr_output_bytes_total",
+            &[("rmgr", r)],
+            v.bytes_out as f64,
+        );
+    }
+    e.family(
+        "walrelay_codec_rmgr_records_total",
+        "counter",
+        "WAL records encoded by the wal codec, by resource manager.",
+    );
+    for (r, v) in t.by_rmgr_name() {
+        e.sample(
+            "walrelay_codec_rmgr_records_total",
+            &[("rmgr", r)],
+            v.records as f64,
+        );
+    }
+    e.one(
+        "walrelay_codec_records_total",
+        "counter",
+        "WAL records encoded field by field by the wal codec.",
+        t.records as f64,
+    );
+    e.one(
+        "walrelay_codec_fpis_total",
+        "counter",
+        "Full-page images sent as page frames through the block cache.",
+        t.fpis as f64,
+    );
+    e.one(
+        "walrelay_codec_fpi_cache_hits_total",
+        "counter",
+        "Full-page images whose block was in the block cache (hit rate = hits / fpis).",
+        t.fpi_cache_hits as f64,
+    );
+    e.one(
+        "walrelay_block_cache_bytes",
+        "gauge",
+        "Block cache memory in use by the upstream's live sessions (the downstream mirrors it).",
+        m.ops.codec.cache_bytes() as f64,
+    );
+    e.one(
+        "walrelay_integrity_failures_total",
+        "counter",
+        "WAL messages that failed verification at the downstream (none of their bytes reached a standby).",
+        c(&m.integrity_failures),
+    );
+    e.family(
+        "walrelay_sessions",
+        "gauge",
+        "Standby sessions connected now (downstream: standby connections; upstream: link sessions).",
+    );
+    e.sample("walrelay_sessions", &up, c(&m.sessions_active_upstream));
+    e.sample("walrelay_sessions", &down, c(&m.sessions_active_downstream));
+    e.family(
+        "walrelay_sessions_started_total",
+        "counter",
+        "Link sessions started; every standby (re)connection starts one.",
+    );
+    e.sample("walrelay_sessions_started_total", &up, c(&m.sessions_total));
+    e.sample(
+        "walrelay_sessions_started_total",
+        &down,
+        c(&m.ops.sessions_started_downstream),
+    );
+    e.family(
+        "walrelay_sessions_failed_total",
+        "counter",
+        "Sessions that ended with an error (link lost, primary gone, verification failed); the standby reconnects.",
+    );
+    e.sample(
+        "walrelay_sessions_failed_total",
+        &up,
+        c(&m.ops.sessions_failed_upstream),
+    );
+    e.sample(
+        "walrelay_sessions_failed_total",
+        &down,
+        c(&m.ops.sessions_failed_downstream),
+    );
+    e.one(
+        "walrelay_auth_failures_total",
+        "counter",
+        "Standby authentication failures at the downstream.",
+        c(&m.auth_failures),
+    );
+    e.one(
+        "walrelay_protocol_errors_total",
+        "counter",
+        "Standby connections refused for protocol errors at the downstream.",
+        c(&m.protocol_errors),
+    );
+    standby_families(&mut e, &m.ops.standbys.rows());
+    e.one(
+        "process_cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+        p.cpu_seconds,
+    );
+    e.one(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        p.resident_bytes as f64,
+    );
+    if let Some(s) = p.start_time_seconds {
+        e.one(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            s,
+        );
+    }
+    e.0
+}
+
+/// The per-standby gauges. Two sessions with the same labels (same half, application_name and
+/// slot) would be one series: only the first of them (by registration order) is exported.
+fn standby_families(e: &mut Expo, rows: &[StandbyRow]) {
+    let mut seen = std::collections::BTreeSet::new();
+    let rows: Vec<&StandbyRow> = rows
+        .iter()
+        .filter(|r| seen.insert((&r.half, &r.application_name, &r.slot)))
+        .collect();
+    type Get = fn(&StandbyRow) -> Option<f64>;
+    let families: [(&str, &str, Get); 7] = [
+        ("walrelay_standby_primary_lsn_bytes", "The primary's WAL end as last stated to this half (walEnd of XLogData and keepalives), as a byte position.", |r| Some(r.primary_lsn as f64)),
+        ("walrelay_standby_sent_lsn_bytes", "End of the WAL this half passed on toward the standby, as a byte position.", |r| Some(r.sent_lsn as f64)),
+        ("walrelay_standby_write_lsn_bytes", "Write position in the standby's latest status update, as a byte position.", |r| r.write_lsn.map(|v| v as f64)),
+        ("walrelay_standby_flush_lsn_bytes", "Flush position in the standby's latest status update, as a byte position.", |r| r.flush_lsn.map(|v| v as f64)),
+        ("walrelay_standby_replay_lsn_bytes", "Replay position in the standby's latest status update, as a byte position.", |r| r.replay_lsn.map(|v| v as f64)),
+        ("walrelay_standby_lag_bytes", "Bytes of WAL between the primary's end and the standby's replay position.", |r| r.lag_bytes.map(|v| v as f64)),
+        ("walrelay_standby_lag_seconds", "Seconds since this half received the oldest WAL the standby has not replayed yet (0 when caught up).", |r| r.lag_seconds),
+    ];
+    for (name, help, get) in families {
+        e.family(name, "gauge", help);
+        for r in &rows {
+            if let Some(v) = get(r) {
+                let slot = r.slot.as_deref().unwrap_or("");
+                let labels = [
+                    ("half", r.half.as_str()),
+                    ("application_name", r.application_name.as_str()),
+                    ("slot", slot),
+                ];
+                e.sample(name, &labels, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsn::Lsn;
+    use crate::monitor::Half;
+
+    #[test]
+    fn exposition_lines_are_well_formed_and_escaped() {
+        let m = Metrics::default();
+        Metrics::add(&m.wal_bytes_in, 1000);
+        Metrics::add(&m.wal_payload_bytes_out, 250);
+        let h = m
+            .ops
+            .standbys
+            .register(Half::Downstream, "we\"ird\\name\n", "p");
+        h.wal(Lsn(0x1_0000_0000));
+        h.reply(Lsn(1), Lsn(1), Lsn(0x1_0000_0000));
+        let text = render(&m, &ProcessStats::default());
+        assert!(
+            text.contains("walrelay_compression_ratio{half=\"upstream\"} 4\n"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "walrelay_standby_replay_lsn_bytes{half=\"downstream\",application_name=\"we\\\"ird\\\\name\\n\",slot=\"\"} 4294967296\n"
+        ), "{text}");
+        assert!(!text.contains("walrelay_compression_ratio{half=\"downstream\"}"));
+        for line in text.lines() {
+            assert!(
+                line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.contains(' '),
+                "{line}"
+            );
+        }
+        assert_eq!(fmt_value(f64::NAN), "NaN");
+        assert_eq!(fmt_value(0.5), "0.5");
+    }
+}

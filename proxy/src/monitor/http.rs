@@ -1,0 +1,194 @@
+//! The HTTP server of `[metrics] listen`: `GET /metrics` (Prometheus), `GET /healthz` ("ok"),
+//! `GET /` (the status page, one self-contained HTML file) and `GET /status.json`.
+//!
+//! HTTP/1.1 (hyper), GET and HEAD only, no request bodies read. Bounds: at most
+//! [`MAX_CONNECTIONS`] connections at once (more are closed at once), request heads of at most
+//! [`MAX_HEAD_BYTES`], [`HEAD_TIMEOUT`] to send a request head and [`CONNECTION_TIMEOUT`] for a
+//! whole connection. A sampler records the chart's bandwidth once a second into a ring of
+//! [`HISTORY`] samples (10 minutes).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::expo::{self, Halves, Sample};
+use crate::metrics::Metrics;
+
+pub const MAX_CONNECTIONS: usize = 32;
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Samples kept for the chart (one per second).
+pub const HISTORY: usize = 600;
+
+/// The status page. Self-contained (inline CSS and JS); `/*INITIAL*/null` is replaced by the
+/// current `/status.json` document so the first paint needs no request.
+const PAGE: &str = include_str!("page.html");
+
+/// What the server reads.
+pub struct Server {
+    metrics: Arc<Metrics>,
+    halves: Halves,
+    started: Instant,
+    history: Mutex<VecDeque<Sample>>,
+}
+
+impl Server {
+    pub fn new(metrics: Arc<Metrics>, halves: Halves) -> Arc<Server> {
+        Arc::new(Server {
+            metrics,
+            halves,
+            started: Instant::now(),
+            history: Mutex::new(VecDeque::with_capacity(HISTORY)),
+        })
+    }
+
+    fn status_json(&self) -> String {
+        let history = self
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        let doc = expo::status(
+            &self.metrics,
+            self.halves,
+            self.started.elapsed().as_secs_f64(),
+            history,
+        );
+        serde_json::to_string(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "GET only\n".into(),
+            );
+        }
+        match req.uri().path() {
+            "/metrics" => reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                expo::render(&self.metrics, &super::process_stats()),
+            ),
+            "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+            "/status.json" => reply(StatusCode::OK, "application/json", self.status_json()),
+            "/" => {
+                // Inside <script>, "</" would end the element: JSON allows "<\/".
+                let initial = self.status_json().replace("</", "<\\/");
+                reply(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    PAGE.replace("/*INITIAL*/null", &initial),
+                )
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found: try /metrics, /healthz, /status.json or /\n".into(),
+            ),
+        }
+    }
+
+    /// Records one bandwidth sample a second until `shutdown`.
+    async fn sample(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut prev: Option<(Instant, (u64, u64))> = None;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let now = Instant::now();
+            let cur = expo::chart_counters(&self.metrics, self.halves);
+            if let Some((t0, (w0, l0))) = prev {
+                let dt = now.duration_since(t0).as_secs_f64().max(1e-3);
+                let s = Sample {
+                    t: super::unix_now(),
+                    wal_bps: cur.0.saturating_sub(w0) as f64 / dt,
+                    link_bps: cur.1.saturating_sub(l0) as f64 / dt,
+                };
+                let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+                if h.len() == HISTORY {
+                    h.pop_front();
+                }
+                h.push_back(s);
+            }
+            prev = Some((now, cur));
+        }
+    }
+}
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r.headers_mut().insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+/// Serves `listener` until `shutdown`, and runs the sampler.
+pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: CancellationToken) {
+    tokio::spawn(server.clone().sample(shutdown.clone()));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (sock, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!("accept on the metrics listener failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics listener: too many connections, closing this one");
+            continue;
+        };
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let r = server.respond(&req);
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES);
+            let conn = builder.serve_connection(TokioIo::new(sock), svc);
+            tokio::select! {
+                r = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {
+                    if let Ok(Err(e)) = r {
+                        debug!(%peer, "metrics connection: {e}");
+                    }
+                }
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}

@@ -1,0 +1,123 @@
+//! Operations telemetry (issue #5): what the Prometheus endpoint, the status page and
+//! `walrelay status` show, beyond the plain counters of [`crate::metrics::Metrics`].
+//!
+//! - [`standbys`]: per-standby replication state (positions, lag) and the catch-up progress line;
+//! - [`codec_totals`]: the WAL-aware codec's per-session statistics summed over the process;
+//! - [`expo`]: the Prometheus text exposition (format 0.0.4) and the `/status.json` document;
+//! - [`http`]: the HTTP server of `[metrics] listen` (`/metrics`, `/healthz`, `/`, `/status.json`)
+//!   and the ring of bandwidth samples behind the status page's chart;
+//! - [`client`]: `walrelay status`, which reads `/status.json` from a running process.
+//!
+//! Everything here is bounded: one registry entry per live session (sessions are capped by
+//! `limits.max_sessions`), a fixed-size lag ring per entry, a fixed-size sample ring.
+
+pub mod client;
+pub mod codec_totals;
+pub mod expo;
+pub mod http;
+pub mod standbys;
+
+use std::sync::atomic::AtomicU64;
+
+/// Which half of walrelay an observation comes from (the `half` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Half {
+    /// Next to the primary: sees the primary's stream and the feedback it forwards.
+    Upstream,
+    /// Next to the standbys: sees what it delivered and the standbys' own feedback.
+    Downstream,
+}
+
+impl Half {
+    pub fn label(self) -> &'static str {
+        match self {
+            Half::Upstream => "upstream",
+            Half::Downstream => "downstream",
+        }
+    }
+}
+
+/// The operations state held in [`crate::metrics::Metrics::ops`].
+#[derive(Debug, Default)]
+pub struct Ops {
+    pub standbys: standbys::Standbys,
+    pub codec: codec_totals::CodecTotals,
+    /// Standby sessions that reached the link (the downstream's count of link sessions).
+    pub sessions_started_downstream: AtomicU64,
+    /// Bytes read from / written to the downstream's link sockets (framing included).
+    pub link_socket_bytes_in_downstream: AtomicU64,
+    pub link_socket_bytes_out_downstream: AtomicU64,
+    /// Encoded WAL payload bytes the downstream received on the link (framing excluded).
+    pub link_payload_bytes_received: AtomicU64,
+    /// Sessions that ended with an error (link lost, primary gone, verification failed...);
+    /// a standby reconnects after each one.
+    pub sessions_failed_upstream: AtomicU64,
+    pub sessions_failed_downstream: AtomicU64,
+}
+
+/// CPU time (user + system) and resident memory of this process, from /proc/self.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub start_time_seconds: Option<f64>,
+}
+
+/// Reads [`ProcessStats`]; fields it cannot read (not Linux) stay zero.
+pub fn process_stats() -> ProcessStats {
+    let mut p = ProcessStats::default();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the command name, which is in parentheses and may contain spaces:
+        // state(3) ... utime(14) stime(15) ... starttime(22), 1-based as in proc(5).
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i - 3).and_then(|s| s.parse::<f64>().ok());
+            if let (Some(u), Some(s)) = (num(14), num(15)) {
+                p.cpu_seconds = (u + s) / ticks;
+            }
+            if let (Some(st), Some(boot)) = (num(22), boot_time()) {
+                p.start_time_seconds = Some(boot + st / ticks);
+            }
+        }
+    }
+    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+        if let Some(rss) = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            p.resident_bytes = rss * page;
+        }
+    }
+    p
+}
+
+/// Boot time, seconds since the epoch (`btime` of /proc/stat).
+fn boot_time() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Seconds since the epoch, now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn process_stats_are_read() {
+        let p = super::process_stats();
+        assert!(p.resident_bytes > 0);
+        assert!(p.start_time_seconds.is_some_and(|t| t > 1.0e9));
+    }
+}
