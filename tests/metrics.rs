@@ -259,6 +259,12 @@ async fn metrics_status_page_and_dashboard() {
         ) > 1.0
     );
     assert!(value(&samples, "walrelay_codec_fpis_total", &[]) > 0.0);
+    // pgbench's heap inserts and updates are tuple sites: the tuple counters are wired up.
+    assert!(
+        value(&samples, "walrelay_codec_tuple_deltas_total", &[])
+            + value(&samples, "walrelay_codec_tuple_misses_total", &[])
+            > 0.0
+    );
     assert!(value(&samples, "walrelay_block_cache_bytes", &[]) > 0.0);
     assert_eq!(
         value(&samples, "walrelay_integrity_failures_total", &[]),

@@ -2,8 +2,8 @@
 //!
 //! Each encoder keeps its own [`CodecStats`]; after every message the session's
 //! [`SessionCodecStats`] adds what changed since the previous message to the process totals,
-//! so the totals keep counting after a session ends. The block cache gauge is the sum of the
-//! live encoders' caches (a session takes its share back when it ends).
+//! so the totals keep counting after a session ends. The cache gauge is the sum of the live
+//! encoders' block and tuple caches (a session takes its share back when it ends).
 //!
 //! Only the `wal` codec has these statistics; with `zstd` or `none` they stay at zero.
 
@@ -42,8 +42,10 @@ pub struct Totals {
     pub fpi_cache_hits: u64,
     /// Per resource manager id (only ids seen so far).
     pub rmgr: std::collections::BTreeMap<u8, RmgrBytes>,
-    // Tuple cache (another engineer's work in progress): its size and hit counters go here
-    // and into `expo::render` when the codec has one; nothing is exported for it until then.
+    /// Heap tuples sent as deltas, the bytes that saved, and tuples that had no reference.
+    pub tuple_deltas: u64,
+    pub tuple_delta_saved: u64,
+    pub tuple_misses: u64,
 }
 
 impl Totals {
@@ -110,6 +112,9 @@ impl CodecTotals {
         t.records += d(cur.records, prev.records);
         t.fpis += d(cur.fpis, prev.fpis);
         t.fpi_cache_hits += d(cur.fpi_cache_hits, prev.fpi_cache_hits);
+        t.tuple_deltas += d(cur.tuple_deltas, prev.tuple_deltas);
+        t.tuple_delta_saved += d(cur.tuple_delta_saved, prev.tuple_delta_saved);
+        t.tuple_misses += d(cur.tuple_misses, prev.tuple_misses);
         let before: std::collections::BTreeMap<u8, RmgrBytes> = prev.by_rmgr.iter().collect();
         for (id, now) in cur.by_rmgr.iter() {
             let was = before.get(&id).copied().unwrap_or_default();
@@ -138,7 +143,7 @@ impl SessionCodecStats {
             totals.add(&self.prev, cur);
             self.prev.clone_from(cur);
         }
-        let cache = e.cache_bytes() as u64;
+        let cache = (e.cache_bytes() + e.tuple_cache_bytes()) as u64;
         if cache != self.cache_bytes {
             self.gauge
                 .fetch_add(cache.wrapping_sub(self.cache_bytes), Relaxed);

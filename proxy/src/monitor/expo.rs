@@ -362,8 +362,26 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     e.one(
         "walrelay_block_cache_bytes",
         "gauge",
-        "Block cache memory in use by the upstream's live sessions (the downstream mirrors it).",
+        "Block and tuple cache memory in use by the upstream's live sessions (the downstream mirrors it).",
         m.ops.codec.cache_bytes() as f64,
+    );
+    e.one(
+        "walrelay_codec_tuple_deltas_total",
+        "counter",
+        "Heap tuples sent as a delta against a version both ends hold (tuple cache or cached page).",
+        t.tuple_deltas as f64,
+    );
+    e.one(
+        "walrelay_codec_tuple_delta_saved_bytes_total",
+        "counter",
+        "Tuple bytes the deltas left out (taken from the reference at the downstream).",
+        t.tuple_delta_saved as f64,
+    );
+    e.one(
+        "walrelay_codec_tuple_misses_total",
+        "counter",
+        "Heap tuples that could have gone as a delta but had no reference saving enough (hit rate = deltas / (deltas + misses)).",
+        t.tuple_misses as f64,
     );
     e.one(
         "walrelay_integrity_failures_total",
