@@ -12,6 +12,11 @@
 //!   against the last image of the same block held in a block cache on both ends (for a block
 //!   not in the cache: the previous block of the relation, else the relation's latest page);
 //!   the encoder says which slots to read and write, the decoder obeys;
+//! - full-page images the primary compressed (wal_compression pglz, lz4, zstd) are
+//!   decompressed to the page and sent the same way; the decoder compresses the page again
+//!   with the primary's method ([`fpi`]), which gives back the primary's exact bytes: the
+//!   encoder has checked that it does for every image (library versions differ, zstd's
+//!   above all) and sends the image as it is when it does not;
 //! - everything else (header fields that are not derivable, block headers, block and main data,
 //!   raw bytes) goes through streaming zstd, one context per kind, flushed every message.
 //!
@@ -20,10 +25,13 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::codec`).
 //!
-//! # Payload format (version 1)
+//! # Payload format (version 2)
+//!
+//! Version 2 adds [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages);
+//! a version-1 decoder refuses it by the version byte.
 //!
 //! ```text
-//! payload  = version:u8 (=1)
+//! payload  = version:u8 (=2)
 //!            7 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN, in this order
 //!            fpi_len:varint
 //!            the 7 sections' bytes in the same order, then FPI bytes
@@ -38,7 +46,8 @@
 //! - HDR: block-header areas of records and page headers that were not predicted;
 //! - DATA: block data of records (tuples, mostly);
 //! - RAW: bytes passed through as they are;
-//! - IMG: image bytes that do not go through the cache (compressed or odd images);
+//! - IMG: image bytes that do not go through the cache (odd images, and compressed ones that
+//!   do not decompress or would not be compressed back to the same bytes);
 //! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
 //!   cache has no reference page at all (the stream's window holds the other recent pages);
 //! - MAIN: main data of records (rmgr structs; kept apart from tuples: 4% smaller).
@@ -59,12 +68,17 @@
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
-//!   decoded sections, one record, three pages of scratch.
+//!   decoded sections, one record, three pages of scratch;
+//! - recompression of compressed images (each end): pglz's history (about 90 KiB), a zstd
+//!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
+//!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
 
 mod cache;
 mod decoder;
 mod encoder;
 pub mod format;
+pub mod fpi;
+pub mod pglz;
 mod streams;
 pub mod tracker;
 pub mod wal;
@@ -73,6 +87,8 @@ pub mod wal;
 mod testgen;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fpi;
 #[cfg(test)]
 mod tests_pg;
 
@@ -138,6 +154,15 @@ pub struct CodecStats {
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,
+    /// Images the primary compressed (wal_compression) sent as pages for the receiver to
+    /// compress again (part of `fpis`).
+    pub fpi_recompressed: u64,
+    /// Compressed images passed opaquely because compressing the page again did not give the
+    /// primary's bytes (another library version or build; part of `fpi_opaque`).
+    pub fpi_recompress_mismatch: u64,
+    /// Compressed images passed opaquely because they did not decompress to the page (corrupt
+    /// or unknown; part of `fpi_opaque`).
+    pub fpi_undecodable: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +200,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 1;
+pub(crate) const FORMAT_VERSION: u8 = 2;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {
