@@ -64,6 +64,9 @@ fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<(u64, f64
         encoded.push(out.clone());
     }
     let enc_s = (thread_cpu_ns() - t) as f64 / 1e9;
+    if let Some(st) = enc.wal_stats() {
+        eprintln!("bench: codec counters of the replay: {st:?}");
+    }
     let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
     let mut dec = WalDecoder::new(&setup)?;
     let t = thread_cpu_ns();
