@@ -3,12 +3,17 @@
 //! correct xl_tot_len, xl_prev and CRC, block-header areas with full-page images and block
 //! data), so the codec's record paths run and not only its raw pass-through. Every choice
 //! (record count, resource manager, blocks, images, holes, data lengths, contents) comes from
-//! the input; optional corruption afterwards exercises the resync paths.
+//! the input; optional corruption afterwards exercises the resync paths. Images may be
+//! compressed as the primary does with wal_compression (pglz, lz4, zstd: the recompress path),
+//! with pglz's "always" strategy (valid but not PostgreSQL's bytes: the fallback path) or be
+//! garbage flagged as compressed.
 
 #![allow(dead_code)] // each target uses part of it
 
+use walrelay::walcodec::fpi::{Method, Recompressor};
+use walrelay::walcodec::pglz::{Pglz, STRATEGY_ALWAYS};
 use walrelay::walcodec::wal::{
-    page_magic, record_crc, PageTemplate, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE, BKPBLOCK_SAME_REL,
+    page_magic, record_crc, ImageRef, PageTemplate, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE, BKPBLOCK_SAME_REL,
     BKPIMAGE_HAS_HOLE, PAGE_SIZE, REC_HDR, WAL_PAGE, XLR_BLOCK_ID_DATA_LONG,
     XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN, XLR_BLOCK_ID_TOPLEVEL_XID,
 };
@@ -108,6 +113,7 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
     // Image flags: PG14 has BKPIMAGE_IS_COMPRESSED 0x02 and BKPIMAGE_APPLY 0x04; PG15+ has
     // BKPIMAGE_APPLY 0x02 and one compression flag per method.
     let apply: u8 = if pg_major <= 14 { 0x04 } else { 0x02 };
+    let mut recomp = Recompressor::new().expect("zstd context");
     let mut prev: u64 = start.saturating_sub(0x48);
     let mut rec = Vec::new();
     let mut data = Vec::new();
@@ -162,17 +168,9 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
                 } else {
                     (0, 0)
                 };
-                let bimg_len = PAGE_SIZE as u16 - hole_len;
-                let mut bimg_info = if hole_len > 0 { BKPIMAGE_HAS_HOLE } else { 0 };
-                if g & 2 != 0 {
-                    bimg_info |= apply;
-                }
-                rec.extend_from_slice(&bimg_len.to_le_bytes());
-                rec.extend_from_slice(&hole_offset.to_le_bytes());
-                rec.push(bimg_info);
                 // Page contents: a page header-ish prefix from the input, a few more input
                 // bytes at an input-chosen place, zeros elsewhere (like a sparse heap page).
-                let mut page = vec![0u8; PAGE_SIZE];
+                let mut page = Box::new([0u8; PAGE_SIZE]);
                 let head = src.bytes(24);
                 page[..head.len()].copy_from_slice(head);
                 let at = 24 + usize::from(src.u16()) % (PAGE_SIZE - 24 - 64);
@@ -180,8 +178,30 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
                 let tail = src.bytes(n);
                 page[at..at + tail.len()].copy_from_slice(tail);
                 let (ho, hl) = (usize::from(hole_offset), usize::from(hole_len));
-                data.extend_from_slice(&page[..ho]);
-                data.extend_from_slice(&page[ho + hl..]);
+                let mut bimg_info = if hole_len > 0 { BKPIMAGE_HAS_HOLE } else { 0 };
+                if g & 2 != 0 {
+                    bimg_info |= apply;
+                }
+                // A quarter of the images (compressing costs much in unoptimised builds).
+                let compressed = (g & 0x84 == 0x84)
+                    .then(|| compress(&mut recomp, pg_major, (g >> 3) & 0xF, &page, ho, hl))
+                    .flatten();
+                if let Some((bytes, flag)) = compressed {
+                    rec.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                    rec.extend_from_slice(&hole_offset.to_le_bytes());
+                    rec.push(bimg_info | flag);
+                    if hole_len > 0 {
+                        rec.extend_from_slice(&hole_len.to_le_bytes());
+                    }
+                    data.extend_from_slice(&bytes);
+                } else {
+                    let bimg_len = PAGE_SIZE as u16 - hole_len;
+                    rec.extend_from_slice(&bimg_len.to_le_bytes());
+                    rec.extend_from_slice(&hole_offset.to_le_bytes());
+                    rec.push(bimg_info);
+                    data.extend_from_slice(&page[..ho]);
+                    data.extend_from_slice(&page[ho + hl..]);
+                }
             }
             if !same_rel {
                 let r = src.u8() % 3;
@@ -229,6 +249,45 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
         prev = this;
     }
     w.out
+}
+
+/// The page without its hole compressed with the method `sel` picks, and the bimg_info flag
+/// of that method in `pg_major`; None where PostgreSQL would keep the image uncompressed.
+fn compress(
+    r: &mut Recompressor,
+    pg_major: u32,
+    sel: u8,
+    page: &[u8; PAGE_SIZE],
+    ho: usize,
+    hl: usize,
+) -> Option<(Vec<u8>, u8)> {
+    let (m, flag) = match (sel % 5, pg_major) {
+        (_, ..=14) => (Method::Pglz, 0x02),
+        (1, _) => (Method::Lz4, 0x08),
+        (2, _) => (Method::Zstd, 0x10),
+        _ => (Method::Pglz, 0x04),
+    };
+    let img = ImageRef {
+        len: 0,
+        hole_offset: ho as u16,
+        hole_len: hl as u16,
+        compressed: true,
+        info: flag,
+    };
+    let mut out = Vec::new();
+    match sel % 5 {
+        // Valid pglz, but not what PostgreSQL's default strategy makes.
+        3 => {
+            let mut raw = page[..ho].to_vec();
+            raw.extend_from_slice(&page[ho + hl..]);
+            Pglz::new().compress(&raw, &STRATEGY_ALWAYS, &mut out)?;
+            (out.len() + 2 < raw.len()).then_some(())?;
+        }
+        // Garbage flagged as compressed.
+        4 => out.extend_from_slice(&page[..(PAGE_SIZE - hl).min(64)]),
+        _ => r.compress(m, &img, page, &mut out).then_some(())?,
+    }
+    Some((out, flag))
 }
 
 /// Flips bytes of `wal` at input-chosen places (each entry: u16 position, xor byte).

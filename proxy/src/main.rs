@@ -38,7 +38,7 @@ enum Cmd {
     },
     /// Side-by-side bench: walrelay's codec vs generic streaming zstd-3 on the same WAL.
     Bench {
-        /// pgbench, pgbench-lz4, updates, bulk, or all.
+        /// pgbench, pgbench-lz4, pgbench-pglz, pgbench-zstd, updates, bulk, or all.
         #[arg(long, default_value = "all")]
         workload: String,
         #[arg(long, default_value_t = 30)]
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
                 {
                     Some(w) => w,
                     None => {
-                        eprintln!("walrelay: unknown workload {workload:?}: use pgbench, pgbench-lz4, updates, bulk or all");
+                        eprintln!("walrelay: unknown workload {workload:?}: use pgbench, pgbench-lz4, pgbench-pglz, pgbench-zstd, updates, bulk or all");
                         return ExitCode::from(EXIT_CONFIG as u8);
                     }
                 }

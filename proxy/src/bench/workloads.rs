@@ -11,6 +11,10 @@ pub enum Workload {
     Pgbench,
     /// The same with `wal_compression = lz4` on the primary.
     PgbenchLz4,
+    /// The same with `wal_compression = pglz` on the primary.
+    PgbenchPglz,
+    /// The same with `wal_compression = zstd` on the primary.
+    PgbenchZstd,
     /// Updates of wide rows with random (hex) payload.
     Updates,
     /// A bulk load: INSERT ... SELECT, then CREATE INDEX.
@@ -26,11 +30,13 @@ pub enum Workload {
 }
 
 impl Workload {
-    pub const ALL: [Workload; 7] = [
+    pub const ALL: [Workload; 9] = [
         Workload::Pgbench,
         Workload::Updates,
         Workload::Bulk,
         Workload::PgbenchLz4,
+        Workload::PgbenchPglz,
+        Workload::PgbenchZstd,
         Workload::Moves,
         Workload::Logical,
         Workload::LogicalFull,
@@ -40,6 +46,8 @@ impl Workload {
         match self {
             Workload::Pgbench => "pgbench",
             Workload::PgbenchLz4 => "pgbench-lz4",
+            Workload::PgbenchPglz => "pgbench-pglz",
+            Workload::PgbenchZstd => "pgbench-zstd",
             Workload::Updates => "updates",
             Workload::Bulk => "bulk",
             Workload::Moves => "moves",
@@ -62,6 +70,8 @@ impl Workload {
     pub fn wal_compression(self) -> &'static str {
         match self {
             Workload::PgbenchLz4 => "lz4",
+            Workload::PgbenchPglz => "pglz",
+            Workload::PgbenchZstd => "zstd",
             _ => "off",
         }
     }
@@ -69,7 +79,10 @@ impl Workload {
     /// Schema and initial data (not measured).
     pub async fn prepare(self, p: &Cluster) -> Result<()> {
         match self {
-            Workload::Pgbench | Workload::PgbenchLz4 => {
+            Workload::Pgbench
+            | Workload::PgbenchLz4
+            | Workload::PgbenchPglz
+            | Workload::PgbenchZstd => {
                 let out =
                     tokio::process::Command::from(p.pgbench(&["-i", "-s", "10", "-q", "postgres"]))
                         .output()
@@ -113,9 +126,10 @@ impl Workload {
     pub async fn load(self, p: &Cluster, seconds: u64) -> Result<Load> {
         let secs = seconds.to_string();
         let cmd = match self {
-            Workload::Pgbench | Workload::PgbenchLz4 => {
-                p.pgbench(&["-c", "4", "-j", "2", "-T", &secs, "postgres"])
-            }
+            Workload::Pgbench
+            | Workload::PgbenchLz4
+            | Workload::PgbenchPglz
+            | Workload::PgbenchZstd => p.pgbench(&["-c", "4", "-j", "2", "-T", &secs, "postgres"]),
             Workload::Updates => {
                 let script = p.dir().parent().unwrap_or(p.dir()).join("updates.sql");
                 std::fs::write(

@@ -3,6 +3,7 @@
 use super::cache::{new_page, slots_for, DecCache, Page};
 use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
+use super::fpi::{self, Recompressor};
 use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
@@ -29,6 +30,9 @@ pub struct Decoder {
 /// Everything the ops act on besides the section readers.
 struct State {
     compressed_mask: u8,
+    pg_major: u32,
+    /// Compresses the pages of images the primary compressed (see [`fpi`]).
+    recomp: Recompressor,
     tracker: Tracker,
     last_xid: u32,
     cache: DecCache,
@@ -78,6 +82,12 @@ impl Decoder {
             bufs: vec![Vec::new(); STREAMS],
             st: State {
                 compressed_mask: bimg_compressed_mask(p.pg_major),
+                pg_major: p.pg_major,
+                recomp: Recompressor::new().ok_or_else(|| {
+                    WalCodecError::Zstd(
+                        "cannot create a zstd context for image recompression".into(),
+                    )
+                })?,
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
@@ -442,9 +452,18 @@ impl State {
                 .extend_from_slice(r.img.bytes(usize::from(img.len))?);
             return Ok(());
         }
-        if !img.reconstructible() {
+        let method = if op & IMG_RECOMPRESS != 0 {
+            Some(fpi::recompressible(self.pg_major, img).ok_or_else(|| {
+                corrupt(
+                    "a page to recompress for an image that is not compressed or has an odd hole",
+                )
+            })?)
+        } else if img.reconstructible() {
+            None
+        } else {
             return Err(corrupt("a page frame for an image that cannot be rebuilt"));
-        }
+        };
+        let op = op & !IMG_RECOMPRESS;
         let cap = self.cache.capacity();
         let slot = |v: u64| -> Result<usize, WalCodecError> {
             if v >= cap as u64 {
@@ -515,6 +534,19 @@ impl State {
                     capacity: cap,
                 });
             }
+        }
+        if let Some(m) = method {
+            let start = self.imgs.len();
+            let ok = self.recomp.compress(m, img, &self.page, &mut self.imgs);
+            let got = self.imgs.len() - start;
+            if !ok || got != usize::from(img.len) {
+                return Err(corrupt(format!(
+                    "compressing a {m:?} image again gave {got} bytes where the record has {}: \
+                     both ends must run the same walrelay build (compression libraries)",
+                    img.len
+                )));
+            }
+            return Ok(());
         }
         let off = usize::from(img.hole_offset);
         let hole = usize::from(img.hole_len);

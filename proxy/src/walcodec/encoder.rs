@@ -2,6 +2,7 @@
 
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
+use super::fpi::{self, Recompressor, Refusal};
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::tracker::{RecState, Tracker};
@@ -19,6 +20,7 @@ use crate::lsn::Lsn;
 pub struct Encoder {
     magic: Option<u16>,
     compressed_mask: u8,
+    pg_major: u32,
     max_message: usize,
     tracker: Tracker,
     /// Where the next message is expected to start.
@@ -43,6 +45,8 @@ pub struct Encoder {
     stats: CodecStats,
     rmgr: RmgrTally,
     poisoned: bool,
+    /// Images the primary compressed: decompressed and checked (see [`fpi`]).
+    recomp: Recompressor,
 }
 
 /// Why a record starting here is not encoded.
@@ -69,6 +73,7 @@ impl Encoder {
         Ok(Encoder {
             magic,
             compressed_mask: bimg_compressed_mask(p.pg_major),
+            pg_major: p.pg_major,
             max_message: p.max_message_bytes,
             tracker: Tracker::new(magic, 0),
             next_pos: None,
@@ -88,6 +93,9 @@ impl Encoder {
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
             poisoned: false,
+            recomp: Recompressor::new().ok_or_else(|| {
+                WalCodecError::Zstd("cannot create a zstd context for image recompression".into())
+            })?,
         })
     }
 
@@ -515,7 +523,9 @@ impl Encoder {
         }
     }
 
-    /// One block image: through the cache as a page frame when it can be rebuilt, else as is.
+    /// One block image: through the cache as a page frame when it can be rebuilt (for an
+    /// image the primary compressed: when the receiver's recompression will give the same
+    /// bytes), else as is.
     fn encode_image(
         &mut self,
         key: &BlockKey,
@@ -523,18 +533,51 @@ impl Encoder {
         bytes: &[u8],
     ) -> Result<(), WalCodecError> {
         self.stats.fpi_in += bytes.len() as u64;
-        if !img.reconstructible() {
-            self.streams[S_CTRL].buf.push(IMG_OPAQUE);
-            self.streams[S_IMG].buf.extend_from_slice(bytes);
-            self.stats.fpi_opaque += 1;
+        let recompress = if let Some(m) = fpi::recompressible(self.pg_major, img) {
+            match self.recomp.check(m, img, bytes, &mut self.page) {
+                Ok(()) => {
+                    self.stats.fpi_recompressed += 1;
+                    IMG_RECOMPRESS
+                }
+                Err(refusal) => {
+                    match refusal {
+                        Refusal::Mismatch => self.stats.fpi_recompress_mismatch += 1,
+                        Refusal::Undecodable => self.stats.fpi_undecodable += 1,
+                    }
+                    self.opaque_image(bytes);
+                    return Ok(());
+                }
+            }
+        } else if img.reconstructible() {
+            let off = usize::from(img.hole_offset);
+            let hole = usize::from(img.hole_len);
+            let page = &mut self.page;
+            page[..off].copy_from_slice(&bytes[..off]);
+            page[off..off + hole].fill(0);
+            page[off + hole..].copy_from_slice(&bytes[off..]);
+            0
+        } else {
+            self.opaque_image(bytes);
             return Ok(());
-        }
-        let off = usize::from(img.hole_offset);
-        let hole = usize::from(img.hole_len);
+        };
+        self.encode_page(key, img, recompress)
+    }
+
+    fn opaque_image(&mut self, bytes: &[u8]) {
+        self.streams[S_CTRL].buf.push(IMG_OPAQUE);
+        self.streams[S_IMG].buf.extend_from_slice(bytes);
+        self.stats.fpi_opaque += 1;
+    }
+
+    /// The page of an image (in `self.page`) through the block cache; `recompress` is
+    /// [`IMG_RECOMPRESS`] or 0, or-ed into the image op.
+    fn encode_page(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
         let page = &mut self.page;
-        page[..off].copy_from_slice(&bytes[..off]);
-        page[off..off + hole].fill(0);
-        page[off + hole..].copy_from_slice(&bytes[off..]);
         self.stats.fpis += 1;
 
         let plan = self.cache.plan(key);
@@ -547,7 +590,7 @@ impl Encoder {
         let ctrl = &mut self.streams[S_CTRL].buf;
         match (plan.reference, plan.store) {
             (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
-                ctrl.push(IMG_IDENT);
+                ctrl.push(IMG_IDENT | recompress);
                 put_varint(ctrl, u64::from(s));
                 self.cache.touch(s);
                 self.stats.fpi_cache_hits += 1;
@@ -562,12 +605,12 @@ impl Encoder {
                 };
                 let len = pc.compress(page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
                 if plan.hit {
-                    ctrl.push(IMG_SAME);
+                    ctrl.push(IMG_SAME | recompress);
                     put_varint(ctrl, u64::from(s));
                     self.stats.fpi_hit_out += len as u64;
                     self.stats.fpi_cache_hits += 1;
                 } else {
-                    ctrl.push(IMG_REF);
+                    ctrl.push(IMG_REF | recompress);
                     put_varint(ctrl, u64::from(r));
                     put_varint(ctrl, u64::from(s));
                 }
@@ -575,23 +618,23 @@ impl Encoder {
             }
             (None, Some(s)) if framed => {
                 let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NEW);
+                ctrl.push(IMG_NEW | recompress);
                 put_varint(ctrl, u64::from(s));
                 put_varint(ctrl, len as u64);
             }
             (None, Some(s)) => {
-                ctrl.push(IMG_STREAM);
+                ctrl.push(IMG_STREAM | recompress);
                 put_varint(ctrl, u64::from(s));
                 self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
             }
             (_, None) if framed => {
                 let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NOCACHE);
+                ctrl.push(IMG_NOCACHE | recompress);
                 put_varint(ctrl, len as u64);
                 return Ok(());
             }
             (_, None) => {
-                ctrl.push(IMG_STREAM_NOCACHE);
+                ctrl.push(IMG_STREAM_NOCACHE | recompress);
                 self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
                 return Ok(());
             }

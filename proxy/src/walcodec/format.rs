@@ -29,7 +29,12 @@
 //!          | 6 STREAM k:varint             the next 8192 bytes of PAGE; store in slot k
 //!                                          (only for images of at least 1024 bytes)
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
-//!          frames are `len` bytes of FPI; the image is the page without its hole
+//!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
+//!          frames are `len` bytes of FPI; the image is the page without its hole, or for
+//!          0x80|op (IMG_RECOMPRESS) the page without its hole compressed with the method
+//!          that bimg_info names, exactly bimg_len bytes (see `fpi`); the 1024 bytes of
+//!          STREAM are counted in bimg_len, the compressed size
+
 //!
 //! boundary = 0 predicted header | 1 24 bytes of HDR | 2 40 bytes of HDR
 //! ```
@@ -71,3 +76,8 @@ pub const IMG_STREAM_NOCACHE: u8 = 7;
 pub const BND_PREDICTED: u8 = 0;
 pub const BND_SHORT: u8 = 1;
 pub const BND_LONG: u8 = 2;
+
+/// Or-ed into image ops 1..=7 for an image the primary compressed (bimg_info names the
+/// method): the page is rebuilt as for other images, then compressed without its hole with
+/// that method (see `fpi`) to give the record's bimg_len bytes.
+pub const IMG_RECOMPRESS: u8 = 0x80;

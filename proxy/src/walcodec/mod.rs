@@ -12,6 +12,11 @@
 //!   against the last image of the same block held in a block cache on both ends (for a block
 //!   not in the cache: the previous block of the relation, else the relation's latest page);
 //!   the encoder says which slots to read and write, the decoder obeys;
+//! - full-page images the primary compressed (wal_compression pglz, lz4, zstd) are
+//!   decompressed to the page and sent the same way; the decoder compresses the page again
+//!   with the primary's method ([`fpi`]), which gives back the primary's exact bytes: the
+//!   encoder has checked that it does for every image (library versions differ, zstd's
+//!   above all) and sends the image as it is when it does not;
 //! - heap tuples (new tuples of INSERT/UPDATE, old tuples that wal_level=logical adds) go as
 //!   a prefix/suffix delta against a version both ends hold: a tuple cache fed by the records,
 //!   or the tuple's line pointer in a cached page image ([`tuples`]);
@@ -24,6 +29,10 @@
 //! length and xxh3 of the result (see `crate::codec`).
 //!
 //! # Payload format (version 2)
+//!
+//! Version 2 adds [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
+//! heap tuples as deltas ([`tuples`]) and all images of a record before its data; a version-1
+//! decoder refuses it by the version byte.
 //!
 //! ```text
 //! payload  = version:u8 (=2)
@@ -41,7 +50,8 @@
 //! - HDR: block-header areas of records and page headers that were not predicted;
 //! - DATA: block data of records (tuples, mostly);
 //! - RAW: bytes passed through as they are;
-//! - IMG: image bytes that do not go through the cache (compressed or odd images);
+//! - IMG: image bytes that do not go through the cache (odd images, and compressed ones that
+//!   do not decompress or would not be compressed back to the same bytes);
 //! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
 //!   cache has no reference page at all (the stream's window holds the other recent pages);
 //! - MAIN: main data of records (rmgr structs; kept apart from tuples: 4% smaller).
@@ -63,12 +73,17 @@
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
-//!   decoded sections, one record, three pages of scratch.
+//!   decoded sections, one record, three pages of scratch;
+//! - recompression of compressed images (each end): pglz's history (about 90 KiB), a zstd
+//!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
+//!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
 
 mod cache;
 mod decoder;
 mod encoder;
 pub mod format;
+pub mod fpi;
+pub mod pglz;
 pub mod rmgr;
 mod streams;
 pub mod tracker;
@@ -79,6 +94,8 @@ pub mod wal;
 mod testgen;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fpi;
 #[cfg(test)]
 mod tests_pg;
 
@@ -144,6 +161,15 @@ pub struct CodecStats {
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,
+    /// Images the primary compressed (wal_compression) sent as pages for the receiver to
+    /// compress again (part of `fpis`).
+    pub fpi_recompressed: u64,
+    /// Compressed images passed opaquely because compressing the page again did not give the
+    /// primary's bytes (another library version or build; part of `fpi_opaque`).
+    pub fpi_recompress_mismatch: u64,
+    /// Compressed images passed opaquely because they did not decompress to the page (corrupt
+    /// or unknown; part of `fpi_opaque`).
+    pub fpi_undecodable: u64,
     /// Heap tuples sent as a delta against a version both ends hold, and the bytes that saved.
     pub tuple_deltas: u64,
     pub tuple_delta_saved: u64,
@@ -188,7 +214,6 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-/// 2: heap tuples as deltas (`tuples`), images before data.
 pub(crate) const FORMAT_VERSION: u8 = 2;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {

@@ -71,7 +71,13 @@ pub struct WalGen {
     pub split_headers: usize,
     pub records: usize,
     pub xid: u32,
+    /// Compresses the page (without its hole) of images marked `compressed`: the bytes and
+    /// the bimg_info method flag, or None for an uncompressed image. Without it, random
+    /// bytes stand in for compressed images.
+    pub compressor: Option<Compressor>,
 }
+
+pub type Compressor = Box<dyn FnMut(&[u8]) -> Option<(Vec<u8>, u8)>>;
 
 impl WalGen {
     /// A generator whose stream starts at `start` (a segment boundary).
@@ -91,6 +97,7 @@ impl WalGen {
             split_headers: 0,
             records: 0,
             xid: 1000,
+            compressor: None,
         }
     }
 
@@ -177,7 +184,7 @@ impl WalGen {
             area.extend_from_slice(&(b.data.len() as u16).to_le_bytes());
             if b.image {
                 let apply: u8 = if self.pg_major <= 14 { 0x04 } else { 0x02 };
-                if b.compressed {
+                if b.compressed && self.compressor.is_none() {
                     let len = 300 + self.rng.below(2000) as u16;
                     let comp: u8 = if self.pg_major <= 14 { 0x02 } else { 0x04 };
                     area.extend_from_slice(&len.to_le_bytes());
@@ -189,8 +196,26 @@ impl WalGen {
                     let page = self.evolve(&b.key);
                     let lower = u16::from_le_bytes([page[12], page[13]]) as usize;
                     let upper = u16::from_le_bytes([page[14], page[15]]) as usize;
-                    if upper > lower {
-                        let hole = upper - lower;
+                    let (off, hole) = if upper > lower {
+                        (lower, upper - lower)
+                    } else {
+                        (0, 0)
+                    };
+                    // As PostgreSQL: uncompressed when compression does not pay.
+                    let comp = if b.compressed {
+                        self.compress_page(&page, off, hole)
+                    } else {
+                        None
+                    };
+                    if let Some((bytes, flag)) = comp {
+                        area.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                        area.extend_from_slice(&(off as u16).to_le_bytes());
+                        area.push(apply | flag | u8::from(hole > 0));
+                        if hole > 0 {
+                            area.extend_from_slice(&(hole as u16).to_le_bytes());
+                        }
+                        payload.extend_from_slice(&bytes);
+                    } else if hole > 0 {
                         area.extend_from_slice(&((PAGE_SIZE - hole) as u16).to_le_bytes());
                         area.extend_from_slice(&(lower as u16).to_le_bytes());
                         area.push(apply | 0x01);
@@ -238,6 +263,14 @@ impl WalGen {
         let crc = record_crc(&rec);
         rec[20..24].copy_from_slice(&crc.to_le_bytes());
         rec
+    }
+
+    /// `page` without its hole compressed by `compressor`: (bytes, method flag).
+    fn compress_page(&mut self, page: &[u8], off: usize, hole: usize) -> Option<(Vec<u8>, u8)> {
+        let f = self.compressor.as_mut()?;
+        let mut src = page[..off].to_vec();
+        src.extend_from_slice(&page[off + hole..]);
+        f(&src)
     }
 
     /// The next version of a block's page: a heap-like page (pd_lower/pd_upper at 12/14) with

@@ -36,7 +36,12 @@ fn synthetic_major(major: u32, seed: u64, bytes: usize, blocks: u32) -> WalGen {
 
 /// Encodes `wal` (starting at `start`) cut into `chunks` and decodes it again, checking every
 /// message; returns the encoder's stats and the total payload size.
-fn round_trip(p: &CodecParams, start: u64, wal: &[u8], cuts: &[usize]) -> (CodecStats, usize) {
+pub(super) fn round_trip(
+    p: &CodecParams,
+    start: u64,
+    wal: &[u8],
+    cuts: &[usize],
+) -> (CodecStats, usize) {
     let mut enc = Encoder::new(p).unwrap();
     let mut dec = Decoder::new(p).unwrap();
     let (mut payload, mut restored) = (Vec::new(), Vec::new());
@@ -68,7 +73,7 @@ fn round_trip(p: &CodecParams, start: u64, wal: &[u8], cuts: &[usize]) -> (Codec
 }
 
 /// Cuts every `n` bytes.
-fn every(n: usize, len: usize) -> Vec<usize> {
+pub(super) fn every(n: usize, len: usize) -> Vec<usize> {
     (1..=len / n).map(|i| i * n).collect()
 }
 
@@ -311,7 +316,7 @@ fn corrupted_payloads_are_errors_or_differ() {
     );
 }
 
-fn chunks_from(sizes: &[usize], len: usize) -> Vec<usize> {
+pub(super) fn chunks_from(sizes: &[usize], len: usize) -> Vec<usize> {
     let mut cuts = Vec::new();
     let mut at = 0;
     for s in sizes.iter().cycle().take(10_000) {

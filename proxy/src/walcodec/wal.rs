@@ -203,6 +203,8 @@ pub struct ImageRef {
     /// Bytes of the hole: BLCKSZ - len for uncompressed images, from the header otherwise.
     pub hole_len: u16,
     pub compressed: bool,
+    /// bimg_info as in the record (method flags of a compressed image).
+    pub info: u8,
 }
 
 impl ImageRef {
@@ -355,6 +357,7 @@ pub fn parse_area(
                         hole_offset,
                         hole_len,
                         compressed,
+                        info,
                     })
                 } else {
                     None

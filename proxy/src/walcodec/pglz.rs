@@ -1,0 +1,484 @@
+//! PostgreSQL's pglz, step for step: the compressor produces the same bytes as
+//! `pglz_compress` of `src/common/pg_lzcompress.c` (unchanged in PostgreSQL 14..=18), so that a
+//! full-page image the primary compressed with `wal_compression = pglz` can be rebuilt exactly
+//! from the page; the decompressor checks every length against its input and output.
+//!
+//! # Format
+//!
+//! A control byte announces the next 8 items, lowest bit first: 0 = one literal byte,
+//! 1 = a tag copying `len` bytes from `off` bytes back in the output:
+//!
+//! ```text
+//! tag = OOOO LLLL  OOOO OOOO  [len - 18 if LLLL = 1111]
+//!       (off: 12 bits, 1..=4095; len: LLLL + 3 for 3..=17, else 18 + third byte: 18..=273)
+//! ```
+//!
+//! # The compressor (what must match PostgreSQL)
+//!
+//! - history: a hash table of `hashsz` lists (512..8192 by input size) of the last 4096 input
+//!   positions, newest first; the hash of a position is built from its next 4 bytes read as
+//!   **signed** chars (x86 and most platforms PostgreSQL runs on; on platforms with unsigned
+//!   `char`, such as ARM, the primary's output may differ and the relay falls back to
+//!   sending the image as it is);
+//! - match search: walk the list while the offset is below 0x0fff, keep the longest match
+//!   (at most 273 bytes), stop once it reaches `good_match`, which starts at the strategy's
+//!   value (clamped to 17..=273) and drops by `good_drop`% per entry visited;
+//! - output: a tag if the match is longer than 2 bytes (all its positions enter the history),
+//!   else a literal; give up when the output reaches `result_max` (the input less the
+//!   strategy's minimum rate) or `first_success_by` bytes without any match.
+
+/// Number of history lists at most (power of two).
+const MAX_HISTORY_LISTS: usize = 8192;
+/// Input positions remembered.
+const HISTORY_SIZE: usize = 4096;
+/// Longest match a tag can hold.
+const MAX_MATCH: usize = 273;
+/// `prev` of a list head (NULL in the C code).
+const NO_PREV: u16 = u16::MAX;
+
+/// `PGLZ_Strategy`.
+#[derive(Debug, Clone, Copy)]
+pub struct Strategy {
+    pub min_input_size: i32,
+    pub max_input_size: i32,
+    pub min_comp_rate: i32,
+    pub first_success_by: i32,
+    pub match_size_good: i32,
+    pub match_size_drop: i32,
+}
+
+/// `PGLZ_strategy_default`, which `XLogCompressBackupBlock` uses.
+pub const STRATEGY_DEFAULT: Strategy = Strategy {
+    min_input_size: 32,
+    max_input_size: i32::MAX,
+    min_comp_rate: 25,
+    first_success_by: 1024,
+    match_size_good: 128,
+    match_size_drop: 10,
+};
+
+/// `PGLZ_strategy_always`.
+pub const STRATEGY_ALWAYS: Strategy = Strategy {
+    min_input_size: 0,
+    max_input_size: i32::MAX,
+    min_comp_rate: 0,
+    first_success_by: i32::MAX,
+    match_size_good: 128,
+    match_size_drop: 6,
+};
+
+/// Why pglz data did not decompress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PglzError {
+    #[error("pglz data ends inside a tag")]
+    Truncated,
+    #[error("pglz tag points before the start of the output (offset {off} at {at})")]
+    BadOffset { off: usize, at: usize },
+    #[error("pglz data decompressed to {got} bytes with {left} input bytes left; expected {want}")]
+    Length {
+        got: usize,
+        want: usize,
+        left: usize,
+    },
+}
+
+/// The compressor's work arrays (`hist_start` and `hist_entries` of the C code, entry 0 unused
+/// and meaning "none"), reused across calls.
+pub struct Pglz {
+    hist_start: Box<[u16; MAX_HISTORY_LISTS]>,
+    next: Box<[u16; HISTORY_SIZE + 1]>,
+    prev: Box<[u16; HISTORY_SIZE + 1]>,
+    hindex: Box<[u16; HISTORY_SIZE + 1]>,
+    pos: Box<[usize; HISTORY_SIZE + 1]>,
+}
+
+impl Default for Pglz {
+    fn default() -> Self {
+        Pglz::new()
+    }
+}
+
+/// `pglz_hist_idx`: the list of the position `p` (bytes read as signed chars).
+#[inline]
+fn hist_idx(s: &[u8], p: usize, mask: i32) -> usize {
+    let c = |i: usize| i32::from(s[p + i] as i8);
+    let h = if s.len() - p < 4 {
+        c(0)
+    } else {
+        (c(0) << 6) ^ (c(1) << 4) ^ (c(2) << 2) ^ c(3)
+    };
+    (h & mask) as usize
+}
+
+impl Pglz {
+    pub fn new() -> Pglz {
+        Pglz {
+            hist_start: Box::new([0; MAX_HISTORY_LISTS]),
+            next: Box::new([0; HISTORY_SIZE + 1]),
+            prev: Box::new([0; HISTORY_SIZE + 1]),
+            hindex: Box::new([0; HISTORY_SIZE + 1]),
+            pos: Box::new([0; HISTORY_SIZE + 1]),
+        }
+    }
+
+    /// `pglz_hist_add`: enters position `p` as entry `*hn`, recycling the oldest entry once
+    /// all are in use.
+    #[inline]
+    fn hist_add(&mut self, s: &[u8], p: usize, mask: i32, hn: &mut usize, recycle: &mut bool) {
+        let hindex = hist_idx(s, p, mask);
+        let me = *hn;
+        if *recycle {
+            let (prev, next) = (self.prev[me], self.next[me]);
+            if prev == NO_PREV {
+                self.hist_start[usize::from(self.hindex[me])] = next;
+            } else {
+                self.next[usize::from(prev)] = next;
+            }
+            self.prev[usize::from(next)] = prev;
+        }
+        let head = self.hist_start[hindex];
+        self.next[me] = head;
+        self.prev[me] = NO_PREV;
+        self.hindex[me] = hindex as u16;
+        self.pos[me] = p;
+        // Entry 0 is scribbled on when the list was empty, as in the C code (harmless).
+        self.prev[usize::from(head)] = me as u16;
+        self.hist_start[hindex] = me as u16;
+        *hn += 1;
+        if *hn > HISTORY_SIZE {
+            *hn = 1;
+            *recycle = true;
+        }
+    }
+
+    /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
+    #[inline]
+    fn find_match(
+        &self,
+        s: &[u8],
+        p: usize,
+        mut good_match: i32,
+        good_drop: i32,
+        mask: i32,
+    ) -> Option<(usize, usize)> {
+        let end = s.len();
+        let (mut len, mut off) = (0usize, 0usize);
+        let mut hent = self.hist_start[hist_idx(s, p, mask)];
+        while hent != 0 {
+            let hp = self.pos[usize::from(hent)];
+            let thisoff = p - hp;
+            if thisoff >= 0x0fff {
+                break;
+            }
+            // With a match of 16+ bytes already, the candidate must repeat all of it (the C
+            // code's memcmp) before it is extended; either way only a longer match counts.
+            let mut thislen = 0;
+            if len < 16 || s[p..p + len] == s[hp..hp + len] {
+                if len >= 16 {
+                    thislen = len;
+                }
+                while p + thislen < end && s[p + thislen] == s[hp + thislen] && thislen < MAX_MATCH
+                {
+                    thislen += 1;
+                }
+            }
+            if thislen > len {
+                len = thislen;
+                off = thisoff;
+            }
+            hent = self.next[usize::from(hent)];
+            if hent != 0 {
+                if len as i32 >= good_match {
+                    break;
+                }
+                good_match -= (good_match * good_drop) / 100;
+            }
+        }
+        (len > 2).then_some((len, off))
+    }
+
+    /// `pglz_compress(src, src.len(), dest, strategy)`: appends the compressed bytes to `out`
+    /// and returns their number, or `None` where PostgreSQL returns -1 (too small, too large,
+    /// not compressible enough). `out` may hold partial output after `None`.
+    pub fn compress(
+        &mut self,
+        src: &[u8],
+        strategy: &Strategy,
+        out: &mut Vec<u8>,
+    ) -> Option<usize> {
+        let slen = i32::try_from(src.len()).ok()?;
+        if strategy.match_size_good <= 0
+            || slen < strategy.min_input_size
+            || slen > strategy.max_input_size
+        {
+            return None;
+        }
+        let good_match = strategy.match_size_good.clamp(17, MAX_MATCH as i32);
+        let good_drop = strategy.match_size_drop.clamp(0, 100);
+        let need_rate = strategy.min_comp_rate.clamp(0, 99);
+        let result_max = if slen > i32::MAX / 100 {
+            (slen / 100) * (100 - need_rate)
+        } else {
+            (slen * (100 - need_rate)) / 100
+        } as usize;
+        let hashsz: usize = match slen {
+            ..128 => 512,
+            128..256 => 1024,
+            256..512 => 2048,
+            512..1024 => 4096,
+            _ => 8192,
+        };
+        let mask = (hashsz - 1) as i32;
+        self.hist_start[..hashsz].fill(0);
+
+        let base = out.len();
+        out.reserve(src.len() + 4);
+        let mut hist_next = 1usize;
+        let mut recycle = false;
+        // Index of the current control byte in `out`; None: the C code's ctrl_dummy.
+        let mut ctrlp: Option<usize> = None;
+        let (mut ctrlb, mut ctrl) = (0u8, 0u8);
+        let mut found_match = false;
+        let mut dp = 0usize;
+        let first_success_by = usize::try_from(strategy.first_success_by).unwrap_or(0);
+        while dp < src.len() {
+            let written = out.len() - base;
+            if written >= result_max {
+                return None;
+            }
+            if !found_match && written >= first_success_by {
+                return None;
+            }
+            // pglz_out_ctrl
+            if ctrl == 0 {
+                if let Some(c) = ctrlp {
+                    out[c] = ctrlb;
+                }
+                ctrlp = Some(out.len());
+                out.push(0);
+                ctrlb = 0;
+                ctrl = 1;
+            }
+            if let Some((len, off)) = self.find_match(src, dp, good_match, good_drop, mask) {
+                // pglz_out_tag
+                ctrlb |= ctrl;
+                ctrl <<= 1;
+                if len > 17 {
+                    out.push((((off & 0xf00) >> 4) | 0x0f) as u8);
+                    out.push((off & 0xff) as u8);
+                    out.push((len - 18) as u8);
+                } else {
+                    out.push((((off & 0xf00) >> 4) | (len - 3)) as u8);
+                    out.push((off & 0xff) as u8);
+                }
+                for _ in 0..len {
+                    self.hist_add(src, dp, mask, &mut hist_next, &mut recycle);
+                    dp += 1;
+                }
+                found_match = true;
+            } else {
+                // pglz_out_literal
+                out.push(src[dp]);
+                ctrl <<= 1;
+                self.hist_add(src, dp, mask, &mut hist_next, &mut recycle);
+                dp += 1;
+            }
+        }
+        if let Some(c) = ctrlp {
+            out[c] = ctrlb;
+        }
+        let size = out.len() - base;
+        (size < result_max).then_some(size)
+    }
+}
+
+/// `pglz_decompress(src, .., out, out.len(), check_complete = true)`: `out` must be filled
+/// exactly and `src` used up exactly. Never reads or writes outside the two slices.
+pub fn decompress(src: &[u8], out: &mut [u8]) -> Result<(), PglzError> {
+    let (mut sp, mut dp) = (0usize, 0usize);
+    while sp < src.len() && dp < out.len() {
+        let mut ctrl = src[sp];
+        sp += 1;
+        let mut n = 0;
+        while n < 8 && sp < src.len() && dp < out.len() {
+            if ctrl & 1 != 0 {
+                let t = src.get(sp..sp + 2).ok_or(PglzError::Truncated)?;
+                let mut len = usize::from(t[0] & 0x0f) + 3;
+                let off = (usize::from(t[0] & 0xf0) << 4) | usize::from(t[1]);
+                sp += 2;
+                if len == 18 {
+                    len += usize::from(*src.get(sp).ok_or(PglzError::Truncated)?);
+                    sp += 1;
+                }
+                if off == 0 || off > dp {
+                    return Err(PglzError::BadOffset { off, at: dp });
+                }
+                let len = len.min(out.len() - dp);
+                // Byte by byte: source and destination overlap when off < len.
+                for i in dp..dp + len {
+                    out[i] = out[i - off];
+                }
+                dp += len;
+            } else {
+                out[dp] = src[sp];
+                dp += 1;
+                sp += 1;
+            }
+            ctrl >>= 1;
+            n += 1;
+        }
+    }
+    if dp != out.len() || sp != src.len() {
+        return Err(PglzError::Length {
+            got: dp,
+            want: out.len(),
+            left: src.len() - sp,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decompress, Pglz, PglzError, Strategy, STRATEGY_ALWAYS, STRATEGY_DEFAULT};
+    use proptest::prelude::{
+        any, prop_assert, prop_assert_eq, prop_oneof, proptest, ProptestConfig,
+    };
+    use proptest::strategy::Strategy as _;
+
+    fn compress(src: &[u8], s: &Strategy) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        Pglz::new().compress(src, s, &mut out).map(|n| {
+            assert_eq!(n, out.len());
+            out
+        })
+    }
+
+    fn round_trip(src: &[u8], s: &Strategy) -> Option<usize> {
+        let c = compress(src, s)?;
+        let mut back = vec![0u8; src.len()];
+        decompress(&c, &mut back).unwrap();
+        assert_eq!(back, src);
+        Some(c.len())
+    }
+
+    #[test]
+    fn known_encodings() {
+        // 200 spaces: one literal, then a tag of 199 at offset 1 (the "Whow" of the C
+        // comment): control 0b10, ' ', 0x0f 0x01 (199 - 18 = 181).
+        let c = compress(&[b' '; 200], &STRATEGY_DEFAULT).unwrap();
+        assert_eq!(c, [0b10, b' ', 0x0f, 0x01, 181]);
+        // "112341234123412341234": 5 literals then a 16-byte tag at offset 4.
+        let c = compress(b"112341234123412341234", &STRATEGY_ALWAYS).unwrap();
+        assert_eq!(c, [0b10_0000, b'1', b'1', b'2', b'3', b'4', 0x0d, 0x04]);
+        let mut back = [0u8; 21];
+        decompress(&c, &mut back).unwrap();
+        assert_eq!(&back, b"112341234123412341234");
+    }
+
+    #[test]
+    fn strategy_limits() {
+        // Below min_input_size, incompressible, not compressible enough: -1 as in PostgreSQL.
+        assert!(compress(&[0; 31], &STRATEGY_DEFAULT).is_none());
+        assert!(compress(&[0; 32], &STRATEGY_DEFAULT).is_some());
+        let mut x = 1u32;
+        let noise: Vec<u8> = (0..4000)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                (x >> 16) as u8
+            })
+            .collect();
+        assert!(compress(&noise, &STRATEGY_DEFAULT).is_none());
+        // first_success_by: 1100 bytes of noise then zeros fail by default, not with "always".
+        let mut late = noise[..1100].to_vec();
+        late.extend_from_slice(&[0; 8000]);
+        assert!(compress(&late, &STRATEGY_DEFAULT).is_none());
+        assert!(round_trip(&late, &STRATEGY_ALWAYS).is_some());
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error() {
+        let mut out = [0u8; 16];
+        // A tag before any output.
+        assert!(matches!(
+            decompress(&[1, 0x10, 0x01], &mut out),
+            Err(PglzError::BadOffset { .. })
+        ));
+        // Cut inside a tag.
+        assert_eq!(
+            decompress(&[2, b'a', 0x0f], &mut out),
+            Err(PglzError::Truncated)
+        );
+        // Too short, too long.
+        assert!(matches!(
+            decompress(&[0, b'a'], &mut out),
+            Err(PglzError::Length { .. })
+        ));
+        let mut one = [0u8; 1];
+        assert!(matches!(
+            decompress(&[0, b'a', b'b'], &mut one),
+            Err(PglzError::Length { .. })
+        ));
+    }
+
+    /// Bytes like heap tuples: a shared header, a counter, a few random bytes each.
+    fn pagelike(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(n + 64);
+        let mut k = 0u32;
+        while out.len() < n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(&[0xE2, 0x04, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 0x18, 0x09, 0x02]);
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&x.to_le_bytes()[..(x % 9) as usize]);
+            out.extend_from_slice(&[b' '; 12][..(x >> 8) as usize % 12]);
+            k += 1;
+        }
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn page_like_data_round_trips() {
+        for seed in 0..20 {
+            let p = pagelike(seed, 8192 - (seed as usize * 300));
+            let always = round_trip(&p, &STRATEGY_ALWAYS).expect("compressible");
+            if let Some(default) = round_trip(&p, &STRATEGY_DEFAULT) {
+                assert!(default * 4 <= p.len() * 3, "{default} of {}", p.len());
+            }
+            assert!(always < p.len());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn decompress_inverts_compress(
+            data in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..9000),
+                proptest::collection::vec(0u8..4, 0..9000),
+                (any::<u64>(), 0usize..9000).prop_map(|(s, n)| pagelike(s, n)),
+            ],
+        ) {
+            for s in [STRATEGY_DEFAULT, STRATEGY_ALWAYS] {
+                let mut out = Vec::new();
+                if let Some(n) = Pglz::new().compress(&data, &s, &mut out) {
+                    prop_assert_eq!(n, out.len());
+                    prop_assert!(out.len() < data.len().max(1));
+                    let mut back = vec![0u8; data.len()];
+                    prop_assert_eq!(decompress(&out, &mut back), Ok(()));
+                    prop_assert_eq!(&back, &data);
+                }
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(src in proptest::collection::vec(any::<u8>(), 0..600), n in 0usize..9000) {
+            let mut out = vec![0u8; n];
+            let _ = decompress(&src, &mut out);
+        }
+    }
+}
