@@ -19,7 +19,8 @@
 //! - [`scram`]: server side of SCRAM-SHA-256 for standbys.
 //! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
 //! - [`metrics`]: process counters.
-//! - [`relay`]: starts and drains the configured halves.
+//! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
+//!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`).
 //! - [`cluster`], [`demo`]: throw-away PostgreSQL clusters for the demo, the bench and the tests.
 pub mod bench;
@@ -28,7 +29,9 @@ pub mod codec;
 pub mod config;
 pub mod conninfo;
 pub mod demo;
+pub mod lifecycle;
 pub mod link;
+pub mod live;
 pub mod logging;
 pub mod lsn;
 pub mod metrics;

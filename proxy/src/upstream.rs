@@ -17,12 +17,12 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
@@ -33,6 +33,7 @@ use walrelay_proto::PROTOCOL_VERSION;
 use crate::codec::{checksum, Setup, ShadowZstd, WalEncoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo, WalHeader};
+use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
 use crate::pgwire::io::MsgReader;
@@ -47,7 +48,7 @@ pub struct Upstream {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
-    sessions: Arc<Semaphore>,
+    sessions: Arc<SessionSlots>,
 }
 
 impl Upstream {
@@ -58,21 +59,35 @@ impl Upstream {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> Arc<Upstream> {
-        let sessions = Arc::new(Semaphore::new(limits.max_sessions));
         Arc::new(Upstream {
             cfg,
             link,
             limits,
             metrics,
             shutdown,
-            sessions,
+            sessions: SessionSlots::new(),
+        })
+    }
+
+    /// The same half with reloaded settings for the sessions that open from now on (the
+    /// session count, metrics and shutdown are shared with `self`).
+    pub fn reconfigured(&self, cfg: ResolvedUpstream, limits: Limits) -> Arc<Upstream> {
+        Arc::new(Upstream {
+            cfg,
+            link: self.link.clone(),
+            limits,
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            sessions: self.sessions.clone(),
         })
     }
 }
 
-/// Serves the link on `listener` until the shutdown token fires and sessions have ended.
-pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<()> {
+/// Serves the link on `listener` until the shutdown token fires and sessions have ended. Each
+/// link session uses the settings current in `live` when it opens.
+pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::Result<()> {
     use anyhow::Context;
+    let up = live.get();
     let metrics = up.metrics.clone();
     let incoming = TcpListenerStream::new(listener).map(move |s| {
         s.map(|s| {
@@ -88,7 +103,7 @@ pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<(
         builder = builder.tls_config(tls).context("link TLS configuration")?;
     }
     let shutdown = up.shutdown.clone();
-    let svc = LinkServer::new(LinkService(up))
+    let svc = LinkServer::new(LinkService(live))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     builder
@@ -102,14 +117,7 @@ pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<(
 type SessionStream = ReceiverStream<Result<ToDownstream, Status>>;
 
 /// The gRPC service: one link session per standby session.
-struct LinkService(Arc<Upstream>);
-
-impl std::ops::Deref for LinkService {
-    type Target = Arc<Upstream>;
-    fn deref(&self) -> &Arc<Upstream> {
-        &self.0
-    }
-}
+struct LinkService(Arc<Live<Upstream>>);
 
 #[tonic::async_trait]
 impl Link for LinkService {
@@ -119,13 +127,17 @@ impl Link for LinkService {
         &self,
         request: Request<Streaming<ToUpstream>>,
     ) -> Result<Response<SessionStream>, Status> {
+        let this = self.0.get();
         let peer = request
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted("the upstream has reached limits.max_sessions")
-        })?;
+        let permit = this
+            .sessions
+            .try_take(this.limits.max_sessions)
+            .ok_or_else(|| {
+                Status::resource_exhausted("the upstream has reached limits.max_sessions")
+            })?;
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
             Ok(Some(Ok(ToUpstream {
@@ -145,7 +157,7 @@ impl Link for LinkService {
         }
         let codec = CodecKind::from_name(&hello.codec)
             .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
-        let window_log = self
+        let window_log = this
             .link
             .zstd_window_log
             .min(hello.zstd_window_log_max.max(10));
@@ -155,13 +167,13 @@ impl Link for LinkService {
             hello.application_name.clone()
         };
         info!(%peer, standby = %hello.standby_addr, application_name = %app, user = %hello.standby_user, "link session opened");
-        let mut conn = pgclient::connect(&self.cfg.primary, &app, self.limits.max_message_bytes)
+        let mut conn = pgclient::connect(&this.cfg.primary, &app, this.limits.max_message_bytes)
             .await
             .map_err(|e| {
                 warn!(application_name = %app, "cannot open the primary connection: {e}");
                 Status::unavailable(e.to_string())
             })?;
-        if let Some(slot) = &self.cfg.slot {
+        if let Some(slot) = &this.cfg.slot {
             if conn.ensure_physical_slot(slot).await.map_err(|e| {
                 Status::unavailable(format!("cannot create slot {slot:?} on the primary: {e}"))
             })? {
@@ -171,18 +183,18 @@ impl Link for LinkService {
         let pg_major = server_major(&conn.params);
         let setup = Setup {
             kind: codec,
-            zstd_level: self.link.zstd_level,
+            zstd_level: this.link.zstd_level,
             window_log,
             wal: walcodec::CodecParams {
                 pg_major,
-                block_cache_bytes: self.link.block_cache_bytes.min(hello.block_cache_bytes_max)
+                block_cache_bytes: this.link.block_cache_bytes.min(hello.block_cache_bytes_max)
                     as usize,
-                zstd_level: self.link.zstd_level,
+                zstd_level: this.link.zstd_level,
                 max_message_bytes: COALESCE_MAX,
             },
         };
         let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
-        let (tx, rx) = mpsc::channel(self.limits.queue_messages);
+        let (tx, rx) = mpsc::channel(this.limits.queue_messages);
         let welcome = Welcome {
             protocol_version: PROTOCOL_VERSION,
             params: conn
@@ -202,20 +214,24 @@ impl Link for LinkService {
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
-        let up = self.0.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
-            Metrics::add(&up.metrics.sessions_total, 1);
-            let end = run_session(&up, conn, inbound, tx.clone(), encoder).await;
-            match &end {
-                Ok(()) => info!(application_name = %app, "link session ended"),
-                Err(status) => {
-                    warn!(application_name = %app, "link session ended: {}", status.message());
-                    let _ = tx.send(Err(status.clone())).await;
+        let up = this.clone();
+        let span = tracing::info_span!("link_session", application_name = %app, standby = %hello.standby_addr);
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
+                Metrics::add(&up.metrics.sessions_total, 1);
+                let end = run_session(&up, conn, inbound, tx.clone(), encoder).await;
+                match &end {
+                    Ok(()) => info!(application_name = %app, "link session ended"),
+                    Err(status) => {
+                        warn!(application_name = %app, "link session ended: {}", status.message());
+                        let _ = tx.send(Err(status.clone())).await;
+                    }
                 }
             }
-        });
+            .instrument(span),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
