@@ -378,7 +378,14 @@ async fn relay(
     tokio::pin!(to_standby, from_standby);
     let end = tokio::select! {
         end = &mut to_standby => end,
-        end = &mut from_standby => end,
+        // The standby left, or the link went away: in the latter case the other direction
+        // knows why (e.g. the upstream shutting down), and the standby should hear it.
+        end = &mut from_standby => match end {
+            End::Quiet => tokio::time::timeout(Duration::from_secs(1), &mut to_standby)
+                .await
+                .unwrap_or(End::Quiet),
+            end => end,
+        },
     };
     if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
         ds.start_fallback();
