@@ -2,7 +2,8 @@
 # Makes a Debian 12 machine ready for walrelay's test suite and `walrelay demo`:
 #   - PostgreSQL server binaries (postgres, initdb, pg_ctl, pg_basebackup, pgbench, ...);
 #   - the `postgres` OS user, which runs the servers when tests run as root
-#     (initdb and postgres refuse to run as root).
+#     (initdb and postgres refuse to run as root);
+#   - systemd-analyze, to verify the units in deploy/systemd/.
 # Finds PostgreSQL the way walrelay::cluster::PgInstall::discover() does: $PG_BIN,
 # `pg_config --bindir`, `pg_ctl` on PATH, the highest /usr/lib/postgresql/*/bin.
 #
@@ -87,4 +88,14 @@ fi
 if is_root && ! id -u postgres >/dev/null 2>&1; then
     useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
     say "created the postgres OS user"
+fi
+
+# tests/deploy.rs checks the systemd units with `systemd-analyze verify` (package systemd;
+# installing it does not start it).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    is_root && command -v apt-get >/dev/null 2>&1 \
+        || die "systemd-analyze not found: install the systemd package (Debian: apt-get install systemd)"
+    say "installing systemd (for systemd-analyze verify of deploy/systemd/)"
+    apt-get update -qq
+    apt_install systemd
 fi
