@@ -364,16 +364,7 @@ async fn relay(
     // reader waits for a permit, added when its answer's ReadyForQuery (or CopyBothResponse)
     // has been written to the standby.
     let turns = Semaphore::new(0);
-    let to_standby = link_to_standby(
-        &mut inbound,
-        local_rx,
-        writer,
-        &mut decoder,
-        &ds.metrics,
-        ds.limits.max_message_bytes,
-        &turns,
-        &ds.shutdown,
-    );
+    let to_standby = link_to_standby(&mut inbound, local_rx, writer, &mut decoder, ds, &turns);
     let from_standby = standby_to_link(reader, ltx, local_tx, &turns);
     tokio::pin!(to_standby, from_standby);
     let end = tokio::select! {
@@ -400,11 +391,10 @@ async fn link_to_standby(
     mut local: mpsc::Receiver<Bytes>,
     writer: &mut Writer,
     decoder: &mut WalDecoder,
-    metrics: &Metrics,
-    max_len: usize,
+    ds: &Downstream,
     turns: &Semaphore,
-    shutdown: &CancellationToken,
 ) -> End {
+    let (metrics, max_len, shutdown) = (&*ds.metrics, ds.limits.max_message_bytes, &ds.shutdown);
     let mut out = BytesMut::new();
     let mut restored = Vec::new();
     let mut positions = link::WalPositions::default();
