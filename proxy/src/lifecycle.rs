@@ -49,14 +49,24 @@ impl Signals {
         })
     }
 
-    /// Serves SIGHUP (reloading `path`) until SIGTERM, SIGINT, or a half stopping by itself.
-    pub async fn serve(&mut self, running: &mut Running, path: &Path, log: &LogHandle) {
+    /// Serves SIGHUP (reloading `path`) until SIGTERM or SIGINT (true), or a half stopping by
+    /// itself (false: the process should exit with an error).
+    pub async fn serve(&mut self, running: &mut Running, path: &Path, log: &LogHandle) -> bool {
         loop {
             tokio::select! {
                 _ = self.hup.recv() => reload(running, path, log),
-                _ = self.term.recv() => return info!("SIGTERM: draining"),
-                _ = self.int.recv() => return info!("SIGINT: draining"),
-                _ = running.shutdown.cancelled() => return warn!("a half stopped: shutting down"),
+                _ = self.term.recv() => {
+                    info!("SIGTERM: draining");
+                    return true;
+                }
+                _ = self.int.recv() => {
+                    info!("SIGINT: draining");
+                    return true;
+                }
+                _ = running.shutdown.cancelled() => {
+                    error!("a half stopped (see above): shutting down");
+                    return false;
+                }
             }
         }
     }

@@ -84,8 +84,9 @@ fn main() -> ExitCode {
                 let mut signals = Signals::install().context("installing signal handlers")?;
                 let mut running =
                     walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
-                signals.serve(&mut running, &config, &log).await;
+                let by_signal = signals.serve(&mut running, &config, &log).await;
                 signals.drain(running).await;
+                anyhow::ensure!(by_signal, "a half stopped by itself; see the log above");
                 Ok(())
             });
             // Whatever is still stuck (a peer that stopped reading) is dropped, not waited for.
