@@ -230,6 +230,14 @@ async fn sigterm_during_streaming_exits_cleanly_and_the_standby_resumes() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", env.standby.log_tail(30)));
 
+    // The upstream ended its primary connection with Terminate, not by dropping the socket.
+    let primary_log = std::fs::read_to_string(env.primary.log_path()).unwrap_or_default();
+    assert!(
+        !primary_log.contains("unexpected EOF on standby connection"),
+        "the relay dropped its primary connection without Terminate:\n{}",
+        env.primary.log_tail(20)
+    );
+
     env.relay.restart();
     env.wait_streaming_through_relay().await;
     let status = tokio::task::spawn_blocking(move || load.wait())

@@ -18,9 +18,11 @@
 //! given as `{ file = ... }` or `{ env = ... }` are read again on every reload.
 //!
 //! Stop: on SIGTERM or SIGINT the listeners stop accepting, sessions end with a FATAL to their
-//! standby after delivering what already arrived, and the process exits 0 once they have
-//! ended or `limits.drain_timeout_secs` (plus a second) has passed, whichever comes first. A
-//! second SIGTERM or SIGINT during the drain stops at once.
+//! standby after delivering what already arrived, the upstream ends its primary connections
+//! with Terminate, and the process exits 0 once they have ended or `limits.drain_timeout_secs`
+//! (plus a second) has passed, whichever comes first. A second SIGTERM or SIGINT during the
+//! drain stops at once. A half that stops by itself (e.g. its listener fails) stops the
+//! process with exit status 1.
 
 use std::path::Path;
 use std::time::Duration;

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn, Instrument};
 
@@ -49,6 +50,8 @@ pub struct Upstream {
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
     sessions: Arc<SessionSlots>,
+    /// The session tasks, waited for (bounded) at shutdown.
+    tasks: TaskTracker,
 }
 
 impl Upstream {
@@ -66,6 +69,7 @@ impl Upstream {
             metrics,
             shutdown,
             sessions: SessionSlots::new(),
+            tasks: TaskTracker::new(),
         })
     }
 
@@ -79,6 +83,7 @@ impl Upstream {
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
             sessions: self.sessions.clone(),
+            tasks: self.tasks.clone(),
         })
     }
 }
@@ -103,6 +108,8 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
         builder = builder.tls_config(tls).context("link TLS configuration")?;
     }
     let shutdown = up.shutdown.clone();
+    let tasks = up.tasks.clone();
+    let drain = Duration::from_secs(up.limits.drain_timeout_secs);
     let svc = LinkServer::new(LinkService(live))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
@@ -111,6 +118,11 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .context("link server")?;
+    // The sessions say goodbye to the primary before the process goes.
+    tasks.close();
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        warn!("link sessions did not end within limits.drain_timeout_secs; cutting them");
+    }
     Ok(())
 }
 
@@ -216,7 +228,7 @@ impl Link for LinkService {
         .map_err(|_| Status::cancelled("downstream went away"))?;
         let up = this.clone();
         let span = tracing::info_span!("link_session", application_name = %app, standby = %hello.standby_addr);
-        tokio::spawn(
+        this.tasks.spawn(
             async move {
                 let _permit = permit;
                 let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
@@ -226,7 +238,8 @@ impl Link for LinkService {
                     Ok(()) => info!(application_name = %app, "link session ended"),
                     Err(status) => {
                         warn!(application_name = %app, "link session ended: {}", status.message());
-                        let _ = tx.send(Err(status.clone())).await;
+                        let send = tx.send(Err(status.clone()));
+                        let _ = tokio::time::timeout(Duration::from_secs(1), send).await;
                     }
                 }
             }
@@ -245,15 +258,21 @@ async fn run_session(
 ) -> Result<(), Status> {
     let PrimaryConn {
         reader,
-        writer,
+        mut writer,
         max_message_bytes,
         ..
     } = conn;
-    tokio::select! {
+    let end = tokio::select! {
         r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd) => r,
-        r = link_to_primary(inbound, writer, up.cfg.slot.as_deref()) => r,
+        r = link_to_primary(inbound, &mut writer, up.cfg.slot.as_deref()) => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
-    }
+    };
+    // However the session ended, tell the primary we are done (bounded: a primary that
+    // stopped reading does not hold the session).
+    let mut out = BytesMut::new();
+    encode::terminate(&mut out);
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&out)).await;
+    end
 }
 
 fn primary_gone(e: WireError) -> Status {
@@ -400,9 +419,6 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
             .await
             .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
     }
-    // The downstream closed its side: tell the primary we are done.
-    out.clear();
-    encode::terminate(&mut out);
-    let _ = writer.write_all(&out).await;
+    // The downstream closed its side; run_session tells the primary.
     Ok(())
 }
