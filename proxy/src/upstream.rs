@@ -109,8 +109,7 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
     }
     let shutdown = up.shutdown.clone();
     let tasks = up.tasks.clone();
-    let drain = Duration::from_secs(up.limits.drain_timeout_secs);
-    let svc = LinkServer::new(LinkService(live))
+    let svc = LinkServer::new(LinkService(live.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     builder
@@ -120,6 +119,7 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
         .context("link server")?;
     // The sessions say goodbye to the primary before the process goes.
     tasks.close();
+    let drain = Duration::from_secs(live.get().limits.drain_timeout_secs);
     if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
         warn!("link sessions did not end within limits.drain_timeout_secs; cutting them");
     }
