@@ -4,6 +4,7 @@
 #   - the `postgres` OS user, which runs the servers when tests run as root
 #     (initdb and postgres refuse to run as root);
 #   - headless Chromium (Debian's `chromium`), which renders the status page in tests/metrics.rs.
+#   - systemd-analyze, to verify the units in deploy/systemd/.
 # Finds PostgreSQL the way walrelay::cluster::PgInstall::discover() does: $PG_BIN,
 # `pg_config --bindir`, `pg_ctl` on PATH, the highest /usr/lib/postgresql/*/bin.
 #
@@ -98,4 +99,13 @@ if ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq
     apt_install chromium
     command -v chromium >/dev/null 2>&1 || die "installed chromium but the chromium command is still missing"
+fi
+# tests/deploy.rs checks the systemd units with `systemd-analyze verify` (package systemd;
+# installing it does not start it).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    is_root && command -v apt-get >/dev/null 2>&1 \
+        || die "systemd-analyze not found: install the systemd package (Debian: apt-get install systemd)"
+    say "installing systemd (for systemd-analyze verify of deploy/systemd/)"
+    apt-get update -qq
+    apt_install systemd
 fi

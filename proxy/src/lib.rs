@@ -20,7 +20,8 @@
 //! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
 //! - [`metrics`]: process counters; [`monitor`]: per-standby state, codec totals, the
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
-//! - [`relay`]: starts and drains the configured halves.
+//! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
+//!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`).
 //! - [`cluster`], [`demo`]: throw-away PostgreSQL clusters for the demo, the bench and the tests.
 pub mod bench;
@@ -29,7 +30,9 @@ pub mod codec;
 pub mod config;
 pub mod conninfo;
 pub mod demo;
+pub mod lifecycle;
 pub mod link;
+pub mod live;
 pub mod logging;
 pub mod lsn;
 pub mod metrics;

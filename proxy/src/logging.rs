@@ -1,18 +1,95 @@
-//! tracing setup: text or JSON, filter from `log.level` (RUST_LOG overrides). Colours only when
-//! standard error is a terminal, so journald and log files get plain text.
+//! tracing setup: text or JSON lines on standard error, filter from `log.level` (RUST_LOG
+//! overrides it). Colours only when standard error is a terminal, so journald and log files get
+//! plain text.
+//!
+//! JSON format (`log.format = "json"`), one object per line:
+//!
+//! ```text
+//! {"timestamp":"2026-11-22T05:40:01.123456Z","level":"INFO","message":"standby authenticated",
+//!  "peer":"10.0.2.7:51234","user":"replicator","target":"walrelay::walsender::startup",
+//!  "span":{"peer":"10.0.2.7:51234","name":"standby"},"spans":[{"peer":"...","name":"standby"}]}
+//! ```
+//!
+//! `timestamp` (RFC 3339, UTC), `level`, `target` and `message` are always there; the event's
+//! own fields sit next to `message`; `span` is the innermost span the event happened in and
+//! `spans` all of them, outermost first, each with its fields and `name` (both absent outside
+//! any span).
+//!
+//! The filter can be replaced while running ([`LogHandle::set_level`], used on SIGHUP); the
+//! format cannot.
 
 use std::io::IsTerminal;
 
-pub fn init(level: &str, format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = if format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
+
+/// Changes the log filter of the running process.
+#[derive(Clone)]
+pub struct LogHandle {
+    filter: reload::Handle<EnvFilter, Registry>,
+    /// RUST_LOG was set at start: it keeps overriding `log.level`.
+    env_override: bool,
+}
+
+/// Why the log level could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("log.level {level:?} is not a valid filter: {reason}")]
+    BadFilter { level: String, reason: String },
+    #[error("the logging subscriber is gone: {0}")]
+    Gone(String),
+}
+
+impl LogHandle {
+    /// Installs `level` as the filter; false (and nothing changed) when RUST_LOG overrides it.
+    pub fn set_level(&self, level: &str) -> Result<bool, LogError> {
+        if self.env_override {
+            return Ok(false);
+        }
+        let f = EnvFilter::try_new(level).map_err(|e| LogError::BadFilter {
+            level: level.into(),
+            reason: e.to_string(),
+        })?;
+        self.filter
+            .reload(f)
+            .map_err(|e| LogError::Gone(e.to_string()))?;
+        Ok(true)
+    }
+
+    /// RUST_LOG is set and wins over `log.level`.
+    pub fn env_override(&self) -> bool {
+        self.env_override
+    }
+}
+
+/// Installs the global subscriber (once per process; later calls only return a handle that
+/// changes nothing visible). `format` is "text" or "json" (checked by the config).
+pub fn init(level: &str, format: &str) -> LogHandle {
+    let from_env = EnvFilter::try_from_default_env().ok();
+    let env_override = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(level));
+    let (filter, handle) = reload::Layer::new(filter);
+    let json = (format == "json").then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_writer(std::io::stderr)
+    });
+    let text = (format != "json").then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(json)
+        .with(text)
+        .try_init();
+    LogHandle {
+        filter: handle,
+        env_override,
+    }
 }

@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the halves configured in FILE until SIGTERM/SIGINT.
+    /// Run the halves configured in FILE until SIGTERM/SIGINT (drain, then exit 0); SIGHUP
+    /// reloads FILE.
     Run {
         #[arg(long, short)]
         config: PathBuf,
@@ -82,14 +83,21 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return config_error(&e),
             };
-            walrelay::logging::init(&cfg.log.level, &cfg.log.format);
-            exit(runtime().block_on(async move {
-                let running =
+            let log = walrelay::logging::init(&cfg.log.level, &cfg.log.format);
+            let rt = runtime();
+            let r = rt.block_on(async move {
+                use walrelay::lifecycle::Signals;
+                let mut signals = Signals::install().context("installing signal handlers")?;
+                let mut running =
                     walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
-                walrelay::relay::wait_for_signal().await;
-                running.shutdown().await;
+                let by_signal = signals.serve(&mut running, &config, &log).await;
+                signals.drain(running).await;
+                anyhow::ensure!(by_signal, "a half stopped by itself; see the log above");
                 Ok(())
-            }))
+            });
+            // Whatever is still stuck (a peer that stopped reading) is dropped, not waited for.
+            rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
+            exit(r)
         }
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");

@@ -2,7 +2,7 @@
 //!
 //! Shutdown: a signal (or the caller) cancels the token; listeners stop accepting, sessions end
 //! with a FATAL to their standby, and [`Running::shutdown`] waits for them at most
-//! `limits.drain_timeout_secs`.
+//! `limits.drain_timeout_secs`. Reloading (SIGHUP) is in [`crate::lifecycle`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Resolved;
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::{upstream, walsender};
 
@@ -26,7 +27,10 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
-    drain: Duration,
+    /// The settings in force (a reload replaces the parts that can change live).
+    pub(crate) config: Resolved,
+    pub(crate) upstream: Option<Arc<Live<upstream::Upstream>>>,
+    pub(crate) downstream: Option<Arc<Live<walsender::Downstream>>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -37,6 +41,7 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
     let mut tasks = Vec::new();
     let mut upstream_addr = None;
     let mut downstream_addr = None;
+    let (mut up_live, mut down_live) = (None, None);
     if let Some(u) = cfg.upstream.clone() {
         let listener = TcpListener::bind(u.listen)
             .await
@@ -50,9 +55,11 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
             metrics.clone(),
             shutdown.clone(),
         );
+        let live = Live::new(up);
+        up_live = Some(live.clone());
         let token = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = upstream::serve(up, listener).await {
+            if let Err(e) = upstream::serve(live, listener).await {
                 warn!("upstream half stopped: {e:#}");
                 token.cancel();
             }
@@ -71,7 +78,9 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
             metrics.clone(),
             shutdown.clone(),
         )?;
-        tasks.push(tokio::spawn(walsender::serve(ds, listener)));
+        let live = Live::new(ds);
+        down_live = Some(live.clone());
+        tasks.push(tokio::spawn(walsender::serve(live, listener)));
     }
     let metrics_addr = match cfg.metrics {
         Some(addr) => Some(start_metrics(&cfg, addr, &metrics, &shutdown).await?),
@@ -83,7 +92,9 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
         metrics_addr,
         metrics,
         shutdown,
-        drain: Duration::from_secs(cfg.limits.drain_timeout_secs),
+        config: cfg,
+        upstream: up_live,
+        downstream: down_live,
         tasks,
     })
 }
@@ -115,22 +126,12 @@ impl Running {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let all = futures::future::join_all(self.tasks);
-        if tokio::time::timeout(self.drain + Duration::from_secs(1), all)
+        let drain = Duration::from_secs(self.config.limits.drain_timeout_secs);
+        if tokio::time::timeout(drain + Duration::from_secs(1), all)
             .await
             .is_err()
         {
             warn!("shutdown: halves did not stop within the drain timeout");
         }
-    }
-}
-
-/// Waits for SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining"),
-        _ = int.recv() => info!("SIGINT: draining"),
     }
 }

@@ -17,12 +17,13 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
@@ -33,6 +34,7 @@ use walrelay_proto::PROTOCOL_VERSION;
 use crate::codec::{checksum, Setup, ShadowZstd, WalEncoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo, WalHeader};
+use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PrimaryConn};
@@ -48,7 +50,9 @@ pub struct Upstream {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
-    sessions: Arc<Semaphore>,
+    sessions: Arc<SessionSlots>,
+    /// The session tasks, waited for (bounded) at shutdown.
+    tasks: TaskTracker,
 }
 
 impl Upstream {
@@ -59,21 +63,37 @@ impl Upstream {
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> Arc<Upstream> {
-        let sessions = Arc::new(Semaphore::new(limits.max_sessions));
         Arc::new(Upstream {
             cfg,
             link,
             limits,
             metrics,
             shutdown,
-            sessions,
+            sessions: SessionSlots::new(),
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// The same half with reloaded settings for the sessions that open from now on (the
+    /// session count, metrics and shutdown are shared with `self`).
+    pub fn reconfigured(&self, cfg: ResolvedUpstream, limits: Limits) -> Arc<Upstream> {
+        Arc::new(Upstream {
+            cfg,
+            link: self.link.clone(),
+            limits,
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            sessions: self.sessions.clone(),
+            tasks: self.tasks.clone(),
         })
     }
 }
 
-/// Serves the link on `listener` until the shutdown token fires and sessions have ended.
-pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<()> {
+/// Serves the link on `listener` until the shutdown token fires and sessions have ended. Each
+/// link session uses the settings current in `live` when it opens.
+pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::Result<()> {
     use anyhow::Context;
+    let up = live.get();
     let metrics = up.metrics.clone();
     let incoming = TcpListenerStream::new(listener).map(move |s| {
         s.map(|s| {
@@ -89,7 +109,8 @@ pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<(
         builder = builder.tls_config(tls).context("link TLS configuration")?;
     }
     let shutdown = up.shutdown.clone();
-    let svc = LinkServer::new(LinkService(up))
+    let tasks = up.tasks.clone();
+    let svc = LinkServer::new(LinkService(live.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     builder
@@ -97,20 +118,19 @@ pub async fn serve(up: Arc<Upstream>, listener: TcpListener) -> anyhow::Result<(
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .context("link server")?;
+    // The sessions say goodbye to the primary before the process goes.
+    tasks.close();
+    let drain = Duration::from_secs(live.get().limits.drain_timeout_secs);
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        warn!("link sessions did not end within limits.drain_timeout_secs; cutting them");
+    }
     Ok(())
 }
 
 type SessionStream = ReceiverStream<Result<ToDownstream, Status>>;
 
 /// The gRPC service: one link session per standby session.
-struct LinkService(Arc<Upstream>);
-
-impl std::ops::Deref for LinkService {
-    type Target = Arc<Upstream>;
-    fn deref(&self) -> &Arc<Upstream> {
-        &self.0
-    }
-}
+struct LinkService(Arc<Live<Upstream>>);
 
 #[tonic::async_trait]
 impl Link for LinkService {
@@ -120,13 +140,17 @@ impl Link for LinkService {
         &self,
         request: Request<Streaming<ToUpstream>>,
     ) -> Result<Response<SessionStream>, Status> {
+        let this = self.0.get();
         let peer = request
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted("the upstream has reached limits.max_sessions")
-        })?;
+        let permit = this
+            .sessions
+            .try_take(this.limits.max_sessions)
+            .ok_or_else(|| {
+                Status::resource_exhausted("the upstream has reached limits.max_sessions")
+            })?;
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
             Ok(Some(Ok(ToUpstream {
@@ -146,7 +170,7 @@ impl Link for LinkService {
         }
         let codec = CodecKind::from_name(&hello.codec)
             .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
-        let window_log = self
+        let window_log = this
             .link
             .zstd_window_log
             .min(hello.zstd_window_log_max.max(10));
@@ -156,13 +180,13 @@ impl Link for LinkService {
             hello.application_name.clone()
         };
         info!(%peer, standby = %hello.standby_addr, application_name = %app, user = %hello.standby_user, "link session opened");
-        let mut conn = pgclient::connect(&self.cfg.primary, &app, self.limits.max_message_bytes)
+        let mut conn = pgclient::connect(&this.cfg.primary, &app, this.limits.max_message_bytes)
             .await
             .map_err(|e| {
                 warn!(application_name = %app, "cannot open the primary connection: {e}");
                 Status::unavailable(e.to_string())
             })?;
-        if let Some(slot) = &self.cfg.slot {
+        if let Some(slot) = &this.cfg.slot {
             if conn.ensure_physical_slot(slot).await.map_err(|e| {
                 Status::unavailable(format!("cannot create slot {slot:?} on the primary: {e}"))
             })? {
@@ -172,18 +196,18 @@ impl Link for LinkService {
         let pg_major = server_major(&conn.params);
         let setup = Setup {
             kind: codec,
-            zstd_level: self.link.zstd_level,
+            zstd_level: this.link.zstd_level,
             window_log,
             wal: walcodec::CodecParams {
                 pg_major,
-                block_cache_bytes: self.link.block_cache_bytes.min(hello.block_cache_bytes_max)
+                block_cache_bytes: this.link.block_cache_bytes.min(hello.block_cache_bytes_max)
                     as usize,
-                zstd_level: self.link.zstd_level,
+                zstd_level: this.link.zstd_level,
                 max_message_bytes: COALESCE_MAX,
             },
         };
         let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
-        let (tx, rx) = mpsc::channel(self.limits.queue_messages);
+        let (tx, rx) = mpsc::channel(this.limits.queue_messages);
         let welcome = Welcome {
             protocol_version: PROTOCOL_VERSION,
             params: conn
@@ -203,27 +227,32 @@ impl Link for LinkService {
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
-        let up = self.0.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
-            Metrics::add(&up.metrics.sessions_total, 1);
-            let standby =
-                up.metrics
-                    .ops
-                    .standbys
-                    .register(Half::Upstream, &app, &hello.standby_addr);
-            standby.set_slot(up.cfg.slot.as_deref());
-            let end = run_session(&up, conn, inbound, tx.clone(), encoder, &standby).await;
-            match &end {
-                Ok(()) => info!(application_name = %app, "link session ended"),
-                Err(status) => {
-                    Metrics::add(&up.metrics.ops.sessions_failed_upstream, 1);
-                    warn!(application_name = %app, "link session ended: {}", status.message());
-                    let _ = tx.send(Err(status.clone())).await;
+        let up = this.clone();
+        let span = tracing::info_span!("link_session", application_name = %app, standby = %hello.standby_addr);
+        this.tasks.spawn(
+            async move {
+                let _permit = permit;
+                let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
+                Metrics::add(&up.metrics.sessions_total, 1);
+                let standby =
+                    up.metrics
+                        .ops
+                        .standbys
+                        .register(Half::Upstream, &app, &hello.standby_addr);
+                standby.set_slot(up.cfg.slot.as_deref());
+                let end = run_session(&up, conn, inbound, tx.clone(), encoder, &standby).await;
+                match &end {
+                    Ok(()) => info!(application_name = %app, "link session ended"),
+                    Err(status) => {
+                        Metrics::add(&up.metrics.ops.sessions_failed_upstream, 1);
+                        warn!(application_name = %app, "link session ended: {}", status.message());
+                        let send = tx.send(Err(status.clone()));
+                        let _ = tokio::time::timeout(Duration::from_secs(1), send).await;
+                    }
                 }
             }
-        });
+            .instrument(span),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -238,15 +267,21 @@ async fn run_session(
 ) -> Result<(), Status> {
     let PrimaryConn {
         reader,
-        writer,
+        mut writer,
         max_message_bytes,
         ..
     } = conn;
-    tokio::select! {
+    let end = tokio::select! {
         r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd, standby) => r,
-        r = link_to_primary(inbound, writer, up.cfg.slot.as_deref(), standby) => r,
+        r = link_to_primary(inbound, &mut writer, up.cfg.slot.as_deref(), standby) => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
-    }
+    };
+    // However the session ended, tell the primary we are done (bounded: a primary that
+    // stopped reading does not hold the session).
+    let mut out = BytesMut::new();
+    encode::terminate(&mut out);
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&out)).await;
+    end
 }
 
 fn primary_gone(e: WireError) -> Status {
@@ -418,9 +453,6 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
             .await
             .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
     }
-    // The downstream closed its side: tell the primary we are done.
-    out.clear();
-    encode::terminate(&mut out);
-    let _ = writer.write_all(&out).await;
+    // The downstream closed its side; run_session tells the primary.
     Ok(())
 }

@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
@@ -38,6 +38,7 @@ use walrelay_proto::PROTOCOL_VERSION;
 use crate::codec::{Setup, WalDecoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
+use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::BoxIo;
@@ -58,10 +59,10 @@ pub struct Downstream {
     pub shutdown: CancellationToken,
     channel: Channel,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    sessions: Arc<Semaphore>,
+    sessions: Arc<SessionSlots>,
     /// After WAL failed verification with the `wal` codec, sessions use plain `zstd` until
     /// then, so a codec bug can never keep a standby from replicating.
-    fallback_until: std::sync::Mutex<Option<std::time::Instant>>,
+    fallback_until: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// How long sessions use plain zstd after an integrity failure of the `wal` codec.
@@ -82,7 +83,6 @@ impl Downstream {
             )),
             None => None,
         };
-        let sessions = Arc::new(Semaphore::new(limits.max_sessions));
         Ok(Arc::new(Downstream {
             cfg,
             link_cfg,
@@ -91,9 +91,30 @@ impl Downstream {
             shutdown,
             channel,
             tls,
-            sessions,
-            fallback_until: std::sync::Mutex::new(None),
+            sessions: SessionSlots::new(),
+            fallback_until: Arc::default(),
         }))
+    }
+
+    /// The same half with reloaded users, auth method and limits for the connections that
+    /// arrive from now on. The listener, the link and TLS stay as they are (they need a
+    /// restart), and so do the session count and the codec fallback.
+    pub fn reconfigured(&self, cfg: &ResolvedDownstream, limits: Limits) -> Arc<Downstream> {
+        Arc::new(Downstream {
+            cfg: ResolvedDownstream {
+                auth: cfg.auth,
+                users: cfg.users.clone(),
+                ..self.cfg.clone()
+            },
+            link_cfg: self.link_cfg.clone(),
+            limits,
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            channel: self.channel.clone(),
+            tls: self.tls.clone(),
+            sessions: self.sessions.clone(),
+            fallback_until: self.fallback_until.clone(),
+        })
     }
 }
 
@@ -120,12 +141,15 @@ impl Downstream {
 }
 
 /// Accepts standbys until shutdown, then waits (bounded by `limits.drain_timeout_secs`) for
-/// their sessions to end; sessions themselves end at shutdown with a FATAL like PostgreSQL's.
-pub async fn serve(ds: Arc<Downstream>, listener: TcpListener) {
+/// their sessions to end; sessions themselves end at shutdown with a FATAL like PostgreSQL's,
+/// after the WAL already received from the link (at most [`DRAIN_MAX_MESSAGES`] messages).
+/// Each connection uses the settings current in `live` when it arrives.
+pub async fn serve(live: Arc<Live<Downstream>>, listener: TcpListener) {
     let tracker = TaskTracker::new();
+    let shutdown = live.get().shutdown.clone();
     loop {
         let (sock, peer) = tokio::select! {
-            _ = ds.shutdown.cancelled() => break,
+            _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -135,12 +159,13 @@ pub async fn serve(ds: Arc<Downstream>, listener: TcpListener) {
                 }
             },
         };
-        let ds = ds.clone();
-        tracker.spawn(async move { handle_connection(ds, sock, peer).await });
+        let ds = live.get();
+        let span = tracing::info_span!("standby", %peer);
+        tracker.spawn(handle_connection(ds, sock, peer).instrument(span));
     }
     tracker.close();
     if tokio::time::timeout(
-        Duration::from_secs(ds.limits.drain_timeout_secs),
+        Duration::from_secs(live.get().limits.drain_timeout_secs),
         tracker.wait(),
     )
     .await
@@ -167,7 +192,7 @@ impl End {
 
 async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAddr) {
     let _ = sock.set_nodelay(true);
-    let Ok(_permit) = ds.sessions.clone().try_acquire_owned() else {
+    let Some(_slot) = ds.sessions.try_take(ds.limits.max_sessions) else {
         warn!(%peer, "refusing standby connection: limits.max_sessions reached");
         let mut sock = sock;
         let mut out = BytesMut::new();
@@ -199,7 +224,15 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
     };
     let end = tokio::select! {
         end = relay(&ds, &mut reader, &mut writer, &standby) => end,
-        _ = ds.shutdown.cancelled() => End::fatal("57P01", "terminating connection due to administrator command (walrelay is shutting down)"),
+        // The session ends by itself at shutdown (see link_to_standby); this cuts one whose
+        // standby stopped reading, mid-message, so nothing more is written to it.
+        _ = async {
+            ds.shutdown.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(ds.limits.drain_timeout_secs)).await;
+        } => {
+            warn!(%peer, application_name = %standby.application_name, "standby session cut: it did not end within limits.drain_timeout_secs");
+            return;
+        }
     };
     match &end {
         End::Quiet => {
@@ -270,7 +303,11 @@ async fn relay(
         Ok::<_, tonic::Status>((inbound, first))
     };
     let deadline = Duration::from_secs(ds.link_cfg.connect_timeout_secs + 30);
-    let (mut inbound, welcome) = match tokio::time::timeout(deadline, open).await {
+    let open = tokio::select! {
+        r = tokio::time::timeout(deadline, open) => r,
+        _ = ds.shutdown.cancelled() => return shutting_down(),
+    };
+    let (mut inbound, welcome) = match open {
         Err(_) => return unreachable("timed out".into()),
         Ok(Err(status)) => return unreachable(status.message().to_string()),
         Ok(Ok((
@@ -348,7 +385,14 @@ async fn relay(
     tokio::pin!(to_standby, from_standby);
     let end = tokio::select! {
         end = &mut to_standby => end,
-        end = &mut from_standby => end,
+        // The standby left, or the link went away: in the latter case the other direction
+        // knows why (e.g. the upstream shutting down), and the standby should hear it.
+        end = &mut from_standby => match end {
+            End::Quiet => tokio::time::timeout(Duration::from_secs(1), &mut to_standby)
+                .await
+                .unwrap_or(End::Quiet),
+            end => end,
+        },
     };
     if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
         ds.start_fallback();
@@ -367,17 +411,29 @@ async fn link_to_standby(
     turns: &Semaphore,
     entry: &StandbyHandle,
 ) -> End {
-    let (metrics, max_len) = (&*ds.metrics, ds.limits.max_message_bytes);
+    let (metrics, max_len, shutdown) = (&*ds.metrics, ds.limits.max_message_bytes, &ds.shutdown);
     let mut out = BytesMut::new();
     let mut restored = Vec::new();
     let mut positions = link::WalPositions::default();
+    // At shutdown: messages still delivered, from those already received.
+    let mut drain: Option<usize> = None;
     loop {
         out.clear();
         let mut turns_done: usize = 0;
         // (primary's WAL end, end of the WAL delivered) for the standby's entry.
         let mut seen = (None, None);
+        if let Some(left) = drain.as_mut() {
+            if *left == 0 {
+                return shutting_down();
+            }
+            *left -= 1;
+        }
         tokio::select! {
             biased;
+            _ = shutdown.cancelled(), if drain.is_none() => {
+                drain = Some(DRAIN_MAX_MESSAGES);
+                continue;
+            }
             l = local.recv() => match l {
                 Some(b) => {
                     out.extend_from_slice(&b);
@@ -411,6 +467,8 @@ async fn link_to_standby(
                 }
                 Some(Ok(_)) => return End::fatal("08P01", "walrelay: unexpected message from the upstream"),
             },
+            // Draining and nothing more has arrived: done.
+            _ = std::future::ready(()), if drain.is_some() => return shutting_down(),
         }
         if writer.write_all(&out).await.is_err() {
             return End::Quiet;
@@ -423,6 +481,17 @@ async fn link_to_standby(
             entry.wal(end);
         }
     }
+}
+
+/// At shutdown, most link messages a session still delivers from what has already arrived
+/// before it ends (a bound, so an upstream that keeps sending cannot hold the drain).
+pub const DRAIN_MAX_MESSAGES: usize = 256;
+
+fn shutting_down() -> End {
+    End::fatal(
+        "57P01",
+        "terminating connection due to administrator command (walrelay is shutting down)",
+    )
 }
 
 /// Checks that `b` is a sequence of whole backend messages; returns how many of them end a

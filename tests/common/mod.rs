@@ -34,6 +34,8 @@ pub struct Relay {
     pub log: PathBuf,
     pub downstream: Option<u16>,
     pub upstream: Option<u16>,
+    /// Run without RUST_LOG, so `[log] level` of the config decides (and SIGHUP can change it).
+    pub log_from_config: bool,
 }
 
 impl Relay {
@@ -46,6 +48,18 @@ impl Relay {
         downstream: Option<u16>,
         upstream: Option<u16>,
     ) -> Relay {
+        Relay::start_with(root, name, toml, downstream, upstream, false)
+    }
+
+    /// [`Relay::start`], optionally with the log filter from the config instead of RUST_LOG.
+    pub fn start_with(
+        root: &Path,
+        name: &str,
+        toml: &str,
+        downstream: Option<u16>,
+        upstream: Option<u16>,
+        log_from_config: bool,
+    ) -> Relay {
         let config = root.join(format!("{name}.toml"));
         std::fs::write(&config, toml).unwrap();
         let log = root.join(format!("{name}.log"));
@@ -55,9 +69,39 @@ impl Relay {
             log,
             downstream,
             upstream,
+            log_from_config,
         };
         r.spawn();
         r
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGHUP`) to the running process.
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().expect("walrelay is not running").id();
+        assert_eq!(
+            unsafe { libc::kill(pid as i32, sig) },
+            0,
+            "kill({pid}, {sig})"
+        );
+    }
+
+    /// Sends `sig` (SIGTERM or SIGINT), then waits for exit (bounded); returns the exit
+    /// status, or None (after SIGKILL) if the process was still running at `within`.
+    pub fn stop_with(&mut self, sig: i32, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        unsafe { libc::kill(c.id() as i32, sig) };
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn spawn(&mut self) {
@@ -66,10 +110,14 @@ impl Relay {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .env("RUST_LOG", "walrelay=debug,info")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_walrelay"));
+        cmd.args(["run", "--config"]).arg(&self.config);
+        if self.log_from_config {
+            cmd.env_remove("RUST_LOG");
+        } else {
+            cmd.env("RUST_LOG", "walrelay=debug,info");
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -109,20 +157,7 @@ impl Relay {
 
     /// SIGTERM, then wait for exit (bounded); returns the exit status.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let mut c = self.child.take()?;
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.stop_with(libc::SIGTERM, within)
     }
 
     pub fn restart(&mut self) {
@@ -220,6 +255,8 @@ pub struct EnvOpts {
     /// PostgreSQL major to run (default: the system's, see `install()`).
     pub major: Option<u32>,
     pub standby_extra_conf: Vec<(String, String)>,
+    /// The relay logs with `[log] level` of its config, not the harness's RUST_LOG.
+    pub log_from_config: bool,
 }
 
 pub fn standby_conninfo(down_port: u16) -> String {
@@ -254,7 +291,14 @@ pub async fn env(opts: EnvOpts) -> Env {
     if opts.trust {
         toml = toml.replace("auth = \"scram-sha-256\"", "auth = \"trust\"");
     }
-    let relay = Relay::start(root.path(), "relay", &toml, Some(down_port), Some(up_port));
+    let relay = Relay::start_with(
+        root.path(),
+        "relay",
+        &toml,
+        Some(down_port),
+        Some(up_port),
+        opts.log_from_config,
+    );
     let mut sopts = StandbyOpts::new(standby_conninfo(down_port));
     sopts.application_name = Some("standby1".into());
     sopts.extra_conf = opts.standby_extra_conf;
@@ -399,10 +443,12 @@ pub fn compare_segments(a: &Path, b: &Path, before: &str) -> usize {
 }
 
 /// A TCP forwarder standing for the WAN link: `cut()` drops every connection and refuses new
-/// ones until `restore()`.
+/// ones until `restore()`; `freeze()` keeps connections open but stops moving bytes (a link
+/// that hangs) until `thaw()`.
 pub struct CutProxy {
     pub port: u16,
     up: Arc<AtomicBool>,
+    frozen: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
     /// Flip one byte of the upstream → downstream stream once this many more bytes passed.
     corrupt_after: Arc<std::sync::atomic::AtomicI64>,
@@ -413,6 +459,8 @@ impl CutProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = Arc::new(AtomicBool::new(true));
+        let frozen = Arc::new(AtomicBool::new(false));
+        let frz = frozen.clone();
         let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
         let corrupt_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
         let (u, cs, corrupt) = (up.clone(), conns.clone(), corrupt_after.clone());
@@ -442,6 +490,7 @@ impl CutProxy {
                     (server, client, true),
                 ] {
                     let corrupt = corrupt.clone();
+                    let frozen = frz.clone();
                     std::thread::spawn(move || {
                         use std::io::{Read, Write};
                         let mut buf = vec![0u8; 64 * 1024];
@@ -459,6 +508,9 @@ impl CutProxy {
                                     corrupt.store(left - n as i64, Ordering::SeqCst);
                                 }
                             }
+                            while frozen.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
                             if to.write_all(&buf[..n]).is_err() {
                                 break;
                             }
@@ -472,6 +524,7 @@ impl CutProxy {
         CutProxy {
             port,
             up,
+            frozen,
             conns,
             corrupt_after,
         }
@@ -491,6 +544,14 @@ impl CutProxy {
         for c in self.conns.lock().unwrap().drain(..) {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    pub fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
     }
 
     pub fn restore(&self) {

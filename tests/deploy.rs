@@ -1,0 +1,403 @@
+//! deploy/: every example configuration passes `walrelay check-config` (the real binary),
+//! the Kubernetes manifests parse and hang together (names, ports, probes, hardening), and
+//! the systemd units pass `systemd-analyze verify`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_yaml::Value;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Absolute paths the examples use, moved under a test directory.
+const PREFIXES: &[&str] = &["/etc/walrelay/", "/run/credentials/"];
+
+/// Rewrites the example's absolute paths into `root` and returns the rewritten text and the
+/// files it names outside comments (the path as the example has it → the path under `root`).
+fn relocate(text: &str, root: &Path) -> (String, BTreeMap<String, PathBuf>) {
+    let mut named = BTreeMap::new();
+    let mut out = text.to_string();
+    let toml: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for prefix in PREFIXES {
+        let mut from = 0;
+        while let Some(i) = toml[from..].find(prefix) {
+            let start = from + i;
+            let end = toml[start..]
+                .find(|c: char| c == '"' || c == '\'' || c.is_whitespace())
+                .map_or(toml.len(), |n| start + n);
+            let path = &toml[start..end];
+            named.insert(path.to_string(), root.join(path.trim_start_matches('/')));
+            from = end;
+        }
+        out = out.replace(prefix, &format!("{}{prefix}", root.display()));
+    }
+    (out, named)
+}
+
+/// Runs `walrelay check-config` on `toml` (with its files relocated to `root`, which the
+/// caller filled); asserts success and returns its output.
+fn check_config(name: &str, toml: &str, root: &Path) -> String {
+    let path = root.join(name);
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env_clear()
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} fails check-config: {text}");
+    text
+}
+
+fn write(path: &Path, contents: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, contents).unwrap();
+}
+
+#[test]
+fn example_tomls_pass_check_config() {
+    let tomls = files(&deploy(), "toml");
+    assert_eq!(tomls.len(), 2, "{tomls:?}");
+    for f in tomls {
+        let root = tempfile::tempdir().unwrap();
+        let (text, named) = relocate(&std::fs::read_to_string(&f).unwrap(), root.path());
+        assert!(!named.is_empty(), "{}: no files named", f.display());
+        for (orig, path) in &named {
+            let contents = if orig.ends_with(".scram") {
+                walrelay::scram::new_verifier("dummy")
+            } else {
+                "dummy".into()
+            };
+            write(path, &contents);
+        }
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let out = check_config(&name, &text, root.path());
+        let half = name.trim_end_matches(".toml");
+        assert!(out.contains(&format!("OK ({half})")), "{name}: {out}");
+    }
+}
+
+/// Every document of every manifest under deploy/k8s.
+fn manifests() -> Vec<(String, Value)> {
+    let mut docs = Vec::new();
+    for f in files(&deploy().join("k8s"), "yaml") {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        for d in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: {e}"));
+            docs.push((name.clone(), v));
+        }
+    }
+    docs
+}
+
+use serde::Deserialize;
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    get(v, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("{path:?} is not a string in {v:?}"))
+}
+
+fn get<'a>(v: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(v, |v, k| &v[*k])
+}
+
+fn of_kind<'a>(docs: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|(_, d)| d["kind"].as_str() == Some(kind))
+        .map(|(_, d)| d)
+        .collect()
+}
+
+#[test]
+fn k8s_configs_pass_check_config_with_the_secret_mounted() {
+    let docs = manifests();
+    let cms = of_kind(&docs, "ConfigMap");
+    let secrets = of_kind(&docs, "Secret");
+    assert_eq!((cms.len(), secrets.len()), (1, 1));
+    let secret = get(secrets[0], &["stringData"]).as_mapping().unwrap();
+    let data = get(cms[0], &["data"]).as_mapping().unwrap();
+    let mut checked = 0;
+    for (key, toml) in data {
+        let (key, toml) = (key.as_str().unwrap(), toml.as_str().unwrap());
+        assert!(key.ends_with(".toml"), "{key}");
+        let root = tempfile::tempdir().unwrap();
+        let (text, named) = relocate(toml, root.path());
+        // Every file the config names is a key of the Secret, mounted at /etc/walrelay/secrets.
+        for (orig, path) in &named {
+            let k = orig
+                .strip_prefix("/etc/walrelay/secrets/")
+                .unwrap_or_else(|| panic!("{key}: {orig} is not in the mounted Secret"));
+            let v = secret
+                .get(k)
+                .unwrap_or_else(|| panic!("{key}: the Secret has no key {k}"));
+            let contents = if k.ends_with(".scram") {
+                // The Secret holds a placeholder; it must at least be in the right form.
+                let v = v.as_str().unwrap();
+                v.parse::<walrelay::scram::ScramVerifier>()
+                    .unwrap_or_else(|e| panic!("Secret key {k}: {e}"));
+                v.to_string()
+            } else {
+                v.as_str().unwrap().to_string()
+            };
+            write(path, &contents);
+        }
+        let out = check_config(key, &text, root.path());
+        assert!(
+            out.contains(&format!("OK ({})", key.trim_end_matches(".toml"))),
+            "{key}: {out}"
+        );
+        // The probes and the metrics Services need the metrics listener on 9187.
+        let parsed: toml::Value = toml::from_str(toml).unwrap();
+        assert_eq!(
+            parsed
+                .get("metrics")
+                .and_then(|m| m.get("listen"))
+                .and_then(|l| l.as_str()),
+            Some("0.0.0.0:9187"),
+            "{key}: [metrics] listen must serve the probes"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
+#[test]
+fn k8s_manifests_are_consistent_and_hardened() {
+    let docs = manifests();
+    for (file, d) in &docs {
+        for k in ["apiVersion", "kind"] {
+            assert!(d[k].as_str().is_some(), "{file}: no {k}");
+        }
+        if d["kind"].as_str() != Some("Kustomization") {
+            assert!(d["metadata"]["name"].as_str().is_some(), "{file}: no name");
+        }
+    }
+    // The kustomization lists every manifest.
+    let kust = of_kind(&docs, "Kustomization");
+    let listed: Vec<&str> = kust[0]["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for f in files(&deploy().join("k8s"), "yaml") {
+        let n = f.file_name().unwrap().to_str().unwrap();
+        assert!(
+            n == "kustomization.yaml" || listed.contains(&n),
+            "{n} not in the kustomization"
+        );
+    }
+    let cm = of_kind(&docs, "ConfigMap")[0];
+    let secret = of_kind(&docs, "Secret")[0];
+    let deployments = of_kind(&docs, "Deployment");
+    let services = of_kind(&docs, "Service");
+    assert_eq!(deployments.len(), 2);
+    let mut halves = Vec::new();
+    for dep in &deployments {
+        let name = s(dep, &["metadata", "name"]);
+        let pod = get(dep, &["spec", "template", "spec"]);
+        let labels = get(dep, &["spec", "template", "metadata", "labels"]);
+        assert_eq!(&dep["spec"]["selector"]["matchLabels"], labels, "{name}");
+        let psc = &pod["securityContext"];
+        assert_eq!(psc["runAsNonRoot"].as_bool(), Some(true), "{name}");
+        assert!(
+            psc["runAsUser"].as_u64().is_some_and(|u| u > 0),
+            "{name}: runAsUser"
+        );
+        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+        let c = &pod["containers"][0];
+        let csc = &c["securityContext"];
+        assert_eq!(
+            csc["readOnlyRootFilesystem"].as_bool(),
+            Some(true),
+            "{name}"
+        );
+        assert_eq!(
+            csc["allowPrivilegeEscalation"].as_bool(),
+            Some(false),
+            "{name}"
+        );
+        assert_eq!(csc["capabilities"]["drop"][0].as_str(), Some("ALL"));
+        for r in ["cpu", "memory"] {
+            assert!(
+                c["resources"]["limits"][r].as_str().is_some()
+                    && c["resources"]["requests"][r].as_str().is_some(),
+                "{name}: resources {r}"
+            );
+        }
+        // Ports by name; probes on GET /healthz of the metrics port 9187.
+        let ports: BTreeMap<&str, u64> = c["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|p| (s(p, &["name"]), p["containerPort"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let h = &c[probe]["httpGet"];
+            assert_eq!(h["path"].as_str(), Some("/healthz"), "{name} {probe}");
+            let port = match &h["port"] {
+                Value::String(n) => ports[n.as_str()],
+                p => p.as_u64().unwrap(),
+            };
+            assert_eq!(port, 9187, "{name} {probe}");
+        }
+        // The config it runs is a key of the ConfigMap, mounted where the args say, and the
+        // Secret is mounted where the configs look for it.
+        let args: Vec<&str> = c["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+        let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|m| (s(m, &["name"]), s(m, &["mountPath"])))
+            .collect();
+        let volumes = pod["volumes"].as_sequence().unwrap();
+        let vol = |kind: &str, field: &str, target: &Value| -> &str {
+            let v = volumes
+                .iter()
+                .find(|v| v[kind][field] == target["metadata"]["name"])
+                .unwrap_or_else(|| panic!("{name}: no {kind} volume"));
+            mounts[s(v, &["name"])]
+        };
+        let cm_dir = vol("configMap", "name", cm);
+        let key = config
+            .strip_prefix(&format!("{cm_dir}/"))
+            .unwrap_or_else(|| panic!("{name}: {config} is not under {cm_dir}"));
+        let toml = cm["data"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {key}"));
+        assert_eq!(vol("secret", "secretName", secret), "/etc/walrelay/secrets");
+        let drain: toml::Table = toml::from_str(toml).unwrap();
+        let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
+        assert!(
+            grace > drain,
+            "{name}: terminationGracePeriodSeconds {grace} <= drain {drain}"
+        );
+        // Each listener of the config has a Service selecting this pod.
+        let cfg: toml::Table = toml::from_str(toml).unwrap();
+        let half = key.trim_end_matches(".toml");
+        let listen = cfg[half]["listen"].as_str().unwrap();
+        let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+        for want in [port, 9187] {
+            let found = services.iter().any(|svc| {
+                let sel = svc["spec"]["selector"].as_mapping().unwrap();
+                sel.iter().all(|(k, v)| &labels[k] == v)
+                    && svc["spec"]["ports"].as_sequence().unwrap().iter().any(|p| {
+                        match &p["targetPort"] {
+                            Value::String(n) => ports.get(n.as_str()) == Some(&want),
+                            t => t.as_u64() == Some(want),
+                        }
+                    })
+            });
+            assert!(found, "{name}: no Service for port {want}");
+        }
+        halves.push(half.to_string());
+    }
+    halves.sort();
+    assert_eq!(halves, ["downstream", "upstream"]);
+}
+
+#[test]
+fn systemd_units_verify_and_are_hardened() {
+    let units = files(&deploy().join("systemd"), "service");
+    assert_eq!(units.len(), 2, "{units:?}");
+    let dir = tempfile::tempdir().unwrap();
+    for u in units {
+        let text = std::fs::read_to_string(&u).unwrap();
+        let name = u.file_name().unwrap().to_string_lossy().into_owned();
+        let half = name
+            .trim_start_matches("walrelay-")
+            .trim_end_matches(".service");
+        for want in [
+            "ProtectSystem=strict",
+            "NoNewPrivileges=yes",
+            "PrivateTmp=yes",
+            "DynamicUser=yes",
+            "CapabilityBoundingSet=\n",
+            "RestrictAddressFamilies=",
+            "SystemCallFilter=@system-service",
+            "ExecReload=/bin/kill -HUP $MAINPID",
+            "KillSignal=SIGTERM",
+            "LoadCredential=",
+            &format!("--config /etc/walrelay/{half}.toml"),
+        ] {
+            assert!(text.contains(want), "{name}: no {want:?}");
+        }
+        // The stop timeout leaves room above the example config's drain timeout.
+        let stop: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let cfg: toml::Table = toml::from_str(
+            &std::fs::read_to_string(deploy().join(format!("{half}.toml"))).unwrap(),
+        )
+        .unwrap();
+        let drain = cfg["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
+        assert!(
+            stop > drain,
+            "{name}: TimeoutStopSec {stop} <= drain {drain}"
+        );
+        // Every credential the unit loads is a file the config reads from the credentials dir.
+        let cfg_text = std::fs::read_to_string(deploy().join(format!("{half}.toml"))).unwrap();
+        for cred in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("LoadCredential="))
+        {
+            let id = cred.split(':').next().unwrap();
+            let path = format!("/run/credentials/{name}/{id}");
+            assert!(
+                cfg_text.contains(&path),
+                "{name}: {half}.toml does not use {path}"
+            );
+        }
+        // systemd's own check, with the real binary where the unit expects it.
+        let copy = dir.path().join(&name);
+        std::fs::write(
+            &copy,
+            text.replace("/usr/local/bin/walrelay", env!("CARGO_BIN_EXE_walrelay")),
+        )
+        .unwrap();
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&copy)
+            .output()
+            .expect("systemd-analyze (scripts/install-deps.sh installs it)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.trim().is_empty(),
+            "{name}: systemd-analyze verify: {err}"
+        );
+    }
+}

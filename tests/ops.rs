@@ -1,0 +1,373 @@
+//! Operations, with the real binary: JSON logs, SIGHUP reload (users, limits, log level; a
+//! broken file keeps the running config), SIGTERM/SIGINT drain with a bounded exit, also when
+//! a standby stopped reading.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use walrelay::cluster::wait_until;
+
+/// The harness's drain_timeout_secs (see `both_halves_toml`) and the margin allowed on top.
+const GRACE: Duration = Duration::from_secs(3);
+const MARGIN: Duration = Duration::from_secs(10);
+
+fn repl_conninfo(port: u16) -> String {
+    format!("host=127.0.0.1 port={port} user={STANDBY_USER} replication=true sslmode=disable")
+}
+
+/// Waits until the relay's log has a line containing `needle`; returns that line.
+fn wait_log(relay: &Relay, needle: &str) -> String {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(l) = relay.log_text().lines().find(|l| l.contains(needle)) {
+            return l.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line with {needle:?}:\n{}",
+            relay.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Replaces the line of `toml` that starts with `prefix`.
+fn set_line(toml: &str, prefix: &str, line: &str) -> String {
+    let mut found = false;
+    let out: Vec<String> = toml
+        .lines()
+        .map(|l| {
+            if l.starts_with(prefix) {
+                found = true;
+                line.to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(found, "no line starting with {prefix:?} in:\n{toml}");
+    out.join("\n") + "\n"
+}
+
+async fn walreceiver_pid(env: &Env) -> String {
+    env.standby
+        .query_one_string("select pid::text from pg_stat_wal_receiver")
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
+    let env = env(EnvOpts {
+        log_from_config: true,
+        extra_toml: "[log]\nlevel = \"info\"\nformat = \"json\"\n".into(),
+        ..Default::default()
+    })
+    .await;
+    let conninfo = repl_conninfo(env.down_port);
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "{err}");
+    let receiver = walreceiver_pid(&env).await;
+
+    // New password for the standby user, a debug log filter, a lower session limit, and a
+    // restart-only change (the codec).
+    const NEW_PASSWORD: &str = "rotated-secret";
+    let old_toml = std::fs::read_to_string(&env.relay.config).unwrap();
+    let mut toml = set_line(
+        &old_toml,
+        "users = ",
+        &format!(
+            "users = {{ {STANDBY_USER} = \"{}\" }}",
+            walrelay::scram::new_verifier(NEW_PASSWORD)
+        ),
+    );
+    toml = set_line(&toml, "level = ", "level = \"walrelay=debug,info\"");
+    toml = set_line(
+        &toml,
+        "drain_timeout_secs = ",
+        "drain_timeout_secs = 3\nmax_sessions = 10",
+    );
+    toml = toml.replace("[link]\n", "[link]\ncodec = \"zstd\"\n");
+    std::fs::write(&env.relay.config, &toml).unwrap();
+    env.relay.signal(libc::SIGHUP);
+    let reloaded = wait_log(&env.relay, "configuration reloaded");
+    for key in ["downstream.users", "log.level", "limits.max_sessions"] {
+        assert!(reloaded.contains(key), "{key} not reported: {reloaded}");
+    }
+    let restart = wait_log(&env.relay, "take effect only after a restart");
+    assert!(restart.contains("link.codec"), "{restart}");
+    assert!(!restart.contains("downstream.users"), "{restart}");
+
+    // New connections see the new verifier; the old password is refused.
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(
+        !ok && err.contains("password authentication failed"),
+        "the old password still works after the reload: {err}"
+    );
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "the new password is refused after the reload: {err}");
+    // The session in flight (authenticated with the old password) goes on untouched.
+    env.primary
+        .execute("create table after_reload as select generate_series(1, 1000) x")
+        .await
+        .unwrap();
+    env.wait_caught_up().await;
+    assert_eq!(
+        walreceiver_pid(&env).await,
+        receiver,
+        "the standby reconnected"
+    );
+
+    // A config that does not validate: logged with its cause, the running one stays.
+    std::fs::write(
+        &env.relay.config,
+        set_line(&toml, "max_sessions = ", "max_sessions = 0"),
+    )
+    .unwrap();
+    let mut relay = env.relay;
+    relay.signal(libc::SIGHUP);
+    let refused = wait_log(&relay, "configuration not reloaded");
+    assert!(refused.contains("limits.max_sessions"), "{refused}");
+    assert!(refused.contains("\"ERROR\""), "{refused}");
+    // Also one that is not TOML at all.
+    std::fs::write(&relay.config, "[downstream\nlisten = ").unwrap();
+    relay.signal(libc::SIGHUP);
+    wait_until("the second refusal logged", TIMEOUT, || {
+        let n = relay
+            .log_text()
+            .matches("configuration not reloaded")
+            .count();
+        async move { Ok(n >= 2) }
+    })
+    .await
+    .unwrap();
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "a broken config on SIGHUP stopped serving: {err}");
+    assert!(relay.is_running());
+
+    let status = relay.terminate(GRACE + MARGIN);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {status:?}"
+    );
+
+    // Every line on standard error is a JSON object with the documented fields.
+    let log = relay.log_text();
+    let mut lines = 0;
+    let (mut in_span, mut debug_after_reload, mut reload_seen) = (false, false, false);
+    for l in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
+        let ts = field("timestamp");
+        assert!(
+            ts.len() >= 20 && ts.starts_with("20") && ts.ends_with('Z'),
+            "timestamp {ts:?}: {l}"
+        );
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&field("level")),
+            "{l}"
+        );
+        assert!(!field("target").is_empty(), "no target: {l}");
+        assert!(!field("message").is_empty(), "no message: {l}");
+        if field("level") == "DEBUG" {
+            assert!(reload_seen, "a DEBUG line before the reload: {l}");
+            debug_after_reload |= field("target").starts_with("walrelay");
+        }
+        reload_seen |= field("message").contains("configuration reloaded");
+        // Events inside a standby's connection carry the span and its fields.
+        if let Some(span) = v.get("span") {
+            if span.get("name").and_then(|n| n.as_str()) == Some("standby") {
+                assert!(span.get("peer").is_some(), "span without peer: {l}");
+                in_span = true;
+            }
+        }
+        lines += 1;
+    }
+    assert!(lines > 5, "only {lines} log lines:\n{log}");
+    assert!(in_span, "no event inside a standby span:\n{log}");
+    assert!(
+        debug_after_reload,
+        "log.level = debug did not take effect on SIGHUP:\n{log}"
+    );
+}
+
+/// SIGTERM in the middle of a load: the relay tells the standby, exits 0 within the grace
+/// period, and the standby resumes through a restarted relay and ends byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_streaming_exits_cleanly_and_the_standby_resumes() {
+    let mut env = env(EnvOpts::default()).await;
+    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
+    let mut load = env
+        .primary
+        .pgbench(&["-c", "2", "-T", "10", "postgres"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let status = env.relay.terminate(GRACE + MARGIN);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM: {status:?}\n{}",
+        env.relay.log_text()
+    );
+    let log = env.relay.log_text();
+    assert!(log.contains("SIGTERM: draining"), "{log}");
+    // The standby was told why (a FATAL from the relay, not a cut connection).
+    let standby = &env.standby;
+    wait_until(
+        "the standby logs the relay's goodbye",
+        TIMEOUT,
+        || async move {
+            let log = std::fs::read_to_string(standby.log_path()).unwrap_or_default();
+            Ok(log.contains("walrelay is shutting down")
+                || log.contains("upstream is shutting down"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.standby.log_tail(30)));
+
+    // The upstream ended its primary connection with Terminate, not by dropping the socket.
+    let primary_log = std::fs::read_to_string(env.primary.log_path()).unwrap_or_default();
+    assert!(
+        !primary_log.contains("unexpected EOF on standby connection"),
+        "the relay dropped its primary connection without Terminate:\n{}",
+        env.primary.log_tail(20)
+    );
+
+    env.relay.restart();
+    env.wait_streaming_through_relay().await;
+    let status = tokio::task::spawn_blocking(move || load.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "pgbench failed");
+    env.primary.execute("select pg_switch_wal()").await.unwrap();
+    env.primary
+        .execute("create table after_switch(x int); insert into after_switch values (1)")
+        .await
+        .unwrap();
+    env.wait_caught_up().await;
+    let n = env.assert_identical().await;
+    assert!(n >= 1, "no complete segment to compare");
+    env.relay.assert_no_panic();
+}
+
+/// SIGINT while the link hangs mid-load (no byte crosses, no connection closes): the relay
+/// still exits 0 in bounded time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_with_a_hung_link_exits_in_bounded_time() {
+    let mut env = env(EnvOpts {
+        cuttable_link: true,
+        ..Default::default()
+    })
+    .await;
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    let mut load = env
+        .primary
+        .pgbench(&["-c", "2", "-T", "6", "postgres"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cut = env.cut.as_ref().unwrap();
+    cut.freeze();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = env.relay.stop_with(libc::SIGINT, GRACE + MARGIN);
+    cut.thaw();
+    let _ = load.wait();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGINT with a hung link: {status:?}\n{}",
+        env.relay.log_text()
+    );
+    let log = env.relay.log_text();
+    assert!(log.contains("SIGINT: draining"), "{log}");
+    env.relay.assert_no_panic();
+}
+
+/// SIGINT while a replication client (pg_receivewal, stopped with SIGSTOP) no longer reads and
+/// the relay's socket and queues toward it are full: the relay cuts that session after the
+/// grace period and still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
+    let root = walrelay::cluster::TempRoot::new().unwrap();
+    let p =
+        walrelay::cluster::Cluster::init_primary(&install(), &root, "primary", &Default::default())
+            .unwrap();
+    p.start().await.unwrap();
+    p.create_replication_user(REPL_PASSWORD).await.unwrap();
+    let (up, down) = (
+        walrelay::cluster::free_port(),
+        walrelay::cluster::free_port(),
+    );
+    // A longer keepalive than the harness's 2 s: with 2 s, a stream blocked this long has been
+    // seen to end the whole link connection (h2 error) before the signal comes.
+    let toml = both_halves_toml(&p, up, down, up, "", "")
+        .replace("keepalive_secs = 2", "keepalive_secs = 10");
+    let mut relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
+    let dir = root.path().join("receivewal");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut receiver = p
+        .command("pg_receivewal")
+        .arg("-D")
+        .arg(&dir)
+        .args([
+            "-d",
+            &format!("host=127.0.0.1 port={down} user={STANDBY_USER} application_name=stuck"),
+            "--no-loop",
+        ])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pr = &p;
+    let lag = "select coalesce((select (pg_current_wal_lsn() - sent_lsn)::bigint::text from pg_stat_replication where application_name = 'stuck' and state = 'streaming'), '-1')";
+    wait_until(
+        "pg_receivewal streaming through the relay",
+        TIMEOUT,
+        || async move { Ok(pr.query_one_string(lag).await? != "-1") },
+    )
+    .await
+    .unwrap();
+    unsafe { libc::kill(receiver.id() as i32, libc::SIGSTOP) };
+    // ~60 MB of WAL it does not read: more than the relay's socket, HTTP/2 window and queues
+    // toward it hold, so the primary's walsender for it stops too.
+    p.execute("create table big as select g, md5(g::text) || md5((g + 1)::text) t from generate_series(1, 400000) g")
+        .await
+        .unwrap();
+    let (mut last, deadline) = (String::new(), Instant::now() + TIMEOUT);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = p.query_one_string(lag).await.unwrap();
+        if now == last && now.parse::<i64>().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stuck session kept moving (lag {now}):\n{}",
+            relay.log_text()
+        );
+        last = now;
+    }
+
+    let status = relay.stop_with(libc::SIGINT, GRACE + MARGIN);
+    unsafe { libc::kill(receiver.id() as i32, libc::SIGCONT) };
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGINT with a stuck client: {status:?}\n{}",
+        relay.log_text()
+    );
+    let log = relay.log_text();
+    assert!(log.contains("SIGINT: draining"), "{log}");
+    assert!(
+        log.contains("standby session cut"),
+        "the stuck session was not the one holding the drain:\n{log}"
+    );
+    relay.assert_no_panic();
+}
