@@ -200,12 +200,7 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
 async fn sigterm_during_streaming_exits_cleanly_and_the_standby_resumes() {
     let mut env = env(EnvOpts::default()).await;
     pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
-    let mut load = env
-        .primary
-        .pgbench(&["-c", "2", "-T", "10", "postgres"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut load = pgbench_background(&env.primary, &["-c", "2", "-T", "10", "postgres"]);
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let status = env.relay.terminate(GRACE + MARGIN);
@@ -266,12 +261,7 @@ async fn sigint_with_a_hung_link_exits_in_bounded_time() {
     })
     .await;
     pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
-    let mut load = env
-        .primary
-        .pgbench(&["-c", "2", "-T", "6", "postgres"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut load = pgbench_background(&env.primary, &["-c", "2", "-T", "6", "postgres"]);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let cut = env.cut.as_ref().unwrap();
     cut.freeze();

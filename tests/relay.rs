@@ -75,12 +75,7 @@ async fn pgbench_byte_identical(major: Option<u32>) {
 async fn standby_and_relay_restart_mid_load() {
     let mut env = env(EnvOpts::default()).await;
     pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
-    let mut load = env
-        .primary
-        .pgbench(&["-c", "2", "-T", "14", "postgres"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut load = pgbench_background(&env.primary, &["-c", "2", "-T", "14", "postgres"]);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     env.standby.restart().await.unwrap();

@@ -404,6 +404,14 @@ pub fn pgbench(c: &Cluster, args: &[&str]) {
     );
 }
 
+/// Starts pgbench in the background (output discarded); wait for it or kill it.
+pub fn pgbench_background(c: &Cluster, args: &[&str]) -> std::process::Child {
+    c.pgbench(args)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Segment file name for an LSN on a timeline (16 MB segments).
 pub fn segment_name(tli: u32, lsn: u64) -> String {
     let segno = lsn / (16 << 20);

@@ -130,24 +130,18 @@ impl Workload {
             | Workload::PgbenchLz4
             | Workload::PgbenchPglz
             | Workload::PgbenchZstd => p.pgbench(&["-c", "4", "-j", "2", "-T", &secs, "postgres"]),
-            Workload::Updates => {
-                let script = p.dir().parent().unwrap_or(p.dir()).join("updates.sql");
-                std::fs::write(
-                    &script,
-                    "\\set id random(1, 40000)\nupdate wide set payload = (select string_agg(md5(random()::text), '') from generate_series(1, 12)) where id = :id;\n",
-                )?;
-                let f = format!("--file={}", script.display());
-                p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])
-            }
-            Workload::Moves | Workload::Logical | Workload::LogicalFull => {
-                let script = p.dir().parent().unwrap_or(p.dir()).join("moves.sql");
-                std::fs::write(
-                    &script,
-                    "\\set id random(1, 40000)\nupdate movers set n = n + 1 where id = :id;\n",
-                )?;
-                let f = format!("--file={}", script.display());
-                p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])
-            }
+            Workload::Updates => script_load(
+                p,
+                &secs,
+                "updates.sql",
+                "update wide set payload = (select string_agg(md5(random()::text), '') from generate_series(1, 12)) where id = :id;",
+            )?,
+            Workload::Moves | Workload::Logical | Workload::LogicalFull => script_load(
+                p,
+                &secs,
+                "moves.sql",
+                "update movers set n = n + 1 where id = :id;",
+            )?,
             Workload::Bulk => {
                 // Batches of INSERT ... SELECT for two thirds of the time, then CREATE INDEX.
                 let client = p.connect().await?;
@@ -180,6 +174,15 @@ impl Workload {
                 .spawn()?,
         ))
     }
+}
+
+/// pgbench running `sql` for a random `:id` of 1..=40000, from a script file next to the
+/// cluster's directory.
+fn script_load(p: &Cluster, secs: &str, name: &str, sql: &str) -> Result<std::process::Command> {
+    let script = p.dir().parent().unwrap_or(p.dir()).join(name);
+    std::fs::write(&script, format!("\\set id random(1, 40000)\n{sql}\n"))?;
+    let f = format!("--file={}", script.display());
+    Ok(p.pgbench(&["-n", "-c", "4", "-j", "2", "-T", secs, &f, "postgres"]))
 }
 
 /// A running load.
