@@ -1,0 +1,157 @@
+//! The encoder's per-block parts: heap tuples as deltas (see `walcodec::tuples`) and full-page
+//! images through the block cache (page frames, the PAGE stream, images the primary
+//! compressed).
+
+use super::*;
+
+impl Encoder {
+    /// Writes `bytes` (block 0's data or main data) to `stream`, its tuple as a delta when a
+    /// reference both ends hold saves enough (site marker in CTRL, see [`tuples`]).
+    pub(super) fn put_site(&mut self, site: Option<tuples::Site>, stream: usize, bytes: &[u8]) {
+        let Some(site) = site else {
+            self.streams[stream].buf.extend_from_slice(bytes);
+            return;
+        };
+        let (head, tuple) = bytes.split_at(site.skip);
+        let ctrl = &mut self.streams[S_CTRL].buf;
+        match tuples::choose(tuple, &site, &self.tuples, &self.cache) {
+            Some((c, pre, suf)) => {
+                ctrl.push(c);
+                put_varint(ctrl, pre as u64);
+                put_varint(ctrl, suf as u64);
+                let out = &mut self.streams[stream].buf;
+                out.extend_from_slice(head);
+                out.extend_from_slice(&tuple[pre..tuple.len() - suf]);
+                self.stats.tuple_deltas += 1;
+                self.stats.tuple_delta_saved += (pre + suf) as u64;
+            }
+            None => {
+                ctrl.push(0);
+                self.streams[stream].buf.extend_from_slice(bytes);
+                self.stats.tuple_misses += 1;
+            }
+        }
+    }
+
+    /// One block image: through the cache as a page frame when it can be rebuilt (for an
+    /// image the primary compressed: when the receiver's recompression will give the same
+    /// bytes), else as is.
+    pub(super) fn encode_image(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        bytes: &[u8],
+    ) -> Result<(), WalCodecError> {
+        self.stats.fpi_in += bytes.len() as u64;
+        let recompress = if let Some(m) = fpi::recompressible(self.pg_major, img) {
+            match self.recomp.check(m, img, bytes, &mut self.page) {
+                Ok(()) => {
+                    self.stats.fpi_recompressed += 1;
+                    IMG_RECOMPRESS
+                }
+                Err(refusal) => {
+                    match refusal {
+                        Refusal::Mismatch => self.stats.fpi_recompress_mismatch += 1,
+                        Refusal::Undecodable => self.stats.fpi_undecodable += 1,
+                    }
+                    self.opaque_image(bytes);
+                    return Ok(());
+                }
+            }
+        } else if img.reconstructible() {
+            let off = usize::from(img.hole_offset);
+            let hole = usize::from(img.hole_len);
+            let page = &mut self.page;
+            page[..off].copy_from_slice(&bytes[..off]);
+            page[off..off + hole].fill(0);
+            page[off + hole..].copy_from_slice(&bytes[off..]);
+            0
+        } else {
+            self.opaque_image(bytes);
+            return Ok(());
+        };
+        self.encode_page(key, img, recompress)
+    }
+
+    fn opaque_image(&mut self, bytes: &[u8]) {
+        self.streams[S_CTRL].buf.push(IMG_OPAQUE);
+        self.streams[S_IMG].buf.extend_from_slice(bytes);
+        self.stats.fpi_opaque += 1;
+    }
+
+    /// The page of an image (in `self.page`) through the block cache; `recompress` is
+    /// [`IMG_RECOMPRESS`] or 0, or-ed into the image op.
+    fn encode_page(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
+        let page = &mut self.page;
+        self.stats.fpis += 1;
+
+        let plan = self.cache.plan(key);
+        tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
+        let tp = &self.tprefix[..];
+        // A big image without a reference page goes whole through PAGE (whose window holds
+        // the recent pages) unless the block's known tuples make up half of it or more.
+        let framed =
+            usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
+        let ctrl = &mut self.streams[S_CTRL].buf;
+        match (plan.reference, plan.store) {
+            (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
+                ctrl.push(IMG_IDENT | recompress);
+                put_varint(ctrl, u64::from(s));
+                self.cache.touch(s);
+                self.stats.fpi_cache_hits += 1;
+                self.stats.fpi_identical += 1;
+                return Ok(());
+            }
+            (Some(r), Some(s)) => {
+                let pc = if plan.hit {
+                    &mut self.pc_hit
+                } else {
+                    &mut self.pc
+                };
+                let len = pc.compress(page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
+                if plan.hit {
+                    ctrl.push(IMG_SAME | recompress);
+                    put_varint(ctrl, u64::from(s));
+                    self.stats.fpi_hit_out += len as u64;
+                    self.stats.fpi_cache_hits += 1;
+                } else {
+                    ctrl.push(IMG_REF | recompress);
+                    put_varint(ctrl, u64::from(r));
+                    put_varint(ctrl, u64::from(s));
+                }
+                put_varint(ctrl, len as u64);
+            }
+            (None, Some(s)) if framed => {
+                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
+                ctrl.push(IMG_NEW | recompress);
+                put_varint(ctrl, u64::from(s));
+                put_varint(ctrl, len as u64);
+            }
+            (None, Some(s)) => {
+                ctrl.push(IMG_STREAM | recompress);
+                put_varint(ctrl, u64::from(s));
+                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
+            }
+            (_, None) if framed => {
+                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
+                ctrl.push(IMG_NOCACHE | recompress);
+                put_varint(ctrl, len as u64);
+                return Ok(());
+            }
+            (_, None) => {
+                ctrl.push(IMG_STREAM_NOCACHE | recompress);
+                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
+                return Ok(());
+            }
+        }
+        if let Some(s) = plan.store {
+            self.cache.store(s, key, page);
+        }
+        Ok(())
+    }
+}
