@@ -217,14 +217,14 @@ async fn pg15_pgbench_wal_round_trips() {
     // Three rounds of pgbench, each after a checkpoint: the same hot blocks get full-page
     // images again in every round.
     for round in 0..3 {
-        bench(&["-T", "2", "-c", "4", "-j", "2", "-n", "postgres"]).await;
+        bench(&["-t", "400", "-c", "4", "-j", "2", "-n", "postgres"]).await;
         if round == 0 {
             // An XLOG_SWITCH, whose zero-filled segment tail the codec sends as a count.
             primary.execute("SELECT pg_switch_wal()").await.unwrap();
         }
         primary.execute("CHECKPOINT").await.unwrap();
     }
-    bench(&["-T", "1", "-c", "4", "-j", "2", "-n", "postgres"]).await;
+    bench(&["-t", "200", "-c", "4", "-j", "2", "-n", "postgres"]).await;
     let flush = primary
         .query_one_string("SELECT pg_current_wal_flush_lsn()::text")
         .await
