@@ -67,8 +67,8 @@ fn corrupt(msg: impl Into<String>) -> WalCodecError {
 }
 
 impl Decoder {
-    /// `p.block_cache_bytes` is the most cache memory this side accepts; a stream that needs
-    /// more is an error.
+    /// `p.block_cache_bytes` must be the encoder's (see [`CodecParams`]); a stream that needs
+    /// more block cache is an error.
     pub fn new(p: &CodecParams) -> Result<Decoder, WalCodecError> {
         check_params(p)?;
         let magic = page_magic(p.pg_major);

@@ -102,14 +102,15 @@ mod tests_pg;
 pub use decoder::Decoder;
 pub use encoder::Encoder;
 
-/// Configuration shared by both ends (they must agree on `pg_major`; the decoder's cache must
-/// be at least as large as the encoder's).
+/// Configuration shared by both ends: they must agree on `pg_major` and `block_cache_bytes`
+/// (the link handshake sends the upstream's values to the downstream).
 #[derive(Debug, Clone)]
 pub struct CodecParams {
     /// PostgreSQL major version of the primary; outside 14..=18 everything passes raw.
     pub pg_major: u32,
     /// Block cache memory (each slot costs 8192 + 64 bytes). The decoder refuses a stream
-    /// that uses more slots than this pays for.
+    /// that uses more slots than this pays for. The tuple cache gets an eighth of it on each
+    /// end; its evictions follow from its capacity, so both ends must use the same value.
     pub block_cache_bytes: usize,
     /// zstd level of the streams and the page frames.
     pub zstd_level: i32,
