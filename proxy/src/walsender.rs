@@ -388,6 +388,14 @@ async fn relay(
         // The standby left, or the link went away: in the latter case the other direction
         // knows why (e.g. the upstream shutting down), and the standby should hear it.
         end = &mut from_standby => match end {
+            End::Quiet if ds.shutdown.is_cancelled() => {
+                // Draining: the other direction is delivering what already arrived; give it
+                // half the drain time, and say goodbye in any case.
+                let wait = Duration::from_secs(ds.limits.drain_timeout_secs) / 2;
+                tokio::time::timeout(wait, &mut to_standby)
+                    .await
+                    .unwrap_or_else(|_| shutting_down())
+            }
             End::Quiet => tokio::time::timeout(Duration::from_secs(1), &mut to_standby)
                 .await
                 .unwrap_or(End::Quiet),
@@ -442,6 +450,10 @@ async fn link_to_standby(
                 None => return End::Quiet,
             },
             m = inbound.next() => match m {
+                // While this process shuts down, its own upstream half may end the link
+                // first: the standby should hear the real reason.
+                None if shutdown.is_cancelled() => return shutting_down(),
+                Some(Err(_)) if shutdown.is_cancelled() => return shutting_down(),
                 None => return End::fatal("08006", "walrelay: the upstream ended the session (the primary connection closed); the standby will reconnect"),
                 Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
                 Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)) })) => {
