@@ -11,8 +11,10 @@
 //! - [`pgwire`]: PostgreSQL protocol v3 framing, sans-IO, and the one I/O adapter that owns a socket.
 //! - [`pgclient`]: the upstream's replication connection to the primary (TLS, SCRAM/md5).
 //! - [`upstream`]: the half next to the primary: serves the link, one primary connection per standby session.
-//! - [`codec`]: how WAL bytes travel on the link (streaming zstd or none), verified by xxh3.
-//! - [`walcodec`]: the WAL-aware codec (decodes WAL records; work in progress for issue #3).
+//! - [`codec`]: how WAL bytes travel on the link (`wal`, streaming zstd or none), verified by xxh3.
+//! - [`walcodec`]: the WAL-aware codec: derivable bytes dropped, page images against a block
+//!   cache, heap tuples as deltas, images the primary compressed recompressed exactly.
+//! - [`bench`]: `walrelay bench`, the side-by-side comparison with generic zstd-3.
 //! - [`link`]: gRPC channel/server setup, socket byte counting, delta-encoded WAL headers.
 //! - [`walsender`]: the half next to the standbys: startup, authentication, relaying.
 //! - [`replcmd`]: the replication commands a standby may send, parsed and re-rendered.
