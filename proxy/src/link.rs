@@ -306,6 +306,31 @@ pub struct WalHeader {
     pub raw_len: u32,
 }
 
+/// The integrity check of a downstream → upstream message (`ToUpstream.xxh3`): the feedback's
+/// bytes, or the command as encoded (the receiver re-encodes what it decoded, so a corrupted
+/// field shows).
+pub fn upstream_checksum(msg: &walrelay_proto::link::to_upstream::Msg) -> u64 {
+    use prost::Message;
+    use walrelay_proto::link::to_upstream::Msg;
+    match msg {
+        Msg::Feedback(b) => xxhash_rust::xxh3::xxh3_64(b),
+        Msg::Command(c) => xxhash_rust::xxh3::xxh3_64(&c.encode_to_vec()),
+        _ => 0,
+    }
+}
+
+impl WalHeader {
+    /// xxh3-64 of the header's fields (see `Wal.header_xxh3` in link.proto).
+    pub fn checksum(&self) -> u64 {
+        let mut b = [0u8; 28];
+        b[..8].copy_from_slice(&self.start.0.to_le_bytes());
+        b[8..16].copy_from_slice(&self.end.0.to_le_bytes());
+        b[16..24].copy_from_slice(&self.send_time.to_le_bytes());
+        b[24..].copy_from_slice(&self.raw_len.to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&b)
+    }
+}
+
 impl WalPositions {
     /// Fills the header fields of `w` for `h` and advances.
     pub fn encode(&mut self, h: &WalHeader, w: &mut walrelay_proto::link::Wal) {
@@ -316,6 +341,7 @@ impl WalPositions {
             .wrapping_sub(h.start.0.wrapping_add(h.raw_len as u64)) as i64;
         w.send_time_delta = h.send_time.wrapping_sub(self.send_time);
         w.raw_len = h.raw_len;
+        w.header_xxh3 = h.checksum();
         self.next_start = h.start.0.wrapping_add(h.raw_len as u64);
         self.send_time = h.send_time;
     }
@@ -373,6 +399,20 @@ mod tests {
                 assert_eq!((w.start_delta, w.end_delta), (0, 0));
             }
             assert_eq!(dec.decode(&w), *h);
+            assert_eq!(w.header_xxh3, h.checksum());
+        }
+        // Any flipped bit of a position field shows in the header checksum.
+        let mut w = walrelay_proto::link::Wal::default();
+        WalPositions::default().encode(&headers[0], &mut w);
+        for bit in 0..64 {
+            let mut bad = w.clone();
+            bad.start_delta ^= 1 << bit;
+            let got = WalPositions::default().decode(&bad);
+            assert_ne!(got.checksum(), w.header_xxh3, "start bit {bit}");
+            let mut bad = w.clone();
+            bad.end_delta ^= 1 << bit;
+            let got = WalPositions::default().decode(&bad);
+            assert_ne!(got.checksum(), w.header_xxh3, "end bit {bit}");
         }
     }
 }

@@ -155,6 +155,7 @@ impl Link for LinkService {
         let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
             Ok(Some(Ok(ToUpstream {
                 msg: Some(to_upstream::Msg::Hello(h)),
+                ..
             }))) => h,
             _ => {
                 return Err(Status::invalid_argument(
@@ -224,6 +225,7 @@ impl Link for LinkService {
         };
         tx.send(Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Welcome(welcome)),
+            ..Default::default()
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
@@ -404,9 +406,16 @@ async fn primary_to_link<R: AsyncRead + Unpin>(
             }
         };
         Metrics::add(&metrics.link_messages_out, 1);
-        tx.send(Ok(ToDownstream { msg: Some(msg) }))
-            .await
-            .map_err(|_| Status::cancelled("the downstream went away"))?;
+        let backend_xxh3 = match &msg {
+            to_downstream::Msg::Backend(b) => checksum(b),
+            _ => 0,
+        };
+        tx.send(Ok(ToDownstream {
+            msg: Some(msg),
+            backend_xxh3,
+        }))
+        .await
+        .map_err(|_| Status::cancelled("the downstream went away"))?;
         if let Some(end) = seen.0 {
             standby.primary_end(end);
         }
@@ -425,6 +434,15 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
     let mut out = BytesMut::new();
     while let Some(msg) = inbound.next().await {
         let msg = msg.map_err(|s| Status::unavailable(format!("link: {}", s.message())))?;
+        if msg
+            .msg
+            .as_ref()
+            .is_some_and(|m| link::upstream_checksum(m) != msg.xxh3)
+        {
+            return Err(Status::data_loss(
+                "a message from the standby failed verification on the link and was not passed to the primary",
+            ));
+        }
         out.clear();
         match msg.msg {
             Some(to_upstream::Msg::Command(c)) => {

@@ -35,7 +35,7 @@ use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
 use walrelay_proto::PROTOCOL_VERSION;
 
-use crate::codec::{Setup, WalDecoder};
+use crate::codec::{checksum, Setup, WalDecoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
 use crate::live::{Live, SessionSlots};
@@ -286,6 +286,7 @@ async fn relay(
     };
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
+        ..Default::default()
     });
     let max = link::max_link_message(&ds.limits);
     let mut client = LinkClient::new(ds.channel.clone())
@@ -314,6 +315,7 @@ async fn relay(
             inbound,
             Some(ToDownstream {
                 msg: Some(to_downstream::Msg::Welcome(w)),
+                ..
             }),
         ))) => (inbound, w),
         Ok(Ok(_)) => return unreachable("the upstream did not answer with Welcome".into()),
@@ -456,7 +458,11 @@ async fn link_to_standby(
                 Some(Err(_)) if shutdown.is_cancelled() => return shutting_down(),
                 None => return End::fatal("08006", "walrelay: the upstream ended the session (the primary connection closed); the standby will reconnect"),
                 Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
-                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)) })) => {
+                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)), backend_xxh3 })) => {
+                    if checksum(&b) != backend_xxh3 {
+                        Metrics::add(&metrics.integrity_failures, 1);
+                        return End::fatal("XX001", "walrelay: a message from the primary failed verification on the link and was not delivered; the standby will reconnect and resume");
+                    }
                     match check_framing(&b) {
                         Ok((n, keepalive)) => {
                             turns_done = n;
@@ -466,8 +472,12 @@ async fn link_to_standby(
                     }
                     out.extend_from_slice(&b);
                 }
-                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)) })) => {
+                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)), .. })) => {
                     let h = positions.decode(&w);
+                    if h.checksum() != w.header_xxh3 {
+                        Metrics::add(&metrics.integrity_failures, 1);
+                        return End::fatal("XX001", format!("walrelay: the header of WAL near {} failed verification on the link, nothing of it was delivered; the standby will reconnect and resume", h.start));
+                    }
                     Metrics::add(&metrics.ops.link_payload_bytes_received, w.payload.len() as u64);
                     if let Err(e) = crate::metrics::timed(&metrics.decode_ns, || decoder.decode(h.start, &w.payload, w.raw_len as usize, max_len, w.xxh3, &mut restored)) {
                         Metrics::add(&metrics.integrity_failures, 1);
@@ -604,7 +614,15 @@ async fn standby_to_link(
                 return End::fatal("08P01", format!("unexpected message type '{}' (walrelay serves the replication protocol's simple queries only)", tag.escape_ascii()))
             }
         };
-        if ltx.send(ToUpstream { msg: Some(up) }).await.is_err() {
+        let xxh3 = link::upstream_checksum(&up);
+        if ltx
+            .send(ToUpstream {
+                msg: Some(up),
+                xxh3,
+            })
+            .await
+            .is_err()
+        {
             return link_gone;
         }
     }

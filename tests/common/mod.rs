@@ -460,6 +460,8 @@ pub struct CutProxy {
     conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
     /// Flip one byte of the upstream → downstream stream once this many more bytes passed.
     corrupt_after: Arc<std::sync::atomic::AtomicI64>,
+    /// The same for the downstream → upstream stream.
+    corrupt_up_after: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl CutProxy {
@@ -471,7 +473,9 @@ impl CutProxy {
         let frz = frozen.clone();
         let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
         let corrupt_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
-        let (u, cs, corrupt) = (up.clone(), conns.clone(), corrupt_after.clone());
+        let corrupt_up_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+        let (u, cs) = (up.clone(), conns.clone());
+        let (corrupt_down, corrupt_up) = (corrupt_after.clone(), corrupt_up_after.clone());
         std::thread::spawn(move || {
             for s in listener.incoming() {
                 let Ok(client) = s else { continue };
@@ -497,7 +501,11 @@ impl CutProxy {
                     ),
                     (server, client, true),
                 ] {
-                    let corrupt = corrupt.clone();
+                    let corrupt = if downward {
+                        corrupt_down.clone()
+                    } else {
+                        corrupt_up.clone()
+                    };
                     let frozen = frz.clone();
                     std::thread::spawn(move || {
                         use std::io::{Read, Write};
@@ -507,14 +515,12 @@ impl CutProxy {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
-                            if downward {
-                                let left = corrupt.load(Ordering::SeqCst);
-                                if left >= 0 && (left as usize) < n {
-                                    buf[left as usize] ^= 0x20;
-                                    corrupt.store(-1, Ordering::SeqCst);
-                                } else if left >= 0 {
-                                    corrupt.store(left - n as i64, Ordering::SeqCst);
-                                }
+                            let left = corrupt.load(Ordering::SeqCst);
+                            if left >= 0 && (left as usize) < n {
+                                buf[left as usize] ^= 0x20;
+                                corrupt.store(-1, Ordering::SeqCst);
+                            } else if left >= 0 {
+                                corrupt.store(left - n as i64, Ordering::SeqCst);
                             }
                             while frozen.load(Ordering::SeqCst) {
                                 std::thread::sleep(Duration::from_millis(20));
@@ -535,6 +541,7 @@ impl CutProxy {
             frozen,
             conns,
             corrupt_after,
+            corrupt_up_after,
         }
     }
 
@@ -543,8 +550,14 @@ impl CutProxy {
         self.corrupt_after.store(n, Ordering::SeqCst);
     }
 
+    /// Flips one bit of the byte that crosses toward the upstream after `n` more bytes.
+    pub fn corrupt_up_once_after(&self, n: i64) {
+        self.corrupt_up_after.store(n, Ordering::SeqCst);
+    }
+
     pub fn corruption_pending(&self) -> bool {
         self.corrupt_after.load(Ordering::SeqCst) >= 0
+            || self.corrupt_up_after.load(Ordering::SeqCst) >= 0
     }
 
     pub fn cut(&self) {
