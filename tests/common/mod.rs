@@ -404,6 +404,25 @@ pub fn pgbench(c: &Cluster, args: &[&str]) {
     );
 }
 
+/// Waits for a background pgbench to succeed and closes the segment it wrote into; then the
+/// standby catches up, its WAL is byte-identical to the primary's, and the relay never panicked.
+pub async fn finish_load_identical(env: &Env, mut load: std::process::Child, what: &str) {
+    let status = tokio::task::spawn_blocking(move || load.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "pgbench failed {what}");
+    env.primary.execute("select pg_switch_wal()").await.unwrap();
+    env.primary
+        .execute("create table after_switch(x int); insert into after_switch values (1)")
+        .await
+        .unwrap();
+    env.wait_caught_up().await;
+    let n = env.assert_identical().await;
+    assert!(n >= 1, "no complete segment to compare");
+    env.relay.assert_no_panic();
+}
+
 /// Starts pgbench in the background (output discarded); wait for it or kill it.
 pub fn pgbench_background(c: &Cluster, args: &[&str]) -> std::process::Child {
     c.pgbench(args)
