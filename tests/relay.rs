@@ -40,11 +40,7 @@ async fn pgbench_byte_identical(major: Option<u32>) {
     pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
     pgbench(&env.primary, &["-c", "2", "-T", "6", "postgres"]);
     // Close the current segment so complete segments exist past the load.
-    env.primary.execute("select pg_switch_wal()").await.unwrap();
-    env.primary
-        .execute("create table after_switch(x int); insert into after_switch values (1)")
-        .await
-        .unwrap();
+    env.close_segment().await;
     env.wait_caught_up().await;
 
     // pg_stat_replication on the primary names the real standby, and its flush position advanced.
@@ -98,11 +94,7 @@ async fn pg_receivewal_through_relay_writes_identical_segments() {
         .await
         .unwrap();
     pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
-    env.primary.execute("select pg_switch_wal()").await.unwrap();
-    env.primary
-        .execute("create table t(x int); insert into t values (1)")
-        .await
-        .unwrap();
+    env.close_segment().await;
     let end = env
         .primary
         .query_one_string("select pg_current_wal_flush_lsn()::text")

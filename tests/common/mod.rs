@@ -331,6 +331,19 @@ impl Env {
         .unwrap_or_else(|e| panic!("{e}\nstandby log:\n{}", self.standby.log_tail(30)));
     }
 
+    /// Switches the primary to a new WAL segment and writes a little into it, so that every
+    /// segment written so far is complete (and comparable) on both sides.
+    pub async fn close_segment(&self) {
+        self.primary
+            .execute("select pg_switch_wal()")
+            .await
+            .unwrap();
+        self.primary
+            .execute("create table after_switch(x int); insert into after_switch values (1)")
+            .await
+            .unwrap();
+    }
+
     /// Waits until the standby has replayed everything the primary has written so far.
     pub async fn wait_caught_up(&self) {
         let target = self
@@ -412,11 +425,7 @@ pub async fn finish_load_identical(env: &Env, mut load: std::process::Child, wha
         .unwrap()
         .unwrap();
     assert!(status.success(), "pgbench failed {what}");
-    env.primary.execute("select pg_switch_wal()").await.unwrap();
-    env.primary
-        .execute("create table after_switch(x int); insert into after_switch values (1)")
-        .await
-        .unwrap();
+    env.close_segment().await;
     env.wait_caught_up().await;
     let n = env.assert_identical().await;
     assert!(n >= 1, "no complete segment to compare");
