@@ -115,9 +115,8 @@ impl CodecTotals {
         t.tuple_deltas += d(cur.tuple_deltas, prev.tuple_deltas);
         t.tuple_delta_saved += d(cur.tuple_delta_saved, prev.tuple_delta_saved);
         t.tuple_misses += d(cur.tuple_misses, prev.tuple_misses);
-        let before: std::collections::BTreeMap<u8, RmgrBytes> = prev.by_rmgr.iter().collect();
         for (id, now) in cur.by_rmgr.iter() {
-            let was = before.get(&id).copied().unwrap_or_default();
+            let was = prev.by_rmgr.get(id);
             let e = t.rmgr.entry(id).or_default();
             e.records += d(now.records, was.records);
             e.bytes_in += d(now.bytes_in, was.bytes_in);

@@ -69,6 +69,14 @@ pub struct RmgrBytes {
 }
 
 impl RmgrTotals {
+    /// The totals of resource manager `rmid` (zero if none seen).
+    pub fn get(&self, rmid: u8) -> RmgrBytes {
+        self.totals
+            .get(usize::from(rmid))
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// `(rmid, totals)` of every resource manager seen so far, by id.
     pub fn iter(&self) -> impl Iterator<Item = (u8, RmgrBytes)> + '_ {
         self.totals

@@ -165,7 +165,7 @@ impl TupleCache {
     }
 
     pub fn get(&self, tid: &Tid) -> Option<&[u8]> {
-        self.map.get(tid).map(|e| e.data.as_slice())
+        self.get_full(tid).map(|(_, d)| d)
     }
 
     fn get_full(&self, tid: &Tid) -> Option<(u8, &[u8])> {
@@ -461,9 +461,12 @@ fn lookup<'a>(
     pages: &'a dyn PageLookup,
     tid: &Tid,
 ) -> Option<(u8, &'a [u8])> {
-    tuples
-        .get_full(tid)
-        .or_else(|| tuple_in_page(pages.page_of(&tid.block)?, tid.off))
+    tuples.get_full(tid).or_else(|| in_cached_page(pages, tid))
+}
+
+/// The tuple at `tid` in the cached page image of its block: (t_hoff, bytes from t_bits on).
+fn in_cached_page<'a>(pages: &'a dyn PageLookup, tid: &Tid) -> Option<(u8, &'a [u8])> {
+    tuple_in_page(pages.page_of(&tid.block)?, tid.off)
 }
 
 /// Candidate `c` (1..=3) of `site`.
@@ -475,14 +478,8 @@ pub fn candidate<'a>(
 ) -> Option<&'a [u8]> {
     match c {
         1 => tuples.get(site.old.as_ref()?),
-        2 => {
-            let t = site.old?;
-            Some(tuple_in_page(pages.page_of(&t.block)?, t.off)?.1)
-        }
-        3 => {
-            let t = site.new?;
-            Some(tuple_in_page(pages.page_of(&t.block)?, t.off)?.1)
-        }
+        2 => Some(in_cached_page(pages, site.old.as_ref()?)?.1),
+        3 => Some(in_cached_page(pages, site.new.as_ref()?)?.1),
         _ => None,
     }
 }
