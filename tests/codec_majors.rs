@@ -5,12 +5,12 @@
 //! receiver to the primary's bytes.
 
 use rand::{Rng, SeedableRng};
-use walrelay::cluster::majors::installed_majors;
-use walrelay::cluster::walrec::{record_wal, supported_wal_compressions, RecordOpts};
-use walrelay::codec::{checksum, Setup, WalDecoder, WalEncoder};
 use walrelay::config::CodecKind;
-use walrelay::lsn::Lsn;
-use walrelay::walcodec::{CodecParams, CodecStats};
+use walrelay_harness::cluster::majors::installed_majors;
+use walrelay_harness::cluster::walrec::{record_wal, supported_wal_compressions, RecordOpts};
+use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder, WalEncoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 /// Encodes `wal` (starting at `start`) in messages cut at the given lengths, decodes them,
 /// and checks every byte; returns the encoded size and the wal codec's counters.

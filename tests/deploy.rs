@@ -86,7 +86,7 @@ fn example_tomls_pass_check_config() {
         assert!(!named.is_empty(), "{}: no files named", f.display());
         for (orig, path) in &named {
             let contents = if orig.ends_with(".scram") {
-                walrelay::scram::new_verifier("dummy")
+                walrelay_pgwire::scram::new_verifier("dummy")
             } else {
                 "dummy".into()
             };
@@ -157,7 +157,7 @@ fn k8s_configs_pass_check_config_with_the_secret_mounted() {
             let contents = if k.ends_with(".scram") {
                 // The Secret holds a placeholder; it must at least be in the right form.
                 let v = v.as_str().unwrap();
-                v.parse::<walrelay::scram::ScramVerifier>()
+                v.parse::<walrelay_pgwire::scram::ScramVerifier>()
                     .unwrap_or_else(|e| panic!("Secret key {k}: {e}"));
                 v.to_string()
             } else {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use walrelay::cluster::wait_until;
+use walrelay_harness::cluster::wait_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_link_bytes_never_reach_the_standby() {

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use walrelay::cluster::PrimaryOpts;
+use walrelay_harness::cluster::PrimaryOpts;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_slot_on_a_pg16_standby_behind_the_relay_decodes_the_primarys_changes() {

@@ -8,7 +8,7 @@ use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use walrelay::pgwire::{encode, parse_tagged, ErrorFields};
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields};
 
 /// Sends `bytes` and collects every message until the server closes (at most 10 s).
 fn exchange(port: u16, bytes: &[u8], close_write: bool) -> (Vec<(u8, Vec<u8>)>, Duration) {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::prom::{parse_exposition, promql_metric_names, Sample};
 use common::*;
-use walrelay::cluster::{free_port, wait_until};
+use walrelay_harness::cluster::{free_port, wait_until};
 
 fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Option<&'a Sample> {
     samples.iter().find(|s| {

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use walrelay::cluster::wait_until;
+use walrelay_harness::cluster::wait_until;
 
 /// The harness's drain_timeout_secs (see `both_halves_toml`) and the margin allowed on top.
 const GRACE: Duration = Duration::from_secs(3);
@@ -80,7 +80,7 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
         "users = ",
         &format!(
             "users = {{ {STANDBY_USER} = \"{}\" }}",
-            walrelay::scram::new_verifier(NEW_PASSWORD)
+            walrelay_pgwire::scram::new_verifier(NEW_PASSWORD)
         ),
     );
     toml = set_line(&toml, "level = ", "level = \"walrelay=debug,info\"");
@@ -271,15 +271,19 @@ async fn sigint_with_a_hung_link_exits_in_bounded_time() {
 /// grace period and still exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
-    let root = walrelay::cluster::TempRoot::new().unwrap();
-    let p =
-        walrelay::cluster::Cluster::init_primary(&install(), &root, "primary", &Default::default())
-            .unwrap();
+    let root = walrelay_harness::cluster::TempRoot::new().unwrap();
+    let p = walrelay_harness::cluster::Cluster::init_primary(
+        &install(),
+        &root,
+        "primary",
+        &Default::default(),
+    )
+    .unwrap();
     p.start().await.unwrap();
     p.create_replication_user(REPL_PASSWORD).await.unwrap();
     let (up, down) = (
-        walrelay::cluster::free_port(),
-        walrelay::cluster::free_port(),
+        walrelay_harness::cluster::free_port(),
+        walrelay_harness::cluster::free_port(),
     );
     // A longer keepalive than the harness's 2 s: with 2 s, a stream blocked this long has been
     // seen to end the whole link connection (h2 error) before the signal comes.

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use walrelay::cluster::wait_until;
+use walrelay_harness::cluster::wait_until;
 
 /// pgbench through the relay: contents equal, and the WAL the standby wrote is byte-identical
 /// to the primary's over the streamed range; pg_stat_replication shows the real standby with an

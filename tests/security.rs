@@ -5,7 +5,7 @@ mod common;
 
 use common::certs::Ca;
 use common::*;
-use walrelay::cluster::{free_port, Cluster, PrimaryOpts, TempRoot};
+use walrelay_harness::cluster::{free_port, Cluster, PrimaryOpts, TempRoot};
 
 async fn primary(root: &TempRoot, extra: Vec<(String, String)>) -> Cluster {
     let opts = PrimaryOpts {
@@ -88,7 +88,7 @@ fn upstream_only(p: &Cluster, up: u16, primary_conninfo_extra: &str, link: &str)
 fn downstream_only(down: u16, up: u16, link: &str, downstream_extra: &str) -> String {
     format!(
         "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\n{downstream_extra}\n\n[link]\n{link}\nconnect_timeout_secs = 3\n",
-        walrelay::scram::new_verifier(STANDBY_PASSWORD)
+        walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)
     )
 }
 

@@ -1,4 +1,4 @@
-//! The link codec between walrelay's halves (`walrelay::codec`): the downstream half decodes
+//! The link codec between walrelay's halves (`walrelay_wal::linkcodec`): the downstream half decodes
 //! whatever arrives on the link, for each codec kind (`zstd`, `none`, `wal`).
 //!
 //! Decoding: byte 0 picks the kind; the rest is a sequence of records `raw_len: u32 BE |
@@ -13,10 +13,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use walrelay::codec::{checksum, Setup, WalDecoder, WalEncoder};
-use walrelay::config::CodecKind;
-use walrelay::lsn::Lsn;
-use walrelay::walcodec::CodecParams;
+use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder, WalEncoder};
+use walrelay_wal::linkcodec::CodecKind;
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::CodecParams;
 
 const MAX_LEN: usize = 1 << 20;
 const KINDS: [CodecKind; 3] = [CodecKind::Zstd, CodecKind::None, CodecKind::Wal];

@@ -9,7 +9,7 @@
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use walrelay::pgwire::{self, encode, repl, ErrorFields, FrontendMsg, RawMsg, StartupPacket};
+use walrelay_pgwire::{self as pgwire, encode, repl, ErrorFields, FrontendMsg, RawMsg, StartupPacket};
 
 /// Largest body any frontend tag may have.
 fn max_cap() -> usize {
@@ -104,7 +104,7 @@ fn check_msg(tag: u8, body: usize, msg: &FrontendMsg) {
         FrontendMsg::Query(s) => {
             assert_eq!(tag, b'Q');
             assert_eq!(s.len() + 1, body);
-            let _ = walrelay::replcmd::parse(s);
+            let _ = walrelay_pgwire::replcmd::parse(s);
         }
         FrontendMsg::CopyFail(s) => {
             assert_eq!(tag, b'f');

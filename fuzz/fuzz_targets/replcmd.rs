@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use walrelay::replcmd;
+use walrelay_pgwire::replcmd;
 
 fuzz_target!(|data: &[u8]| {
     let sql = String::from_utf8_lossy(data);

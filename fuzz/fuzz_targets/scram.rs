@@ -19,7 +19,7 @@
 use libfuzzer_sys::fuzz_target;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use std::sync::OnceLock;
-use walrelay::scram::{ScramServer, ScramVerifier, SCRAM_SHA_256};
+use walrelay_pgwire::scram::{ScramServer, ScramVerifier, SCRAM_SHA_256};
 
 fn pencil() -> ScramVerifier {
     static V: OnceLock<ScramVerifier> = OnceLock::new();

@@ -14,8 +14,8 @@ mod walgen;
 
 use libfuzzer_sys::fuzz_target;
 use walgen::Src;
-use walrelay::lsn::Lsn;
-use walrelay::walcodec::{CodecParams, Decoder, Encoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 const MAX_MESSAGE: usize = 1 << 20;
 

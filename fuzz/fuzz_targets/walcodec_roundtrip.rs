@@ -1,4 +1,4 @@
-//! walrelay's WAL-aware link codec (`walrelay::walcodec`): whatever the WAL bytes, the decoder
+//! walrelay's WAL-aware link codec (`walrelay_wal::walcodec`): whatever the WAL bytes, the decoder
 //! must restore exactly what the encoder was given.
 //!
 //! Input: byte 0 picks the major (13 = unsupported, so everything passes raw; 14..=18), the
@@ -18,8 +18,8 @@ mod walgen;
 
 use libfuzzer_sys::fuzz_target;
 use walgen::Src;
-use walrelay::lsn::Lsn;
-use walrelay::walcodec::{CodecParams, Decoder, Encoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 fuzz_target!(|data: &[u8]| {
     let mut src = Src { b: data };

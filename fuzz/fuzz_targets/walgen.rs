@@ -10,9 +10,9 @@
 
 #![allow(dead_code)] // each target uses part of it
 
-use walrelay::walcodec::fpi::{Method, Recompressor};
-use walrelay::walcodec::pglz::{Pglz, STRATEGY_ALWAYS};
-use walrelay::walcodec::wal::{
+use walrelay_wal::walcodec::fpi::{Method, Recompressor};
+use walrelay_wal::walcodec::pglz::{Pglz, STRATEGY_ALWAYS};
+use walrelay_wal::walcodec::wal::{
     page_magic, record_crc, ImageRef, PageTemplate, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE, BKPBLOCK_SAME_REL,
     BKPIMAGE_HAS_HOLE, PAGE_SIZE, REC_HDR, WAL_PAGE, XLR_BLOCK_ID_DATA_LONG,
     XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN, XLR_BLOCK_ID_TOPLEVEL_XID,

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::conninfo::ConnInfo;
-use crate::scram::ScramVerifier;
+use walrelay_pgwire::scram::ScramVerifier;
 
 /// Exit status for a bad configuration (EX_USAGE... sysexits EX_USAGE is 64).
 pub const EXIT_CONFIG: i32 = 64;
@@ -99,37 +99,7 @@ pub enum AuthMethod {
     Trust,
 }
 
-/// How WAL is encoded on the link.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum CodecKind {
-    /// WAL-aware: full-page images against earlier images of the same block, derivable
-    /// bytes left out, the rest in per-kind zstd streams.
-    #[default]
-    Wal,
-    /// Streaming zstd, flushed at every message of the primary.
-    Zstd,
-    /// No compression (for comparison and debugging).
-    None,
-}
-
-impl CodecKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            CodecKind::Wal => "wal",
-            CodecKind::Zstd => "zstd",
-            CodecKind::None => "none",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<CodecKind> {
-        match s {
-            "wal" => Some(CodecKind::Wal),
-            "zstd" => Some(CodecKind::Zstd),
-            "none" => Some(CodecKind::None),
-            _ => None,
-        }
-    }
-}
+pub use walrelay_wal::linkcodec::CodecKind;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

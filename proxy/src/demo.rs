@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cluster::{
-    free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
-};
 use crate::config::{
     AuthMethod, Limits, LinkConfig, LogConfig, Resolved, ResolvedDownstream, ResolvedUpstream,
 };
 use crate::conninfo::{ConnInfo, SslMode};
 use crate::metrics::Metrics;
+use walrelay_harness::cluster::{
+    free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
+};
 
 const STANDBY_PASSWORD: &str = "demo-standby";
 const PRIMARY_PASSWORD: &str = "demo-primary";
@@ -177,7 +177,7 @@ pub async fn run(seconds: u64) -> Result<()> {
 }
 
 fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolved> {
-    let verifier = crate::scram::new_verifier(STANDBY_PASSWORD)
+    let verifier = walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)
         .parse()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut primary_ci = ConnInfo::parse(&format!(

@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn restart_keys_name_each_changed_setting() {
-        let v = crate::scram::new_verifier("a");
+        let v = walrelay_pgwire::scram::new_verifier("a");
         let old = both(&format!("r = \"{v}\""), "");
         assert!(restart_keys(&old, &old).is_empty());
         let new = resolve(
@@ -318,13 +318,16 @@ mod tests {
 
     #[test]
     fn users_and_primary_are_live() {
-        let old = both(&format!("r = \"{}\"", crate::scram::new_verifier("a")), "");
+        let old = both(
+            &format!("r = \"{}\"", walrelay_pgwire::scram::new_verifier("a")),
+            "",
+        );
         let new = resolve(&format!(
             "[upstream]\nprimary = \"host=h user=u password=p2\"\nlisten = \"127.0.0.1:7433\"\nslot = \"s\"\n\
              [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h:7433\"\nusers = {{ r = \"{}\", s = \"{}\" }}\n\
              [link]\nplaintext = true\n",
-            crate::scram::new_verifier("b"),
-            crate::scram::new_verifier("c")
+            walrelay_pgwire::scram::new_verifier("b"),
+            walrelay_pgwire::scram::new_verifier("c")
         ));
         assert!(restart_keys(&old, &new).is_empty());
         let eff = effective(&old, &new);

@@ -228,9 +228,9 @@ impl tonic::transport::server::Connected for CountingIo {
     }
 }
 
-use crate::lsn::{Lsn, TimeLineId};
-use crate::replcmd::ReplCommand;
+use walrelay_pgwire::replcmd::ReplCommand;
 use walrelay_proto::link::{command, Command};
+use walrelay_wal::lsn::{Lsn, TimeLineId};
 
 /// A validated replication command as it travels on the link.
 pub fn command_to_proto(cmd: &ReplCommand) -> Command {
@@ -281,7 +281,7 @@ pub fn command_from_proto(
         },
         command::Kind::ReadReplicationSlot(s) => ReplCommand::ReadReplicationSlot(s.slot),
     };
-    match crate::replcmd::parse(&cmd.to_sql()) {
+    match walrelay_pgwire::replcmd::parse(&cmd.to_sql()) {
         Ok(again) if again == cmd => Ok(cmd),
         _ => Err(tonic::Status::invalid_argument(format!(
             "invalid replication command on the link: {cmd:?}"

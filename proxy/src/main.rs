@@ -160,7 +160,7 @@ fn main() -> ExitCode {
                 eprintln!("walrelay: empty password; pipe the password on standard input");
                 return ExitCode::from(EXIT_CONFIG as u8);
             }
-            println!("{}", walrelay::scram::new_verifier(pw));
+            println!("{}", walrelay_pgwire::scram::new_verifier(pw));
             ExitCode::SUCCESS
         }
     }

@@ -11,8 +11,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::conninfo::{ConnInfo, SslMode};
-use crate::pgwire::io::MsgReader;
-use crate::pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
+use crate::pgio::MsgReader;
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 
 /// A socket, plain or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}

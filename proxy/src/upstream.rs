@@ -31,17 +31,18 @@ use walrelay_proto::link::{
 };
 use walrelay_proto::PROTOCOL_VERSION;
 
-use crate::codec::{checksum, Setup, ShadowZstd, WalEncoder};
+use crate::bench::shadow::ShadowZstd;
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo, WalHeader};
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PrimaryConn};
-use crate::pgwire::io::MsgReader;
-use crate::pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
-use crate::pgwire::{encode, parse_tagged, RawMsg, WireError};
-use crate::walcodec;
+use crate::pgio::MsgReader;
+use walrelay_pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
+use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
+use walrelay_wal::linkcodec::{checksum, Setup, WalEncoder};
+use walrelay_wal::walcodec;
 
 /// Shared state of the upstream half.
 pub struct Upstream {
@@ -447,7 +448,7 @@ async fn link_to_primary<W: AsyncWrite + Unpin>(
         match msg.msg {
             Some(to_upstream::Msg::Command(c)) => {
                 let cmd = link::command_from_proto(c, slot)?;
-                if let crate::replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
+                if let walrelay_pgwire::replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
                     standby.set_slot(slot.as_deref());
                 }
                 encode::query(&mut out, &cmd.to_sql());

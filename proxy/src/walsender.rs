@@ -35,18 +35,18 @@ use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
 use walrelay_proto::PROTOCOL_VERSION;
 
-use crate::codec::{checksum, Setup, WalDecoder};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::BoxIo;
-use crate::pgwire::io::MsgReader;
-use crate::pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
-use crate::pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
-use crate::replcmd;
-use crate::walcodec;
+use crate::pgio::MsgReader;
+use walrelay_pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
+use walrelay_pgwire::replcmd;
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
+use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder};
+use walrelay_wal::walcodec;
 
 mod startup;
 
@@ -519,7 +519,9 @@ fn shutting_down() -> End {
 /// Checks that `b` is a sequence of whole backend messages; returns how many of them end a
 /// command's turn (ReadyForQuery, or CopyBothResponse which starts streaming), and the
 /// primary's WAL end from a keepalive among them, if any.
-fn check_framing(b: &Bytes) -> Result<(usize, Option<crate::lsn::Lsn>), crate::pgwire::WireError> {
+fn check_framing(
+    b: &Bytes,
+) -> Result<(usize, Option<walrelay_wal::lsn::Lsn>), walrelay_pgwire::WireError> {
     let mut buf = BytesMut::from(&b[..]);
     let mut turns = 0;
     let mut keepalive = None;
@@ -532,7 +534,7 @@ fn check_framing(b: &Bytes) -> Result<(usize, Option<crate::lsn::Lsn>), crate::p
                 }
             }
             None => {
-                return Err(crate::pgwire::WireError::Malformed {
+                return Err(walrelay_pgwire::WireError::Malformed {
                     tag: '?',
                     what: "truncated message",
                 })
@@ -560,10 +562,10 @@ async fn standby_to_link(
                 Err(_) => return link_gone,
             }
         }
-        let msg = match reader.read(crate::pgwire::parse_frontend).await {
+        let msg = match reader.read(walrelay_pgwire::parse_frontend).await {
             Ok(m) => m,
-            Err(crate::pgwire::WireError::Closed) => return End::Quiet,
-            Err(crate::pgwire::WireError::Io(e)) => {
+            Err(walrelay_pgwire::WireError::Closed) => return End::Quiet,
+            Err(walrelay_pgwire::WireError::Io(e)) => {
                 debug!("standby socket: {e}");
                 return End::Quiet;
             }

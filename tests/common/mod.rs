@@ -1,5 +1,5 @@
 //! Shared harness for the integration tests: real PostgreSQL clusters (from
-//! `walrelay::cluster`), the real `walrelay` binary as a child process, a TCP proxy that can
+//! `walrelay_harness::cluster`), the real `walrelay` binary as a child process, a TCP proxy that can
 //! cut the link, WAL and table comparisons, and test certificates.
 #![allow(dead_code)]
 
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use walrelay::cluster::{
+use walrelay_harness::cluster::{
     free_port, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
 };
 
@@ -228,7 +228,7 @@ drain_timeout_secs = 3
 {extra}
 "#,
         pport = primary.port(),
-        verifier = walrelay::scram::new_verifier(STANDBY_PASSWORD),
+        verifier = walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
     )
 }
 
@@ -267,7 +267,7 @@ pub async fn env(opts: EnvOpts) -> Env {
     let root = TempRoot::new().unwrap();
     let install = match opts.major {
         None => install(),
-        Some(m) => walrelay::cluster::majors::install_for_major(m).unwrap_or_else(|| {
+        Some(m) => walrelay_harness::cluster::majors::install_for_major(m).unwrap_or_else(|| {
             panic!("PostgreSQL {m} is not installed: run scripts/install-pg-majors.sh")
         }),
     };
@@ -447,7 +447,7 @@ pub fn segment_name(tli: u32, lsn: u64) -> String {
 }
 
 pub fn parse_lsn(s: &str) -> u64 {
-    s.parse::<walrelay::lsn::Lsn>().unwrap().0
+    s.parse::<walrelay_wal::lsn::Lsn>().unwrap().0
 }
 
 /// Compares every complete WAL segment (name < `before`) present in both directories byte

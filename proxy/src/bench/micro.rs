@@ -5,13 +5,13 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::cluster::Cluster;
-use crate::codec::{checksum, Setup, WalDecoder, WalEncoder};
 use crate::config::CodecKind;
-use crate::lsn::Lsn;
 use crate::metrics::thread_cpu_ns;
-use crate::walcodec::rmgr::rmgr_name;
-use crate::walcodec::{CodecParams, CodecStats};
+use walrelay_harness::cluster::Cluster;
+use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder, WalEncoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::rmgr::rmgr_name;
+use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 const SEGMENT: u64 = 16 << 20;
 const MESSAGE: usize = 128 * 1024;

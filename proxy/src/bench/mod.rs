@@ -11,6 +11,7 @@
 //! This is a benchmark, not a test: nothing here asserts a timing.
 
 mod micro;
+pub mod shadow;
 mod workloads;
 
 use std::sync::Arc;
@@ -21,14 +22,16 @@ use serde::Serialize;
 
 pub use workloads::Workload;
 
-use crate::cluster::{free_port, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot};
 use crate::config::{
     AuthMethod, CodecKind, Limits, LinkConfig, LogConfig, Resolved, ResolvedDownstream,
     ResolvedUpstream,
 };
 use crate::conninfo::{ConnInfo, SslMode};
-use crate::lsn::Lsn;
 use crate::metrics::Metrics;
+use walrelay_harness::cluster::{
+    free_port, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
+};
+use walrelay_wal::lsn::Lsn;
 
 /// What one workload measured.
 #[derive(Debug, Clone, Serialize)]
@@ -226,7 +229,7 @@ fn configs(
         primary.port()
     ))?;
     primary_ci.sslmode = SslMode::Disable;
-    let verifier = crate::scram::new_verifier("bench-standby")
+    let verifier = walrelay_pgwire::scram::new_verifier("bench-standby")
         .parse()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let link = LinkConfig {
@@ -343,7 +346,13 @@ async fn wait_caught_up(primary: &Cluster, standby: &Cluster, metrics: &Metrics)
                 .to_string()
         })
     };
-    Ok(crate::cluster::wait_replayed(primary, standby, Duration::from_secs(600), give_up).await?)
+    Ok(walrelay_harness::cluster::wait_replayed(
+        primary,
+        standby,
+        Duration::from_secs(600),
+        give_up,
+    )
+    .await?)
 }
 
 /// The markdown table of a run.

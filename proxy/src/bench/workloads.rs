@@ -3,7 +3,7 @@
 use anyhow::Result;
 use std::process::Stdio;
 
-use crate::cluster::Cluster;
+use walrelay_harness::cluster::Cluster;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {

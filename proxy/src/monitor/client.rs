@@ -8,7 +8,7 @@ use hyper_util::rt::TokioIo;
 
 use super::expo::StatusDoc;
 use super::standbys::StandbyRow;
-use crate::lsn::Lsn;
+use walrelay_wal::lsn::Lsn;
 
 /// Largest `/status.json` accepted.
 const MAX_BODY: usize = 8 << 20;

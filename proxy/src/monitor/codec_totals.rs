@@ -10,9 +10,9 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use crate::codec::WalEncoder;
-use crate::walcodec::rmgr::{rmgr_name, RmgrBytes};
-use crate::walcodec::CodecStats;
+use walrelay_wal::linkcodec::WalEncoder;
+use walrelay_wal::walcodec::rmgr::{rmgr_name, RmgrBytes};
+use walrelay_wal::walcodec::CodecStats;
 
 /// The `kind` label values, in the order of [`Totals::kinds`].
 pub const KINDS: [&str; 6] = [
@@ -160,9 +160,9 @@ impl Drop for SessionCodecStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::Setup;
     use crate::config::CodecKind;
-    use crate::lsn::Lsn;
+    use walrelay_wal::linkcodec::Setup;
+    use walrelay_wal::lsn::Lsn;
 
     /// Two sessions' deltas add up, and stay counted after a session ends.
     #[test]
@@ -171,7 +171,7 @@ mod tests {
             kind: CodecKind::Wal,
             zstd_level: 3,
             window_log: 20,
-            wal: crate::walcodec::CodecParams {
+            wal: walrelay_wal::walcodec::CodecParams {
                 pg_major: 15,
                 block_cache_bytes: 1 << 20,
                 zstd_level: 3,

@@ -495,8 +495,8 @@ fn standby_families(e: &mut Expo, rows: &[StandbyRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lsn::Lsn;
     use crate::monitor::Half;
+    use walrelay_wal::lsn::Lsn;
 
     #[test]
     fn exposition_lines_are_well_formed_and_escaped() {

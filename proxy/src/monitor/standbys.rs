@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 use super::Half;
-use crate::lsn::Lsn;
+use walrelay_wal::lsn::Lsn;
 
 /// Points kept per standby for lag seconds.
 pub const LAG_RING: usize = 1024;

@@ -11,12 +11,12 @@ use super::{Downstream, End, Reader, Standby, Writer};
 use crate::config::AuthMethod;
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
-use crate::pgwire::io::MsgReader;
-use crate::pgwire::{
+use crate::pgio::MsgReader;
+use walrelay_pgwire::scram::{ScramError, ScramServer};
+use walrelay_pgwire::{
     encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
     WireError,
 };
-use crate::scram::{ScramError, ScramServer};
 
 /// The first byte of a TLS ClientHello record: a PG 17+ client using `sslnegotiation=direct`.
 const TLS_HANDSHAKE: u8 = 0x16;

@@ -1,4 +1,14 @@
-//! PostgreSQL frontend/backend protocol (v3), sans-IO.
+//! PostgreSQL frontend/backend protocol (v3) as walrelay speaks it, sans-IO: no sockets, no
+//! runtime. The relay runtime (`walrelay`) owns the sockets; the fuzz targets drive these
+//! parsers directly.
+//!
+//! Map:
+//!
+//! - this module: message framing (startup packets, tagged messages), frontend messages,
+//!   encoders of backend messages ([`encode`]), replication stream messages ([`repl`]);
+//! - [`replcmd`]: the replication commands a standby may send, parsed, validated, re-rendered;
+//! - [`scram`]: the server side of SCRAM-SHA-256.
+//!
 //!
 //! Framing on the wire:
 //!
@@ -15,9 +25,10 @@
 //! `&mut BytesMut` and return `Ok(None)` until a whole message is buffered; they consume nothing
 //! until they return a message, so they can be retried after more bytes arrive.
 //!
-//! [`io`] holds the one cancellation-safe adapter that owns a socket.
+//! The one cancellation-safe adapter that owns a socket is `walrelay::pgio`.
 
-pub mod io;
+pub mod replcmd;
+pub mod scram;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -500,7 +511,7 @@ pub mod encode {
 /// Replication sub-protocol messages inside CopyData.
 pub mod repl {
     use super::*;
-    use crate::lsn::Lsn;
+    use walrelay_wal::lsn::Lsn;
 
     /// Size of the XLogData header after the 'w' byte: start, end, send time.
     pub const XLOGDATA_HEADER: usize = 24;

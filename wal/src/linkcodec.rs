@@ -11,10 +11,41 @@
 //!   the window (and so the memory per session) is bounded by `link.zstd_window_log`;
 //! - `none`: the bytes as they are.
 
-use crate::config::CodecKind;
 use crate::lsn::Lsn;
 use crate::walcodec;
 use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
+
+/// How WAL is encoded on the link.
+#[derive(Debug, Clone, Copy, serde::Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CodecKind {
+    /// WAL-aware: full-page images against earlier images of the same block, derivable
+    /// bytes left out, the rest in per-kind zstd streams.
+    #[default]
+    Wal,
+    /// Streaming zstd, flushed at every message of the primary.
+    Zstd,
+    /// No compression (for comparison and debugging).
+    None,
+}
+
+impl CodecKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CodecKind::Wal => "wal",
+            CodecKind::Zstd => "zstd",
+            CodecKind::None => "none",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<CodecKind> {
+        match s {
+            "wal" => Some(CodecKind::Wal),
+            "zstd" => Some(CodecKind::Zstd),
+            "none" => Some(CodecKind::None),
+            _ => None,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -173,60 +204,6 @@ impl WalDecoder {
             return Err(CodecError::Checksum { got, want: xxh3 });
         }
         Ok(())
-    }
-}
-
-/// Bench only: the same messages through generic streaming zstd-3 (flushed per message, as
-/// the `zstd` codec does), counting bytes and encode/decode time into the metrics.
-pub struct ShadowZstd {
-    enc: WalEncoder,
-    dec: WalDecoder,
-    encoded: Vec<u8>,
-    decoded: Vec<u8>,
-}
-
-impl ShadowZstd {
-    pub fn new(max_len: usize) -> Result<ShadowZstd, CodecError> {
-        let setup = Setup {
-            kind: CodecKind::Zstd,
-            zstd_level: 3,
-            window_log: 23,
-            wal: walcodec::CodecParams {
-                pg_major: 0,
-                block_cache_bytes: 0,
-                zstd_level: 3,
-                max_message_bytes: max_len,
-            },
-        };
-        Ok(ShadowZstd {
-            enc: WalEncoder::new(&setup)?,
-            dec: WalDecoder::new(&setup)?,
-            encoded: Vec::new(),
-            decoded: Vec::new(),
-        })
-    }
-
-    pub fn observe(
-        &mut self,
-        start: Lsn,
-        raw: &[u8],
-        metrics: &crate::metrics::Metrics,
-    ) -> Result<(), CodecError> {
-        use crate::metrics::{timed, Metrics};
-        timed(&metrics.shadow_encode_ns, || {
-            self.enc.encode(start, raw, &mut self.encoded)
-        })?;
-        Metrics::add(&metrics.shadow_zstd_bytes, self.encoded.len() as u64);
-        timed(&metrics.shadow_decode_ns, || {
-            self.dec.decode(
-                start,
-                &self.encoded,
-                raw.len(),
-                usize::MAX,
-                checksum(raw),
-                &mut self.decoded,
-            )
-        })
     }
 }
 

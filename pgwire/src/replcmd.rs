@@ -24,7 +24,7 @@
 //! `START_REPLICATION ... LOGICAL`, `BASE_BACKUP`, the slot-management commands and any SQL are
 //! refused with [`ReplCmdError::Unsupported`].
 
-use crate::lsn::{Lsn, TimeLineId};
+use walrelay_wal::lsn::{Lsn, TimeLineId};
 
 /// Longest command text accepted, in bytes.
 pub const MAX_COMMAND_LEN: usize = 8192;
@@ -131,7 +131,7 @@ fn syntax(msg: impl Into<String>) -> ReplCmdError {
 
 /// Truncates peer-supplied text quoted in an error message.
 fn clip(s: &str) -> String {
-    crate::pgwire::clip(s, MAX_IDENT_LEN)
+    crate::clip(s, MAX_IDENT_LEN)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

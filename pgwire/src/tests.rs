@@ -142,8 +142,8 @@ fn error_response_round_trip() {
 #[test]
 fn xlogdata_round_trip() {
     let x = repl::XLogData {
-        start: crate::lsn::Lsn(0x1000000),
-        end: crate::lsn::Lsn(0x1000010),
+        start: walrelay_wal::lsn::Lsn(0x1000000),
+        end: walrelay_wal::lsn::Lsn(0x1000010),
         send_time: 42,
         data: Bytes::from_static(b"walbytes"),
     };

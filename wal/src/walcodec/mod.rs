@@ -26,7 +26,7 @@
 //! Anything not understood (unsupported major, no lock on a record boundary yet, a record cut
 //! by the message boundary, a CRC mismatch, an unparsable block header area) passes through as
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
-//! length and xxh3 of the result (see `crate::codec`).
+//! length and xxh3 of the result (see `crate::linkcodec`).
 //!
 //! # Payload format (version 2)
 //!
@@ -90,14 +90,13 @@ pub mod tracker;
 pub mod tuples;
 pub mod wal;
 
-#[cfg(test)]
-mod testgen;
+/// Synthetic WAL for unit tests, property tests and fuzz targets (feature `testgen`).
+#[cfg(any(test, feature = "testgen"))]
+pub mod testgen;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_fpi;
-#[cfg(test)]
-mod tests_pg;
 
 pub use decoder::Decoder;
 pub use encoder::Encoder;

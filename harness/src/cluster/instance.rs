@@ -362,7 +362,7 @@ host  all         all        127.0.0.1/32  scram-sha-256
     }
 
     /// An LSN-valued query (`select pg_current_wal_lsn()::text`, ...).
-    pub async fn query_lsn(&self, sql: &str) -> Result<crate::lsn::Lsn, ClusterError> {
+    pub async fn query_lsn(&self, sql: &str) -> Result<walrelay_wal::lsn::Lsn, ClusterError> {
         let s = self.query_one_string(sql).await?;
         s.parse()
             .map_err(|e| ClusterError::Other(format!("{sql:?} on {:?}: {e}", self.name())))

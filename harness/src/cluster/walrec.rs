@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{run_async, Cluster, ClusterError, PgInstall, PrimaryOpts, TempRoot};
-use crate::lsn::Lsn;
+use walrelay_wal::lsn::Lsn;
 
 /// WAL segment size of the recorded clusters (initdb's default).
 pub const WAL_SEGMENT_SIZE: u64 = 16 * 1024 * 1024;

@@ -4,9 +4,9 @@
 //! future (for example when another branch of a `select!` wins) loses nothing: the next call
 //! continues where the last left off. Writes go straight to the write half with `write_all`.
 
-use super::WireError;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use walrelay_pgwire::WireError;
 
 /// Initial capacity of the read buffer; parsers grow it up to their per-message cap.
 const INITIAL_BUF: usize = 16 * 1024;

@@ -5,13 +5,13 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use super::testgen::Rng;
-use super::*;
-use crate::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
-use crate::lsn::Lsn;
+use walrelay_harness::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::testgen::Rng;
+use walrelay_wal::walcodec::*;
 
 /// Reads the WAL of `dir` from its first segment up to `upto`; returns (start LSN, bytes).
-pub(crate) fn read_wal(dir: &Path, seg_size: u64, upto: u64) -> (u64, Vec<u8>) {
+fn read_wal(dir: &Path, seg_size: u64, upto: u64) -> (u64, Vec<u8>) {
     let mut segs: Vec<u64> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
@@ -151,7 +151,7 @@ fn zstd3(wal: &[u8], cuts: &[usize]) -> usize {
 
 /// Round-trips `wal` in random and walsender-like chunks; prints the numbers; returns the
 /// ratio to zstd-3 and the stats for the random chunking.
-pub(crate) fn measure(label: &str, p: &CodecParams, start: u64, wal: &[u8]) -> (f64, CodecStats) {
+fn measure(label: &str, p: &CodecParams, start: u64, wal: &[u8]) -> (f64, CodecStats) {
     let mut first = None;
     for (name, cuts) in [
         ("random 1..128KiB", random_cuts(wal.len(), 7)),
@@ -263,7 +263,7 @@ async fn pg15_pgbench_wal_round_trips() {
     );
     let heap = by
         .iter()
-        .find(|(id, _)| super::rmgr::rmgr_name(*id) == "Heap")
+        .find(|(id, _)| rmgr::rmgr_name(*id) == "Heap")
         .map(|x| x.1);
     assert!(
         heap.is_some_and(|h| h.bytes_in > rin / 4 && h.bytes_out > 0),

@@ -442,7 +442,7 @@ impl ScramServer {
 
 /// Truncates peer-supplied text quoted in an error message.
 fn clip(s: &str) -> String {
-    crate::pgwire::clip(s, 64)
+    crate::clip(s, 64)
 }
 
 fn message_str<'a>(data: &'a [u8], what: &str) -> Result<&'a str, ScramError> {
