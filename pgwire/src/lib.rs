@@ -7,8 +7,8 @@
 //! - this module: message framing (startup packets, tagged messages), frontend messages,
 //!   encoders of backend messages ([`encode`]), replication stream messages ([`repl`]);
 //! - [`replcmd`]: the replication commands a standby may send, parsed, validated, re-rendered;
-//! - [`scram`]: the server side of SCRAM-SHA-256.
-//!
+//! - [`scram`]: the server side of SCRAM-SHA-256;
+//! - [`syncrep`]: which standbys `synchronous_standby_names` lets a commit wait for.
 //!
 //! Framing on the wire:
 //!
@@ -29,6 +29,7 @@
 
 pub mod replcmd;
 pub mod scram;
+pub mod syncrep;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 

@@ -1,5 +1,14 @@
-//! The walrelay link protocol, generated from `link.proto` (see that file for the message flow).
-#![allow(clippy::all)]
+//! The walrelay link protocol between the halves.
+//!
+//! Map:
+//!
+//! - [`link`]: the gRPC service and handshake messages, generated from `link.proto` (see that
+//!   file for the message flow);
+//! - [`frame`]: what a link message carries after the handshake, both directions, sans-IO:
+//!   WAL runs, the primary's messages, the standbys' feedback and commands, one checksum.
+pub mod frame;
+
+#[allow(clippy::all)]
 pub mod link {
     tonic::include_proto!("walrelay.link.v1");
 }
