@@ -171,7 +171,6 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
                 ..Default::default()
             },
         )),
-        ..Default::default()
     };
     let r = client.session(tokio_stream::iter(vec![hello])).await;
     assert!(

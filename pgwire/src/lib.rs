@@ -169,6 +169,36 @@ pub struct RawMsg {
 }
 
 impl RawMsg {
+    /// The columns of a DataRow ('D') body: `None` for SQL NULL. Every length is checked
+    /// against the body before it is used.
+    pub fn data_row(&self) -> Result<Vec<Option<&[u8]>>, WireError> {
+        let bad = |what| WireError::Malformed { tag: 'D', what };
+        if self.tag != b'D' {
+            return Err(bad("not a DataRow"));
+        }
+        let mut b: &[u8] = &self.body;
+        let n = b.get(..2).ok_or(bad("short column count"))?;
+        let n = u16::from_be_bytes([n[0], n[1]]) as usize;
+        b = &b[2..];
+        let mut cols = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            let l = b.get(..4).ok_or(bad("short column length"))?;
+            let l = i32::from_be_bytes([l[0], l[1], l[2], l[3]]);
+            b = &b[4..];
+            if l < 0 {
+                cols.push(None);
+                continue;
+            }
+            let v = b.get(..l as usize).ok_or(bad("column longer than the row"))?;
+            cols.push(Some(v));
+            b = &b[l as usize..];
+        }
+        if !b.is_empty() {
+            return Err(bad("bytes after the last column"));
+        }
+        Ok(cols)
+    }
+
     /// The message re-encoded as on the wire (tag, length, body).
     pub fn encode(&self, out: &mut BytesMut) {
         out.reserve(5 + self.body.len());
@@ -601,6 +631,11 @@ pub mod repl {
 
     /// Length of a primary keepalive ('k'): walEnd, sendTime, replyRequested.
     pub const KEEPALIVE_LEN: usize = 1 + 8 + 8 + 1;
+
+    /// Whether a primary keepalive CopyData payload ('k') asks the standby to reply at once.
+    pub fn keepalive_wants_reply(payload: &[u8]) -> bool {
+        payload.len() == KEEPALIVE_LEN && payload[0] == b'k' && payload[17] != 0
+    }
 
     /// The `walEnd` of a primary keepalive CopyData payload ('k'), for metrics.
     pub fn keepalive_end(payload: &[u8]) -> Option<Lsn> {

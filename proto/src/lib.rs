@@ -14,4 +14,4 @@ pub mod link {
 }
 
 /// Version of the link protocol spoken by this build; both halves must agree.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -123,6 +123,10 @@ pub struct LinkConfig {
     pub keepalive_secs: u64,
     /// Timeout for connecting to the upstream half, seconds.
     pub connect_timeout_secs: u64,
+    /// How long WAL and feedback of a standby that no commit waits on may wait to share a link
+    /// message with more, milliseconds (0: only what has already arrived). Standbys named in
+    /// the primary's `synchronous_standby_names` never wait.
+    pub batch_window_ms: u64,
     /// Bench only (not configurable): also run every message through generic streaming
     /// zstd-3 and count its bytes, for a side-by-side comparison.
     #[serde(skip)]
@@ -143,6 +147,7 @@ impl Default for LinkConfig {
             block_cache_bytes: 1 << 30,
             keepalive_secs: 10,
             connect_timeout_secs: 10,
+            batch_window_ms: 10,
             bench_shadow_zstd: false,
         }
     }
@@ -296,6 +301,12 @@ impl Config {
         }
         if link.keepalive_secs == 0 {
             return Err(key_err("link.keepalive_secs", "must be at least 1"));
+        }
+        if link.batch_window_ms > 1000 {
+            return Err(key_err(
+                "link.batch_window_ms",
+                "must be at most 1000 (milliseconds)",
+            ));
         }
         if !link.plaintext {
             if link.tls_cert.is_none() || link.tls_key.is_none() {

@@ -1,5 +1,6 @@
 //! The link between the halves: tonic gRPC over rustls (mutual TLS when `link.tls_ca` is set),
-//! one bidirectional stream per standby session (see `proto/link.proto` for the messages).
+//! one bidirectional stream per standby session (see `proto/link.proto` for the messages and
+//! `walrelay_proto::frame` for what they carry).
 //!
 //! The upstream serves; every accepted socket is wrapped in [`CountingIo`] so the bytes that
 //! really crossed the link (TLS and HTTP/2 framing included) are counted. The downstream keeps
@@ -20,6 +21,12 @@ use tonic::transport::{
 
 use crate::config::{Limits, LinkConfig};
 use crate::metrics::Metrics;
+
+/// HTTP/2 flow-control windows of the link, per stream and per connection. HTTP/2's default
+/// (64 KiB) makes the receiver send a WINDOW_UPDATE for every ~32 KiB it reads — link bytes
+/// for nothing; with these, one per 512 KiB. Bounds what a peer may send ahead per session.
+pub const STREAM_WINDOW: u32 = 1 << 20;
+pub const CONNECTION_WINDOW: u32 = 8 << 20;
 
 /// Room for protobuf framing around the largest WAL message.
 const FRAMING_SLACK: usize = 64 * 1024;
@@ -92,6 +99,8 @@ fn channel(
         .http2_keep_alive_interval(Duration::from_secs(link.keepalive_secs))
         .keep_alive_timeout(Duration::from_secs(link.keepalive_secs))
         .keep_alive_while_idle(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .tcp_nodelay(true);
     if !link.plaintext {
         let host = upstream
@@ -286,133 +295,5 @@ pub fn command_from_proto(
         _ => Err(tonic::Status::invalid_argument(format!(
             "invalid replication command on the link: {cmd:?}"
         ))),
-    }
-}
-
-/// The XLogData header fields of consecutive `Wal` messages, delta-encoded (see `link.proto`):
-/// both ends keep one of these per session.
-#[derive(Debug, Default)]
-pub struct WalPositions {
-    next_start: u64,
-    send_time: i64,
-}
-
-/// XLogData header fields in absolute form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WalHeader {
-    pub start: Lsn,
-    pub end: Lsn,
-    pub send_time: i64,
-    pub raw_len: u32,
-}
-
-/// The integrity check of a downstream → upstream message (`ToUpstream.xxh3`): the feedback's
-/// bytes, or the command as encoded (the receiver re-encodes what it decoded, so a corrupted
-/// field shows).
-pub fn upstream_checksum(msg: &walrelay_proto::link::to_upstream::Msg) -> u64 {
-    use prost::Message;
-    use walrelay_proto::link::to_upstream::Msg;
-    match msg {
-        Msg::Feedback(b) => xxhash_rust::xxh3::xxh3_64(b),
-        Msg::Command(c) => xxhash_rust::xxh3::xxh3_64(&c.encode_to_vec()),
-        _ => 0,
-    }
-}
-
-impl WalHeader {
-    /// xxh3-64 of the header's fields (see `Wal.header_xxh3` in link.proto).
-    pub fn checksum(&self) -> u64 {
-        let mut b = [0u8; 28];
-        b[..8].copy_from_slice(&self.start.0.to_le_bytes());
-        b[8..16].copy_from_slice(&self.end.0.to_le_bytes());
-        b[16..24].copy_from_slice(&self.send_time.to_le_bytes());
-        b[24..].copy_from_slice(&self.raw_len.to_le_bytes());
-        xxhash_rust::xxh3::xxh3_64(&b)
-    }
-}
-
-impl WalPositions {
-    /// Fills the header fields of `w` for `h` and advances.
-    pub fn encode(&mut self, h: &WalHeader, w: &mut walrelay_proto::link::Wal) {
-        w.start_delta = h.start.0.wrapping_sub(self.next_start) as i64;
-        w.end_delta = h
-            .end
-            .0
-            .wrapping_sub(h.start.0.wrapping_add(h.raw_len as u64)) as i64;
-        w.send_time_delta = h.send_time.wrapping_sub(self.send_time);
-        w.raw_len = h.raw_len;
-        w.header_xxh3 = h.checksum();
-        self.next_start = h.start.0.wrapping_add(h.raw_len as u64);
-        self.send_time = h.send_time;
-    }
-
-    /// Restores the header of `w` and advances.
-    pub fn decode(&mut self, w: &walrelay_proto::link::Wal) -> WalHeader {
-        let start = self.next_start.wrapping_add(w.start_delta as u64);
-        let end = start
-            .wrapping_add(w.raw_len as u64)
-            .wrapping_add(w.end_delta as u64);
-        let send_time = self.send_time.wrapping_add(w.send_time_delta);
-        self.next_start = start.wrapping_add(w.raw_len as u64);
-        self.send_time = send_time;
-        WalHeader {
-            start: Lsn(start),
-            end: Lsn(end),
-            send_time,
-            raw_len: w.raw_len,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wal_positions_round_trip_and_cost_nothing_when_contiguous() {
-        let (mut enc, mut dec) = (WalPositions::default(), WalPositions::default());
-        let headers = [
-            WalHeader {
-                start: Lsn(0x3000000),
-                end: Lsn(0x3000100),
-                send_time: 800_000_000_000_000,
-                raw_len: 0x100,
-            },
-            WalHeader {
-                start: Lsn(0x3000100),
-                end: Lsn(0x3000200),
-                send_time: 800_000_000_000_500,
-                raw_len: 0x100,
-            },
-            // A new START_REPLICATION further back, a walEnd beyond the data, time going back.
-            WalHeader {
-                start: Lsn(0x2000000),
-                end: Lsn(u64::MAX),
-                send_time: -5,
-                raw_len: 7,
-            },
-        ];
-        for (i, h) in headers.iter().enumerate() {
-            let mut w = walrelay_proto::link::Wal::default();
-            enc.encode(h, &mut w);
-            if i == 1 {
-                assert_eq!((w.start_delta, w.end_delta), (0, 0));
-            }
-            assert_eq!(dec.decode(&w), *h);
-            assert_eq!(w.header_xxh3, h.checksum());
-        }
-        // Any flipped bit of a position field shows in the header checksum.
-        let mut w = walrelay_proto::link::Wal::default();
-        WalPositions::default().encode(&headers[0], &mut w);
-        for bit in 0..64 {
-            let mut bad = w.clone();
-            bad.start_delta ^= 1 << bit;
-            let got = WalPositions::default().decode(&bad);
-            assert_ne!(got.checksum(), w.header_xxh3, "start bit {bit}");
-            let mut bad = w.clone();
-            bad.end_delta ^= 1 << bit;
-            let got = WalPositions::default().decode(&bad);
-            assert_ne!(got.checksum(), w.header_xxh3, "end bit {bit}");
-        }
     }
 }

@@ -293,6 +293,28 @@ impl PrimaryConn {
         }
     }
 
+    /// The value of a setting of the primary (`SHOW name`), before streaming starts.
+    pub async fn show(&mut self, name: &str) -> Result<String, PgClientError> {
+        let msgs = self
+            .simple_query(&format!("SHOW \"{}\"", name.replace('"', "\"\"")))
+            .await?;
+        let row = msgs
+            .iter()
+            .find(|m| m.tag == b'D')
+            .ok_or(WireError::Malformed {
+                tag: 'D',
+                what: "SHOW returned no row",
+            })?;
+        match row.data_row()?.first() {
+            Some(Some(v)) => Ok(String::from_utf8_lossy(v).into_owned()),
+            _ => Err(WireError::Malformed {
+                tag: 'D',
+                what: "SHOW returned no value",
+            }
+            .into()),
+        }
+    }
+
     /// Makes sure a physical slot exists (creates it reserving WAL when missing).
     pub async fn ensure_physical_slot(&mut self, slot: &str) -> Result<bool, PgClientError> {
         match self

@@ -163,6 +163,25 @@ impl WalDecoder {
         xxh3: u64,
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
+        self.restore(start, payload, raw_len, max_len, out)?;
+        let got = checksum(out);
+        if got != xxh3 {
+            return Err(CodecError::Checksum { got, want: xxh3 });
+        }
+        Ok(())
+    }
+
+    /// [`decode`](Self::decode) without the checksum, for a caller that verifies what it
+    /// restored as part of something larger (a link frame's checksum covers several messages).
+    /// Nothing restored may be used before that check.
+    pub fn restore(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        max_len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
         out.clear();
         if raw_len > max_len {
             return Err(CodecError::TooLong(raw_len, max_len));
@@ -198,10 +217,6 @@ impl WalDecoder {
                 got: out.len(),
                 want: raw_len,
             });
-        }
-        let got = checksum(out);
-        if got != xxh3 {
-            return Err(CodecError::Checksum { got, want: xxh3 });
         }
         Ok(())
     }

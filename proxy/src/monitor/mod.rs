@@ -48,6 +48,8 @@ pub struct Ops {
     /// Bytes read from / written to the downstream's link sockets (framing included).
     pub link_socket_bytes_in_downstream: AtomicU64,
     pub link_socket_bytes_out_downstream: AtomicU64,
+    /// Link messages (frames) the downstream sent to the upstream.
+    pub link_messages_out_downstream: AtomicU64,
     /// Encoded WAL payload bytes the downstream received on the link (framing excluded).
     pub link_payload_bytes_received: AtomicU64,
     /// Sessions that ended with an error (link lost, primary gone, verification failed...);

@@ -9,14 +9,18 @@
 //! 3. a link session to the upstream, which connects to the primary as this standby; the
 //!    primary's ParameterStatus values go to the standby (walrelay speaks with the primary's
 //!    voice);
-//! 4. relaying: replication commands are parsed and validated here and travel structured;
-//!    the primary's answers come back verbatim, XLogData decoded and verified (xxh3) before any
-//!    byte reaches the standby; the standby's feedback goes back to the primary.
+//! 4. relaying, two directions each a struct with a `run()`: [`to_standby::LinkToStandby`]
+//!    restores link frames (the primary's answers verbatim, WAL decoded) and verifies each
+//!    frame's checksum before any of its bytes reaches the standby;
+//!    [`to_link::StandbyToLink`] sends replication commands (parsed and validated here,
+//!    structured on the link) and the standby's feedback (compact, the latest of each kind
+//!    coalesced within `link.batch_window_ms` unless the session is synchronous).
 //!
 //! Any link failure ends the standby's session with a FATAL error; the standby reconnects by
 //! itself and resumes from its own position.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,11 +33,14 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{info, warn, Instrument};
 
+use walrelay_pgwire::{encode, ErrorFields};
 use walrelay_proto::link::link_client::LinkClient;
-use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream};
+use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream, Welcome};
 use walrelay_proto::PROTOCOL_VERSION;
+use walrelay_wal::linkcodec::{Setup, WalDecoder};
+use walrelay_wal::walcodec;
 
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::link;
@@ -42,13 +49,12 @@ use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
-use walrelay_pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
-use walrelay_pgwire::replcmd;
-use walrelay_pgwire::{encode, parse_tagged, ErrorFields, FrontendMsg};
-use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder};
-use walrelay_wal::walcodec;
+use to_link::StandbyToLink;
+use to_standby::LinkToStandby;
 
 mod startup;
+mod to_link;
+mod to_standby;
 
 /// Shared state of the downstream half.
 pub struct Downstream {
@@ -286,7 +292,6 @@ async fn relay(
     };
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
-        ..Default::default()
     });
     let max = link::max_link_message(&ds.limits);
     let mut client = LinkClient::new(ds.channel.clone())
@@ -369,23 +374,64 @@ async fn relay(
         &standby.application_name,
         &standby.peer.to_string(),
     );
+    let end = run_directions(ds, reader, writer, &mut inbound, ltx, &mut decoder, &welcome, &entry).await;
+    if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
+        ds.start_fallback();
+    }
+    end
+}
+
+/// Runs both directions of a relayed session until either ends.
+#[allow(clippy::too_many_arguments)]
+async fn run_directions(
+    ds: &Downstream,
+    reader: &mut Reader,
+    writer: &mut Writer,
+    inbound: &mut tonic::Streaming<ToDownstream>,
+    ltx: mpsc::Sender<ToUpstream>,
+    decoder: &mut WalDecoder,
+    welcome: &Welcome,
+    entry: &StandbyHandle,
+) -> End {
     let (local_tx, local_rx) = mpsc::channel::<Bytes>(4);
     // Commands are served strictly in turn, as PostgreSQL does: after forwarding a command the
     // reader waits for a permit, added when its answer's ReadyForQuery (or CopyBothResponse)
     // has been written to the standby.
     let turns = Semaphore::new(0);
-    let to_standby = link_to_standby(
-        &mut inbound,
-        local_rx,
+    let reply_wanted = AtomicBool::new(false);
+    let to_standby = LinkToStandby {
+        inbound,
+        local: local_rx,
         writer,
-        &mut decoder,
+        decoder,
         ds,
-        &turns,
-        &entry,
-    );
-    let from_standby = standby_to_link(reader, ltx, local_tx, &turns, &entry);
+        turns: &turns,
+        entry,
+        reply_wanted: &reply_wanted,
+        state: Default::default(),
+    }
+    .run();
+    let window = match welcome.synchronous {
+        true => Duration::ZERO,
+        false => Duration::from_millis(ds.link_cfg.batch_window_ms),
+    };
+    let from_standby = StandbyToLink {
+        reader,
+        ltx,
+        local: local_tx,
+        turns: &turns,
+        entry,
+        metrics: &ds.metrics,
+        window,
+        reply_wanted: &reply_wanted,
+        state: Default::default(),
+        status: None,
+        hs: None,
+        deadline: None,
+    }
+    .run();
     tokio::pin!(to_standby, from_standby);
-    let end = tokio::select! {
+    tokio::select! {
         end = &mut to_standby => end,
         // The standby left, or the link went away: in the latter case the other direction
         // knows why (e.g. the upstream shutting down), and the standby should hear it.
@@ -403,105 +449,6 @@ async fn relay(
                 .unwrap_or(End::Quiet),
             end => end,
         },
-    };
-    if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
-        ds.start_fallback();
-    }
-    end
-}
-
-/// Link → standby: the primary's messages verbatim, WAL decoded and verified, plus local
-/// answers (errors for commands walrelay does not relay).
-async fn link_to_standby(
-    inbound: &mut tonic::Streaming<ToDownstream>,
-    mut local: mpsc::Receiver<Bytes>,
-    writer: &mut Writer,
-    decoder: &mut WalDecoder,
-    ds: &Downstream,
-    turns: &Semaphore,
-    entry: &StandbyHandle,
-) -> End {
-    let (metrics, max_len, shutdown) = (&*ds.metrics, ds.limits.max_message_bytes, &ds.shutdown);
-    let mut out = BytesMut::new();
-    let mut restored = Vec::new();
-    let mut positions = link::WalPositions::default();
-    // At shutdown: messages still delivered, from those already received.
-    let mut drain: Option<usize> = None;
-    loop {
-        out.clear();
-        let mut turns_done: usize = 0;
-        // (primary's WAL end, end of the WAL delivered) for the standby's entry.
-        let mut seen = (None, None);
-        if let Some(left) = drain.as_mut() {
-            if *left == 0 {
-                return shutting_down();
-            }
-            *left -= 1;
-        }
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled(), if drain.is_none() => {
-                drain = Some(DRAIN_MAX_MESSAGES);
-                continue;
-            }
-            l = local.recv() => match l {
-                Some(b) => {
-                    out.extend_from_slice(&b);
-                    turns_done = 1;
-                }
-                None => return End::Quiet,
-            },
-            m = inbound.next() => match m {
-                // While this process shuts down, its own upstream half may end the link
-                // first: the standby should hear the real reason.
-                None if shutdown.is_cancelled() => return shutting_down(),
-                Some(Err(_)) if shutdown.is_cancelled() => return shutting_down(),
-                None => return End::fatal("08006", "walrelay: the upstream ended the session (the primary connection closed); the standby will reconnect"),
-                Some(Err(status)) => return End::fatal("08006", format!("walrelay: link to the upstream lost: {}; the standby will reconnect and resume", status.message())),
-                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Backend(b)), backend_xxh3 })) => {
-                    if checksum(&b) != backend_xxh3 {
-                        Metrics::add(&metrics.integrity_failures, 1);
-                        return End::fatal("XX001", "walrelay: a message from the primary failed verification on the link and was not delivered; the standby will reconnect and resume");
-                    }
-                    match check_framing(&b) {
-                        Ok((n, keepalive)) => {
-                            turns_done = n;
-                            seen.0 = keepalive;
-                        }
-                        Err(e) => return End::fatal("08P01", format!("walrelay: malformed message from the upstream: {e}")),
-                    }
-                    out.extend_from_slice(&b);
-                }
-                Some(Ok(ToDownstream { msg: Some(to_downstream::Msg::Wal(w)), .. })) => {
-                    let h = positions.decode(&w);
-                    if h.checksum() != w.header_xxh3 {
-                        Metrics::add(&metrics.integrity_failures, 1);
-                        return End::fatal("XX001", format!("walrelay: the header of WAL near {} failed verification on the link, nothing of it was delivered; the standby will reconnect and resume", h.start));
-                    }
-                    Metrics::add(&metrics.ops.link_payload_bytes_received, w.payload.len() as u64);
-                    if let Err(e) = crate::metrics::timed(&metrics.decode_ns, || decoder.decode(h.start, &w.payload, w.raw_len as usize, max_len, w.xxh3, &mut restored)) {
-                        Metrics::add(&metrics.integrity_failures, 1);
-                        return End::fatal("XX001", format!("walrelay: WAL from {} failed verification, nothing of it was delivered: {e}; the standby will reconnect and resume", h.start));
-                    }
-                    Metrics::add(&metrics.wal_bytes_delivered, restored.len() as u64);
-                    seen = (Some(h.end), h.start.checked_add(restored.len() as u64));
-                    XLogData { start: h.start, end: h.end, send_time: h.send_time, data: Bytes::copy_from_slice(&restored) }.encode_copy_data(&mut out);
-                }
-                Some(Ok(_)) => return End::fatal("08P01", "walrelay: unexpected message from the upstream"),
-            },
-            // Draining and nothing more has arrived: done.
-            _ = std::future::ready(()), if drain.is_some() => return shutting_down(),
-        }
-        if writer.write_all(&out).await.is_err() {
-            return End::Quiet;
-        }
-        turns.add_permits(turns_done);
-        if let Some(end) = seen.0 {
-            entry.primary_end(end);
-        }
-        if let Some(end) = seen.1 {
-            entry.wal(end);
-        }
     }
 }
 
@@ -514,118 +461,4 @@ fn shutting_down() -> End {
         "57P01",
         "terminating connection due to administrator command (walrelay is shutting down)",
     )
-}
-
-/// Checks that `b` is a sequence of whole backend messages; returns how many of them end a
-/// command's turn (ReadyForQuery, or CopyBothResponse which starts streaming), and the
-/// primary's WAL end from a keepalive among them, if any.
-fn check_framing(
-    b: &Bytes,
-) -> Result<(usize, Option<walrelay_wal::lsn::Lsn>), walrelay_pgwire::WireError> {
-    let mut buf = BytesMut::from(&b[..]);
-    let mut turns = 0;
-    let mut keepalive = None;
-    while !buf.is_empty() {
-        match parse_tagged(&mut buf, |_| usize::MAX)? {
-            Some(m) => {
-                turns += usize::from(m.tag == b'Z' || m.tag == b'W');
-                if m.tag == b'd' {
-                    keepalive = keepalive.max(keepalive_end(&m.body));
-                }
-            }
-            None => {
-                return Err(walrelay_pgwire::WireError::Malformed {
-                    tag: '?',
-                    what: "truncated message",
-                })
-            }
-        }
-    }
-    Ok((turns, keepalive))
-}
-
-/// Standby → link: commands validated and sent structured, feedback verbatim.
-async fn standby_to_link(
-    reader: &mut Reader,
-    ltx: mpsc::Sender<ToUpstream>,
-    local: mpsc::Sender<Bytes>,
-    turns: &Semaphore,
-    entry: &StandbyHandle,
-) -> End {
-    let link_gone = End::Quiet; // the other direction reports why
-                                // Wait for the answer to the previous command before reading the next message.
-    let mut awaiting = false;
-    loop {
-        if std::mem::take(&mut awaiting) {
-            match turns.acquire().await {
-                Ok(p) => p.forget(),
-                Err(_) => return link_gone,
-            }
-        }
-        let msg = match reader.read(walrelay_pgwire::parse_frontend).await {
-            Ok(m) => m,
-            Err(walrelay_pgwire::WireError::Closed) => return End::Quiet,
-            Err(walrelay_pgwire::WireError::Io(e)) => {
-                debug!("standby socket: {e}");
-                return End::Quiet;
-            }
-            Err(e) => return End::fatal("08P01", format!("invalid message from the standby: {e}")),
-        };
-        let up = match msg {
-            FrontendMsg::Query(q) => match replcmd::parse(&q) {
-                Ok(cmd) => {
-                    debug!(command = %q.trim(), "relaying replication command");
-                    if let replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
-                        entry.set_slot(slot.as_deref());
-                    }
-                    awaiting = true;
-                    to_upstream::Msg::Command(link::command_to_proto(&cmd))
-                }
-                Err(e) => {
-                    let mut out = BytesMut::new();
-                    match e {
-                        replcmd::ReplCmdError::Empty => encode::tagged(&mut out, b'I', |_| {}),
-                        replcmd::ReplCmdError::Unsupported(_) => encode::error_response(&mut out, &ErrorFields::error("0A000", e.to_string())),
-                        _ => encode::error_response(&mut out, &ErrorFields::error("42601", e.to_string())),
-                    }
-                    encode::ready_for_query(&mut out);
-                    if local.send(out.freeze()).await.is_err() {
-                        return link_gone;
-                    }
-                    awaiting = true;
-                    continue;
-                }
-            },
-            FrontendMsg::CopyData(d) => {
-                if let Err(e) = check_feedback(&d) {
-                    return End::fatal("08P01", format!("invalid message from the standby: {e}"));
-                }
-                if let Some((w, f, r)) = status_positions(&d) {
-                    entry.reply(w, f, r);
-                }
-                to_upstream::Msg::Feedback(d)
-            }
-            FrontendMsg::CopyDone => {
-                awaiting = true; // the primary ends the command with ReadyForQuery
-                to_upstream::Msg::CopyDone(walrelay_proto::link::CopyDone {})
-            }
-            FrontendMsg::Terminate => return End::Quiet,
-            FrontendMsg::CopyFail(why) => return End::fatal("57014", format!("COPY failed: {why}")),
-            FrontendMsg::Password(_) => return End::fatal("08P01", "unexpected password message after authentication"),
-            FrontendMsg::Other(tag) => {
-                return End::fatal("08P01", format!("unexpected message type '{}' (walrelay serves the replication protocol's simple queries only)", tag.escape_ascii()))
-            }
-        };
-        let xxh3 = link::upstream_checksum(&up);
-        if ltx
-            .send(ToUpstream {
-                msg: Some(up),
-                xxh3,
-            })
-            .await
-            .is_err()
-        {
-            return link_gone;
-        }
-    }
 }

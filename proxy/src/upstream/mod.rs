@@ -1,21 +1,26 @@
 //! The upstream half (next to the primary): serves the link and, per standby session, runs a
 //! physical replication connection to the primary on the standby's behalf.
 //!
-//! Per session two loops run concurrently until either ends:
-//! - primary → link: backend messages are read (capped at `limits.max_message_bytes`); XLogData
-//!   payloads are encoded by the session's codec (flushed per message, nothing held back) and
-//!   sent as `Wal`; every other message goes verbatim. The send waits when the session's queue
-//!   (`limits.queue_messages`) is full, so a slow link pauses reading from the primary instead
-//!   of buffering.
-//! - link → primary: validated replication commands become queries; the standby's feedback
-//!   (write/flush/apply positions, hot-standby feedback) becomes CopyData, so the primary's
-//!   `pg_stat_replication` and synchronous replication reflect the real standby.
+//! A session opens with the link handshake (`Hello` → primary connection → `Welcome`); then two
+//! directions run concurrently until either ends, each a struct with a `run()`:
+//! - [`to_link::PrimaryToLink`]: the primary's messages batched into link frames, WAL encoded
+//!   by the session's codec;
+//! - [`to_primary::LinkToPrimary`]: commands, the standby's feedback and CopyDone from link
+//!   frames, verified, to the primary.
+//!
+//! Whether a session may batch: the primary's `synchronous_standby_names` is read on the
+//! session's own connection before anything else; a standby it lists (or a setting that cannot
+//! be read) gets no window, so a commit never waits for a batch. The setting is read again
+//! when the standby reconnects.
+
+mod to_link;
+mod to_primary;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -25,24 +30,21 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn, Instrument};
 
+use walrelay_pgwire::{encode, syncrep};
 use walrelay_proto::link::link_server::{Link, LinkServer};
-use walrelay_proto::link::{
-    to_downstream, to_upstream, Param, ToDownstream, ToUpstream, Wal, Welcome,
-};
+use walrelay_proto::link::{to_downstream, to_upstream, Param, ToDownstream, ToUpstream, Welcome};
 use walrelay_proto::PROTOCOL_VERSION;
+use walrelay_wal::linkcodec::{Setup, WalEncoder};
+use walrelay_wal::walcodec;
 
-use crate::bench::shadow::ShadowZstd;
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
-use crate::link::{self, CountingIo, WalHeader};
+use crate::link::{self, CountingIo};
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PrimaryConn};
-use crate::pgio::MsgReader;
-use walrelay_pgwire::repl::{check_feedback, keepalive_end, status_positions, XLogData};
-use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
-use walrelay_wal::linkcodec::{checksum, Setup, WalEncoder};
-use walrelay_wal::walcodec;
+use to_link::{PrimaryToLink, BATCH_MAX};
+use to_primary::LinkToPrimary;
 
 /// Shared state of the upstream half.
 pub struct Upstream {
@@ -105,6 +107,8 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
     let max = link::max_link_message(&up.limits);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(up.link.keepalive_secs)))
+        .initial_stream_window_size(Some(link::STREAM_WINDOW))
+        .initial_connection_window_size(Some(link::CONNECTION_WINDOW))
         .http2_keepalive_timeout(Some(Duration::from_secs(up.link.keepalive_secs)));
     if let Some(tls) = link::server_tls(&up.link)? {
         builder = builder.tls_config(tls).context("link TLS configuration")?;
@@ -196,6 +200,12 @@ impl Link for LinkService {
             }
         }
         let pg_major = server_major(&conn.params);
+        let synchronous = synchronous(&mut conn, &app).await;
+        let window = match synchronous {
+            true => Duration::ZERO,
+            false => Duration::from_millis(this.link.batch_window_ms),
+        };
+        info!(application_name = %app, synchronous, batch_window_ms = window.as_millis() as u64, "standby's WAL batching decided from synchronous_standby_names");
         let setup = Setup {
             kind: codec,
             zstd_level: this.link.zstd_level,
@@ -205,7 +215,7 @@ impl Link for LinkService {
                 block_cache_bytes: this.link.block_cache_bytes.min(hello.block_cache_bytes_max)
                     as usize,
                 zstd_level: this.link.zstd_level,
-                max_message_bytes: COALESCE_MAX,
+                max_message_bytes: BATCH_MAX,
             },
         };
         let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
@@ -223,10 +233,10 @@ impl Link for LinkService {
             codec: codec.name().into(),
             pg_major,
             block_cache_bytes: setup.wal.block_cache_bytes as u64,
+            synchronous,
         };
         tx.send(Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Welcome(welcome)),
-            ..Default::default()
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
@@ -243,7 +253,8 @@ impl Link for LinkService {
                         .standbys
                         .register(Half::Upstream, &app, &hello.standby_addr);
                 standby.set_slot(up.cfg.slot.as_deref());
-                let end = run_session(&up, conn, inbound, tx.clone(), encoder, &standby).await;
+                let end =
+                    run_session(&up, conn, inbound, tx.clone(), encoder, window, &standby).await;
                 match &end {
                     Ok(()) => info!(application_name = %app, "link session ended"),
                     Err(status) => {
@@ -266,6 +277,7 @@ async fn run_session(
     inbound: Streaming<ToUpstream>,
     tx: mpsc::Sender<Result<ToDownstream, Status>>,
     encoder: WalEncoder,
+    window: Duration,
     standby: &StandbyHandle,
 ) -> Result<(), Status> {
     let PrimaryConn {
@@ -274,9 +286,28 @@ async fn run_session(
         max_message_bytes,
         ..
     } = conn;
+    let to_link = PrimaryToLink {
+        reader,
+        tx,
+        encoder,
+        metrics: &up.metrics,
+        standby,
+        max_message: max_message_bytes,
+        window,
+        codec_stats: up.metrics.ops.codec.session(),
+        state: Default::default(),
+        pending: None,
+    };
+    let to_primary = LinkToPrimary {
+        inbound,
+        writer: &mut writer,
+        default_slot: up.cfg.slot.as_deref(),
+        standby,
+        state: Default::default(),
+    };
     let end = tokio::select! {
-        r = primary_to_link(reader, tx, encoder, &up.metrics, max_message_bytes, up.link.bench_shadow_zstd, standby) => r,
-        r = link_to_primary(inbound, &mut writer, up.cfg.slot.as_deref(), standby) => r,
+        r = to_link.run() => r,
+        r = to_primary.run() => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
     };
     // However the session ended, tell the primary we are done (bounded: a primary that
@@ -287,10 +318,21 @@ async fn run_session(
     end
 }
 
-fn primary_gone(e: WireError) -> Status {
-    match e {
-        WireError::Closed => Status::unavailable("the primary closed the replication connection"),
-        e => Status::unavailable(format!("primary connection: {e}")),
+/// Whether `synchronous_standby_names` on the primary lets a commit wait for the standby
+/// named `app`; unreadable counts as yes (no batching is the safe side).
+async fn synchronous(conn: &mut PrimaryConn, app: &str) -> bool {
+    match conn.show("synchronous_standby_names").await {
+        Ok(setting) => match syncrep::role(&setting, app) {
+            Ok(role) => role == syncrep::SyncRole::Candidate,
+            Err(e) => {
+                warn!(application_name = %app, "{e}; sending this standby's WAL unbatched");
+                true
+            }
+        },
+        Err(e) => {
+            warn!(application_name = %app, "cannot read synchronous_standby_names on the primary ({e}); sending this standby's WAL unbatched");
+            true
+        }
     }
 }
 
@@ -307,171 +349,4 @@ pub fn server_major(params: &[(String, String)]) -> u32 {
         .collect::<String>()
         .parse()
         .unwrap_or(0)
-}
-
-/// Most WAL bytes coalesced into one link message (within the smallest allowed
-/// `limits.max_message_bytes`, so any downstream accepts it).
-const COALESCE_MAX: usize = 256 * 1024;
-
-async fn primary_to_link<R: AsyncRead + Unpin>(
-    mut reader: MsgReader<R>,
-    tx: mpsc::Sender<Result<ToDownstream, Status>>,
-    mut encoder: WalEncoder,
-    metrics: &Metrics,
-    max: usize,
-    shadow: bool,
-    standby: &StandbyHandle,
-) -> Result<(), Status> {
-    let mut codec_stats = metrics.ops.codec.session();
-    let mut shadow = match shadow {
-        true => Some(ShadowZstd::new(COALESCE_MAX).map_err(|e| Status::internal(e.to_string()))?),
-        false => None,
-    };
-    let mut encoded = Vec::new();
-    let mut positions = link::WalPositions::default();
-    let mut pending: Option<RawMsg> = None;
-    loop {
-        let m = match pending.take() {
-            Some(m) => m,
-            None => reader
-                .read(|b| parse_tagged(b, |_| max))
-                .await
-                .map_err(primary_gone)?,
-        };
-        // (primary's WAL end, end of the WAL in this message) for the standby's entry.
-        let mut seen = (None, None);
-        let msg = match (m.tag, XLogData::parse(&m.body).map_err(primary_gone)?) {
-            (b'd', Some(first)) => {
-                // Coalesce contiguous XLogData messages that are already here; never wait.
-                let mut header = WalHeader {
-                    start: first.start,
-                    end: first.end,
-                    send_time: first.send_time,
-                    raw_len: 0,
-                };
-                let mut data = BytesMut::from(&first.data[..]);
-                while data.len() < COALESCE_MAX {
-                    let Some(next) = reader
-                        .try_read(|b| parse_tagged(b, |_| max))
-                        .map_err(primary_gone)?
-                    else {
-                        break;
-                    };
-                    match XLogData::parse(&next.body).map_err(primary_gone)? {
-                        Some(x)
-                            if next.tag == b'd'
-                                && x.start.0 == header.start.0 + data.len() as u64
-                                && data.len() + x.data.len() <= COALESCE_MAX =>
-                        {
-                            data.extend_from_slice(&x.data);
-                            header.end = x.end;
-                            header.send_time = x.send_time;
-                        }
-                        _ => {
-                            pending = Some(next);
-                            break;
-                        }
-                    }
-                }
-                header.raw_len = data.len() as u32;
-                Metrics::add(&metrics.wal_bytes_in, data.len() as u64);
-                if let Some(sh) = shadow.as_mut() {
-                    sh.observe(header.start, &data, metrics)
-                        .map_err(|e| Status::internal(format!("bench shadow zstd: {e}")))?;
-                }
-                crate::metrics::timed(&metrics.encode_ns, || {
-                    encoder.encode(header.start, &data, &mut encoded)
-                })
-                .map_err(|e| Status::internal(format!("encoding WAL at {}: {e}", header.start)))?;
-                Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
-                codec_stats.observe(&encoder, &metrics.ops.codec);
-                seen = (
-                    Some(header.end),
-                    header.start.checked_add(data.len() as u64),
-                );
-                let mut wal = Wal {
-                    payload: std::mem::take(&mut encoded).into(),
-                    xxh3: checksum(&data),
-                    ..Default::default()
-                };
-                positions.encode(&header, &mut wal);
-                to_downstream::Msg::Wal(wal)
-            }
-            _ => {
-                if m.tag == b'd' {
-                    seen.0 = keepalive_end(&m.body);
-                }
-                let mut out = BytesMut::with_capacity(m.body.len() + 5);
-                m.encode(&mut out);
-                to_downstream::Msg::Backend(out.freeze())
-            }
-        };
-        Metrics::add(&metrics.link_messages_out, 1);
-        let backend_xxh3 = match &msg {
-            to_downstream::Msg::Backend(b) => checksum(b),
-            _ => 0,
-        };
-        tx.send(Ok(ToDownstream {
-            msg: Some(msg),
-            backend_xxh3,
-        }))
-        .await
-        .map_err(|_| Status::cancelled("the downstream went away"))?;
-        if let Some(end) = seen.0 {
-            standby.primary_end(end);
-        }
-        if let Some(end) = seen.1 {
-            standby.wal(end);
-        }
-    }
-}
-
-async fn link_to_primary<W: AsyncWrite + Unpin>(
-    mut inbound: Streaming<ToUpstream>,
-    mut writer: W,
-    slot: Option<&str>,
-    standby: &StandbyHandle,
-) -> Result<(), Status> {
-    let mut out = BytesMut::new();
-    while let Some(msg) = inbound.next().await {
-        let msg = msg.map_err(|s| Status::unavailable(format!("link: {}", s.message())))?;
-        if msg
-            .msg
-            .as_ref()
-            .is_some_and(|m| link::upstream_checksum(m) != msg.xxh3)
-        {
-            return Err(Status::data_loss(
-                "a message from the standby failed verification on the link and was not passed to the primary",
-            ));
-        }
-        out.clear();
-        match msg.msg {
-            Some(to_upstream::Msg::Command(c)) => {
-                let cmd = link::command_from_proto(c, slot)?;
-                if let walrelay_pgwire::replcmd::ReplCommand::StartReplication { slot, .. } = &cmd {
-                    standby.set_slot(slot.as_deref());
-                }
-                encode::query(&mut out, &cmd.to_sql());
-            }
-            Some(to_upstream::Msg::Feedback(b)) => {
-                check_feedback(&b).map_err(|e| Status::invalid_argument(e.to_string()))?;
-                if let Some((w, f, r)) = status_positions(&b) {
-                    standby.reply(w, f, r);
-                }
-                encode::copy_data(&mut out, &b);
-            }
-            Some(to_upstream::Msg::CopyDone(_)) => encode::copy_done(&mut out),
-            Some(to_upstream::Msg::Hello(_)) | None => {
-                return Err(Status::invalid_argument(
-                    "unexpected message on the link session",
-                ))
-            }
-        }
-        writer
-            .write_all(&out)
-            .await
-            .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
-    }
-    // The downstream closed its side; run_session tells the primary.
-    Ok(())
 }
