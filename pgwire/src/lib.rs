@@ -189,7 +189,9 @@ impl RawMsg {
                 cols.push(None);
                 continue;
             }
-            let v = b.get(..l as usize).ok_or(bad("column longer than the row"))?;
+            let v = b
+                .get(..l as usize)
+                .ok_or(bad("column longer than the row"))?;
             cols.push(Some(v));
             b = &b[l as usize..];
         }

@@ -197,11 +197,19 @@ proptest! {
 
 #[test]
 fn data_rows_are_read_within_their_body() {
-    let row = |body: &[u8]| RawMsg { tag: b'D', body: Bytes::copy_from_slice(body) };
+    let row = |body: &[u8]| RawMsg {
+        tag: b'D',
+        body: Bytes::copy_from_slice(body),
+    };
     let ok = row(b"\0\x02\0\0\0\x03abc\xff\xff\xff\xff");
     assert_eq!(ok.data_row().unwrap(), vec![Some(&b"abc"[..]), None]);
     for bad in [&b"\0"[..], b"\0\x01\0\0\0\x05abc", b"\0\x01\0\0", b"\0\0x"] {
         assert!(row(bad).data_row().is_err(), "{bad:?}");
     }
-    assert!(RawMsg { tag: b'T', body: Bytes::new() }.data_row().is_err());
+    assert!(RawMsg {
+        tag: b'T',
+        body: Bytes::new()
+    }
+    .data_row()
+    .is_err());
 }

@@ -256,7 +256,10 @@ pub fn restart_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
         "link.connect_timeout_secs",
         a.connect_timeout_secs != b.connect_timeout_secs,
     );
-    check("link.batch_window_ms", a.batch_window_ms != b.batch_window_ms);
+    check(
+        "link.batch_window_ms",
+        a.batch_window_ms != b.batch_window_ms,
+    );
     check(
         "limits.max_message_bytes",
         old.limits.max_message_bytes != new.limits.max_message_bytes,

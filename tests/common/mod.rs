@@ -250,6 +250,8 @@ pub struct EnvOpts {
     pub extra_toml: String,
     /// Extra keys for the [upstream] section.
     pub upstream_extra: String,
+    /// Extra keys for the [link] section.
+    pub link_extra: String,
     /// Standbys authenticate with `trust` instead of SCRAM.
     pub trust: bool,
     /// PostgreSQL major to run (default: the system's, see `install()`).
@@ -291,6 +293,7 @@ pub async fn env(opts: EnvOpts) -> Env {
     if opts.trust {
         toml = toml.replace("auth = \"scram-sha-256\"", "auth = \"trust\"");
     }
+    toml = toml.replace("[link]\n", &format!("[link]\n{}\n", opts.link_extra));
     let relay = Relay::start_with(
         root.path(),
         "relay",

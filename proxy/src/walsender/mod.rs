@@ -374,7 +374,17 @@ async fn relay(
         &standby.application_name,
         &standby.peer.to_string(),
     );
-    let end = run_directions(ds, reader, writer, &mut inbound, ltx, &mut decoder, &welcome, &entry).await;
+    let end = run_directions(
+        ds,
+        reader,
+        writer,
+        &mut inbound,
+        ltx,
+        &mut decoder,
+        &welcome,
+        &entry,
+    )
+    .await;
     if matches!(&end, End::Fatal(e) if e.code == "XX001") && codec == CodecKind::Wal {
         ds.start_fallback();
     }

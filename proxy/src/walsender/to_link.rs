@@ -164,7 +164,8 @@ impl StandbyToLink<'_> {
             b'r' => self.status = Some(d.to_vec()),
             _ => self.hs = Some(d.to_vec()),
         }
-        let urgent = self.window.is_zero() || asks || self.reply_wanted.swap(false, Ordering::Relaxed);
+        let urgent =
+            self.window.is_zero() || asks || self.reply_wanted.swap(false, Ordering::Relaxed);
         if urgent {
             return self.send(Then::Nothing).await.map_err(|_| End::Quiet);
         }

@@ -128,12 +128,16 @@ impl LinkToStandby<'_> {
                     format!("walrelay: malformed frame from the upstream: {e}"),
                 )
             })?;
-        let (mut digest, mut got, mut restored) = (Digest::default(), Restored::default(), Vec::new());
+        let (mut digest, mut got, mut restored) =
+            (Digest::default(), Restored::default(), Vec::new());
         for item in items {
             match item {
                 DownItem::Wal { header: h, payload } => {
                     let start = Lsn(h.start);
-                    Metrics::add(&metrics.ops.link_payload_bytes_received, payload.len() as u64);
+                    Metrics::add(
+                        &metrics.ops.link_payload_bytes_received,
+                        payload.len() as u64,
+                    );
                     timed(&metrics.decode_ns, || {
                         self.decoder
                             .restore(start, payload, h.raw_len as usize, max_len, &mut restored)
