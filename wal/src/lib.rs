@@ -3,6 +3,7 @@
 //! Map:
 //!
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`);
+//! - [`timeline`]: timeline history files (parse, where a timeline ends);
 //! - [`walcodec`]: the WAL-aware link codec: the WAL page and record format per major
 //!   ([`walcodec::wal`]), the record tracker, the block and tuple caches, pglz and the
 //!   recompression of images the primary compressed; its payload format is documented there;
@@ -13,4 +14,5 @@
 //! this crate; it depends on none of them.
 pub mod linkcodec;
 pub mod lsn;
+pub mod timeline;
 pub mod walcodec;
