@@ -3,8 +3,11 @@
 //! Map:
 //!
 //! - [`lsn`]: protocol quantities (`Lsn`, `TimeLineId`);
+//! - [`pg`]: the supported PostgreSQL majors ([`pg::PgMajor`]) and the WAL format facts that
+//!   differ between them (XLOG_PAGE_MAGIC, image flags);
+//! - [`segment`]: WAL segment sizes, the file names of segments and timeline history files;
 //! - [`timeline`]: timeline history files (parse, where a timeline ends);
-//! - [`walcodec`]: the WAL-aware link codec: the WAL page and record format per major
+//! - [`walcodec`]: the WAL-aware link codec: the WAL page and record format
 //!   ([`walcodec::wal`]), the record tracker, the block and tuple caches, pglz and the
 //!   recompression of images the primary compressed; its payload format is documented there;
 //! - [`linkcodec`]: how the WAL bytes of one message travel (`wal`, streaming `zstd`, `none`)
@@ -14,5 +17,7 @@
 //! this crate; it depends on none of them.
 pub mod linkcodec;
 pub mod lsn;
+pub mod pg;
+pub mod segment;
 pub mod timeline;
 pub mod walcodec;
