@@ -10,6 +10,7 @@ use walrelay_harness::cluster::majors::installed_majors;
 use walrelay_harness::cluster::walrec::{record_wal, supported_wal_compressions, RecordOpts};
 use walrelay_wal::linkcodec::{checksum, Setup, WalDecoder, WalEncoder};
 use walrelay_wal::lsn::Lsn;
+use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 /// Encodes `wal` (starting at `start`) in messages cut at the given lengths, decodes them,
@@ -27,7 +28,7 @@ fn round_trip(
         zstd_level: 3,
         window_log: 23,
         wal: CodecParams {
-            pg_major: major,
+            pg_major: PgMajor::from_number(major),
             block_cache_bytes: cache,
             zstd_level: 3,
             max_message_bytes: 1 << 20,

@@ -6,40 +6,34 @@ use std::path::Path;
 use std::str::FromStr;
 
 use walrelay_harness::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
-use walrelay_wal::lsn::Lsn;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::pg::PgMajor;
+use walrelay_wal::segment::WalSegSize;
 use walrelay_wal::walcodec::testgen::Rng;
 use walrelay_wal::walcodec::*;
 
-/// Reads the WAL of `dir` from its first segment up to `upto`; returns (start LSN, bytes).
-fn read_wal(dir: &Path, seg_size: u64, upto: u64) -> (u64, Vec<u8>) {
+/// Reads the WAL of timeline 1 in `dir` from its first segment up to `upto`; returns (start
+/// LSN, bytes).
+fn read_wal(dir: &Path, seg_size: WalSegSize, upto: u64) -> (u64, Vec<u8>) {
     let mut segs: Vec<u64> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            let log = u64::from_str_radix(&name[8..16], 16).ok()?;
-            let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
-            Some(log * (0x1_0000_0000 / seg_size) + seg)
+            let (tli, segno) = seg_size.parse_file_name(&name)?;
+            (tli == TimeLineId(1)).then_some(segno)
         })
         .collect();
     segs.sort_unstable();
     let first = segs[0];
     let mut wal = Vec::new();
     for (i, segno) in segs.iter().enumerate() {
-        if *segno != first + i as u64 || segno * seg_size >= upto {
+        if *segno != first + i as u64 || segno * seg_size.bytes() >= upto {
             break;
         }
-        let name = format!(
-            "{:08X}{:08X}{:08X}",
-            1,
-            segno / (0x1_0000_0000 / seg_size),
-            segno % (0x1_0000_0000 / seg_size)
-        );
+        let name = seg_size.file_name(TimeLineId(1), *segno);
         wal.extend_from_slice(&std::fs::read(dir.join(name)).unwrap());
     }
-    let start = first * seg_size;
+    let start = first * seg_size.bytes();
     wal.truncate((upto - start) as usize);
     (start, wal)
 }
@@ -230,11 +224,11 @@ async fn pg15_pgbench_wal_round_trips() {
         .await
         .unwrap();
     let flush = Lsn::from_str(&flush).unwrap();
-    let (start, wal) = read_wal(&primary.wal_dir(), 16 << 20, flush.0);
+    let (start, wal) = read_wal(&primary.wal_dir(), WalSegSize::DEFAULT, flush.0);
     assert!(wal.len() > 1 << 20, "only {} bytes of WAL", wal.len());
 
     let p = CodecParams {
-        pg_major: install.major,
+        pg_major: Some(PgMajor::try_from(install.major).unwrap()),
         block_cache_bytes: 256 << 20,
         zstd_level: 3,
         max_message_bytes: 4 << 20,
@@ -319,17 +313,14 @@ async fn pg15_logical_updates_travel_as_tuple_deltas() {
         .query_one_string("select pg_current_wal_flush_lsn()::text")
         .await
         .unwrap();
-    let (seg_start, wal) = read_wal(
-        &primary.wal_dir(),
-        16 << 20,
-        Lsn::from_str(&flush).unwrap().0,
-    );
+    let seg = WalSegSize::DEFAULT;
+    let (seg_start, wal) = read_wal(&primary.wal_dir(), seg, Lsn::from_str(&flush).unwrap().0);
     // From the segment holding the first update on.
     let from =
-        (Lsn::from_str(&start_lsn).unwrap().0 - seg_start) as usize / (16 << 20) * (16 << 20);
+        (seg.segment_of(Lsn::from_str(&start_lsn).unwrap()) * seg.bytes() - seg_start) as usize;
     let (start, wal) = (seg_start + from as u64, &wal[from..]);
     let params = |cache: usize| CodecParams {
-        pg_major: install.major,
+        pg_major: Some(PgMajor::try_from(install.major).unwrap()),
         block_cache_bytes: cache,
         zstd_level: 3,
         max_message_bytes: 4 << 20,

@@ -27,7 +27,7 @@ fn setup(kind: CodecKind) -> Setup {
         zstd_level: 3,
         window_log: 20,
         wal: CodecParams {
-            pg_major: 16,
+            pg_major: Some(walrelay_wal::pg::PgMajor::V16),
             block_cache_bytes: 4 * (8192 + 64),
             zstd_level: 1,
             max_message_bytes: MAX_LEN,

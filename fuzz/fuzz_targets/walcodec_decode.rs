@@ -15,6 +15,7 @@ mod walgen;
 use libfuzzer_sys::fuzz_target;
 use walgen::Src;
 use walrelay_wal::lsn::Lsn;
+use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 const MAX_MESSAGE: usize = 1 << 20;
@@ -23,7 +24,8 @@ fuzz_target!(|data: &[u8]| {
     let mut src = Src { b: data };
     let sel = src.u8();
     let params = CodecParams {
-        pg_major: 13 + u32::from(sel % 6),
+        // 13: a major the codec does not know (its WAL is written as 17's).
+        pg_major: PgMajor::from_number(13 + u32::from(sel % 6)),
         block_cache_bytes: usize::from(sel >> 3 & 7) * (8192 + 64),
         zstd_level: 1,
         max_message_bytes: MAX_MESSAGE,
@@ -71,7 +73,8 @@ fuzz_target!(|data: &[u8]| {
     let base: u64 = (5 << 24) + 8192 * u64::from(sel >> 7);
     let nmut = usize::from(src.u8() % 8);
     let muts: Vec<(u16, u8, u8)> = (0..nmut).map(|_| (src.u16(), src.u8(), src.u8())).collect();
-    let wal = walgen::generate(&mut src, params.pg_major, base);
+    let major = params.pg_major.unwrap_or(PgMajor::V17);
+    let wal = walgen::generate(&mut src, major, base);
     let mut enc = Encoder::new(&params).expect("encoder");
     let mut payload = Vec::new();
     let mut pos = base;

@@ -19,13 +19,15 @@ mod walgen;
 use libfuzzer_sys::fuzz_target;
 use walgen::Src;
 use walrelay_wal::lsn::Lsn;
+use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 fuzz_target!(|data: &[u8]| {
     let mut src = Src { b: data };
     let sel = src.u8();
     let cache = src.u8();
-    let pg_major = 13 + u32::from(sel % 6);
+    // 13: a major the codec does not know (its WAL is written as 17's).
+    let pg_major = PgMajor::from_number(13 + u32::from(sel % 6));
     let params = CodecParams {
         pg_major,
         block_cache_bytes: usize::from(cache % 8) * (8192 + 64),
@@ -41,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
             1 + u64::from(src.u8())
         };
         let base = (3 << 24) + page * 8192;
-        let mut wal = walgen::generate(&mut src, pg_major, base);
+        let mut wal = walgen::generate(&mut src, pg_major.unwrap_or(PgMajor::V17), base);
         let flips = usize::from(src.u8() % 4);
         if sel & 0x08 != 0 {
             walgen::corrupt(&mut src, &mut wal, flips);

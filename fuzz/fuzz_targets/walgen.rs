@@ -10,10 +10,11 @@
 
 #![allow(dead_code)] // each target uses part of it
 
+use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::fpi::{Method, Recompressor};
 use walrelay_wal::walcodec::pglz::{Pglz, STRATEGY_ALWAYS};
 use walrelay_wal::walcodec::wal::{
-    page_magic, record_crc, ImageRef, PageTemplate, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE, BKPBLOCK_SAME_REL,
+    record_crc, ImageRef, PageTemplate, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE, BKPBLOCK_SAME_REL,
     BKPIMAGE_HAS_HOLE, PAGE_SIZE, REC_HDR, WAL_PAGE, XLR_BLOCK_ID_DATA_LONG,
     XLR_BLOCK_ID_DATA_SHORT, XLR_BLOCK_ID_ORIGIN, XLR_BLOCK_ID_TOPLEVEL_XID,
 };
@@ -54,7 +55,7 @@ impl Src<'_> {
 }
 
 /// PostgreSQL's default segment size (what the tracker assumes until it sees a long header).
-const SEG_SIZE: u64 = 16 << 20;
+const SEG_SIZE: u64 = walrelay_wal::segment::WalSegSize::DEFAULT.bytes();
 /// Upper bound of generated WAL, to keep executions fast.
 pub const MAX_WAL: usize = 96 * 1024;
 
@@ -96,9 +97,9 @@ impl Pages {
 }
 
 /// WAL generated from `src` for `pg_major`, starting at the page boundary `start`.
-pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
+pub fn generate(src: &mut Src, pg_major: PgMajor, start: u64) -> Vec<u8> {
     debug_assert_eq!(start % WAL_PAGE, 0);
-    let magic = page_magic(pg_major).unwrap_or(0xD116);
+    let magic = pg_major.page_magic();
     let flags = src.u8();
     let mut w = Pages {
         out: Vec::new(),
@@ -112,7 +113,7 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
     };
     // Image flags: PG14 has BKPIMAGE_IS_COMPRESSED 0x02 and BKPIMAGE_APPLY 0x04; PG15+ has
     // BKPIMAGE_APPLY 0x02 and one compression flag per method.
-    let apply: u8 = if pg_major <= 14 { 0x04 } else { 0x02 };
+    let apply: u8 = pg_major.bimg_apply();
     let mut recomp = Recompressor::new().expect("zstd context");
     let mut prev: u64 = start.saturating_sub(0x48);
     let mut rec = Vec::new();
@@ -255,17 +256,16 @@ pub fn generate(src: &mut Src, pg_major: u32, start: u64) -> Vec<u8> {
 /// of that method in `pg_major`; None where PostgreSQL would keep the image uncompressed.
 fn compress(
     r: &mut Recompressor,
-    pg_major: u32,
+    pg_major: PgMajor,
     sel: u8,
     page: &[u8; PAGE_SIZE],
     ho: usize,
     hl: usize,
 ) -> Option<(Vec<u8>, u8)> {
-    let (m, flag) = match (sel % 5, pg_major) {
-        (_, ..=14) => (Method::Pglz, 0x02),
-        (1, _) => (Method::Lz4, 0x08),
-        (2, _) => (Method::Zstd, 0x10),
-        _ => (Method::Pglz, 0x04),
+    let (m, flag) = match (sel % 5, pg_major.bimg_lz4(), pg_major.bimg_zstd()) {
+        (1, Some(f), _) => (Method::Lz4, f),
+        (2, _, Some(f)) => (Method::Zstd, f),
+        _ => (Method::Pglz, pg_major.bimg_pglz()),
     };
     let img = ImageRef {
         len: 0,

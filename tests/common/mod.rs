@@ -445,8 +445,9 @@ pub fn pgbench_background(c: &Cluster, args: &[&str]) -> std::process::Child {
 
 /// Segment file name for an LSN on a timeline (16 MB segments).
 pub fn segment_name(tli: u32, lsn: u64) -> String {
-    let segno = lsn / (16 << 20);
-    format!("{:08X}{:08X}{:08X}", tli, segno / 0x100, segno % 0x100)
+    let seg = walrelay_wal::segment::WalSegSize::DEFAULT;
+    let segno = seg.segment_of(walrelay_wal::lsn::Lsn(lsn));
+    seg.file_name(walrelay_wal::lsn::TimeLineId(tli), segno)
 }
 
 pub fn parse_lsn(s: &str) -> u64 {

@@ -19,11 +19,6 @@ pub struct LsnParseError(pub String);
 impl Lsn {
     pub const INVALID: Lsn = Lsn(0);
 
-    /// Offset of this position inside its segment of `seg_size` bytes (a power of two).
-    pub fn segment_offset(self, seg_size: u64) -> u64 {
-        self.0 & (seg_size - 1)
-    }
-
     /// Checked addition of a byte count.
     pub fn checked_add(self, n: u64) -> Option<Lsn> {
         self.0.checked_add(n).map(Lsn)

@@ -10,12 +10,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{run_async, Cluster, ClusterError, PgInstall, PrimaryOpts, TempRoot};
-use walrelay_wal::lsn::Lsn;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::segment::WalSegSize;
+use walrelay_wal::walcodec::wal::WAL_PAGE;
 
 /// WAL segment size of the recorded clusters (initdb's default).
-pub const WAL_SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
+pub const WAL_SEGMENT_SIZE: u64 = WalSegSize::DEFAULT.bytes();
 /// WAL page size (XLOG_BLCKSZ) of standard builds.
-pub const WAL_PAGE_SIZE: usize = 8192;
+pub const WAL_PAGE_SIZE: usize = WAL_PAGE as usize;
 
 /// What to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,22 +86,9 @@ pub fn supported_wal_compressions(major: u32) -> &'static [&'static str] {
     }
 }
 
-/// XLOG_PAGE_MAGIC of a major (src/include/access/xlog_internal.h on each release branch).
-pub fn xlog_page_magic(major: u32) -> Option<u16> {
-    Some(match major {
-        14 => 0xD10D,
-        15 => 0xD110,
-        16 => 0xD113,
-        17 => 0xD116,
-        18 => 0xD118,
-        _ => return None,
-    })
-}
-
 /// WAL segment file name, e.g. `000000010000000000000003`, for 16 MiB segments.
 pub fn segment_file_name(timeline: u32, segno: u64) -> String {
-    let per_id = 0x1_0000_0000 / WAL_SEGMENT_SIZE;
-    format!("{timeline:08X}{:08X}{:08X}", segno / per_id, segno % per_id)
+    WalSegSize::DEFAULT.file_name(TimeLineId(timeline), segno)
 }
 
 /// Records WAL with `opts` from a new cluster of `install`, or returns the cached recording.
@@ -340,7 +329,7 @@ fn load_cached(dir: &Path, stem: &str, cap: usize) -> Option<Recording> {
     if bytes.len() != len || page_header_digest(&bytes) != hash {
         return None;
     }
-    (Lsn(start_lsn).segment_offset(WAL_SEGMENT_SIZE) == 0).then_some(Recording {
+    (WalSegSize::DEFAULT.offset_in_segment(Lsn(start_lsn)) == 0).then_some(Recording {
         start_lsn,
         bytes,
         capped,
@@ -388,6 +377,7 @@ mod tests {
 
     use super::*;
     use crate::cluster::majors::installed_majors;
+    use walrelay_wal::pg::PgMajor;
 
     const XLP_LONG_HEADER: u16 = 0x0002;
     const XLP_ALL_FLAGS: u16 = 0x000F;
@@ -430,7 +420,9 @@ mod tests {
     /// Every page has a header of this major for its own address; each segment starts with a
     /// long header. After an XLOG_SWITCH record the rest of a segment may be zeroed pages.
     fn check_pages(rec: &RecordedWal) {
-        let magic = xlog_page_magic(rec.major).expect("known major");
+        let magic = PgMajor::try_from(rec.major)
+            .expect("a supported major")
+            .page_magic();
         let what = format!(
             "PostgreSQL {} wal_compression={}",
             rec.major, rec.wal_compression
@@ -446,7 +438,7 @@ mod tests {
         for (i, page) in rec.bytes.chunks(WAL_PAGE_SIZE).enumerate() {
             let addr = rec.start_lsn + (i * WAL_PAGE_SIZE) as u64;
             let at = format!("{what}: page at {}", Lsn(addr));
-            let seg_start = Lsn(addr).segment_offset(WAL_SEGMENT_SIZE) == 0;
+            let seg_start = WalSegSize::DEFAULT.offset_in_segment(Lsn(addr)) == 0;
             if seg_start {
                 zero_tail = false;
             }
@@ -547,7 +539,7 @@ mod tests {
         let started = Instant::now();
         for install in installs
             .iter()
-            .filter(|i| xlog_page_magic(i.major).is_some())
+            .filter(|i| PgMajor::from_number(i.major).is_some())
         {
             // One compressed variant per major, rotating through the methods.
             let compressed = match install.major {

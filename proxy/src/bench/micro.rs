@@ -13,7 +13,7 @@ use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
-const SEGMENT: u64 = 16 << 20;
+const SEGMENT: u64 = walrelay_wal::segment::WalSegSize::DEFAULT.bytes();
 const MESSAGE: usize = 128 * 1024;
 const MAX_BYTES: u64 = 512 << 20;
 
@@ -49,7 +49,8 @@ fn read_wal(primary: &Cluster, from: Lsn, to: Lsn) -> Result<(Lsn, Vec<u8>)> {
     let last = (to.0 / SEGMENT).min(first + MAX_BYTES / SEGMENT);
     let mut wal = Vec::new();
     for segno in first..last {
-        let name = format!("{:08X}{:08X}{:08X}", 1, segno / 0x100, segno % 0x100);
+        let name = walrelay_wal::segment::WalSegSize::DEFAULT
+            .file_name(walrelay_wal::lsn::TimeLineId(1), segno);
         wal.extend_from_slice(&std::fs::read(primary.wal_dir().join(name))?);
     }
     anyhow::ensure!(
@@ -68,7 +69,7 @@ fn pass(kind: CodecKind, major: u32, start: Lsn, wal: &[u8]) -> Result<Pass> {
         zstd_level: 3,
         window_log: 23,
         wal: CodecParams {
-            pg_major: major,
+            pg_major: walrelay_wal::pg::PgMajor::from_number(major),
             block_cache_bytes: 1 << 30,
             zstd_level: 3,
             max_message_bytes: MESSAGE,

@@ -21,7 +21,7 @@ impl ShadowZstd {
             zstd_level: 3,
             window_log: 23,
             wal: walcodec::CodecParams {
-                pg_major: 0,
+                pg_major: None,
                 block_cache_bytes: 0,
                 zstd_level: 3,
                 max_message_bytes: max_len,

@@ -172,7 +172,7 @@ mod tests {
             zstd_level: 3,
             window_log: 20,
             wal: walrelay_wal::walcodec::CodecParams {
-                pg_major: 15,
+                pg_major: Some(walrelay_wal::pg::PgMajor::V15),
                 block_cache_bytes: 1 << 20,
                 zstd_level: 3,
                 max_message_bytes: 1 << 20,

@@ -35,6 +35,7 @@ use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{to_downstream, to_upstream, Param, ToDownstream, ToUpstream, Welcome};
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
+use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec;
 
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
@@ -231,7 +232,7 @@ impl Link for LinkService {
                 })
                 .collect(),
             codec: codec.name().into(),
-            pg_major,
+            pg_major: PgMajor::to_wire(pg_major),
             block_cache_bytes: setup.wal.block_cache_bytes as u64,
             synchronous,
         };
@@ -336,17 +337,10 @@ async fn synchronous(conn: &mut PrimaryConn, app: &str) -> bool {
     }
 }
 
-/// The major version in the primary's `server_version` ("15.18 (Debian ...)", "18beta1"); 0
-/// when absent or unreadable, which makes the WAL codec pass everything through raw.
-pub fn server_major(params: &[(String, String)]) -> u32 {
-    let v = params
-        .iter()
-        .find(|(k, _)| k == "server_version")
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("");
-    v.chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or(0)
+/// The major version in the primary's `server_version` ("15.18 (Debian ...)", "18beta1");
+/// `None` when absent, unreadable or unsupported, which makes the WAL codec pass everything
+/// through raw.
+pub fn server_major(params: &[(String, String)]) -> Option<PgMajor> {
+    let v = params.iter().find(|(k, _)| k == "server_version")?;
+    PgMajor::from_server_version(&v.1)
 }

@@ -342,7 +342,7 @@ async fn relay(
         zstd_level: ds.link_cfg.zstd_level,
         window_log: ds.link_cfg.zstd_window_log,
         wal: walcodec::CodecParams {
-            pg_major: welcome.pg_major,
+            pg_major: walrelay_wal::pg::PgMajor::from_wire(welcome.pg_major),
             block_cache_bytes: welcome.block_cache_bytes as usize,
             zstd_level: ds.link_cfg.zstd_level,
             max_message_bytes: ds.limits.max_message_bytes,

@@ -7,15 +7,13 @@ use super::fpi::{self, Recompressor};
 use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
-use super::wal::{
-    bimg_compressed_mask, page_magic, parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE,
-    REC_HDR, WAL_PAGE,
-};
+use super::wal::{parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
     check_params, CodecParams, WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL,
     S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
+use crate::pg::PgMajor;
 
 pub struct Decoder {
     magic: Option<u16>,
@@ -30,7 +28,7 @@ pub struct Decoder {
 /// Everything the ops act on besides the section readers.
 struct State {
     compressed_mask: u8,
-    pg_major: u32,
+    pg_major: Option<PgMajor>,
     /// Compresses the pages of images the primary compressed (see [`fpi`]).
     recomp: Recompressor,
     tracker: Tracker,
@@ -71,7 +69,7 @@ impl Decoder {
     /// more block cache is an error.
     pub fn new(p: &CodecParams) -> Result<Decoder, WalCodecError> {
         check_params(p)?;
-        let magic = page_magic(p.pg_major);
+        let magic = p.pg_major.map(PgMajor::page_magic);
         Ok(Decoder {
             magic,
             max_message: p.max_message_bytes,
@@ -81,7 +79,7 @@ impl Decoder {
                 .collect::<Result<Vec<_>, _>>()?,
             bufs: vec![Vec::new(); STREAMS],
             st: State {
-                compressed_mask: bimg_compressed_mask(p.pg_major),
+                compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
                 pg_major: p.pg_major,
                 recomp: Recompressor::new().ok_or_else(|| {
                     WalCodecError::Zstd(
@@ -453,11 +451,15 @@ impl State {
             return Ok(());
         }
         let method = if op & IMG_RECOMPRESS != 0 {
-            Some(fpi::recompressible(self.pg_major, img).ok_or_else(|| {
-                corrupt(
+            Some(
+                self.pg_major
+                    .and_then(|m| fpi::recompressible(m, img))
+                    .ok_or_else(|| {
+                        corrupt(
                     "a page to recompress for an image that is not compressed or has an odd hole",
                 )
-            })?)
+                    })?,
+            )
         } else if img.reconstructible() {
             None
         } else {

@@ -8,21 +8,22 @@ use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_L
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
-    bimg_compressed_mask, le16, le32, le64, page_magic, parse_area, phd_len, record_crc, Area,
-    BlockKey, ImageRef, PAGE_SIZE, REC_HDR, SHORT_PHD, WAL_PAGE,
+    le16, le32, le64, parse_area, phd_len, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE,
+    REC_HDR, SHORT_PHD, WAL_PAGE,
 };
 use super::{
     check_params, CodecParams, CodecStats, WalCodecError, FORMAT_VERSION, STREAMS, S_CTRL, S_DATA,
     S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
+use crate::pg::PgMajor;
 
 mod blocks;
 
 pub struct Encoder {
     magic: Option<u16>,
     compressed_mask: u8,
-    pg_major: u32,
+    pg_major: Option<PgMajor>,
     max_message: usize,
     tracker: Tracker,
     /// Where the next message is expected to start.
@@ -62,7 +63,7 @@ enum Skip {
 impl Encoder {
     pub fn new(p: &CodecParams) -> Result<Encoder, WalCodecError> {
         check_params(p)?;
-        let magic = page_magic(p.pg_major);
+        let magic = p.pg_major.map(PgMajor::page_magic);
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
@@ -74,7 +75,7 @@ impl Encoder {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Encoder {
             magic,
-            compressed_mask: bimg_compressed_mask(p.pg_major),
+            compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
             pg_major: p.pg_major,
             max_message: p.max_message_bytes,
             tracker: Tracker::new(magic, 0),

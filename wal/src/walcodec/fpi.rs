@@ -23,6 +23,7 @@
 
 use super::pglz::{self, Pglz};
 use super::wal::{ImageRef, PAGE_SIZE};
+use crate::pg::PgMajor;
 
 /// A compression method of full-page images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +37,8 @@ pub enum Method {
 const ZSTD_LEVEL: i32 = 3;
 
 /// The method of a compressed image in WAL of `pg_major`: exactly one known method flag.
-pub fn method(pg_major: u32, bimg_info: u8) -> Option<Method> {
-    if pg_major <= 14 {
+pub fn method(pg_major: PgMajor, bimg_info: u8) -> Option<Method> {
+    if pg_major == PgMajor::V14 {
         return (bimg_info & 0x02 != 0).then_some(Method::Pglz);
     }
     match bimg_info & (0x04 | 0x08 | 0x10) {
@@ -51,7 +52,7 @@ pub fn method(pg_major: u32, bimg_info: u8) -> Option<Method> {
 /// The method of `img` if it is compressed and its hole fits in the page (then the page is
 /// `raw[..hole_offset] ++ zeros(hole) ++ raw[hole_offset..]` for the `orig_len` bytes `raw`
 /// that decompress from it).
-pub fn recompressible(pg_major: u32, img: &ImageRef) -> Option<Method> {
+pub fn recompressible(pg_major: PgMajor, img: &ImageRef) -> Option<Method> {
     if !img.compressed || usize::from(img.len) >= PAGE_SIZE {
         return None;
     }
@@ -270,13 +271,13 @@ mod tests {
 
     #[test]
     fn method_flags_per_major() {
-        assert_eq!(method(14, 0x02 | 0x01), Some(Method::Pglz));
-        assert_eq!(method(14, 0x04), None); // BKPIMAGE_APPLY in 14
-        assert_eq!(method(15, 0x02), None); // BKPIMAGE_APPLY in 15+
-        assert_eq!(method(16, 0x04 | 0x02), Some(Method::Pglz));
-        assert_eq!(method(17, 0x08), Some(Method::Lz4));
-        assert_eq!(method(18, 0x10 | 0x01), Some(Method::Zstd));
-        assert_eq!(method(18, 0x18), None);
+        assert_eq!(method(PgMajor::V14, 0x02 | 0x01), Some(Method::Pglz));
+        assert_eq!(method(PgMajor::V14, 0x04), None); // BKPIMAGE_APPLY in 14
+        assert_eq!(method(PgMajor::V15, 0x02), None); // BKPIMAGE_APPLY in 15+
+        assert_eq!(method(PgMajor::V16, 0x04 | 0x02), Some(Method::Pglz));
+        assert_eq!(method(PgMajor::V17, 0x08), Some(Method::Lz4));
+        assert_eq!(method(PgMajor::V18, 0x10 | 0x01), Some(Method::Zstd));
+        assert_eq!(method(PgMajor::V18, 0x18), None);
     }
 
     #[test]
@@ -284,10 +285,10 @@ mod tests {
         let p = page();
         let mut r = Recompressor::new().unwrap();
         for (major, info, m) in [
-            (14, 0x02 | 0x01, Method::Pglz),
-            (15, 0x04 | 0x01, Method::Pglz),
-            (16, 0x08 | 0x01, Method::Lz4),
-            (18, 0x10 | 0x01, Method::Zstd),
+            (PgMajor::V14, 0x02 | 0x01, Method::Pglz),
+            (PgMajor::V15, 0x04 | 0x01, Method::Pglz),
+            (PgMajor::V16, 0x08 | 0x01, Method::Lz4),
+            (PgMajor::V18, 0x10 | 0x01, Method::Zstd),
         ] {
             let probe = img(0, 200, 5800, info);
             let mut bytes = Vec::new();
@@ -358,12 +359,18 @@ mod tests {
 
     #[test]
     fn geometry_is_checked() {
-        assert_eq!(recompressible(15, &img(100, 9000, 100, 0x08)), None);
-        assert_eq!(recompressible(15, &img(100, 0, 8192, 0x08)), None);
-        assert_eq!(recompressible(15, &img(8192, 0, 0, 0x08)), None);
+        assert_eq!(
+            recompressible(PgMajor::V15, &img(100, 9000, 100, 0x08)),
+            None
+        );
+        assert_eq!(recompressible(PgMajor::V15, &img(100, 0, 8192, 0x08)), None);
+        assert_eq!(recompressible(PgMajor::V15, &img(8192, 0, 0, 0x08)), None);
         let mut plain = img(100, 0, 0, 0x08);
         plain.compressed = false;
-        assert_eq!(recompressible(15, &plain), None);
-        assert_eq!(recompressible(15, &img(100, 0, 0, 0x08)), Some(Method::Lz4));
+        assert_eq!(recompressible(PgMajor::V15, &plain), None);
+        assert_eq!(
+            recompressible(PgMajor::V15, &img(100, 0, 0, 0x08)),
+            Some(Method::Lz4)
+        );
     }
 }

@@ -101,12 +101,15 @@ mod tests_fpi;
 pub use decoder::Decoder;
 pub use encoder::Encoder;
 
+use crate::pg::PgMajor;
+
 /// Configuration shared by both ends: they must agree on `pg_major` and `block_cache_bytes`
 /// (the link handshake sends the upstream's values to the downstream).
 #[derive(Debug, Clone)]
 pub struct CodecParams {
-    /// PostgreSQL major version of the primary; outside 14..=18 everything passes raw.
-    pub pg_major: u32,
+    /// PostgreSQL major version of the primary; unknown (`None`: not 14..=18, or no
+    /// `server_version`) makes everything pass raw.
+    pub pg_major: Option<PgMajor>,
     /// Block cache memory (each slot costs 8192 + 64 bytes). The decoder refuses a stream
     /// that uses more slots than this pays for. The tuple cache gets an eighth of it on each
     /// end; its evictions follow from its capacity, so both ends must use the same value.

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::wal::{record_crc, BlockKey, PAGE_SIZE, WAL_PAGE};
+use crate::pg::PgMajor;
 
 /// Small deterministic PRNG (xorshift64*).
 #[derive(Clone)]
@@ -55,7 +56,7 @@ pub struct GenBlock {
 
 pub struct WalGen {
     pub magic: u16,
-    pub pg_major: u32,
+    pub pg_major: PgMajor,
     pub tli: u32,
     pub sysid: u64,
     pub seg_size: u64,
@@ -81,9 +82,9 @@ pub type Compressor = Box<dyn FnMut(&[u8]) -> Option<(Vec<u8>, u8)>>;
 
 impl WalGen {
     /// A generator whose stream starts at `start` (a segment boundary).
-    pub fn new(pg_major: u32, seg_size: u64, start: u64, seed: u64) -> WalGen {
+    pub fn new(pg_major: PgMajor, seg_size: u64, start: u64, seed: u64) -> WalGen {
         WalGen {
-            magic: super::wal::page_magic(pg_major).unwrap_or(0xD110),
+            magic: pg_major.page_magic(),
             pg_major,
             tli: 1,
             sysid: 0x7000_1234_5678_9ABC,
@@ -183,10 +184,10 @@ impl WalGen {
             area.push(flags);
             area.extend_from_slice(&(b.data.len() as u16).to_le_bytes());
             if b.image {
-                let apply: u8 = if self.pg_major <= 14 { 0x04 } else { 0x02 };
+                let apply: u8 = self.pg_major.bimg_apply();
                 if b.compressed && self.compressor.is_none() {
                     let len = 300 + self.rng.below(2000) as u16;
-                    let comp: u8 = if self.pg_major <= 14 { 0x02 } else { 0x04 };
+                    let comp: u8 = self.pg_major.bimg_pglz();
                     area.extend_from_slice(&len.to_le_bytes());
                     area.extend_from_slice(&100u16.to_le_bytes());
                     area.push(apply | comp | 0x01);

@@ -4,12 +4,13 @@ use super::cache::SLOT_BYTES;
 use super::testgen::{Rng, WalGen};
 use super::*;
 use crate::lsn::Lsn;
+use crate::pg::PgMajor;
 
 const SEG: u64 = 1 << 20;
 
 fn params(cache_slots: usize) -> CodecParams {
     CodecParams {
-        pg_major: 15,
+        pg_major: Some(PgMajor::V15),
         block_cache_bytes: cache_slots * SLOT_BYTES,
         zstd_level: 3,
         max_message_bytes: 4 << 20,
@@ -19,10 +20,10 @@ fn params(cache_slots: usize) -> CodecParams {
 /// A synthetic stream of about `bytes` bytes starting at a segment boundary, ending with an
 /// XLOG_SWITCH and some records in the next segment.
 fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {
-    synthetic_major(15, seed, bytes, blocks)
+    synthetic_major(PgMajor::V15, seed, bytes, blocks)
 }
 
-fn synthetic_major(major: u32, seed: u64, bytes: usize, blocks: u32) -> WalGen {
+fn synthetic_major(major: PgMajor, seed: u64, bytes: usize, blocks: u32) -> WalGen {
     let mut g = WalGen::new(major, SEG, 3 * SEG, seed);
     while g.buf.len() < bytes {
         g.random_record(blocks);
@@ -168,10 +169,10 @@ fn non_contiguous_messages_reset_both_sides() {
 
 #[test]
 fn every_supported_major_round_trips() {
-    for major in 14..=18 {
+    for major in PgMajor::ALL {
         let g = synthetic_major(major, 11, 150_000, 20);
         let p = CodecParams {
-            pg_major: major,
+            pg_major: Some(major),
             ..params(100)
         };
         let (st, _) = round_trip(&p, g.start, &g.buf, &every(64 * 1024, g.buf.len()));
@@ -179,7 +180,11 @@ fn every_supported_major_round_trips() {
         assert!(st.fpis > 0 && st.fpi_opaque > 0, "PG{major}: {st:?}");
         // The other majors' magic is not locked on.
         let other = CodecParams {
-            pg_major: if major == 14 { 15 } else { 14 },
+            pg_major: Some(if major == PgMajor::V14 {
+                PgMajor::V15
+            } else {
+                PgMajor::V14
+            }),
             ..p
         };
         let (st, _) = round_trip(&other, g.start, &g.buf, &every(64 * 1024, g.buf.len()));
@@ -207,7 +212,7 @@ fn other_wal_block_sizes_pass_raw() {
 fn unsupported_major_passes_raw() {
     let g = synthetic(6, 100_000, 10);
     let mut p = params(10);
-    p.pg_major = 13;
+    p.pg_major = None;
     let (st, _) = round_trip(&p, g.start, &g.buf, &every(30_000, g.buf.len()));
     assert_eq!(st.records, 0);
     assert_eq!(st.raw_in as usize, g.buf.len());
@@ -405,7 +410,7 @@ proptest! {
 fn warm_payload() -> &'static (u64, usize, Vec<u8>) {
     static WARM: std::sync::OnceLock<(u64, usize, Vec<u8>)> = std::sync::OnceLock::new();
     WARM.get_or_init(|| {
-        let mut g = WalGen::new(15, SEG, 3 * SEG, 1);
+        let mut g = WalGen::new(PgMajor::V15, SEG, 3 * SEG, 1);
         while g.buf.len() < 30_000 {
             g.random_record(4);
         }

@@ -12,12 +12,13 @@ use super::testgen::{Compressor, GenBlock, WalGen};
 use super::tests::{chunks_from, every, round_trip};
 use super::wal::BlockKey;
 use super::*;
+use crate::pg::PgMajor;
 
 const SEG: u64 = 1 << 20;
 
-fn params(major: u32, cache_slots: usize) -> CodecParams {
+fn params(major: PgMajor, cache_slots: usize) -> CodecParams {
     CodecParams {
-        pg_major: major,
+        pg_major: Some(major),
         block_cache_bytes: cache_slots * SLOT_BYTES,
         zstd_level: 3,
         max_message_bytes: 4 << 20,
@@ -25,17 +26,17 @@ fn params(major: u32, cache_slots: usize) -> CodecParams {
 }
 
 /// The bimg_info flag of a method in a major's layout.
-fn flag(major: u32, m: Method) -> u8 {
-    match (major, m) {
-        (..=14, _) => 0x02,
-        (_, Method::Pglz) => 0x04,
-        (_, Method::Lz4) => 0x08,
-        (_, Method::Zstd) => 0x10,
-    }
+fn flag(major: PgMajor, m: Method) -> u8 {
+    let f = match m {
+        Method::Pglz => Some(major.bimg_pglz()),
+        Method::Lz4 => major.bimg_lz4(),
+        Method::Zstd => major.bimg_zstd(),
+    };
+    f.unwrap_or_else(|| panic!("PostgreSQL {major} has no {m:?} images"))
 }
 
-fn methods(major: u32) -> &'static [Method] {
-    if major <= 14 {
+fn methods(major: PgMajor) -> &'static [Method] {
+    if major == PgMajor::V14 {
         &[Method::Pglz]
     } else {
         &[Method::Pglz, Method::Lz4, Method::Zstd]
@@ -52,7 +53,7 @@ enum Style {
     Foreign,
 }
 
-fn compressor(major: u32, m: Method, style: Style) -> Compressor {
+fn compressor(major: PgMajor, m: Method, style: Style) -> Compressor {
     let f = flag(major, m);
     Box::new(move |src: &[u8]| {
         let bytes = match (style, m) {
@@ -77,7 +78,7 @@ fn compressor(major: u32, m: Method, style: Style) -> Compressor {
 
 /// Synthetic WAL of `major` in which a third of the records carry compressed full-page
 /// images of a working set of `blocks` blocks.
-fn stream(major: u32, c: Option<Compressor>, seed: u64, bytes: usize, blocks: u32) -> WalGen {
+fn stream(major: PgMajor, c: Option<Compressor>, seed: u64, bytes: usize, blocks: u32) -> WalGen {
     let mut g = WalGen::new(major, SEG, 3 * SEG, seed);
     g.compressor = c;
     while g.buf.len() < bytes {
@@ -109,9 +110,23 @@ fn stream(major: u32, c: Option<Compressor>, seed: u64, bytes: usize, blocks: u3
     g
 }
 
+/// The image flags of [`PgMajor`] (what the generators write) are what the codec reads.
+#[test]
+fn pg_major_image_flags_are_the_codecs() {
+    for major in PgMajor::ALL {
+        for &m in methods(major) {
+            let f = flag(major, m);
+            assert_eq!(fpi::method(major, f), Some(m), "PG{major} {m:?}");
+            assert_eq!(fpi::method(major, f | major.bimg_apply()), Some(m));
+            assert_eq!(f & !major.bimg_compressed_mask(), 0, "PG{major} {m:?}");
+        }
+        assert_eq!(fpi::method(major, major.bimg_apply()), None, "PG{major}");
+    }
+}
+
 #[test]
 fn every_method_on_every_major_is_recompressed() {
-    for major in 14..=18 {
+    for major in PgMajor::ALL {
         for &m in methods(major) {
             let g = stream(major, Some(compressor(major, m, Style::Pg)), 1, 400_000, 30);
             for slots in [0, 1, 4096] {
@@ -142,10 +157,10 @@ fn every_method_on_every_major_is_recompressed() {
 #[test]
 fn foreign_compression_falls_back_to_the_original_bytes() {
     for (major, m) in [
-        (14, Method::Pglz),
-        (15, Method::Lz4),
-        (16, Method::Zstd),
-        (17, Method::Pglz),
+        (PgMajor::V14, Method::Pglz),
+        (PgMajor::V15, Method::Lz4),
+        (PgMajor::V16, Method::Zstd),
+        (PgMajor::V17, Method::Pglz),
     ] {
         let g = stream(
             major,
@@ -178,9 +193,9 @@ fn foreign_compression_falls_back_to_the_original_bytes() {
 #[test]
 fn garbage_in_compressed_images_passes_opaquely() {
     // No compressor: the generator's compressed images are random bytes.
-    let g = stream(15, None, 3, 200_000, 10);
+    let g = stream(PgMajor::V15, None, 3, 200_000, 10);
     let (st, _) = round_trip(
-        &params(15, 16),
+        &params(PgMajor::V15, 16),
         g.start,
         &g.buf,
         &every(30_000, g.buf.len()),
@@ -199,13 +214,14 @@ proptest! {
     #[test]
     fn compressed_images_round_trip_at_any_chunking(
         seed in 0u64..1000,
-        major in 14u32..=18,
+        major_number in 14u32..=18,
         method in 0usize..3,
         foreign in any::<bool>(),
         sizes in proptest::collection::vec(1usize..40_000, 1..12),
         slots in prop_oneof![Just(0usize), Just(1usize), Just(3usize), Just(10_000usize)],
         skip in 0usize..20_000,
     ) {
+        let major = PgMajor::try_from(major_number).unwrap();
         let ms = methods(major);
         let m = ms[method % ms.len()];
         let style = if foreign { Style::Foreign } else { Style::Pg };
@@ -225,8 +241,8 @@ proptest! {
 
     #[test]
     fn compressed_images_in_tiny_messages_round_trip(seed in 0u64..1000, size in 1usize..64) {
-        let g = stream(16, Some(compressor(16, Method::Lz4, Style::Pg)), seed, 30_000, 4);
+        let g = stream(PgMajor::V16, Some(compressor(PgMajor::V16, Method::Lz4, Style::Pg)), seed, 30_000, 4);
         let cuts: Vec<usize> = (1..g.buf.len() / size).map(|i| i * size).collect();
-        round_trip(&params(16, 1), g.start, &g.buf, &cuts);
+        round_trip(&params(PgMajor::V16, 1), g.start, &g.buf, &cuts);
     }
 }

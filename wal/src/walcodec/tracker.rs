@@ -15,9 +15,10 @@
 //! header (or unlocks, when invalid).
 
 use super::wal::{
-    le16, le32, le64, phd_len, validate_page_header, PageTemplate, DEFAULT_SEG_SIZE, LONG_PHD,
-    REC_HDR, RM_XLOG_ID, SHORT_PHD, WAL_PAGE, XLOG_SWITCH, XLP_BKP_REMOVABLE, XLP_LONG_HEADER,
+    le16, le32, le64, phd_len, validate_page_header, PageTemplate, LONG_PHD, REC_HDR, RM_XLOG_ID,
+    SHORT_PHD, WAL_PAGE, XLOG_SWITCH, XLP_BKP_REMOVABLE, XLP_LONG_HEADER,
 };
+use crate::segment::WalSegSize;
 
 /// Where the tracker is relative to the record structure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +64,8 @@ impl Tracker {
             rec_hdr: [0; REC_HDR],
             state: RecState::Unknown,
             template: None,
-            seg_size: DEFAULT_SEG_SIZE,
+            // Assumed until a long page header tells otherwise (only used for predictions).
+            seg_size: WalSegSize::DEFAULT.bytes(),
             last_rec: None,
             resyncs: 0,
         }

@@ -1,9 +1,15 @@
 //! PostgreSQL WAL format facts (majors 14..=18, little-endian, MAXALIGN 8) and the parsers the
 //! codec needs: page headers (validation and prediction) and the block-header area of records.
 //!
-//! Sources: `src/include/access/xlog_internal.h` (page headers, XLOG_PAGE_MAGIC per branch),
+//! What differs between majors (XLOG_PAGE_MAGIC, image flags) is [`crate::pg::PgMajor`]; segment
+//! sizes and file names are [`crate::segment`].
+//!
+//! Sources: `src/include/access/xlog_internal.h` (page headers),
 //! `src/include/access/xlogrecord.h` (record and block headers) and `DecodeXLogRecord` in
 //! `src/backend/access/transam/xlogreader.c` (the cross-checks mirrored in [`parse_area`]).
+
+use crate::lsn::Lsn;
+use crate::segment::WalSegSize;
 
 /// XLOG_BLCKSZ: size of a WAL page. Anything else is passed raw.
 pub const WAL_PAGE: u64 = 8192;
@@ -15,8 +21,6 @@ pub const SHORT_PHD: usize = 24;
 pub const LONG_PHD: usize = 40;
 /// SizeOfXLogRecord.
 pub const REC_HDR: usize = 24;
-/// Segment size assumed until a long page header tells otherwise (only used for predictions).
-pub const DEFAULT_SEG_SIZE: u64 = 16 << 20;
 
 pub const XLP_FIRST_IS_CONTRECORD: u16 = 0x0001;
 pub const XLP_LONG_HEADER: u16 = 0x0002;
@@ -39,28 +43,6 @@ pub const BKPBLOCK_HAS_DATA: u8 = 0x20;
 pub const BKPBLOCK_SAME_REL: u8 = 0x80;
 
 pub const BKPIMAGE_HAS_HOLE: u8 = 0x01;
-
-/// XLOG_PAGE_MAGIC of each supported major (checked against the REL_14..REL_18 headers).
-pub fn page_magic(pg_major: u32) -> Option<u16> {
-    match pg_major {
-        14 => Some(0xD10D),
-        15 => Some(0xD110),
-        16 => Some(0xD113),
-        17 => Some(0xD116),
-        18 => Some(0xD118),
-        _ => None,
-    }
-}
-
-/// Mask of the bimg_info bits that mean "compressed" for a major: PG14 has one flag
-/// (BKPIMAGE_IS_COMPRESSED 0x02), PG15+ one per method (PGLZ 0x04, LZ4 0x08, ZSTD 0x10).
-pub fn bimg_compressed_mask(pg_major: u32) -> u8 {
-    if pg_major <= 14 {
-        0x02
-    } else {
-        0x04 | 0x08 | 0x10
-    }
-}
 
 pub fn le16(b: &[u8], off: usize) -> Option<u16> {
     b.get(off..off.checked_add(2)?)
@@ -118,15 +100,11 @@ pub fn validate_page_header(h: &[u8], pos: u64, magic: u16) -> Option<PageHeader
         return None;
     }
     let long = if info & XLP_LONG_HEADER != 0 {
-        let seg = u64::from(le32(h, 32)?);
-        let blcksz = le32(h, 36)?;
-        if !seg.is_power_of_two() || !(1 << 20..=1 << 30).contains(&seg) || blcksz != 8192 {
+        let seg = WalSegSize::new(u64::from(le32(h, 32)?))?;
+        if le32(h, 36)? != 8192 || seg.offset_in_segment(Lsn(pos)) != 0 {
             return None;
         }
-        if pos % seg != 0 {
-            return None;
-        }
-        Some((le64(h, 24)?, seg))
+        Some((le64(h, 24)?, seg.bytes()))
     } else {
         None
     };

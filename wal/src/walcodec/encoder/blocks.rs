@@ -43,7 +43,7 @@ impl Encoder {
         bytes: &[u8],
     ) -> Result<(), WalCodecError> {
         self.stats.fpi_in += bytes.len() as u64;
-        let recompress = if let Some(m) = fpi::recompressible(self.pg_major, img) {
+        let recompress = if let Some(m) = self.pg_major.and_then(|m| fpi::recompressible(m, img)) {
             match self.recomp.check(m, img, bytes, &mut self.page) {
                 Ok(()) => {
                     self.stats.fpi_recompressed += 1;
