@@ -9,7 +9,7 @@ use walrelay_harness::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::segment::WalSegSize;
-use walrelay_wal::walcodec::testgen::Rng;
+use walrelay_wal::walcodec::testgen::{Entropy, Rng};
 use walrelay_wal::walcodec::*;
 
 /// Reads the WAL of timeline 1 in `dir` from its first segment up to `upto`; returns (start

@@ -5,23 +5,22 @@
 //! Input: byte 0 picks the major, the cache size and the mode.
 //! - mode "garbage": records `start: u64 LE | raw_len: u32 LE | payload_len: u16 LE | payload`,
 //!   decoded in order by one decoder;
-//! - mode "mutated": well-formed WAL is generated from the input (walgen.rs) and encoded into
+//! - mode "mutated": well-formed WAL is generated from the input (`walcodec::testgen::shaped`,
+//!   the generator of the codec's unit and property tests) and encoded into
 //!   real payloads, which are then damaged at input-chosen places (bytes flipped, truncated,
 //!   lengths or starts changed) before decoding, so the fuzzer reaches deep into the format.
 #![no_main]
 
-mod walgen;
-
 use libfuzzer_sys::fuzz_target;
-use walgen::Src;
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::pg::PgMajor;
+use walrelay_wal::walcodec::testgen::{self, Entropy, Src};
 use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 const MAX_MESSAGE: usize = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
-    let mut src = Src { b: data };
+    let mut src = Src::new(data);
     let sel = src.u8();
     let params = CodecParams {
         // 13: a major the codec does not know (its WAL is written as 17's).
@@ -60,10 +59,10 @@ fuzz_target!(|data: &[u8]| {
 
     if sel & 0x40 == 0 {
         while !src.is_empty() {
-            let start = Lsn(src.u64());
+            let start = Lsn(src.next_u64());
             let raw_len = src.u32() as usize % (2 * MAX_MESSAGE);
             let plen = usize::from(src.u16());
-            let payload = src.bytes(plen).to_vec();
+            let payload = src.take(plen).to_vec();
             check(&mut dec, start, &payload, raw_len, &mut out);
         }
         return;
@@ -74,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
     let nmut = usize::from(src.u8() % 8);
     let muts: Vec<(u16, u8, u8)> = (0..nmut).map(|_| (src.u16(), src.u8(), src.u8())).collect();
     let major = params.pg_major.unwrap_or(PgMajor::V17);
-    let wal = walgen::generate(&mut src, major, base);
+    let wal = testgen::shaped(&mut src, major, base);
     let mut enc = Encoder::new(&params).expect("encoder");
     let mut payload = Vec::new();
     let mut pos = base;

@@ -5,7 +5,8 @@
 //! start and the mode; byte 1 the block cache size. Then either
 //! - mode "raw": the rest of the input is the WAL, cut into messages at input-chosen places and
 //!   fed from an arbitrary (page-aligned or not) start; or
-//! - mode "shaped": well-formed WAL is generated from the input (see walgen.rs), optionally with
+//! - mode "shaped": well-formed WAL is generated from the input (`walcodec::testgen::shaped`,
+//!   the generator of the codec's unit and property tests), optionally with
 //!   some bytes flipped, and the stream is fed from its first page or from an unaligned place
 //!   inside it, cut into messages at input-chosen places.
 //! Every message goes through one encoder and one decoder session, in order; a gap (a message
@@ -14,16 +15,14 @@
 //! Properties: encode never fails on WAL contents; decode(encode(m)) == m for every message.
 #![no_main]
 
-mod walgen;
-
 use libfuzzer_sys::fuzz_target;
-use walgen::Src;
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::pg::PgMajor;
+use walrelay_wal::walcodec::testgen::{self, Entropy, Src};
 use walrelay_wal::walcodec::{CodecParams, Decoder, Encoder};
 
 fuzz_target!(|data: &[u8]| {
-    let mut src = Src { b: data };
+    let mut src = Src::new(data);
     let sel = src.u8();
     let cache = src.u8();
     // 13: a major the codec does not know (its WAL is written as 17's).
@@ -43,10 +42,10 @@ fuzz_target!(|data: &[u8]| {
             1 + u64::from(src.u8())
         };
         let base = (3 << 24) + page * 8192;
-        let mut wal = walgen::generate(&mut src, pg_major.unwrap_or(PgMajor::V17), base);
+        let mut wal = testgen::shaped(&mut src, pg_major.unwrap_or(PgMajor::V17), base);
         let flips = usize::from(src.u8() % 4);
         if sel & 0x08 != 0 {
-            walgen::corrupt(&mut src, &mut wal, flips);
+            testgen::corrupt(&mut src, &mut wal, flips);
         }
         let skip = if sel & 0x10 != 0 {
             usize::from(src.u16()).min(wal.len())
@@ -61,10 +60,8 @@ fuzz_target!(|data: &[u8]| {
         };
         (start, src.b.to_vec())
     };
-    let lens = walgen::split(
-        &mut Src {
-            b: &data[data.len().saturating_sub(16)..],
-        },
+    let lens = testgen::split(
+        &mut Src::new(&data[data.len().saturating_sub(16)..]),
         wal.len(),
         20000,
     );

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::cache::SLOT_BYTES;
 use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
-use super::testgen::{Compressor, GenBlock, WalGen};
+use super::testgen::{Compressor, Entropy, GenBlock, Image, WalGen};
 use super::tests::{chunks_from, every, round_trip};
 use super::wal::BlockKey;
 use super::*;
@@ -97,8 +97,7 @@ fn stream(major: PgMajor, c: Option<Compressor>, seed: u64, bytes: usize, blocks
                     fork: 0,
                     blkno: first + i,
                 },
-                image: true,
-                compressed: true,
+                image: Image::Evolved { compressed: true },
                 data: Vec::new(),
             })
             .collect();
