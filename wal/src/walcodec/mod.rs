@@ -89,6 +89,7 @@ mod streams;
 pub mod tracker;
 pub mod tuples;
 pub mod wal;
+mod zprefix;
 
 /// Synthetic WAL for unit tests, property tests and fuzz targets (feature `testgen`).
 #[cfg(any(test, feature = "testgen"))]

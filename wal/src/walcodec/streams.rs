@@ -1,6 +1,7 @@
 //! Byte plumbing: LEB128 varints, bounds-checked readers, the streaming zstd sections and the
 //! per-page zstd frames with a reference page.
 
+use super::zprefix::{FrameError, PrefixCompressor, PrefixDecompressor};
 use super::WalCodecError;
 use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
 use zstd_safe::{CCtx, DCtx, FrameFormat};
@@ -223,7 +224,7 @@ impl DStream {
 /// The references and the page are copied next to each other into one buffer, so that zstd sees
 /// the references as a contiguous prefix of the input (faster than a separate dictionary).
 pub struct PageCompressor {
-    cctx: CCtx<'static>,
+    cctx: PrefixCompressor,
     scratch: Vec<u8>,
 }
 
@@ -241,7 +242,7 @@ impl PageCompressor {
             cctx.set_parameter(p).map_err(zerr)?;
         }
         Ok(PageCompressor {
-            cctx,
+            cctx: PrefixCompressor::new(cctx),
             scratch: Vec::with_capacity(MAX_PREFIX + PAGE_SIZE),
         })
     }
@@ -260,24 +261,13 @@ impl PageCompressor {
         let mut dst = std::io::Cursor::new(&mut *out);
         dst.set_position(start as u64);
         let n = gather_prefix(&mut self.scratch, refs);
-        let r = if n > 0 {
+        if n > 0 {
             self.scratch.extend_from_slice(page);
             let (prefix, src) = self.scratch.split_at(n);
-            // SAFETY: ZSTD_CCtx_refPrefix only records the pointer for the next frame. That
-            // frame is compressed completely (ZSTD_e_end) by compress2 below, while `prefix` is
-            // borrowed, and ref_prefix(&[]) afterwards drops the reference in all cases, so
-            // zstd never reads it after this function returns. The 'static lifetime is only
-            // needed because the context lives in a long-lived struct.
-            let prefix: &'static [u8] =
-                unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) };
-            self.cctx.ref_prefix(prefix).map_err(zerr)?;
-            let res = self.cctx.compress2(&mut dst, src);
-            self.cctx.ref_prefix(&[]).map_err(zerr)?;
-            res
+            self.cctx.compress(&mut dst, src, prefix)?;
         } else {
-            self.cctx.compress2(&mut dst, &page[..])
-        };
-        r.map_err(zerr)?;
+            self.cctx.compress(&mut dst, &page[..], &[])?;
+        }
         Ok(out.len() - start)
     }
 }
@@ -295,7 +285,7 @@ fn gather_prefix(scratch: &mut Vec<u8>, refs: &[&[u8]]) -> usize {
 
 /// Decompresses the frames of [`PageCompressor`] (references contiguous with the output too).
 pub struct PageDecompressor {
-    dctx: DCtx<'static>,
+    dctx: PrefixDecompressor,
     scratch: Vec<u8>,
 }
 
@@ -308,7 +298,7 @@ impl PageDecompressor {
         dctx.set_parameter(zstd_safe::DParameter::WindowLogMax(WINDOW_LOG))
             .map_err(zerr)?;
         Ok(PageDecompressor {
-            dctx,
+            dctx: PrefixDecompressor::new(dctx),
             scratch: Vec::with_capacity(MAX_PREFIX + PAGE_SIZE),
         })
     }
@@ -325,33 +315,24 @@ impl PageDecompressor {
         let res = if n > 0 {
             self.scratch.resize(n + PAGE_SIZE, 0);
             let (prefix, dst) = self.scratch.split_at_mut(n);
-            // SAFETY: as in PageCompressor::compress: the prefix is used by the single frame
-            // decompressed here and ref_prefix(&[]) clears it before the borrow ends.
-            let prefix: &'static [u8] =
-                unsafe { std::mem::transmute::<&[u8], &'static [u8]>(prefix) };
-            self.dctx.ref_prefix(prefix).map_err(zerr)?;
-            let res = self.dctx.decompress(&mut *dst, frame);
-            self.dctx.ref_prefix(&[]).map_err(zerr)?;
-            if res == Ok(PAGE_SIZE) {
+            let res = self.dctx.decompress(&mut *dst, frame, prefix);
+            if matches!(res, Ok(PAGE_SIZE)) {
                 page.copy_from_slice(dst);
             }
             res
         } else {
-            self.dctx.decompress(&mut page[..], frame)
+            self.dctx.decompress(&mut page[..], frame, &[])
         };
         match res {
             Ok(PAGE_SIZE) => Ok(()),
             Ok(n) => Err(WalCodecError::Corrupt(format!(
                 "a page frame decompressed to {n} bytes instead of {PAGE_SIZE}"
             ))),
-            Err(code) => {
-                // Leave the context ready for the next frame after an error.
-                let _ = self.dctx.reset(zstd_safe::ResetDirective::SessionOnly);
-                Err(WalCodecError::Corrupt(format!(
-                    "bad page frame: {}",
-                    zstd_safe::get_error_name(code)
-                )))
-            }
+            Err(FrameError::Zstd(code)) => Err(WalCodecError::Corrupt(format!(
+                "bad page frame: {}",
+                zstd_safe::get_error_name(code)
+            ))),
+            Err(FrameError::Lost(e)) => Err(e),
         }
     }
 }
