@@ -3,6 +3,7 @@
 //! and a large block cache; it beats generic streaming zstd-3 on uncompressed WAL; and the
 //! images the primary compressed mostly go through the block cache, compressed again by the
 //! receiver to the primary's bytes.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use rand::{Rng, SeedableRng};
 use walrelay::config::CodecKind;

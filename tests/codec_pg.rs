@@ -1,6 +1,7 @@
 //! Real WAL: a PostgreSQL 15 primary runs pgbench (with checkpoints, so that full-page images
 //! come back), then its pg_wal segments from a segment boundary up to the flush position are
 //! round-tripped in random chunks and compared with generic streaming zstd-3.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::path::Path;
 use std::str::FromStr;

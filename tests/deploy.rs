@@ -1,6 +1,7 @@
 //! deploy/: every example configuration passes `walrelay check-config` (the real binary),
 //! the Kubernetes manifests parse and hang together (names, ports, probes, hardening), and
 //! the systemd units pass `systemd-analyze verify`.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! Bytes corrupted on the link are caught by the integrity checks and never reach a standby
 //! (nor, toward the primary, the primary): the session ends, the standby resumes from its own
 //! position, and what it wrote is still byte-identical to the primary's WAL.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

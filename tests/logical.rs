@@ -2,6 +2,7 @@
 //! REPLICA IDENTITY FULL, new tuples logged whole, running-xacts snapshots, ...) reaches the
 //! standby exactly, and logical decoding on a PostgreSQL 16+ standby behind the relay decodes
 //! the primary's changes.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Malformed input on the standby-facing socket: every case gets an ErrorResponse or a clean
 //! close, quickly; the relay never panics and keeps serving well-behaved standbys.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! exposition (parsed strictly), `/healthz`, `walrelay status`, the status page rendered in
 //! headless Chromium, and the Grafana dashboard's metric names against a real scrape. One
 //! environment serves all of them.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -74,6 +75,7 @@ fn run_bounded(cmd: &mut Command, within: Duration) -> std::process::Output {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         if rx.recv_timeout(within).is_err() {
+            // SAFETY: kill(2) takes plain integers; no memory is involved.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     });
@@ -91,6 +93,7 @@ fn chromium(profile: &Path, args: &[&str], url: &str) -> std::process::Output {
         "--disable-dev-shm-usage",
         "--hide-scrollbars",
     ]);
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         cmd.arg("--no-sandbox"); // Chromium refuses to run as root with its sandbox
     }

@@ -1,6 +1,7 @@
 //! Operations, with the real binary: JSON logs, SIGHUP reload (users, limits, log level; a
 //! broken file keeps the running config), SIGTERM/SIGINT drain with a bounded exit, also when
 //! a standby stopped reading.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -314,6 +315,7 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
     )
     .await
     .unwrap();
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
     unsafe { libc::kill(receiver.id() as i32, libc::SIGSTOP) };
     // ~60 MB of WAL it does not read: more than the relay's socket, HTTP/2 window and queues
     // toward it hold, so the primary's walsender for it stops too.
@@ -336,6 +338,7 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
     }
 
     let status = relay.stop_with(libc::SIGINT, GRACE + MARGIN);
+    // SAFETY: as above.
     unsafe { libc::kill(receiver.id() as i32, libc::SIGCONT) };
     let _ = receiver.kill();
     let _ = receiver.wait();

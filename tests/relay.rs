@@ -1,4 +1,5 @@
 //! End-to-end: a real primary, a real standby streaming through the real walrelay binary.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

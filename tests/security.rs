@@ -1,5 +1,6 @@
 //! Authentication and TLS: SCRAM toward standbys, TLS toward standbys, mutual TLS on the link,
 //! TLS toward the primary.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Synchronous replication through the relay: a commit is acknowledged only after the real
 //! standby flushed it, so commits wait while the link is cut and complete when it returns.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 

@@ -7,4 +7,6 @@
 //! - [`cluster`]: throw-away PostgreSQL clusters (initdb, pg_ctl, pg_basebackup, pgbench), run
 //!   as the `postgres` OS user when root; PostgreSQL 14–18 installs ([`cluster::majors`]);
 //!   recorded WAL of real primaries ([`cluster::walrec`]).
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cluster;

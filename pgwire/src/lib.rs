@@ -26,6 +26,7 @@
 //! until they return a message, so they can be retried after more bytes arrive.
 //!
 //! The one cancellation-safe adapter that owns a socket is `walrelay::pgio`.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod replcmd;
 pub mod scram;

@@ -6,6 +6,8 @@
 //!   file for the message flow);
 //! - [`frame`]: what a link message carries after the handshake, both directions, sans-IO:
 //!   WAL runs, the primary's messages, the standbys' feedback and commands, one checksum.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod frame;
 
 #[allow(clippy::all)]

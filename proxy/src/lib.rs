@@ -27,9 +27,14 @@
 //! - `walrelay-pgwire` (`pgwire/`): pure: PostgreSQL protocol framing, replication commands, SCRAM;
 //! - `walrelay-proto` (`proto/`): the link's gRPC messages;
 //! - `walrelay-harness` (`harness/`): tooling: throw-away PostgreSQL clusters, recorded WAL.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod bench;
 pub mod config;
 pub mod conninfo;
+// demo.rs moves into walrelay-harness with the bench rewrite; until then its one clippy
+// finding (a division guarded by hand) is let be here rather than edited there.
+#[allow(clippy::manual_checked_ops)]
 pub mod demo;
 pub mod lifecycle;
 pub mod link;

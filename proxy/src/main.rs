@@ -1,5 +1,6 @@
 //! The `walrelay` command: run the halves, check a config, show a running process's status, run
 //! the demo, make SCRAM verifiers.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

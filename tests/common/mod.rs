@@ -79,6 +79,7 @@ impl Relay {
     pub fn signal(&self, sig: i32) {
         let pid = self.child.as_ref().expect("walrelay is not running").id();
         assert_eq!(
+            // SAFETY: kill(2) takes plain integers; no memory is involved.
             unsafe { libc::kill(pid as i32, sig) },
             0,
             "kill({pid}, {sig})"
@@ -89,6 +90,7 @@ impl Relay {
     /// status, or None (after SIGKILL) if the process was still running at `within`.
     pub fn stop_with(&mut self, sig: i32, within: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
+        // SAFETY: as above.
         unsafe { libc::kill(c.id() as i32, sig) };
         let deadline = Instant::now() + within;
         loop {

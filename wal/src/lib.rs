@@ -15,6 +15,8 @@
 //!
 //! The runtime (`walrelay`), the tooling (`walrelay-harness`) and the fuzz targets build on
 //! this crate; it depends on none of them.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod linkcodec;
 pub mod lsn;
 pub mod pg;

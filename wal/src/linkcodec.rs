@@ -195,9 +195,10 @@ impl WalDecoder {
                 let mut input = InBuffer::around(payload);
                 loop {
                     let before = (input.pos(), out.len());
-                    let mut o = OutBuffer::around_pos(out, out.len());
-                    dec.run(&mut input, &mut o)?;
-                    drop(o);
+                    {
+                        let mut o = OutBuffer::around_pos(out, out.len());
+                        dec.run(&mut input, &mut o)?;
+                    }
                     if out.len() > raw_len {
                         return Err(CodecError::Length {
                             got: out.len(),

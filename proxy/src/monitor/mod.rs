@@ -71,6 +71,7 @@ pub fn process_stats() -> ProcessStats {
     let mut p = ProcessStats::default();
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // SAFETY: as above.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
         // Fields after the command name, which is in parentheses and may contain spaces:

@@ -103,6 +103,8 @@ pub(super) async fn accept(
     let (io, buf) = reader.into_parts();
     let (r, mut writer) = tokio::io::split(io);
     let mut reader = MsgReader::with_buffer(r, buf);
+    // The Err hands the writer back for the FATAL message: large, but once per connection.
+    #[allow(clippy::result_large_err)]
     let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
 
     // Protocol 3.x with x > 0 or _pq_ options: answer with what we support (3.0, no options).
