@@ -3,6 +3,10 @@
 //! See `deploy/*.toml` for commented examples and README.md for the reference. Secrets (the
 //! primary's password, the standbys' SCRAM verifiers) may be given inline, or as
 //! `{ env = "VAR" }` or `{ file = "/path" }` so they need not sit in the file.
+//!
+//! Each key is declared once, in its section struct below, together with when a change to it
+//! takes effect ([`Reload`]: `live` on SIGHUP or `restart`; see [`keys`]). [`Config::resolve`]
+//! (in `resolve.rs`) checks every key and reads secrets, files and addresses.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -11,6 +15,12 @@ use std::path::{Path, PathBuf};
 
 use crate::conninfo::ConnInfo;
 use walrelay_pgwire::scram::ScramVerifier;
+
+pub mod keys;
+mod resolve;
+
+use keys::section;
+pub use keys::{Key, Reload};
 
 /// Exit status for a bad configuration (EX_USAGE... sysexits EX_USAGE is 64).
 pub const EXIT_CONFIG: i32 = 64;
@@ -51,43 +61,65 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
 }
 
-/// The HTTP endpoint for Prometheus, the status page and `walrelay status`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsConfig {
-    /// Address to serve on, e.g. "127.0.0.1:9187" (no authentication: keep it private).
-    pub listen: String,
+impl Config {
+    /// Every key of every section, with its reload class.
+    pub fn keys() -> impl Iterator<Item = &'static Key> {
+        [
+            UpstreamConfig::KEYS,
+            DownstreamConfig::KEYS,
+            LinkConfig::KEYS,
+            Limits::KEYS,
+            LogConfig::KEYS,
+            MetricsConfig::KEYS,
+        ]
+        .into_iter()
+        .flatten()
+    }
 }
 
-/// The half next to the primary.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamConfig {
-    /// libpq key=value conninfo of the primary.
-    pub primary: Secret,
-    /// Password for the primary, overriding any in `primary`.
-    pub primary_password: Option<Secret>,
-    /// Physical slot used for standbys that name none; created on the primary if missing.
-    pub slot: Option<String>,
-    /// Where downstream halves connect (the link).
-    pub listen: String,
+section! {
+    /// The HTTP endpoint for Prometheus, the status page and `walrelay status`.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct MetricsConfig in "metrics" {
+        /// Address to serve on, e.g. "127.0.0.1:9187" (no authentication: keep it private).
+        restart listen: String,
+    }
 }
 
-/// The half next to the standbys.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DownstreamConfig {
-    /// Where standbys connect (their primary_conninfo points here).
-    pub listen: String,
-    /// Link address of the upstream half, host:port.
-    pub upstream: String,
-    #[serde(default)]
-    pub auth: AuthMethod,
-    /// Standby users and their SCRAM verifiers (pg_authid format).
-    #[serde(default)]
-    pub users: BTreeMap<String, Secret>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
+section! {
+    /// The half next to the primary.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct UpstreamConfig in "upstream" {
+        /// libpq key=value conninfo of the primary.
+        live primary: Secret,
+        /// Password for the primary, overriding any in `primary`.
+        live primary_password: Option<Secret>,
+        /// Physical slot used for standbys that name none; created on the primary if missing.
+        live slot: Option<String>,
+        /// Where downstream halves connect (the link).
+        restart listen: String,
+    }
+}
+
+section! {
+    /// The half next to the standbys.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct DownstreamConfig in "downstream" {
+        /// Where standbys connect (their primary_conninfo points here).
+        restart listen: String,
+        /// Link address of the upstream half, host:port.
+        restart upstream: String,
+        #[serde(default)]
+        live auth: AuthMethod,
+        /// Standby users and their SCRAM verifiers (pg_authid format).
+        #[serde(default)]
+        live users: BTreeMap<String, Secret>,
+        restart tls_cert: Option<PathBuf>,
+        restart tls_key: Option<PathBuf>,
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -101,36 +133,42 @@ pub enum AuthMethod {
 
 pub use walrelay_wal::linkcodec::CodecKind;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LinkConfig {
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// CA that signs the peer's certificate; with it both sides verify each other (mTLS).
-    pub tls_ca: Option<PathBuf>,
-    /// Name expected in the upstream's certificate (default: the host of `downstream.upstream`).
-    pub tls_server_name: Option<String>,
-    /// The link runs without TLS only when this is true.
-    pub plaintext: bool,
-    pub codec: CodecKind,
-    /// zstd level for the link (1..=19).
-    pub zstd_level: i32,
-    /// zstd window log (10..=27): the window both ends keep per session is 2^window_log bytes.
-    pub zstd_window_log: u32,
-    /// Block cache of the "wal" codec, bytes per session on each side.
-    pub block_cache_bytes: u64,
-    /// HTTP/2 keepalive interval on the link, seconds (a dead link is noticed within ~2x this).
-    pub keepalive_secs: u64,
-    /// Timeout for connecting to the upstream half, seconds.
-    pub connect_timeout_secs: u64,
-    /// How long WAL and feedback of a standby that no commit waits on may wait to share a link
-    /// message with more, milliseconds (0: only what has already arrived). Standbys named in
-    /// the primary's `synchronous_standby_names` never wait.
-    pub batch_window_ms: u64,
-    /// Bench only (not configurable): also run every message through generic streaming
-    /// zstd-3 and count its bytes, for a side-by-side comparison.
-    #[serde(skip)]
-    pub bench_shadow_zstd: bool,
+section! {
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct LinkConfig in "link" {
+        restart tls_cert: Option<PathBuf>,
+        restart tls_key: Option<PathBuf>,
+        /// CA that signs the peer's certificate; with it both sides verify each other (mTLS).
+        restart tls_ca: Option<PathBuf>,
+        /// Name expected in the upstream's certificate (default: the host of
+        /// `downstream.upstream`).
+        restart tls_server_name: Option<String>,
+        /// The link runs without TLS only when this is true.
+        restart plaintext: bool,
+        restart codec: CodecKind,
+        /// zstd level for the link (1..=19).
+        restart zstd_level: i32,
+        /// zstd window log (10..=27): the window both ends keep per session is 2^window_log
+        /// bytes.
+        restart zstd_window_log: u32,
+        /// Block cache of the "wal" codec, bytes per session on each side.
+        restart block_cache_bytes: u64,
+        /// HTTP/2 keepalive interval on the link, seconds (a dead link is noticed within ~2x
+        /// this).
+        restart keepalive_secs: u64,
+        /// Timeout for connecting to the upstream half, seconds.
+        restart connect_timeout_secs: u64,
+        /// How long WAL and feedback of a standby that no commit waits on may wait to share a
+        /// link message with more, milliseconds (0: only what has already arrived). Standbys
+        /// named in the primary's `synchronous_standby_names` never wait.
+        restart batch_window_ms: u64,
+    }
+    not_keys {
+        /// Bench only (not configurable): also run every message through generic streaming
+        /// zstd-3 and count its bytes, for a side-by-side comparison.
+        bench_shadow_zstd: bool,
+    }
 }
 
 impl Default for LinkConfig {
@@ -153,21 +191,23 @@ impl Default for LinkConfig {
     }
 }
 
-/// Limits that bound memory and resources.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Messages queued per session between the primary's socket and the link (and between the
-    /// link and the standby's socket); when full, reading from the primary pauses.
-    pub queue_messages: usize,
-    /// Largest message accepted from the primary (XLogData is at most 128 kB plus header).
-    pub max_message_bytes: usize,
-    /// Concurrent standby sessions per process.
-    pub max_sessions: usize,
-    /// Time allowed for startup and authentication of a standby, seconds.
-    pub auth_timeout_secs: u64,
-    /// On SIGTERM/SIGINT, time allowed for sessions to end before they are cut, seconds.
-    pub drain_timeout_secs: u64,
+section! {
+    /// Limits that bound memory and resources.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct Limits in "limits" {
+        /// Messages queued per session between the primary's socket and the link (and between
+        /// the link and the standby's socket); when full, reading from the primary pauses.
+        live queue_messages: usize,
+        /// Largest message accepted from the primary (XLogData is at most 128 kB plus header).
+        restart max_message_bytes: usize,
+        /// Concurrent standby sessions per process.
+        live max_sessions: usize,
+        /// Time allowed for startup and authentication of a standby, seconds.
+        live auth_timeout_secs: u64,
+        /// On SIGTERM/SIGINT, time allowed for sessions to end before they are cut, seconds.
+        live drain_timeout_secs: u64,
+    }
 }
 
 impl Default for Limits {
@@ -182,13 +222,15 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// tracing filter, e.g. "info" or "walrelay=debug".
-    pub level: String,
-    /// "text" or "json".
-    pub format: String,
+section! {
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct LogConfig in "log" {
+        /// tracing filter, e.g. "info" or "walrelay=debug" (unless RUST_LOG is set).
+        live level: String,
+        /// "text" or "json".
+        restart format: String,
+    }
 }
 
 impl Default for LogConfig {
@@ -201,7 +243,7 @@ impl Default for LogConfig {
 }
 
 /// A secret given inline, from an environment variable, or from a file.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum Secret {
     Inline(String),
@@ -247,6 +289,18 @@ pub struct Resolved {
     pub log: LogConfig,
     /// `[metrics] listen`, if configured.
     pub metrics: Option<SocketAddr>,
+    /// The sections whose keys resolve into other values, as the file wrote them: a reload
+    /// compares their keys ([`crate::lifecycle`]). Empty for a configuration built in code.
+    pub as_written: AsWritten,
+}
+
+/// `[upstream]`, `[downstream]` and `[metrics]` as written in the file (`link`, `limits` and
+/// `log` are in [`Resolved`] as written).
+#[derive(Debug, Clone, Default)]
+pub struct AsWritten {
+    pub upstream: Option<UpstreamConfig>,
+    pub downstream: Option<DownstreamConfig>,
+    pub metrics: Option<MetricsConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -280,179 +334,6 @@ impl Config {
         })?;
         Config::from_toml(&text, path)?.resolve()
     }
-
-    /// Checks every key and resolves secrets, files and addresses.
-    pub fn resolve(self) -> Result<Resolved, ConfigError> {
-        if self.upstream.is_none() && self.downstream.is_none() {
-            return Err(key_err(
-                "upstream/downstream",
-                "neither [upstream] nor [downstream] is configured: this process would do nothing",
-            ));
-        }
-        let link = self.link;
-        if !(1..=19).contains(&link.zstd_level) {
-            return Err(key_err("link.zstd_level", "must be between 1 and 19"));
-        }
-        if !(10..=27).contains(&link.zstd_window_log) {
-            return Err(key_err("link.zstd_window_log", "must be between 10 and 27"));
-        }
-        if link.block_cache_bytes > 64 << 30 {
-            return Err(key_err("link.block_cache_bytes", "must be at most 64 GiB"));
-        }
-        if link.keepalive_secs == 0 {
-            return Err(key_err("link.keepalive_secs", "must be at least 1"));
-        }
-        if link.batch_window_ms > 1000 {
-            return Err(key_err(
-                "link.batch_window_ms",
-                "must be at most 1000 (milliseconds)",
-            ));
-        }
-        if !link.plaintext {
-            if link.tls_cert.is_none() || link.tls_key.is_none() {
-                return Err(key_err("link.tls_cert", "the link needs TLS: set link.tls_cert and link.tls_key (and link.tls_ca for mutual TLS), or set link.plaintext = true on a trusted network"));
-            }
-            for (k, p) in [
-                ("link.tls_cert", &link.tls_cert),
-                ("link.tls_key", &link.tls_key),
-                ("link.tls_ca", &link.tls_ca),
-            ] {
-                if let Some(p) = p {
-                    check_readable(k, p)?;
-                }
-            }
-            if self.downstream.is_some() && link.tls_ca.is_none() {
-                return Err(key_err("link.tls_ca", "the downstream must verify the upstream's certificate: set link.tls_ca to the CA that signed it"));
-            }
-        }
-        let limits = self.limits;
-        for (k, v, min) in [
-            ("limits.queue_messages", limits.queue_messages, 1),
-            (
-                "limits.max_message_bytes",
-                limits.max_message_bytes,
-                256 * 1024,
-            ),
-            ("limits.max_sessions", limits.max_sessions, 1),
-        ] {
-            if v < min {
-                return Err(key_err(k, format!("must be at least {min}")));
-            }
-        }
-        if limits.max_message_bytes > 1 << 30 {
-            return Err(key_err("limits.max_message_bytes", "must be at most 1 GiB"));
-        }
-        if !matches!(self.log.format.as_str(), "text" | "json") {
-            return Err(key_err("log.format", "must be \"text\" or \"json\""));
-        }
-        tracing_subscriber::EnvFilter::try_new(&self.log.level)
-            .map_err(|e| key_err("log.level", e.to_string()))?;
-
-        let upstream = match self.upstream {
-            None => None,
-            Some(u) => {
-                let mut primary = ConnInfo::parse(&u.primary.resolve("upstream.primary")?)
-                    .map_err(|e| key_err("upstream.primary", e.to_string()))?;
-                if let Some(pw) = &u.primary_password {
-                    primary.password = Some(pw.resolve("upstream.primary_password")?);
-                }
-                if let Some(s) = &u.slot {
-                    if s.is_empty()
-                        || s.len() > 63
-                        || !s
-                            .bytes()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
-                    {
-                        return Err(key_err(
-                            "upstream.slot",
-                            "slot names use lower-case letters, digits and '_' (at most 63)",
-                        ));
-                    }
-                }
-                let listen = parse_addr("upstream.listen", &u.listen)?;
-                Some(ResolvedUpstream {
-                    primary,
-                    slot: u.slot,
-                    listen,
-                })
-            }
-        };
-        let downstream = match self.downstream {
-            None => None,
-            Some(d) => {
-                let listen = parse_addr("downstream.listen", &d.listen)?;
-                if d.upstream
-                    .rsplit_once(':')
-                    .and_then(|(h, p)| (!h.is_empty()).then_some(p))
-                    .and_then(|p| p.parse::<u16>().ok())
-                    .is_none()
-                {
-                    return Err(key_err(
-                        "downstream.upstream",
-                        format!("{:?} is not host:port", d.upstream),
-                    ));
-                }
-                let mut users = BTreeMap::new();
-                for (name, secret) in &d.users {
-                    let key = format!("downstream.users.{name}");
-                    let v: ScramVerifier = secret.resolve(&key)?.parse().map_err(|e| {
-                        key_err(
-                            &key,
-                            format!("{e} (create one with `walrelay scram-verifier`)"),
-                        )
-                    })?;
-                    users.insert(name.clone(), v);
-                }
-                if d.auth == AuthMethod::ScramSha256 && users.is_empty() {
-                    return Err(key_err("downstream.users", "auth is scram-sha-256 but no users are configured: add users = { name = \"SCRAM-SHA-256$...\" }"));
-                }
-                let tls = match (d.tls_cert, d.tls_key) {
-                    (None, None) => None,
-                    (Some(c), Some(k)) => {
-                        check_readable("downstream.tls_cert", &c)?;
-                        check_readable("downstream.tls_key", &k)?;
-                        Some((c, k))
-                    }
-                    _ => {
-                        return Err(key_err(
-                            "downstream.tls_cert",
-                            "set both downstream.tls_cert and downstream.tls_key, or neither",
-                        ))
-                    }
-                };
-                Some(ResolvedDownstream {
-                    listen,
-                    upstream: d.upstream,
-                    auth: d.auth,
-                    users,
-                    tls,
-                })
-            }
-        };
-        let metrics = match &self.metrics {
-            Some(m) => Some(parse_addr("metrics.listen", &m.listen)?),
-            None => None,
-        };
-        Ok(Resolved {
-            upstream,
-            downstream,
-            link,
-            limits,
-            log: self.log,
-            metrics,
-        })
-    }
-}
-
-fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
-    s.parse()
-        .map_err(|_| key_err(key, format!("{s:?} is not an address like 0.0.0.0:5433")))
-}
-
-fn check_readable(key: &str, p: &Path) -> Result<(), ConfigError> {
-    std::fs::metadata(p)
-        .map(|_| ())
-        .map_err(|e| key_err(key, format!("cannot read {}: {e}", p.display())))
 }
 
 #[cfg(test)]

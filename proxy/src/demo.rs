@@ -205,6 +205,7 @@ fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolv
         },
         limits: Limits::default(),
         log: LogConfig::default(),
+        as_written: Default::default(),
     })
 }
 

@@ -2,8 +2,10 @@
 //! and stop.
 //!
 //! Reload: the file is read and checked as at start (`walrelay check-config`); if that fails
-//! the error is logged and the running configuration stays. Otherwise these apply at once to
-//! connections that arrive from then on (sessions in flight keep what they started with):
+//! the error is logged and the running configuration stays. Otherwise the keys declared `live`
+//! in [`crate::config`] apply at once to connections that arrive from then on (sessions in
+//! flight keep what they started with); those declared `restart` keep their running values.
+//! Today:
 //!
 //! | key | live |
 //! |---|---|
@@ -30,7 +32,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{error, info, warn};
 
-use crate::config::{Config, Limits, Resolved};
+use crate::config::{Config, Key, MetricsConfig, Reload, Resolved};
 use crate::logging::LogHandle;
 use crate::relay::Running;
 
@@ -136,12 +138,23 @@ pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
 /// `old` with the live settings of `new`: what the process runs with after a reload.
 pub fn effective(old: &Resolved, new: &Resolved) -> Resolved {
     let mut eff = old.clone();
-    eff.limits = Limits {
-        max_message_bytes: old.limits.max_message_bytes,
-        ..new.limits.clone()
-    };
-    eff.log.level = new.log.level.clone();
+    // Keys used as written: each section takes its live keys.
+    eff.link.take_live(&new.link);
+    eff.limits.take_live(&new.limits);
+    eff.log.take_live(&new.log);
+    let (e, n) = (&mut eff.as_written, &new.as_written);
+    if let (Some(e), Some(n)) = (&mut e.upstream, &n.upstream) {
+        e.take_live(n);
+    }
+    if let (Some(e), Some(n)) = (&mut e.downstream, &n.downstream) {
+        e.take_live(n);
+    }
+    if let (Some(e), Some(n)) = (&mut e.metrics, &n.metrics) {
+        e.take_live(n);
+    }
+    // What live keys resolve into (secrets read, verifiers parsed).
     if let (Some(e), Some(n)) = (&mut eff.upstream, &new.upstream) {
+        // upstream.primary and upstream.primary_password
         e.primary = n.primary.clone();
         e.slot = n.slot.clone();
     }
@@ -154,37 +167,14 @@ pub fn effective(old: &Resolved, new: &Resolved) -> Resolved {
 
 /// Live keys whose value differs between `old` and `new`.
 pub fn live_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    if old.log.level != new.log.level {
-        keys.push("log.level");
-    }
-    let (a, b) = (&old.limits, &new.limits);
-    for (k, x, y) in [
-        (
-            "limits.queue_messages",
-            a.queue_messages as u64,
-            b.queue_messages as u64,
-        ),
-        (
-            "limits.max_sessions",
-            a.max_sessions as u64,
-            b.max_sessions as u64,
-        ),
-        (
-            "limits.auth_timeout_secs",
-            a.auth_timeout_secs,
-            b.auth_timeout_secs,
-        ),
-        (
-            "limits.drain_timeout_secs",
-            a.drain_timeout_secs,
-            b.drain_timeout_secs,
-        ),
-    ] {
-        if x != y {
-            keys.push(k);
-        }
-    }
+    let changed = [
+        old.log.changed(&new.log),
+        old.limits.changed(&new.limits),
+        old.link.changed(&new.link),
+    ];
+    let mut keys = of_class(changed.iter().flatten(), Reload::Live);
+    // Keys that resolve into other values are compared resolved: a secret read from a file
+    // or the environment may change while the key does not.
     if let (Some(a), Some(b)) = (&old.upstream, &new.upstream) {
         if a.primary != b.primary {
             keys.push("upstream.primary");
@@ -204,69 +194,42 @@ pub fn live_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
     keys
 }
 
-/// Keys that differ between `old` and `new` but can change only with a restart.
+/// Keys that differ between `old` and `new` but can change only with a restart (as declared
+/// in [`crate::config`]), and a half added or removed.
 pub fn restart_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
     let mut keys = Vec::new();
-    let mut check = |k: &'static str, differs: bool| {
-        if differs {
-            keys.push(k);
-        }
-    };
-    check("upstream", old.upstream.is_some() != new.upstream.is_some());
-    check(
-        "downstream",
-        old.downstream.is_some() != new.downstream.is_some(),
-    );
-    if let (Some(a), Some(b)) = (&old.upstream, &new.upstream) {
-        check("upstream.listen", a.listen != b.listen);
+    if old.upstream.is_some() != new.upstream.is_some() {
+        keys.push("upstream");
     }
-    if let (Some(a), Some(b)) = (&old.downstream, &new.downstream) {
-        check("downstream.listen", a.listen != b.listen);
-        check("downstream.upstream", a.upstream != b.upstream);
-        check(
-            "downstream.tls_cert",
-            a.tls.as_ref().map(|t| &t.0) != b.tls.as_ref().map(|t| &t.0),
-        );
-        check(
-            "downstream.tls_key",
-            a.tls.as_ref().map(|t| &t.1) != b.tls.as_ref().map(|t| &t.1),
-        );
+    if old.downstream.is_some() != new.downstream.is_some() {
+        keys.push("downstream");
     }
-    let (a, b) = (&old.link, &new.link);
-    check("link.tls_cert", a.tls_cert != b.tls_cert);
-    check("link.tls_key", a.tls_key != b.tls_key);
-    check("link.tls_ca", a.tls_ca != b.tls_ca);
-    check(
-        "link.tls_server_name",
-        a.tls_server_name != b.tls_server_name,
-    );
-    check("link.plaintext", a.plaintext != b.plaintext);
-    check("link.codec", a.codec != b.codec);
-    check("link.zstd_level", a.zstd_level != b.zstd_level);
-    check(
-        "link.zstd_window_log",
-        a.zstd_window_log != b.zstd_window_log,
-    );
-    check(
-        "link.block_cache_bytes",
-        a.block_cache_bytes != b.block_cache_bytes,
-    );
-    check("link.keepalive_secs", a.keepalive_secs != b.keepalive_secs);
-    check(
-        "link.connect_timeout_secs",
-        a.connect_timeout_secs != b.connect_timeout_secs,
-    );
-    check(
-        "link.batch_window_ms",
-        a.batch_window_ms != b.batch_window_ms,
-    );
-    check(
-        "limits.max_message_bytes",
-        old.limits.max_message_bytes != new.limits.max_message_bytes,
-    );
-    check("log.format", old.log.format != new.log.format);
-    check("metrics.listen", old.metrics != new.metrics);
+    let (a, b) = (&old.as_written, &new.as_written);
+    let mut changed = Vec::new();
+    if let (Some(x), Some(y)) = (&a.upstream, &b.upstream) {
+        changed.extend(x.changed(y));
+    }
+    if let (Some(x), Some(y)) = (&a.downstream, &b.downstream) {
+        changed.extend(x.changed(y));
+    }
+    changed.extend(old.link.changed(&new.link));
+    changed.extend(old.limits.changed(&new.limits));
+    changed.extend(old.log.changed(&new.log));
+    match (&a.metrics, &b.metrics) {
+        (Some(x), Some(y)) => changed.extend(x.changed(y)),
+        (None, None) => {}
+        // [metrics] added or removed: its keys changed.
+        _ => changed.extend_from_slice(MetricsConfig::KEYS),
+    }
+    keys.extend(of_class(&changed, Reload::Restart));
     keys
+}
+
+fn of_class<'a>(keys: impl IntoIterator<Item = &'a Key>, class: Reload) -> Vec<&'static str> {
+    keys.into_iter()
+        .filter(|k| k.reload == class)
+        .map(|k| k.name)
+        .collect()
 }
 
 #[cfg(test)]
@@ -318,6 +281,130 @@ mod tests {
         assert_eq!(eff.limits.max_message_bytes, old.limits.max_message_bytes);
         assert_eq!(eff.log.format, "text");
         assert_eq!(eff.downstream.as_ref().unwrap().upstream, "h:7433");
+    }
+
+    /// Every key of every section: (key, a value, another value), TOML. A new key fails
+    /// `every_key_reloads_as_declared` until it has a row here. `users`: verifiers for a
+    /// password; `f`: a readable file.
+    fn key_values(users: &dyn Fn(&str) -> String, f: &dyn Fn(&str) -> String) -> Vec<Row> {
+        let s = |v: &str| v.to_string();
+        let q = |v: &str| format!("\"{v}\"");
+        vec![
+            ("upstream.primary", q("host=h user=u"), q("host=h2 user=u")),
+            ("upstream.primary_password", q("pw"), q("pw2")),
+            ("upstream.slot", q("s"), q("s2")),
+            ("upstream.listen", q("127.0.0.1:7433"), q("127.0.0.1:7434")),
+            (
+                "downstream.listen",
+                q("127.0.0.1:5433"),
+                q("127.0.0.1:5434"),
+            ),
+            ("downstream.upstream", q("h:7433"), q("h2:7433")),
+            ("downstream.auth", q("scram-sha-256"), q("trust")),
+            ("downstream.users", users("a"), users("b")),
+            ("downstream.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
+            ("downstream.tls_key", f("Cargo.toml"), f("src/lib.rs")),
+            ("link.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
+            ("link.tls_key", f("Cargo.toml"), f("src/lib.rs")),
+            ("link.tls_ca", f("Cargo.toml"), f("src/lib.rs")),
+            ("link.tls_server_name", q("relay"), q("other")),
+            ("link.plaintext", s("true"), s("false")),
+            ("link.codec", q("wal"), q("zstd")),
+            ("link.zstd_level", s("3"), s("5")),
+            ("link.zstd_window_log", s("23"), s("20")),
+            ("link.block_cache_bytes", s("1000000"), s("2000000")),
+            ("link.keepalive_secs", s("10"), s("3")),
+            ("link.connect_timeout_secs", s("10"), s("3")),
+            ("link.batch_window_ms", s("10"), s("0")),
+            ("limits.queue_messages", s("64"), s("7")),
+            ("limits.max_message_bytes", s("4194304"), s("300000")),
+            ("limits.max_sessions", s("64"), s("3")),
+            ("limits.auth_timeout_secs", s("60"), s("9")),
+            ("limits.drain_timeout_secs", s("10"), s("9")),
+            ("log.level", q("info"), q("debug")),
+            ("log.format", q("text"), q("json")),
+            ("metrics.listen", q("127.0.0.1:9187"), q("127.0.0.1:9188")),
+        ]
+    }
+
+    type Row = (&'static str, String, String);
+
+    /// A file of sections with `values` (key, TOML value), in order.
+    fn render<'a>(values: impl Iterator<Item = (&'a str, &'a String)>) -> String {
+        let mut text = String::new();
+        let mut section = "";
+        for (key, value) in values {
+            let (s, name) = key.split_once('.').unwrap();
+            if s != section {
+                text += &format!("[{s}]\n");
+                section = s;
+            }
+            text += &format!("{name} = {value}\n");
+        }
+        text
+    }
+
+    #[test]
+    fn every_key_reloads_as_declared() {
+        let users = |pw: &str| {
+            let v = walrelay_pgwire::scram::new_verifier(pw);
+            format!("{{ r = \"{v}\" }}")
+        };
+        let f = |name: &str| format!("\"{}/{name}\"", env!("CARGO_MANIFEST_DIR"));
+        let rows = key_values(&users, &f);
+        let declared: Vec<&str> = Config::keys().map(|k| k.name).collect();
+        let tested: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(
+            tested, declared,
+            "each key of config.rs needs a row in key_values"
+        );
+        let live: Vec<&str> = Config::keys()
+            .filter(|k| k.reload == Reload::Live)
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(
+            live,
+            [
+                "upstream.primary",
+                "upstream.primary_password",
+                "upstream.slot",
+                "downstream.auth",
+                "downstream.users",
+                "limits.queue_messages",
+                "limits.max_sessions",
+                "limits.auth_timeout_secs",
+                "limits.drain_timeout_secs",
+                "log.level",
+            ],
+            "README.md (Signals) and the table above name the live keys: change them together"
+        );
+
+        let old = resolve(&render(rows.iter().map(|r| (r.0, &r.1))));
+        assert!(restart_keys(&old, &old).is_empty() && live_keys(&old, &old).is_empty());
+        for (key, _, other) in &rows {
+            let values = rows
+                .iter()
+                .map(|r| (r.0, if r.0 == *key { other } else { &r.1 }));
+            let new = resolve(&render(values));
+            let eff = effective(&old, &new);
+            match Config::keys().find(|k| k.name == *key).unwrap().reload {
+                Reload::Restart => {
+                    assert_eq!(restart_keys(&old, &new), [*key]);
+                    assert!(live_keys(&old, &eff).is_empty(), "{key}");
+                    // The running value stays: the same file warns again at the next reload.
+                    assert_eq!(restart_keys(&eff, &new), [*key]);
+                }
+                Reload::Live => {
+                    assert!(restart_keys(&old, &new).is_empty(), "{key}");
+                    // The password is part of the primary's conninfo.
+                    let named = key.replace("primary_password", "primary");
+                    assert_eq!(live_keys(&old, &eff), [named.as_str()]);
+                    // Applied: reloading the same file changes nothing more.
+                    assert!(live_keys(&eff, &effective(&eff, &new)).is_empty(), "{key}");
+                    assert!(restart_keys(&eff, &new).is_empty(), "{key}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -245,6 +245,7 @@ fn configs(
         limits: Limits::default(),
         log: LogConfig::default(),
         metrics: None,
+        as_written: Default::default(),
     };
     let up = Resolved {
         upstream: Some(ResolvedUpstream {
