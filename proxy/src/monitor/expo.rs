@@ -8,14 +8,16 @@
 //! `/status.json` is [`StatusDoc`] as JSON; `walrelay status` and the status page read it.
 
 use std::fmt::Write;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde::{Deserialize, Serialize};
 
-use super::codec_totals::KINDS;
+use super::codec_totals::{InOut, KINDS};
 use super::standbys::StandbyRow;
 use super::ProcessStats;
 use crate::metrics::Metrics;
+use walrelay_wal::walcodec::rmgr::RmgrBytes;
 
 /// Which halves this process runs.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -154,6 +156,16 @@ impl Expo {
         self.family(name, kind, help);
         self.sample(name, &[], value);
     }
+
+    /// A family with a sample per half (`half="upstream"`, then `"downstream"`), each if any.
+    fn halves(&mut self, name: &str, kind: &str, help: &str, values: [Option<f64>; 2]) {
+        self.family(name, kind, help);
+        for (half, value) in ["upstream", "downstream"].into_iter().zip(values) {
+            if let Some(v) = value {
+                self.sample(name, &[("half", half)], v);
+            }
+        }
+    }
 }
 
 fn fmt_value(v: f64) -> String {
@@ -166,13 +178,23 @@ fn fmt_value(v: f64) -> String {
     }
 }
 
-/// Renders every metric of the process.
+/// Renders every metric of the process, family by family in the order of README.md.
 pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     let mut e = Expo(String::with_capacity(16 * 1024));
-    let c = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
-    let up = [("half", "upstream")];
-    let down = [("half", "downstream")];
+    wal_and_link_families(&mut e, m);
+    codec_families(&mut e, m);
+    session_families(&mut e, m);
+    standby_families(&mut e, &m.ops.standbys.rows());
+    process_families(&mut e, p);
+    e.0
+}
 
+fn count(a: &AtomicU64) -> f64 {
+    a.load(Relaxed) as f64
+}
+
+/// Build info, WAL in and out, the link's bytes and messages, compression and codec CPU.
+fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
     e.family(
         "walrelay_build_info",
         "gauge",
@@ -187,254 +209,164 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
         "walrelay_wal_received_bytes_total",
         "counter",
         "WAL bytes received from the primary (XLogData payloads, upstream half).",
-        c(&m.wal_bytes_in),
+        count(&m.wal_bytes_in),
     );
     e.one(
         "walrelay_wal_delivered_bytes_total",
         "counter",
         "WAL bytes delivered to standbys after verification (downstream half).",
-        c(&m.wal_bytes_delivered),
+        count(&m.wal_bytes_delivered),
     );
-    e.family(
+    e.halves(
         "walrelay_link_sent_bytes_total",
         "counter",
         "Bytes written to link sockets (TLS and HTTP/2 framing included).",
+        [
+            Some(count(&m.link_socket_bytes_out)),
+            Some(count(&m.ops.link_socket_bytes_out_downstream)),
+        ],
     );
-    e.sample(
-        "walrelay_link_sent_bytes_total",
-        &up,
-        c(&m.link_socket_bytes_out),
-    );
-    e.sample(
-        "walrelay_link_sent_bytes_total",
-        &down,
-        c(&m.ops.link_socket_bytes_out_downstream),
-    );
-    e.family(
+    e.halves(
         "walrelay_link_received_bytes_total",
         "counter",
         "Bytes read from link sockets (TLS and HTTP/2 framing included).",
+        [
+            Some(count(&m.link_socket_bytes_in)),
+            Some(count(&m.ops.link_socket_bytes_in_downstream)),
+        ],
     );
-    e.sample(
-        "walrelay_link_received_bytes_total",
-        &up,
-        c(&m.link_socket_bytes_in),
-    );
-    e.sample(
-        "walrelay_link_received_bytes_total",
-        &down,
-        c(&m.ops.link_socket_bytes_in_downstream),
-    );
-    e.family(
+    e.halves(
         "walrelay_link_payload_bytes_total",
         "counter",
         "Encoded WAL payload bytes sent (upstream) or received (downstream) on the link, framing excluded.",
-    );
-    e.sample(
-        "walrelay_link_payload_bytes_total",
-        &up,
-        c(&m.wal_payload_bytes_out),
-    );
-    e.sample(
-        "walrelay_link_payload_bytes_total",
-        &down,
-        c(&m.ops.link_payload_bytes_received),
+        [Some(count(&m.wal_payload_bytes_out)), Some(count(&m.ops.link_payload_bytes_received))],
     );
     e.one(
         "walrelay_link_messages_sent_total",
         "counter",
         "Link messages sent by the upstream half (WAL and other).",
-        c(&m.link_messages_out),
+        count(&m.link_messages_out),
     );
-    e.family(
+    let ratio = |wal: &AtomicU64, link: &AtomicU64| {
+        let (wal, link) = (wal.load(Relaxed), link.load(Relaxed));
+        (link > 0).then(|| wal as f64 / link as f64)
+    };
+    e.halves(
         "walrelay_compression_ratio",
         "gauge",
         "WAL bytes / encoded WAL payload bytes since start (upstream: received / sent; downstream: delivered / received); absent before any WAL.",
+        [
+            ratio(&m.wal_bytes_in, &m.wal_payload_bytes_out),
+            ratio(&m.wal_bytes_delivered, &m.ops.link_payload_bytes_received),
+        ],
     );
-    let ratio = |wal: u64, link: u64| (link > 0).then(|| wal as f64 / link as f64);
-    if let Some(r) = ratio(
-        m.wal_bytes_in.load(Relaxed),
-        m.wal_payload_bytes_out.load(Relaxed),
-    ) {
-        e.sample("walrelay_compression_ratio", &up, r);
-    }
-    if let Some(r) = ratio(
-        m.wal_bytes_delivered.load(Relaxed),
-        m.ops.link_payload_bytes_received.load(Relaxed),
-    ) {
-        e.sample("walrelay_compression_ratio", &down, r);
-    }
-    e.family(
+    e.halves(
         "walrelay_codec_cpu_seconds_total",
         "counter",
         "CPU time spent in the link codec (encode at the upstream, decode and verify at the downstream).",
+        [Some(count(&m.encode_ns) / 1e9), Some(count(&m.decode_ns) / 1e9)],
     );
-    e.sample(
-        "walrelay_codec_cpu_seconds_total",
-        &up,
-        c(&m.encode_ns) / 1e9,
-    );
-    e.sample(
-        "walrelay_codec_cpu_seconds_total",
-        &down,
-        c(&m.decode_ns) / 1e9,
-    );
+}
 
+/// What the wal codec did: bytes by kind and by resource manager, images, caches, tuples.
+fn codec_families(e: &mut Expo, m: &Metrics) {
     let t = m.ops.codec.snapshot();
-    e.family(
+    let by_kind = |e: &mut Expo, name: &str, help: &str, get: fn(&InOut) -> u64| {
+        e.family(name, "counter", help);
+        for (k, v) in KINDS.iter().zip(&t.kinds) {
+            e.sample(name, &[("kind", k)], get(v) as f64);
+        }
+    };
+    by_kind(
+        e,
         "walrelay_codec_input_bytes_total",
-        "counter",
         "WAL bytes given to the wal codec, by kind of bytes.",
+        |v| v.bytes_in,
     );
-    for (k, v) in KINDS.iter().zip(&t.kinds) {
-        e.sample(
-            "walrelay_codec_input_bytes_total",
-            &[("kind", k)],
-            v.bytes_in as f64,
-        );
-    }
-    e.family(
-        "walrelay_codec_output_bytes_total",
-        "counter",
-        "Link payload bytes the wal codec produced, by kind of bytes (compressed stream sizes attributed; zeros travel as counts).",
-    );
-    for (k, v) in KINDS.iter().zip(&t.kinds) {
-        e.sample(
-            "walrelay_codec_output_bytes_total",
-            &[("kind", k)],
-            v.bytes_out as f64,
-        );
-    }
-    e.family(
+    by_kind(e, "walrelay_codec_output_bytes_total", "Link payload bytes the wal codec produced, by kind of bytes (compressed stream sizes attributed; zeros travel as counts).", |v| v.bytes_out);
+    let by_rmgr = |e: &mut Expo, name: &str, help: &str, get: fn(&RmgrBytes) -> u64| {
+        e.family(name, "counter", help);
+        for (r, v) in t.by_rmgr_name() {
+            e.sample(name, &[("rmgr", r)], get(&v) as f64);
+        }
+    };
+    by_rmgr(
+        e,
         "walrelay_codec_rmgr_input_bytes_total",
-        "counter",
         "WAL bytes of records encoded by the wal codec, by resource manager.",
+        |v| v.bytes_in,
     );
-    for (r, v) in t.by_rmgr_name() {
-        e.sample(
-            "walrelay_codec_rmgr_input_bytes_total",
-            &[("rmgr", r)],
-            v.bytes_in as f64,
-        );
-    }
-    e.family(
+    by_rmgr(
+        e,
         "walrelay_codec_rmgr_output_bytes_total",
-        "counter",
         "Link payload bytes attributed to records of each resource manager.",
+        |v| v.bytes_out,
     );
-    for (r, v) in t.by_rmgr_name() {
-        e.sample(
-            "walrelay_codec_rmgr_output_bytes_total",
-            &[("rmgr", r)],
-            v.bytes_out as f64,
-        );
-    }
-    e.family(
+    by_rmgr(
+        e,
         "walrelay_codec_rmgr_records_total",
-        "counter",
         "WAL records encoded by the wal codec, by resource manager.",
+        |v| v.records,
     );
-    for (r, v) in t.by_rmgr_name() {
-        e.sample(
-            "walrelay_codec_rmgr_records_total",
-            &[("rmgr", r)],
-            v.records as f64,
-        );
+    let ones: [(&str, &str, &str, f64); 7] = [
+        ("walrelay_codec_records_total", "counter", "WAL records encoded field by field by the wal codec.", t.records as f64),
+        ("walrelay_codec_fpis_total", "counter", "Full-page images sent as page frames through the block cache.", t.fpis as f64),
+        ("walrelay_codec_fpi_cache_hits_total", "counter", "Full-page images whose block was in the block cache (hit rate = hits / fpis).", t.fpi_cache_hits as f64),
+        ("walrelay_block_cache_bytes", "gauge", "Block and tuple cache memory in use by the upstream's live sessions (the downstream mirrors it).", m.ops.codec.cache_bytes() as f64),
+        ("walrelay_codec_tuple_deltas_total", "counter", "Heap tuples sent as a delta against a version both ends hold (tuple cache or cached page).", t.tuple_deltas as f64),
+        ("walrelay_codec_tuple_delta_saved_bytes_total", "counter", "Tuple bytes the deltas left out (taken from the reference at the downstream).", t.tuple_delta_saved as f64),
+        ("walrelay_codec_tuple_misses_total", "counter", "Heap tuples that could have gone as a delta but had no reference saving enough (hit rate = deltas / (deltas + misses)).", t.tuple_misses as f64),
+    ];
+    for (name, kind, help, value) in ones {
+        e.one(name, kind, help, value);
     }
-    e.one(
-        "walrelay_codec_records_total",
-        "counter",
-        "WAL records encoded field by field by the wal codec.",
-        t.records as f64,
-    );
-    e.one(
-        "walrelay_codec_fpis_total",
-        "counter",
-        "Full-page images sent as page frames through the block cache.",
-        t.fpis as f64,
-    );
-    e.one(
-        "walrelay_codec_fpi_cache_hits_total",
-        "counter",
-        "Full-page images whose block was in the block cache (hit rate = hits / fpis).",
-        t.fpi_cache_hits as f64,
-    );
-    e.one(
-        "walrelay_block_cache_bytes",
-        "gauge",
-        "Block and tuple cache memory in use by the upstream's live sessions (the downstream mirrors it).",
-        m.ops.codec.cache_bytes() as f64,
-    );
-    e.one(
-        "walrelay_codec_tuple_deltas_total",
-        "counter",
-        "Heap tuples sent as a delta against a version both ends hold (tuple cache or cached page).",
-        t.tuple_deltas as f64,
-    );
-    e.one(
-        "walrelay_codec_tuple_delta_saved_bytes_total",
-        "counter",
-        "Tuple bytes the deltas left out (taken from the reference at the downstream).",
-        t.tuple_delta_saved as f64,
-    );
-    e.one(
-        "walrelay_codec_tuple_misses_total",
-        "counter",
-        "Heap tuples that could have gone as a delta but had no reference saving enough (hit rate = deltas / (deltas + misses)).",
-        t.tuple_misses as f64,
-    );
+}
+
+/// Integrity failures, sessions per half, refused standbys.
+fn session_families(e: &mut Expo, m: &Metrics) {
     e.one(
         "walrelay_integrity_failures_total",
         "counter",
         "WAL messages that failed verification at the downstream (none of their bytes reached a standby).",
-        c(&m.integrity_failures),
+        count(&m.integrity_failures),
     );
-    e.family(
+    e.halves(
         "walrelay_sessions",
         "gauge",
         "Standby sessions connected now (downstream: standby connections; upstream: link sessions).",
+        [Some(count(&m.sessions_active_upstream)), Some(count(&m.sessions_active_downstream))],
     );
-    e.sample("walrelay_sessions", &up, c(&m.sessions_active_upstream));
-    e.sample("walrelay_sessions", &down, c(&m.sessions_active_downstream));
-    e.family(
+    e.halves(
         "walrelay_sessions_started_total",
         "counter",
         "Link sessions started; every standby (re)connection starts one.",
+        [
+            Some(count(&m.sessions_total)),
+            Some(count(&m.ops.sessions_started_downstream)),
+        ],
     );
-    e.sample("walrelay_sessions_started_total", &up, c(&m.sessions_total));
-    e.sample(
-        "walrelay_sessions_started_total",
-        &down,
-        c(&m.ops.sessions_started_downstream),
-    );
-    e.family(
+    e.halves(
         "walrelay_sessions_failed_total",
         "counter",
         "Sessions that ended with an error (link lost, primary gone, verification failed); the standby reconnects.",
-    );
-    e.sample(
-        "walrelay_sessions_failed_total",
-        &up,
-        c(&m.ops.sessions_failed_upstream),
-    );
-    e.sample(
-        "walrelay_sessions_failed_total",
-        &down,
-        c(&m.ops.sessions_failed_downstream),
+        [Some(count(&m.ops.sessions_failed_upstream)), Some(count(&m.ops.sessions_failed_downstream))],
     );
     e.one(
         "walrelay_auth_failures_total",
         "counter",
         "Standby authentication failures at the downstream.",
-        c(&m.auth_failures),
+        count(&m.auth_failures),
     );
     e.one(
         "walrelay_protocol_errors_total",
         "counter",
         "Standby connections refused for protocol errors at the downstream.",
-        c(&m.protocol_errors),
+        count(&m.protocol_errors),
     );
-    standby_families(&mut e, &m.ops.standbys.rows());
+}
+
+/// The process's CPU, memory and start time, under the names Prometheus clients use.
+fn process_families(e: &mut Expo, p: &ProcessStats) {
     e.one(
         "process_cpu_seconds_total",
         "counter",
@@ -455,7 +387,6 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
             s,
         );
     }
-    e.0
 }
 
 /// The per-standby gauges. Two sessions with the same labels (same half, application_name and
