@@ -227,7 +227,11 @@ pub fn parse_tagged(
             len,
         });
     }
-    let body_len = (len - 4) as usize;
+    let bad_length = || WireError::BadLength {
+        tag: tag as char,
+        len,
+    };
+    let body_len = usize::try_from(len - 4).map_err(|_| bad_length())?;
     let max = cap(tag);
     if body_len > max {
         return Err(WireError::TooLong {
@@ -236,8 +240,9 @@ pub fn parse_tagged(
             cap: max,
         });
     }
-    if buf.len() < 5 + body_len {
-        buf.reserve(5 + body_len - buf.len());
+    let whole = body_len.checked_add(5).ok_or_else(bad_length)?;
+    if buf.len() < whole {
+        buf.reserve(whole - buf.len());
         return Ok(None);
     }
     buf.advance(5);
@@ -560,7 +565,8 @@ pub mod repl {
     }
 
     impl XLogData {
-        /// Parses a CopyData payload that starts with 'w'; None if it is another kind.
+        /// Parses a CopyData payload that starts with 'w'; None if it is another kind. The WAL
+        /// bytes must end inside the WAL address space (see [`XLogData::data_end`]).
         pub fn parse(payload: &Bytes) -> Result<Option<XLogData>, WireError> {
             if payload.first() != Some(&b'w') {
                 return Ok(None);
@@ -575,12 +581,25 @@ pub mod repl {
             let start = Lsn(p.get_u64());
             let end = Lsn(p.get_u64());
             let send_time = p.get_i64();
-            Ok(Some(XLogData {
+            let x = XLogData {
                 start,
                 end,
                 send_time,
                 data: p,
-            }))
+            };
+            if x.data_end().is_none() {
+                return Err(WireError::Malformed {
+                    tag: 'w',
+                    what: "XLogData runs past the end of the WAL address space",
+                });
+            }
+            Ok(Some(x))
+        }
+
+        /// The position just after the WAL bytes (`start` + their length), `None` past the end
+        /// of the WAL address space (never for a parsed message).
+        pub fn data_end(&self) -> Option<Lsn> {
+            self.start.checked_add(u64::try_from(self.data.len()).ok()?)
         }
 
         /// Appends the complete CopyData message carrying this XLogData.

@@ -158,6 +158,24 @@ fn xlogdata_round_trip() {
     );
 }
 
+/// The primary states where WAL bytes start; their end must be a position too.
+#[test]
+fn xlogdata_ending_past_the_wal_address_space_is_malformed() {
+    let at = |start: u64| {
+        let mut b = vec![b'w'];
+        b.extend_from_slice(&start.to_be_bytes());
+        b.extend_from_slice(&[0; 16]);
+        b.extend_from_slice(b"8 bytes!");
+        repl::XLogData::parse(&Bytes::from(b))
+    };
+    let last = at(u64::MAX - 8).unwrap().unwrap();
+    assert_eq!(last.data_end(), Some(walrelay_wal::lsn::Lsn(u64::MAX)));
+    for start in [u64::MAX - 7, u64::MAX] {
+        let e = at(start).unwrap_err();
+        assert!(e.to_string().contains("past the end"), "{e}");
+    }
+}
+
 #[test]
 fn feedback_checks() {
     let mut r = vec![b'r'];

@@ -164,8 +164,8 @@ impl Decoder {
         for (s, size) in sizes.iter_mut().enumerate() {
             // Caps that the encoder's output always meets (see the encoder).
             let cap = match s {
-                S_CTRL => 4 * raw_len + 1024,
-                S_PAGE => 8 * raw_len + PAGE_SIZE,
+                S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
+                S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
                 _ => raw_len,
             };
             let ulen = hdr.len(cap)?;
