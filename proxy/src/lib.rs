@@ -23,9 +23,10 @@
 //!
 //! The other crates of the workspace:
 //!
-//! - `walrelay-wal` (`wal/`): pure: LSNs, the WAL format, the WAL-aware codec, the link codec;
+//! - `walrelay-wal` (`wal/`): pure: LSNs, PostgreSQL majors and WAL segments, the WAL format,
+//!   the WAL-aware codec, the link codec;
 //! - `walrelay-pgwire` (`pgwire/`): pure: PostgreSQL protocol framing, replication commands, SCRAM;
-//! - `walrelay-proto` (`proto/`): the link's gRPC messages;
+//! - `walrelay-proto` (`proto/`): the link protocol (gRPC handshake, frames);
 //! - `walrelay-harness` (`harness/`): tooling: throw-away PostgreSQL clusters, recorded WAL.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
