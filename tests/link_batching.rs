@@ -2,6 +2,7 @@
 //! binary: whatever is coalesced on the link, the primary ends with exactly the standby's
 //! latest positions and its hot-standby feedback; a reply the primary asks for is not held by
 //! the window; a standby that `synchronous_standby_names` lists gets no window at all.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
