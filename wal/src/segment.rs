@@ -8,6 +8,8 @@
 //!                e.g. 000000010000000000000003 (16 MiB segments: segno 3, LSN 0/3000000)
 //! history file:  TTTTTTTT.history          e.g. 00000002.history
 //! ```
+//!
+//! What a history file says is read by [`crate::timeline`].
 
 use crate::lsn::{Lsn, TimeLineId};
 
