@@ -266,20 +266,22 @@ impl DownState {
                     let end_delta = unzz(c.varint("WAL end")?);
                     let dt = unzz(c.varint("WAL send time")?) as i64;
                     let raw_len = c.varint("WAL length")?;
+                    let too_long = FrameError::TooLong {
+                        what: "WAL",
+                        len: raw_len,
+                        max: max_raw,
+                    };
                     if raw_len > max_raw as u64 {
-                        return Err(FrameError::TooLong {
-                            what: "WAL",
-                            len: raw_len,
-                            max: max_raw,
-                        });
+                        return Err(too_long);
                     }
+                    let raw_len32 = u32::try_from(raw_len).map_err(|_| too_long)?;
                     let payload = c.bytes("WAL payload", max_bytes)?;
                     let data_end = start.wrapping_add(raw_len);
                     let header = WalHeader {
                         start,
                         end: data_end.wrapping_add(end_delta),
                         send_time: self.send_time.wrapping_add(dt),
-                        raw_len: raw_len as u32,
+                        raw_len: raw_len32,
                     };
                     self.next_start = data_end;
                     self.send_time = header.send_time;

@@ -213,8 +213,10 @@ impl Link for LinkService {
             window_log,
             wal: walcodec::CodecParams {
                 pg_major,
-                block_cache_bytes: this.link.block_cache_bytes.min(hello.block_cache_bytes_max)
-                    as usize,
+                block_cache_bytes: usize::try_from(
+                    this.link.block_cache_bytes.min(hello.block_cache_bytes_max),
+                )
+                .map_err(|_| Status::invalid_argument("block_cache_bytes_max does not fit"))?,
                 zstd_level: this.link.zstd_level,
                 max_message_bytes: BATCH_MAX,
             },

@@ -81,13 +81,10 @@ impl Batch {
     }
 
     fn push_wal(&mut self, x: XLogData) -> Result<(), WireError> {
-        let data_end = x
-            .start
-            .checked_add(x.data.len() as u64)
-            .ok_or(WireError::Malformed {
-                tag: 'w',
-                what: "XLogData runs past the end of the WAL address space",
-            })?;
+        let data_end = x.data_end().ok_or(WireError::Malformed {
+            tag: 'w',
+            what: "XLogData runs past the end of the WAL address space",
+        })?;
         self.primary_end = Some(x.end);
         self.wal_end = Some(data_end);
         if let Some(Part::Wal { header, data }) = self.parts.last_mut() {
@@ -204,7 +201,8 @@ impl<R: AsyncRead + Unpin> PrimaryToLink<'_, R> {
             match part {
                 Part::Wal { header, data } => {
                     let header = WalHeader {
-                        raw_len: data.len() as u32,
+                        raw_len: u32::try_from(data.len())
+                            .map_err(|_| Status::internal("a WAL run longer than 4 GiB"))?,
                         ..*header
                     };
                     Metrics::add(&self.metrics.wal_bytes_in, data.len() as u64);

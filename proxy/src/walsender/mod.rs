@@ -308,7 +308,7 @@ async fn relay(
         let first = inbound.next().await.transpose()?;
         Ok::<_, tonic::Status>((inbound, first))
     };
-    let deadline = Duration::from_secs(ds.link_cfg.connect_timeout_secs + 30);
+    let deadline = Duration::from_secs(ds.link_cfg.connect_timeout_secs.saturating_add(30));
     let open = tokio::select! {
         r = tokio::time::timeout(deadline, open) => r,
         _ = ds.shutdown.cancelled() => return shutting_down(),
@@ -343,7 +343,12 @@ async fn relay(
         window_log: ds.link_cfg.zstd_window_log,
         wal: walcodec::CodecParams {
             pg_major: walrelay_wal::pg::PgMajor::from_wire(welcome.pg_major),
-            block_cache_bytes: welcome.block_cache_bytes as usize,
+            block_cache_bytes: match usize::try_from(welcome.block_cache_bytes) {
+                Ok(n) => n,
+                Err(_) => {
+                    return unreachable("the upstream's block_cache_bytes does not fit".into())
+                }
+            },
             zstd_level: ds.link_cfg.zstd_level,
             max_message_bytes: ds.limits.max_message_bytes,
         },
