@@ -46,6 +46,7 @@ pub mod monitor;
 pub mod pgclient;
 pub mod pgio;
 pub mod relay;
+pub mod spool;
 pub mod tls;
 pub mod upstream;
 pub mod walsender;

@@ -1,0 +1,425 @@
+//! The spool (downstream half): the verified, restored WAL of the primary in segment files,
+//! served to every standby at its own pace, including while the link is down. Blocking file
+//! I/O; the session layer calls it from a thread of its own.
+//!
+//! # On disk (`downstream.spool_dir`)
+//!
+//! ```text
+//! 000000010000000000000003            complete segments: the primary's pg_wal files, byte for byte
+//! 000000010000000000000004.partial    the segment being written: the primary's bytes up to `end`
+//! 00000002.history                    timeline history files, as the primary serves them
+//! spool.state                         what is durable (replaced atomically after every sync)
+//!
+//! spool.state = "walrelay-spool 1 system=<id> segsize=<bytes> tli=<n> end=<X/X> tail=<hex>\n"
+//! ```
+//!
+//! `end` is where the WAL of timeline `tli` is durable up to; `tail` is the xxh3-64 of the
+//! last (at most [`TAIL_CHECK`]) bytes before `end` in the partial segment (0 when `end` is at
+//! a segment start). Only WAL verified against the link's checksum is ever appended.
+//!
+//! A segment is fsynced before it is renamed from `.partial` to its name, and the directory
+//! after; `spool.state` is written to a temporary file, fsynced, renamed. So after a crash:
+//! complete segments are whole; the partial segment holds at least `end` unless something
+//! else damaged it. [`Spool::open`] checks: a partial segment shorter than `end` or whose tail
+//! does not match is discarded whole (it is fetched again from its start); bytes past `end`
+//! (written, never synced) are cut off. The spool never serves bytes past `end`... of what it
+//! has written in this run, and never anything of a discarded segment.
+//!
+//! A timeline switch (the primary was promoted elsewhere) writes the new timeline's history
+//! file; the new timeline's first segment starts with the old timeline's bytes up to the
+//! switchpoint (as on a promoted primary), so every file is what PostgreSQL's pg_wal holds
+//! and an operator can point a standby's `restore_command` at the spool.
+//!
+//! Retention: complete segments beyond `downstream.spool_bytes` go, oldest first; a standby
+//! that asks for them later gets PostgreSQL's "requested WAL segment … has already been
+//! removed".
+
+mod files;
+mod state;
+
+#[cfg(test)]
+mod tests;
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::segment::{history_file_name, WalSegSize};
+use walrelay_wal::timeline;
+
+pub use files::SegmentFile;
+pub use state::SpoolState;
+
+/// Bytes before `end` whose checksum `spool.state` keeps.
+pub const TAIL_CHECK: u64 = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("spool {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("spool {0}: {1}")]
+    Invalid(PathBuf, String),
+    #[error("the spool holds WAL of another cluster or segment size ({0}); point downstream.spool_dir at an empty directory")]
+    OtherCluster(String),
+    #[error("WAL at {got} does not continue the spool, which ends at {end} on timeline {tli}")]
+    Gap { got: Lsn, end: Lsn, tli: TimeLineId },
+    #[error("requested WAL segment {0} has already been removed")]
+    Removed(String),
+    #[error("requested starting point {want} is ahead of the WAL of this server ({end})")]
+    Ahead { want: Lsn, end: Lsn },
+    #[error("timeline {0} is not in the spool's history")]
+    UnknownTimeline(TimeLineId),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
+    move |source| SpoolError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Where the spool's WAL is and how far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub tli: TimeLineId,
+    /// Oldest WAL still held (start of the oldest segment of the current timeline's history).
+    pub start: Lsn,
+    /// End of the WAL written (readable by standbys).
+    pub end: Lsn,
+    /// End of the WAL fsynced (the upstream's slot may advance to here).
+    pub durable: Lsn,
+}
+
+/// The spool of one downstream.
+pub struct Spool {
+    dir: PathBuf,
+    seg: WalSegSize,
+    system_id: u64,
+    /// Most bytes of complete segments kept.
+    cap: u64,
+    ext: Extent,
+    /// The partial segment being written, if any.
+    current: Option<(u64, File)>,
+}
+
+impl Spool {
+    /// Opens (creating) the spool in `dir` for the cluster `system_id` with segments of `seg`,
+    /// recovering from a crash as described in the module docs.
+    pub fn open(
+        dir: &Path,
+        system_id: u64,
+        seg: WalSegSize,
+        cap: u64,
+    ) -> Result<Spool, SpoolError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let st = state::read(dir)?;
+        let mut spool = Spool {
+            dir: dir.to_path_buf(),
+            seg,
+            system_id,
+            cap,
+            ext: Extent {
+                tli: TimeLineId(1),
+                start: Lsn(0),
+                end: Lsn(0),
+                durable: Lsn(0),
+            },
+            current: None,
+        };
+        if let Some(st) = st {
+            if st.system_id != system_id || st.seg_size != seg.bytes() {
+                return Err(SpoolError::OtherCluster(format!(
+                    "system {} with {} byte segments, not system {system_id} with {}",
+                    st.system_id,
+                    st.seg_size,
+                    seg.bytes()
+                )));
+            }
+            spool.recover(&st)?;
+        }
+        Ok(spool)
+    }
+
+    pub fn extent(&self) -> Extent {
+        self.ext
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn segment_size(&self) -> WalSegSize {
+        self.seg
+    }
+
+    /// True until the first WAL is appended.
+    pub fn is_empty(&self) -> bool {
+        self.ext.end == Lsn(0)
+    }
+
+    fn recover(&mut self, st: &SpoolState) -> Result<(), SpoolError> {
+        let segno = self.seg.segment_of(st.end);
+        let seg_start = self.seg.segment_start(segno).unwrap_or(Lsn(0));
+        let mut end = st.end;
+        if end != seg_start {
+            let f = SegmentFile::partial(st.tli, segno);
+            let path = f.path(&self.dir, self.seg);
+            let need = end.0 - seg_start.0;
+            let whole = match std::fs::read(&path) {
+                Ok(bytes) if bytes.len() as u64 >= need => {
+                    let from = need.saturating_sub(TAIL_CHECK) as usize;
+                    xxhash_rust::xxh3::xxh3_64(&bytes[from..need as usize]) == st.tail
+                }
+                _ => false,
+            };
+            if !whole {
+                tracing::warn!(file = %path.display(), "the spool's partial segment is shorter than or differs from what was synced: discarding it, it is fetched again");
+                let _ = std::fs::remove_file(&path);
+                end = seg_start;
+            }
+        }
+        self.ext = Extent {
+            tli: st.tli,
+            start: files::oldest_start(&self.dir, self.seg, st.tli)?.unwrap_or(end),
+            end,
+            durable: end,
+        };
+        if end != seg_start {
+            let f = SegmentFile::partial(st.tli, segno);
+            let path = f.path(&self.dir, self.seg);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            file.set_len(end.0 - seg_start.0).map_err(io(&path))?;
+            file.seek(SeekFrom::End(0)).map_err(io(&path))?;
+            self.current = Some((segno, file));
+        }
+        self.write_state()
+    }
+
+    /// Appends verified WAL of timeline `tli` starting at `start` (= the spool's end, or a
+    /// segment start for an empty spool).
+    pub fn append(
+        &mut self,
+        tli: TimeLineId,
+        start: Lsn,
+        mut bytes: &[u8],
+    ) -> Result<(), SpoolError> {
+        if self.is_empty() {
+            if self.seg.offset_in_segment(start) != 0 {
+                return Err(SpoolError::Gap {
+                    got: start,
+                    end: self.ext.end,
+                    tli,
+                });
+            }
+            self.ext = Extent {
+                tli,
+                start,
+                end: start,
+                durable: Lsn(0),
+            };
+        }
+        if tli != self.ext.tli || start != self.ext.end {
+            return Err(SpoolError::Gap {
+                got: start,
+                end: self.ext.end,
+                tli: self.ext.tli,
+            });
+        }
+        while !bytes.is_empty() {
+            let segno = self.seg.segment_of(self.ext.end);
+            let room = self.seg.bytes() - self.seg.offset_in_segment(self.ext.end);
+            let n = room.min(bytes.len() as u64) as usize;
+            let file = self.open_current(segno)?;
+            file.write_all(&bytes[..n]).map_err(io(&self.dir))?;
+            bytes = &bytes[n..];
+            self.ext.end = Lsn(self.ext.end.0 + n as u64);
+            if self.seg.offset_in_segment(self.ext.end) == 0 {
+                self.complete(segno)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The partial segment `segno`, opened (created) for appending at the spool's end.
+    fn open_current(&mut self, segno: u64) -> Result<&mut File, SpoolError> {
+        if self.current.as_ref().map(|(s, _)| *s) != Some(segno) {
+            let f = SegmentFile::partial(self.ext.tli, segno);
+            let path = f.path(&self.dir, self.seg);
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            let at = self.seg.offset_in_segment(self.ext.end);
+            file.set_len(at).map_err(io(&path))?;
+            file.seek(SeekFrom::Start(at)).map_err(io(&path))?;
+            self.current = Some((segno, file));
+        }
+        match &mut self.current {
+            Some((_, f)) => Ok(f),
+            None => Err(SpoolError::Invalid(
+                self.dir.clone(),
+                "no current segment".into(),
+            )),
+        }
+    }
+
+    /// A segment is full: fsync it, give it its name, fsync the directory.
+    fn complete(&mut self, segno: u64) -> Result<(), SpoolError> {
+        if let Some((_, file)) = self.current.take() {
+            file.sync_all().map_err(io(&self.dir))?;
+        }
+        let from = SegmentFile::partial(self.ext.tli, segno).path(&self.dir, self.seg);
+        let to = SegmentFile::complete(self.ext.tli, segno).path(&self.dir, self.seg);
+        std::fs::rename(&from, &to).map_err(io(&from))?;
+        files::sync_dir(&self.dir)?;
+        self.ext.durable = self.ext.durable.max(self.ext.end);
+        self.write_state()?;
+        self.retain()
+    }
+
+    /// Makes everything written durable; returns the durable end.
+    pub fn sync(&mut self) -> Result<Lsn, SpoolError> {
+        if self.ext.durable == self.ext.end {
+            return Ok(self.ext.durable);
+        }
+        if let Some((_, file)) = &self.current {
+            file.sync_data().map_err(io(&self.dir))?;
+        }
+        self.ext.durable = self.ext.end;
+        self.write_state()?;
+        Ok(self.ext.durable)
+    }
+
+    fn write_state(&self) -> Result<(), SpoolError> {
+        let end = self.ext.durable.min(self.ext.end);
+        let tail = self.tail_checksum(end)?;
+        state::write(
+            &self.dir,
+            &SpoolState {
+                system_id: self.system_id,
+                seg_size: self.seg.bytes(),
+                tli: self.ext.tli,
+                end,
+                tail,
+            },
+        )
+    }
+
+    fn tail_checksum(&self, end: Lsn) -> Result<u64, SpoolError> {
+        let off = self.seg.offset_in_segment(end);
+        if off == 0 {
+            return Ok(0);
+        }
+        let f = SegmentFile::partial(self.ext.tli, self.seg.segment_of(end));
+        let path = f.path(&self.dir, self.seg);
+        let from = off.saturating_sub(TAIL_CHECK);
+        let mut buf = vec![0u8; (off - from) as usize];
+        let mut file = File::open(&path).map_err(io(&path))?;
+        file.seek(SeekFrom::Start(from)).map_err(io(&path))?;
+        file.read_exact(&mut buf).map_err(io(&path))?;
+        Ok(xxhash_rust::xxh3::xxh3_64(&buf))
+    }
+
+    /// Removes the oldest complete segments while the spool holds more than its cap.
+    fn retain(&mut self) -> Result<(), SpoolError> {
+        let mut segs = files::complete_segments(&self.dir, self.seg)?;
+        let mut total: u64 = segs.len() as u64 * self.seg.bytes();
+        segs.sort_by_key(|(f, _)| (f.segno, f.tli));
+        for (f, path) in segs {
+            if total <= self.cap {
+                break;
+            }
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            total -= self.seg.bytes();
+            tracing::info!(segment = %f.name(self.seg), "spool full (downstream.spool_bytes): removed the oldest segment");
+        }
+        self.ext.start =
+            files::oldest_start(&self.dir, self.seg, self.ext.tli)?.unwrap_or(self.ext.end);
+        Ok(())
+    }
+
+    /// Switches to timeline `tli`, whose history file is `history` (the primary's bytes) and
+    /// which begins at its switchpoint from the spool's timeline: the history file is written,
+    /// the new timeline's first segment starts with the old timeline's bytes up to the
+    /// switchpoint. The spool's end moves to the switchpoint (WAL the old timeline had past
+    /// it stays in the old timeline's files, as on any standby that was ahead).
+    pub fn switch_timeline(&mut self, tli: TimeLineId, history: &[u8]) -> Result<(), SpoolError> {
+        let text = String::from_utf8_lossy(history);
+        let entries = timeline::parse(&text).map_err(|e| {
+            SpoolError::Invalid(self.dir.join(history_file_name(tli)), e.to_string())
+        })?;
+        let at = timeline::switchpoint(&entries, self.ext.tli)
+            .ok_or(SpoolError::UnknownTimeline(self.ext.tli))?;
+        if at > self.ext.end {
+            return Err(SpoolError::Gap {
+                got: at,
+                end: self.ext.end,
+                tli: self.ext.tli,
+            });
+        }
+        files::write_atomically(&self.dir, &history_file_name(tli), history)?;
+        self.sync()?;
+        let segno = self.seg.segment_of(at);
+        let off = self.seg.offset_in_segment(at);
+        // The old timeline's segment holding the switchpoint keeps its name (complete, or
+        // .partial for ever: it may hold bytes past the switchpoint no standby should replay).
+        self.current = None;
+        if off != 0 {
+            let mut prefix = vec![0u8; off as usize];
+            let old = files::find(&self.dir, self.seg, self.ext.tli, segno).ok_or_else(|| {
+                SpoolError::Removed(SegmentFile::complete(self.ext.tli, segno).name(self.seg))
+            })?;
+            let mut f = File::open(&old).map_err(io(&old))?;
+            f.read_exact(&mut prefix).map_err(io(&old))?;
+            let new = SegmentFile::partial(tli, segno).path(&self.dir, self.seg);
+            let mut nf = File::create(&new).map_err(io(&new))?;
+            nf.write_all(&prefix).map_err(io(&new))?;
+            nf.sync_all().map_err(io(&new))?;
+            self.current = Some((segno, nf));
+        }
+        self.ext.tli = tli;
+        self.ext.end = at;
+        self.ext.durable = at;
+        files::sync_dir(&self.dir)?;
+        self.write_state()
+    }
+
+    /// The history file of timeline `tli`, if the spool has it.
+    pub fn history(&self, tli: TimeLineId) -> Option<Vec<u8>> {
+        std::fs::read(self.dir.join(history_file_name(tli))).ok()
+    }
+
+    /// Up to `max` bytes of timeline `tli` from `at`, no further than `limit` (the spool's end
+    /// for the current timeline, the switchpoint for an older one).
+    pub fn read(
+        &self,
+        tli: TimeLineId,
+        at: Lsn,
+        limit: Lsn,
+        max: usize,
+    ) -> Result<Vec<u8>, SpoolError> {
+        if at >= limit {
+            return Ok(Vec::new());
+        }
+        let segno = self.seg.segment_of(at);
+        let path = files::find(&self.dir, self.seg, tli, segno)
+            .ok_or_else(|| SpoolError::Removed(SegmentFile::complete(tli, segno).name(self.seg)))?;
+        let off = self.seg.offset_in_segment(at);
+        let seg_end = self.seg.segment_start(segno + 1).unwrap_or(Lsn(u64::MAX));
+        let n = (limit.min(seg_end).0 - at.0).min(max as u64) as usize;
+        let mut f = File::open(&path).map_err(io(&path))?;
+        f.seek(SeekFrom::Start(off)).map_err(io(&path))?;
+        let mut buf = vec![0u8; n];
+        f.read_exact(&mut buf).map_err(io(&path))?;
+        Ok(buf)
+    }
+}

@@ -1,0 +1,219 @@
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn seg() -> WalSegSize {
+    WalSegSize::new(MIB).unwrap()
+}
+
+/// Deterministic "WAL": byte i of the address space is a function of i.
+fn wal(from: u64, n: usize) -> Vec<u8> {
+    (from..from + n as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+const T1: TimeLineId = TimeLineId(1);
+
+#[test]
+fn appends_across_segments_and_reads_back() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    assert!(s.is_empty());
+    let start = 3 * MIB;
+    // Any chunking: odd sizes crossing two segment boundaries.
+    let mut at = start;
+    for n in [1usize, 70_000, 1_000_000, 1_500_000, 3] {
+        s.append(T1, Lsn(at), &wal(at, n)).unwrap();
+        at += n as u64;
+    }
+    let e = s.extent();
+    assert_eq!((e.start, e.end), (Lsn(start), Lsn(at)));
+    assert_eq!(
+        names(d.path()),
+        [
+            "000000010000000000000003",
+            "000000010000000000000004",
+            "000000010000000000000005.partial",
+            "spool.state"
+        ]
+    );
+    // Complete segments are the primary's bytes.
+    assert_eq!(
+        std::fs::read(d.path().join("000000010000000000000004")).unwrap(),
+        wal(4 * MIB, MIB as usize)
+    );
+    let mut got = Vec::new();
+    let mut pos = start;
+    while pos < at {
+        let b = s.read(T1, Lsn(pos), Lsn(at), 300_000).unwrap();
+        assert!(!b.is_empty() && b.len() <= 300_000);
+        pos += b.len() as u64;
+        got.extend(b);
+    }
+    assert_eq!(got, wal(start, (at - start) as usize));
+    assert!(s.read(T1, Lsn(at), Lsn(at), 10).unwrap().is_empty());
+    assert!(
+        matches!(s.read(T1, Lsn(MIB), Lsn(at), 10), Err(SpoolError::Removed(n)) if n == "000000010000000000000001")
+    );
+}
+
+#[test]
+fn reopens_where_it_was_synced() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    s.append(T1, Lsn(0), &wal(0, 1_200_000)).unwrap();
+    assert_eq!(s.sync().unwrap(), Lsn(1_200_000));
+    // Written but never synced: gone after a crash (the state says 1_200_000).
+    s.append(T1, Lsn(1_200_000), &wal(1_200_000, 5000)).unwrap();
+    drop(s);
+    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    assert_eq!(s.extent().end, Lsn(1_200_000));
+    assert_eq!(
+        std::fs::metadata(d.path().join("000000010000000000000001.partial"))
+            .unwrap()
+            .len(),
+        1_200_000 - MIB
+    );
+    s.append(T1, Lsn(1_200_000), &wal(1_200_000, 900_000))
+        .unwrap();
+    s.sync().unwrap();
+    let b = s
+        .read(T1, Lsn(MIB), Lsn(2_100_000), 2 * MIB as usize)
+        .unwrap();
+    assert_eq!(b, wal(MIB, MIB as usize));
+    // Another cluster's spool is refused.
+    drop(s);
+    assert!(matches!(
+        Spool::open(d.path(), 43, seg(), 100 * MIB),
+        Err(SpoolError::OtherCluster(_))
+    ));
+}
+
+#[test]
+fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
+    for damage in ["truncate", "flip"] {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+        s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
+        s.sync().unwrap();
+        drop(s);
+        let p = d.path().join("000000010000000000000001.partial");
+        let mut b = std::fs::read(&p).unwrap();
+        match damage {
+            "truncate" => b.truncate(b.len() - 100),
+            _ => *b.last_mut().unwrap() ^= 1,
+        }
+        std::fs::write(&p, &b).unwrap();
+        let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+        assert_eq!(
+            s.extent().end,
+            Lsn(MIB),
+            "{damage}: back to the segment start"
+        );
+        assert!(!p.exists(), "{damage}");
+        assert!(s.read(T1, Lsn(MIB), s.extent().end, 10).unwrap().is_empty());
+        s.append(T1, Lsn(MIB), &wal(MIB, 600_000)).unwrap();
+        assert_eq!(
+            s.read(T1, Lsn(MIB), Lsn(MIB + 600_000), MIB as usize)
+                .unwrap(),
+            wal(MIB, 600_000)
+        );
+    }
+}
+
+#[test]
+fn gaps_and_unaligned_starts_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    assert!(matches!(
+        s.append(T1, Lsn(100), b"x"),
+        Err(SpoolError::Gap { .. })
+    ));
+    s.append(T1, Lsn(0), b"abc").unwrap();
+    assert!(matches!(
+        s.append(T1, Lsn(4), b"x"),
+        Err(SpoolError::Gap { .. })
+    ));
+    assert!(matches!(
+        s.append(TimeLineId(2), Lsn(3), b"x"),
+        Err(SpoolError::Gap { .. })
+    ));
+}
+
+#[test]
+fn the_oldest_segments_go_when_the_spool_is_full() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Spool::open(d.path(), 42, seg(), 2 * MIB).unwrap();
+    s.append(T1, Lsn(0), &wal(0, (5 * MIB + 10) as usize))
+        .unwrap();
+    assert_eq!(
+        names(d.path()),
+        [
+            "000000010000000000000003",
+            "000000010000000000000004",
+            "000000010000000000000005.partial",
+            "spool.state"
+        ]
+    );
+    assert_eq!(s.extent().start, Lsn(3 * MIB));
+    let e = s.read(T1, Lsn(10), Lsn(5 * MIB), 10).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "requested WAL segment 000000010000000000000000 has already been removed"
+    );
+}
+
+#[test]
+fn a_timeline_switch_starts_the_new_timeline_with_the_old_bytes() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    // The old timeline ran past the switchpoint (1 MiB + 1000) before the promotion elsewhere.
+    s.append(T1, Lsn(0), &wal(0, (MIB + 5000) as usize))
+        .unwrap();
+    let sp = MIB + 1000;
+    let history = format!("1\t0/{sp:X}\tno recovery target specified\n");
+    assert!(matches!(
+        s.switch_timeline(TimeLineId(2), b"1\t0/9000000\tx\n"),
+        Err(SpoolError::Gap { .. })
+    ));
+    s.switch_timeline(TimeLineId(2), history.as_bytes())
+        .unwrap();
+    assert_eq!(s.extent().tli, TimeLineId(2));
+    assert_eq!(s.extent().end, Lsn(sp));
+    assert_eq!(s.history(TimeLineId(2)).unwrap(), history.as_bytes());
+    let new_wal: Vec<u8> = wal(sp, 4000).iter().map(|b| b ^ 0x55).collect();
+    s.append(TimeLineId(2), Lsn(sp), &new_wal).unwrap();
+    let f2 = std::fs::read(d.path().join("000000020000000000000001.partial")).unwrap();
+    assert_eq!(&f2[..1000], &wal(MIB, 1000)[..]);
+    assert_eq!(&f2[1000..], &new_wal[..]);
+    // The old timeline's file keeps what it had, past the switchpoint too.
+    let f1 = std::fs::read(d.path().join("000000010000000000000001.partial")).unwrap();
+    assert_eq!(f1, wal(MIB, 5000));
+    // Reads follow the timeline asked for, up to the limit given.
+    assert_eq!(
+        s.read(T1, Lsn(MIB), Lsn(sp), 10_000).unwrap(),
+        wal(MIB, 1000)
+    );
+    assert_eq!(
+        s.read(TimeLineId(2), Lsn(sp), Lsn(sp + 4000), 10_000)
+            .unwrap(),
+        new_wal
+    );
+    s.sync().unwrap();
+    drop(s);
+    let s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    assert_eq!(
+        (s.extent().tli, s.extent().end),
+        (TimeLineId(2), Lsn(sp + 4000))
+    );
+}
