@@ -6,7 +6,7 @@ mod common;
 
 use common::certs::Ca;
 use common::*;
-use walrelay_harness::cluster::{free_port, Cluster, PrimaryOpts, TempRoot};
+use walrelay_harness::cluster::{free_port, wait_until, Cluster, PrimaryOpts, TempRoot};
 
 async fn primary(root: &TempRoot, extra: Vec<(String, String)>) -> Cluster {
     let opts = PrimaryOpts {
@@ -86,10 +86,17 @@ fn upstream_only(p: &Cluster, up: u16, primary_conninfo_extra: &str, link: &str)
     )
 }
 
-fn downstream_only(down: u16, up: u16, link: &str, downstream_extra: &str) -> String {
+fn downstream_only(
+    dir: &std::path::Path,
+    down: u16,
+    up: u16,
+    link: &str,
+    downstream_extra: &str,
+) -> String {
     format!(
-        "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\n{downstream_extra}\n\n[link]\n{link}\nconnect_timeout_secs = 3\n",
-        walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)
+        "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{downstream_extra}\n\n[link]\n{link}\nconnect_timeout_secs = 3\n",
+        walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+        dir.join(format!("spool-{down}")).display()
     )
 }
 
@@ -131,7 +138,7 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
         let relay = Relay::start(
             dir,
             &format!("downstream-{name}"),
-            &downstream_only(down, up, &tls_link(&ca_pem, client), ""),
+            &downstream_only(dir, down, up, &tls_link(&ca_pem, client), ""),
             Some(down),
             None,
         );
@@ -173,7 +180,7 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
             },
         )),
     };
-    let r = client.session(tokio_stream::iter(vec![hello])).await;
+    let r = client.stream(tokio_stream::iter(vec![hello])).await;
     assert!(
         r.is_err(),
         "the upstream accepted a link session from a peer without a client certificate"
@@ -243,16 +250,23 @@ async fn tls_toward_standbys_and_toward_the_primary() {
         "the downstream did not log a TLS session"
     );
 
-    // The upstream reached the primary over verified TLS.
-    let log = std::fs::read_to_string(p.log_path()).unwrap();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("replication connection authorized")
-                && l.contains("application_name=tls_probe")
-                && l.contains("SSL enabled")),
-        "the primary did not log a TLS replication connection for tls_probe:\n{}",
-        p.log_tail(20)
-    );
+    // The upstream reached the primary over verified TLS, as the standby (its own connection
+    // opens when the standby connects to the downstream).
+    let pr = &p;
+    wait_until(
+        "a TLS replication connection for tls_probe on the primary",
+        TIMEOUT,
+        || async move {
+            let log = std::fs::read_to_string(pr.log_path()).unwrap_or_default();
+            Ok(log.lines().any(|l| {
+                l.contains("replication connection authorized")
+                    && l.contains("application_name=tls_probe")
+                    && l.contains("SSL enabled")
+            }))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}\n{}", p.log_tail(20), relay.log_text()));
 }
 
 fn postgres_uid() -> u32 {

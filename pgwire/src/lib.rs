@@ -7,6 +7,7 @@
 //! - this module: message framing (startup packets, tagged messages), frontend messages,
 //!   encoders of backend messages ([`encode`]), replication stream messages ([`repl`]);
 //! - [`replcmd`]: the replication commands a standby may send, parsed, validated, re-rendered;
+//! - [`results`]: result sets a walsender sends (IDENTIFY_SYSTEM, TIMELINE_HISTORY, ...);
 //! - [`scram`]: the server side of SCRAM-SHA-256;
 //! - [`syncrep`]: which standbys `synchronous_standby_names` lets a commit wait for.
 //!
@@ -29,6 +30,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod replcmd;
+pub mod results;
 pub mod scram;
 pub mod syncrep;
 
@@ -653,6 +655,17 @@ pub mod repl {
 
     /// Length of a primary keepalive ('k'): walEnd, sendTime, replyRequested.
     pub const KEEPALIVE_LEN: usize = 1 + 8 + 8 + 1;
+
+    /// Microseconds since 2000-01-01 (PostgreSQL's epoch), now: the send time of replication
+    /// messages.
+    pub fn pg_now() -> i64 {
+        const PG_EPOCH_UNIX_SECS: u64 = 946_684_800;
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let us = unix.as_micros() as i64;
+        us - (PG_EPOCH_UNIX_SECS as i64) * 1_000_000
+    }
 
     /// Whether a primary keepalive CopyData payload ('k') asks the standby to reply at once.
     pub fn keepalive_wants_reply(payload: &[u8]) -> bool {

@@ -12,8 +12,8 @@ pub mod frame;
 
 #[allow(clippy::all)]
 pub mod link {
-    tonic::include_proto!("walrelay.link.v1");
+    tonic::include_proto!("walrelay.link.v4");
 }
 
 /// Version of the link protocol spoken by this build; both halves must agree.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;

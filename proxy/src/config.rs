@@ -96,7 +96,9 @@ section! {
         live primary: Secret,
         /// Password for the primary, overriding any in `primary`.
         live primary_password: Option<Secret>,
-        /// Physical slot used for standbys that name none; created on the primary if missing.
+        /// The physical slot on the primary that holds WAL until a downstream's spool has it
+        /// (default "walrelay"; a downstream with `downstream.name` N uses "<slot>_N");
+        /// created if missing.
         live slot: Option<String>,
         /// Where downstream halves connect (the link).
         restart listen: String,
@@ -119,8 +121,25 @@ section! {
         live users: BTreeMap<String, Secret>,
         restart tls_cert: Option<PathBuf>,
         restart tls_key: Option<PathBuf>,
+        /// Directory of the spool: the primary's WAL as segment files, served to every
+        /// standby (also while the link is down) and usable by a `restore_command`.
+        restart spool_dir: Option<PathBuf>,
+        /// Most bytes of complete segments the spool keeps (the oldest go first).
+        #[serde(default = "default_spool_bytes")]
+        restart spool_bytes: u64,
+        /// This downstream's name when several downstreams serve the same primary (each has
+        /// its own spool and its own slot on the primary, "<upstream.slot>_<name>").
+        #[serde(default)]
+        restart name: String,
     }
 }
+
+fn default_spool_bytes() -> u64 {
+    8 << 30
+}
+
+/// The slot name when `upstream.slot` is not set.
+pub const DEFAULT_SLOT: &str = "walrelay";
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
 pub enum AuthMethod {
@@ -317,6 +336,9 @@ pub struct ResolvedDownstream {
     pub auth: AuthMethod,
     pub users: BTreeMap<String, ScramVerifier>,
     pub tls: Option<(PathBuf, PathBuf)>,
+    pub spool_dir: PathBuf,
+    pub spool_bytes: u64,
+    pub name: String,
 }
 
 impl Config {

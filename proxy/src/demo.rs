@@ -198,6 +198,9 @@ fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolv
             auth: AuthMethod::ScramSha256,
             users: BTreeMap::from([("replicator".to_string(), verifier)]),
             tls: None,
+            spool_dir: primary.dir().with_file_name("spool"),
+            spool_bytes: 8 << 30,
+            name: String::new(),
         }),
         link: LinkConfig {
             plaintext: true,

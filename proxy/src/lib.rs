@@ -47,6 +47,7 @@ pub mod pgclient;
 pub mod pgio;
 pub mod relay;
 pub mod spool;
+pub mod spooler;
 pub mod tls;
 pub mod upstream;
 pub mod walsender;

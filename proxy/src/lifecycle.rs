@@ -247,7 +247,7 @@ mod tests {
     fn both(users: &str, extra: &str) -> Resolved {
         resolve(&format!(
             "[upstream]\nprimary = \"host=h user=u\"\nlisten = \"127.0.0.1:7433\"\n\
-             [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h:7433\"\nusers = {{ {users} }}\n\
+             [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h:7433\"\nspool_dir = \"/tmp/s\"\nusers = {{ {users} }}\n\
              [link]\nplaintext = true\n{extra}"
         ))
     }
@@ -260,7 +260,7 @@ mod tests {
         let new = resolve(
             &format!(
                 "[upstream]\nprimary = \"host=h user=u\"\nlisten = \"127.0.0.1:7434\"\n\
-                 [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h2:7433\"\nusers = {{ r = \"{v}\" }}\n\
+                 [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h2:7433\"\nspool_dir = \"/tmp/s\"\nusers = {{ r = \"{v}\" }}\n\
                  [link]\nplaintext = true\ncodec = \"zstd\"\n[limits]\nmax_message_bytes = 300000\nmax_sessions = 3\n\
                  [log]\nformat = \"json\"\nlevel = \"debug\"\n"
             ),
@@ -304,6 +304,9 @@ mod tests {
             ("downstream.users", users("a"), users("b")),
             ("downstream.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
             ("downstream.tls_key", f("Cargo.toml"), f("src/lib.rs")),
+            ("downstream.spool_dir", q("/tmp/spool-a"), q("/tmp/spool-b")),
+            ("downstream.spool_bytes", s("1000000000"), s("2000000000")),
+            ("downstream.name", q("a"), q("b")),
             ("link.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
             ("link.tls_key", f("Cargo.toml"), f("src/lib.rs")),
             ("link.tls_ca", f("Cargo.toml"), f("src/lib.rs")),
@@ -415,7 +418,7 @@ mod tests {
         );
         let new = resolve(&format!(
             "[upstream]\nprimary = \"host=h user=u password=p2\"\nlisten = \"127.0.0.1:7433\"\nslot = \"s\"\n\
-             [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h:7433\"\nusers = {{ r = \"{}\", s = \"{}\" }}\n\
+             [downstream]\nlisten = \"127.0.0.1:5433\"\nupstream = \"h:7433\"\nspool_dir = \"/tmp/s\"\nusers = {{ r = \"{}\", s = \"{}\" }}\n\
              [link]\nplaintext = true\n",
             walrelay_pgwire::scram::new_verifier("b"),
             walrelay_pgwire::scram::new_verifier("c")

@@ -219,6 +219,7 @@ listen = "127.0.0.1:{down_port}"
 upstream = "127.0.0.1:{link_target}"
 auth = "scram-sha-256"
 users = {{ {STANDBY_USER} = "{verifier}" }}
+spool_dir = "{spool}"
 
 [link]
 plaintext = true
@@ -231,6 +232,10 @@ drain_timeout_secs = 3
 "#,
         pport = primary.port(),
         verifier = walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+        spool = primary
+            .dir()
+            .with_file_name(format!("spool-{down_port}"))
+            .display(),
     )
 }
 

@@ -20,91 +20,121 @@ fn hsfeed(t: u64, x: [u32; 4]) -> Vec<u8> {
 }
 
 /// Builds a down frame whose WAL "payload" is the raw bytes (the `none` codec).
-fn down_frame(st: &mut DownState, items: &[(WalHeader, Vec<u8>)], backend: &[u8]) -> Vec<u8> {
+fn down_frame(st: &mut DownState, items: &[Down<'_>]) -> Vec<u8> {
     let (mut out, mut d) = (Vec::new(), Digest::default());
-    for (h, raw) in items {
-        st.put_wal(&mut out, h, raw);
-        d.wal(h, raw);
-    }
-    if !backend.is_empty() {
-        put_backend(&mut out, backend);
-        d.backend(backend);
+    for it in items {
+        st.put(&mut out, it);
+        let raw = match it {
+            Down::Wal { payload, .. } => payload,
+            _ => &[][..],
+        };
+        it.digest(&mut d, raw);
     }
     finish(&mut out, &d);
     out
 }
 
-/// Parses and restores a down frame; Err if it does not parse or verify.
-fn restore_down(st: &mut DownState, frame: &[u8]) -> Result<Vec<DownItem<'static>>, String> {
+/// Parses and verifies a down frame (WAL payloads are the raw bytes); owned copies.
+fn restore_down(st: &mut DownState, frame: &[u8]) -> Result<Vec<String>, String> {
     let (items, sum) = st
         .parse(frame, 1 << 20, 1 << 20)
         .map_err(|e| e.to_string())?;
     let mut d = Digest::default();
-    let mut owned = Vec::new();
-    for it in items {
-        match it {
-            DownItem::Wal { header, payload } => {
-                if payload.len() != header.raw_len as usize {
-                    return Err("length".into());
-                }
-                d.wal(&header, payload);
-                owned.push(DownItem::Wal {
-                    header,
-                    payload: Box::leak(payload.to_vec().into_boxed_slice()),
-                });
-            }
-            DownItem::Backend(b) => {
-                d.backend(b);
-                owned.push(DownItem::Backend(Box::leak(b.to_vec().into_boxed_slice())));
+    for it in &items {
+        if let Down::Wal { header, payload } = it {
+            if payload.len() != header.raw_len as usize {
+                return Err("length".into());
             }
         }
+        let raw = match it {
+            Down::Wal { payload, .. } => payload,
+            _ => &[][..],
+        };
+        it.digest(&mut d, raw);
     }
     if d.finish() != sum {
         return Err("checksum".into());
     }
-    Ok(owned)
+    Ok(items.iter().map(|i| format!("{i:?}")).collect())
+}
+
+fn up_frame(st: &mut UpState, items: &[Up<'_>]) -> Vec<u8> {
+    let (mut out, mut d) = (Vec::new(), Digest::default());
+    for it in items {
+        st.put(&mut out, it);
+        it.digest(&mut d);
+    }
+    finish(&mut out, &d);
+    out
+}
+
+fn restore_up(st: &mut UpState, frame: &[u8]) -> Result<Vec<String>, String> {
+    let (items, sum) = st.parse(frame, 1000).map_err(|e| e.to_string())?;
+    let mut d = Digest::default();
+    for it in &items {
+        it.digest(&mut d);
+    }
+    if d.finish() != sum {
+        return Err("checksum".into());
+    }
+    Ok(items.iter().map(|i| format!("{i:?}")).collect())
+}
+
+fn wal_item(start: u64, end: u64, send_time: i64, raw: &[u8]) -> Down<'_> {
+    Down::Wal {
+        header: WalHeader {
+            start,
+            end,
+            send_time,
+            raw_len: raw.len() as u32,
+        },
+        payload: raw,
+    }
 }
 
 #[test]
 fn contiguous_wal_costs_a_few_bytes_of_header() {
     let mut st = DownState::default();
-    let h1 = WalHeader {
-        start: 0x3000000,
-        end: 0x3000100,
-        send_time: 800_000_000_000_000,
-        raw_len: 0x100,
-    };
-    let h2 = WalHeader {
-        start: 0x3000100,
-        end: 0x3000200,
-        send_time: 800_000_000_010_000,
-        raw_len: 0x100,
-    };
     let raw = vec![7u8; 0x100];
-    let f1 = down_frame(&mut st, &[(h1, raw.clone())], b"");
-    let f2 = down_frame(&mut st, &[(h2, raw.clone())], b"");
+    let f1 = down_frame(
+        &mut st,
+        &[wal_item(0x3000000, 0x3000100, 800_000_000_000_000, &raw)],
+    );
+    let f2 = down_frame(
+        &mut st,
+        &[wal_item(0x3000100, 0x3000200, 800_000_000_010_000, &raw)],
+    );
     // item byte, start 0, end 0, time +10 ms (3 bytes), raw_len (2), payload_len (2), checksum 8.
     assert_eq!(f2.len() - raw.len(), 1 + 1 + 1 + 3 + 2 + 2 + 8);
-    assert!(f1.len() > f2.len());
     let mut rx = DownState::default();
-    for (f, h) in [(f1, h1), (f2, h2)] {
-        match restore_down(&mut rx, &f).unwrap().as_slice() {
-            [DownItem::Wal { header, .. }] => assert_eq!(*header, h),
-            other => panic!("{other:?}"),
-        }
-    }
+    assert!(restore_down(&mut rx, &f1).unwrap()[0].contains("start: 50331648"));
+    assert!(restore_down(&mut rx, &f2).unwrap()[0].contains("start: 50331904, end: 50332160"));
 }
 
 #[test]
 fn every_flipped_bit_is_caught() {
-    let mut st = DownState::default();
-    let h = WalHeader {
-        start: 0x3000000,
-        end: 0x3000100,
-        send_time: 5,
-        raw_len: 40,
-    };
-    let frame = down_frame(&mut st, &[(h, (0..40).collect())], b"d\0\0\0\x05k");
+    let raw: Vec<u8> = (0..40).collect();
+    let items = [
+        wal_item(0x3000000, 0x3000100, 5, &raw),
+        Down::Backend {
+            chan: 3,
+            bytes: b"d\0\0\0\x05k",
+        },
+        Down::Keepalive {
+            end: 0x3000200,
+            send_time: 9,
+        },
+        Down::Timeline {
+            tli: 2,
+            history: b"1\t0/3000000\tx\n",
+        },
+        Down::Started {
+            chan: 3,
+            synchronous: true,
+        },
+    ];
+    let frame = down_frame(&mut DownState::default(), &items);
+    assert!(restore_down(&mut DownState::default(), &frame).is_ok());
     for bit in 0..frame.len() * 8 {
         let mut bad = frame.clone();
         bad[bit / 8] ^= 1 << (bit % 8);
@@ -113,11 +143,26 @@ fn every_flipped_bit_is_caught() {
             "bit {bit}"
         );
     }
-    assert!(restore_down(&mut DownState::default(), &frame).is_ok());
+    let fb = Feedback::new(&status(1, 2, 3, 4, 0)).unwrap();
+    let up = up_frame(
+        &mut UpState::default(),
+        &[
+            Up::Feedback { chan: 1, msg: fb },
+            Up::Durable { tli: 1, end: 77 },
+        ],
+    );
+    for bit in 0..up.len() * 8 {
+        let mut bad = up.clone();
+        bad[bit / 8] ^= 1 << (bit % 8);
+        assert!(
+            restore_up(&mut UpState::default(), &bad).is_err(),
+            "up bit {bit}"
+        );
+    }
 }
 
 #[test]
-fn lengths_are_capped_before_use() {
+fn lengths_and_channels_are_capped_before_use() {
     let mut out = vec![ITEM_WAL, 0, 0, 0];
     put_varint(&mut out, 1 << 40);
     put_varint(&mut out, 0);
@@ -126,76 +171,89 @@ fn lengths_are_capped_before_use() {
         DownState::default().parse(&out, 1 << 20, 1 << 20),
         Err(FrameError::TooLong { .. })
     ));
-    let mut out = vec![ITEM_BACKEND];
+    let mut out = vec![ITEM_BACKEND, 0];
     put_varint(&mut out, u64::MAX);
     out.extend_from_slice(&[0; 8]);
     assert!(matches!(
         DownState::default().parse(&out, 1 << 20, 1 << 20),
         Err(FrameError::TooLong { .. })
     ));
+    let mut out = vec![ITEM_CLOSE];
+    put_varint(&mut out, u64::from(MAX_CHANNELS));
+    out.extend_from_slice(&[0; 8]);
+    assert!(matches!(
+        UpState::default().parse(&out, 10),
+        Err(FrameError::Channel(_))
+    ));
     assert_eq!(
         DownState::default().parse(&[0; 8], 1, 1),
         Err(FrameError::Empty)
     );
     assert!(DownState::default().parse(&[0x7f; 20], 1, 1).is_err());
+    // A downstream item in an upstream frame and the other way round.
     assert!(UpState::default()
         .parse(&[ITEM_WAL, 0, 0, 0, 0, 0, 0, 0, 0, 0], 10)
+        .is_err());
+    assert!(DownState::default()
+        .parse(&[ITEM_DURABLE, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0], 10, 10)
         .is_err());
 }
 
 #[test]
-fn status_updates_are_small_and_exact() {
+fn status_updates_are_small_and_exact_per_channel() {
     let (mut tx, mut rx) = (UpState::default(), UpState::default());
     let msgs = [
-        status(0x3000000, 0x3000000, 0x2000000, 800_000_000_000_000, 0),
-        status(0x3000400, 0x3000400, 0x3000000, 800_000_000_001_000, 0),
-        status(0x3000400, 0x3000400, 0x3000400, 800_000_000_002_000, 1),
+        (
+            1,
+            status(0x3000000, 0x3000000, 0x2000000, 800_000_000_000_000, 0),
+        ),
+        (
+            2,
+            status(0x5000000, 0x5000000, 0x5000000, 800_000_000_000_500, 0),
+        ),
+        (
+            1,
+            status(0x3000400, 0x3000400, 0x3000000, 800_000_000_001_000, 0),
+        ),
+        (
+            2,
+            status(0x5000400, 0x5000400, 0x5000400, 800_000_000_001_500, 1),
+        ),
         // Positions going back (a new START_REPLICATION), odd reply byte.
-        status(5, u64::MAX, 7, 0, 0xff),
-        hsfeed(800_000_000_003_000, [1, 2, u32::MAX, 0]),
+        (1, status(5, u64::MAX, 7, 0, 0xff)),
+        (1, hsfeed(800_000_000_003_000, [1, 2, u32::MAX, 0])),
     ];
     let mut sizes = Vec::new();
-    for m in &msgs {
-        let (mut out, mut d) = (Vec::new(), Digest::default());
-        tx.put_feedback(&mut out, m).unwrap();
-        d.up(&UpItem::Feedback(pad(m), m.len()));
-        finish(&mut out, &d);
-        sizes.push(out.len() - 8);
-        let (items, sum) = rx.parse(&out, 10).unwrap();
-        assert_eq!(items.len(), 1);
-        assert_eq!(items[0].feedback().unwrap(), &m[..]);
-        let mut check = Digest::default();
-        check.up(&items[0]);
-        assert_eq!(check.finish(), sum);
+    for (chan, m) in &msgs {
+        let item = Up::Feedback {
+            chan: *chan,
+            msg: Feedback::new(m).unwrap(),
+        };
+        let frame = up_frame(&mut tx, std::slice::from_ref(&item));
+        sizes.push(frame.len() - 8);
+        let (items, _) = rx.parse(&frame, 10).unwrap();
+        assert_eq!(items, vec![item]);
     }
-    // The second and third status updates: a handful of bytes instead of 34.
-    assert!(sizes[1] <= 10 && sizes[2] <= 10, "{sizes:?}");
-}
-
-fn pad(m: &[u8]) -> [u8; STATUS_LEN] {
-    let mut b = [0u8; STATUS_LEN];
-    b[..m.len()].copy_from_slice(m);
-    b
+    // Each channel's second update: a handful of bytes instead of 34.
+    assert!(sizes[2] <= 10 && sizes[3] <= 10, "{sizes:?}");
+    // CLOSE forgets the channel on both ends: the next update is against zero again.
+    let close = up_frame(&mut tx, &[Up::Close { chan: 2 }]);
+    rx.parse(&close, 10).unwrap();
+    let again = Up::Feedback {
+        chan: 2,
+        msg: Feedback::new(&msgs[3].1).unwrap(),
+    };
+    let f = up_frame(&mut tx, std::slice::from_ref(&again));
+    assert_eq!(rx.parse(&f, 10).unwrap().0, vec![again]);
 }
 
 #[test]
 fn malformed_feedback_is_refused() {
-    let mut st = UpState::default();
-    let mut out = Vec::new();
-    assert_eq!(
-        st.put_feedback(&mut out, b"r123"),
-        Err(FrameError::BadFeedback('r'))
-    );
-    assert_eq!(
-        st.put_feedback(&mut out, &[b'h'; 3]),
-        Err(FrameError::BadFeedback('h'))
-    );
-    assert_eq!(
-        st.put_feedback(&mut out, b""),
-        Err(FrameError::BadFeedback('?'))
-    );
+    assert_eq!(Feedback::new(b"r123"), Err(FrameError::BadFeedback('r')));
+    assert_eq!(Feedback::new(&[b'h'; 3]), Err(FrameError::BadFeedback('h')));
+    assert_eq!(Feedback::new(b""), Err(FrameError::BadFeedback('?')));
     // An xid above u32 is refused when parsed.
-    let mut f = vec![ITEM_HSFEED, 0];
+    let mut f = vec![ITEM_HSFEED, 0, 0];
     put_varint(&mut f, 1 << 33);
     f.extend_from_slice(&[0, 0, 0]);
     f.extend_from_slice(&[0; 8]);
@@ -208,51 +266,41 @@ fn malformed_feedback_is_refused() {
 proptest! {
     #[test]
     fn down_frames_round_trip(runs in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<i64>(), proptest::collection::vec(any::<u8>(), 0..300)), 1..6),
-                              backend in proptest::collection::vec(any::<u8>(), 0..50)) {
+                              backend in proptest::collection::vec(any::<u8>(), 0..50),
+                              chan in 0u32..MAX_CHANNELS, end in any::<u64>(), t in any::<i64>()) {
         let (mut tx, mut rx) = (DownState::default(), DownState::default());
-        let items: Vec<(WalHeader, Vec<u8>)> = runs.into_iter().map(|(s, e, t, raw)| (WalHeader { start: s, end: e, send_time: t, raw_len: raw.len() as u32 }, raw)).collect();
-        // One frame with all runs, then one frame per run: the state carries over.
-        let f = down_frame(&mut tx, &items, &backend);
-        let got = restore_down(&mut rx, &f).unwrap();
-        prop_assert_eq!(got.len(), items.len() + usize::from(!backend.is_empty()));
-        for (g, (h, raw)) in got.iter().zip(&items) {
-            prop_assert_eq!(g, &DownItem::Wal { header: *h, payload: raw.as_slice() });
-        }
-        for (h, raw) in &items {
-            let f = down_frame(&mut tx, &[(*h, raw.clone())], b"");
-            let got = restore_down(&mut rx, &f).unwrap();
-            prop_assert_eq!(&got[0], &DownItem::Wal { header: *h, payload: raw.as_slice() });
+        let mut items: Vec<Down> = runs.iter().map(|(s, e, t, raw)| wal_item(*s, *e, *t, raw)).collect();
+        items.push(Down::Backend { chan, bytes: &backend });
+        items.push(Down::Keepalive { end, send_time: t });
+        items.push(Down::Started { chan, synchronous: end % 2 == 0 });
+        items.push(Down::Timeline { tli: chan, history: &backend });
+        let want: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        let f = down_frame(&mut tx, &items);
+        prop_assert_eq!(restore_down(&mut rx, &f).unwrap(), want);
+        // One frame per item: the state carries over.
+        for it in &items {
+            let f = down_frame(&mut tx, std::slice::from_ref(it));
+            prop_assert_eq!(restore_down(&mut rx, &f).unwrap(), vec![format!("{it:?}")]);
         }
     }
 
     #[test]
-    fn up_frames_round_trip(fields in proptest::collection::vec((any::<[u64; 4]>(), any::<u8>(), any::<bool>(), any::<[u32; 4]>()), 1..8),
-                            command in proptest::collection::vec(any::<u8>(), 0..40)) {
+    fn up_frames_round_trip(fields in proptest::collection::vec((0u32..4, any::<[u64; 4]>(), any::<u8>(), any::<bool>(), any::<[u32; 4]>()), 1..8),
+                            command in proptest::collection::vec(any::<u8>(), 0..40), end in any::<u64>()) {
         let (mut tx, mut rx) = (UpState::default(), UpState::default());
-        let (mut out, mut d) = (Vec::new(), Digest::default());
-        let mut sent = Vec::new();
-        for ([w, f, a, t], reply, hs, x) in fields {
+        let mut items = Vec::new();
+        for (chan, [w, f, a, t], reply, hs, x) in fields {
             let m = if hs { hsfeed(t, x) } else { status(w, f, a, t, reply) };
-            tx.put_feedback(&mut out, &m).unwrap();
-            d.up(&UpItem::Feedback(pad(&m), m.len()));
-            sent.push(m);
+            items.push(Up::Feedback { chan, msg: Feedback::new(&m).unwrap() });
         }
-        put_command(&mut out, &command);
-        d.up(&UpItem::Command(&command));
-        put_copy_done(&mut out);
-        d.up(&UpItem::CopyDone);
-        finish(&mut out, &d);
-        let (items, sum) = rx.parse(&out, 1000).unwrap();
-        let mut check = Digest::default();
-        for (i, it) in items.iter().enumerate() {
-            check.up(it);
-            if i < sent.len() {
-                prop_assert_eq!(it.feedback().unwrap(), sent[i].as_slice());
-            }
-        }
-        prop_assert_eq!(&items[sent.len()], &UpItem::Command(&command));
-        prop_assert_eq!(&items[sent.len() + 1], &UpItem::CopyDone);
-        prop_assert_eq!(check.finish(), sum);
+        items.push(Up::Command { chan: 1, bytes: &command });
+        items.push(Up::Open { chan: 2, info: &command });
+        items.push(Up::Start { chan: 2, cmd: &command });
+        items.push(Up::Durable { tli: 3, end });
+        items.push(Up::Close { chan: 1 });
+        let f = up_frame(&mut tx, &items);
+        let want: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        prop_assert_eq!(restore_up(&mut rx, &f).unwrap(), want);
     }
 
     #[test]

@@ -262,6 +262,9 @@ fn configs(
             auth: AuthMethod::ScramSha256,
             users: [("replicator".to_string(), verifier)].into(),
             tls: None,
+            spool_dir: primary.dir().with_file_name("spool"),
+            spool_bytes: 8 << 30,
+            name: String::new(),
         }),
         ..base
     };

@@ -184,12 +184,38 @@ fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigE
             ))
         }
     };
+    let spool_dir = d.spool_dir.ok_or_else(|| {
+        key_err(
+            "downstream.spool_dir",
+            "required: a directory for the spool of the primary's WAL (e.g. /var/lib/walrelay/spool)",
+        )
+    })?;
+    if d.spool_bytes < 64 << 20 {
+        return Err(key_err(
+            "downstream.spool_bytes",
+            "must be at least 64 MiB (four 16 MiB segments)",
+        ));
+    }
+    if !d
+        .name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        || d.name.len() > 40
+    {
+        return Err(key_err(
+            "downstream.name",
+            "may use only a-z, 0-9 and _ (it becomes part of a slot name), at most 40 characters",
+        ));
+    }
     Ok(ResolvedDownstream {
         listen,
         upstream: d.upstream,
         auth: d.auth,
         users,
         tls,
+        spool_dir,
+        spool_bytes: d.spool_bytes,
+        name: d.name,
     })
 }
 

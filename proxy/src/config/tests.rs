@@ -12,6 +12,7 @@ listen = "127.0.0.1:7433"
 listen = "127.0.0.1:5433"
 upstream = "127.0.0.1:7433"
 auth = "trust"
+spool_dir = "/tmp/walrelay-config-test-spool"
 [link]
 plaintext = true
 "#;

@@ -48,7 +48,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::{history_file_name, WalSegSize};
 use walrelay_wal::timeline;
 
-pub use files::SegmentFile;
+pub use files::{write_atomically, SegmentFile};
 pub use state::SpoolState;
 
 /// Bytes before `end` whose checksum `spool.state` keeps.
@@ -107,20 +107,16 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// Opens (creating) the spool in `dir` for the cluster `system_id` with segments of `seg`,
-    /// recovering from a crash as described in the module docs.
-    pub fn open(
-        dir: &Path,
-        system_id: u64,
-        seg: WalSegSize,
-        cap: u64,
-    ) -> Result<Spool, SpoolError> {
+    /// Opens (creating) the spool in `dir`, recovering from a crash as described in the module
+    /// docs. A spool that holds WAL knows its cluster and segment size; a new one learns them
+    /// from [`bind`](Self::bind).
+    pub fn open(dir: &Path, cap: u64) -> Result<Spool, SpoolError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let st = state::read(dir)?;
         let mut spool = Spool {
             dir: dir.to_path_buf(),
-            seg,
-            system_id,
+            seg: WalSegSize::DEFAULT,
+            system_id: 0,
             cap,
             ext: Extent {
                 tli: TimeLineId(1),
@@ -131,17 +127,40 @@ impl Spool {
             current: None,
         };
         if let Some(st) = st {
-            if st.system_id != system_id || st.seg_size != seg.bytes() {
-                return Err(SpoolError::OtherCluster(format!(
-                    "system {} with {} byte segments, not system {system_id} with {}",
-                    st.system_id,
-                    st.seg_size,
-                    seg.bytes()
-                )));
-            }
+            spool.seg = WalSegSize::new(st.seg_size).ok_or_else(|| {
+                SpoolError::Invalid(
+                    dir.join(state::STATE_FILE),
+                    format!("segment size {}", st.seg_size),
+                )
+            })?;
+            spool.system_id = st.system_id;
             spool.recover(&st)?;
         }
         Ok(spool)
+    }
+
+    /// The primary's system identifier and segment size: a new spool takes them, a spool that
+    /// holds WAL must have the same.
+    pub fn bind(&mut self, system_id: u64, seg: WalSegSize) -> Result<(), SpoolError> {
+        if self.system_id == 0 {
+            self.system_id = system_id;
+            self.seg = seg;
+            return Ok(());
+        }
+        if self.system_id != system_id || self.seg != seg {
+            return Err(SpoolError::OtherCluster(format!(
+                "system {} with {} byte segments, not system {system_id} with {}",
+                self.system_id,
+                self.seg.bytes(),
+                seg.bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The cluster this spool holds WAL of (0: not known yet).
+    pub fn system_id(&self) -> u64 {
+        self.system_id
     }
 
     pub fn extent(&self) -> Extent {
@@ -393,6 +412,43 @@ impl Spool {
         self.write_state()
     }
 
+    /// Keeps the history file of `tli` (for a spool that starts on that timeline).
+    pub fn write_history(&mut self, tli: TimeLineId, history: &[u8]) -> Result<(), SpoolError> {
+        files::write_atomically(&self.dir, &history_file_name(tli), history)
+    }
+
+    /// What readers need: the directory and the segment size.
+    pub fn files(&self) -> SpoolFiles {
+        SpoolFiles {
+            dir: self.dir.clone(),
+            seg: self.seg,
+        }
+    }
+
+    pub fn history(&self, tli: TimeLineId) -> Option<Vec<u8>> {
+        self.files().history(tli)
+    }
+
+    pub fn read(
+        &self,
+        tli: TimeLineId,
+        at: Lsn,
+        limit: Lsn,
+        max: usize,
+    ) -> Result<Vec<u8>, SpoolError> {
+        self.files().read(tli, at, limit, max)
+    }
+}
+
+/// The read side of a spool, for the standbys' sessions (any number, concurrently with the
+/// writer: they only read below the end the writer published).
+#[derive(Debug, Clone)]
+pub struct SpoolFiles {
+    pub dir: PathBuf,
+    pub seg: WalSegSize,
+}
+
+impl SpoolFiles {
     /// The history file of timeline `tli`, if the spool has it.
     pub fn history(&self, tli: TimeLineId) -> Option<Vec<u8>> {
         std::fs::read(self.dir.join(history_file_name(tli))).ok()

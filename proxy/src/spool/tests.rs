@@ -24,10 +24,16 @@ fn names(dir: &Path) -> Vec<String> {
 
 const T1: TimeLineId = TimeLineId(1);
 
+fn open(dir: &Path, system: u64, cap: u64) -> Spool {
+    let mut s = Spool::open(dir, cap).unwrap();
+    s.bind(system, seg()).unwrap();
+    s
+}
+
 #[test]
 fn appends_across_segments_and_reads_back() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
     assert!(s.is_empty());
     let start = 3 * MIB;
     // Any chunking: odd sizes crossing two segment boundaries.
@@ -70,13 +76,13 @@ fn appends_across_segments_and_reads_back() {
 #[test]
 fn reopens_where_it_was_synced() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
     s.append(T1, Lsn(0), &wal(0, 1_200_000)).unwrap();
     assert_eq!(s.sync().unwrap(), Lsn(1_200_000));
     // Written but never synced: gone after a crash (the state says 1_200_000).
     s.append(T1, Lsn(1_200_000), &wal(1_200_000, 5000)).unwrap();
     drop(s);
-    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
     assert_eq!(s.extent().end, Lsn(1_200_000));
     assert_eq!(
         std::fs::metadata(d.path().join("000000010000000000000001.partial"))
@@ -93,17 +99,23 @@ fn reopens_where_it_was_synced() {
     assert_eq!(b, wal(MIB, MIB as usize));
     // Another cluster's spool is refused.
     drop(s);
+    let mut other = Spool::open(d.path(), 100 * MIB).unwrap();
     assert!(matches!(
-        Spool::open(d.path(), 43, seg(), 100 * MIB),
+        other.bind(43, seg()),
         Err(SpoolError::OtherCluster(_))
     ));
+    assert!(matches!(
+        other.bind(42, WalSegSize::DEFAULT),
+        Err(SpoolError::OtherCluster(_))
+    ));
+    other.bind(42, seg()).unwrap();
 }
 
 #[test]
 fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
     for damage in ["truncate", "flip"] {
         let d = tempfile::tempdir().unwrap();
-        let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+        let mut s = open(d.path(), 42, 100 * MIB);
         s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
         s.sync().unwrap();
         drop(s);
@@ -114,7 +126,7 @@ fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
             _ => *b.last_mut().unwrap() ^= 1,
         }
         std::fs::write(&p, &b).unwrap();
-        let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+        let mut s = open(d.path(), 42, 100 * MIB);
         assert_eq!(
             s.extent().end,
             Lsn(MIB),
@@ -134,7 +146,7 @@ fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
 #[test]
 fn gaps_and_unaligned_starts_are_refused() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
     assert!(matches!(
         s.append(T1, Lsn(100), b"x"),
         Err(SpoolError::Gap { .. })
@@ -153,7 +165,7 @@ fn gaps_and_unaligned_starts_are_refused() {
 #[test]
 fn the_oldest_segments_go_when_the_spool_is_full() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = Spool::open(d.path(), 42, seg(), 2 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 2 * MIB);
     s.append(T1, Lsn(0), &wal(0, (5 * MIB + 10) as usize))
         .unwrap();
     assert_eq!(
@@ -176,7 +188,7 @@ fn the_oldest_segments_go_when_the_spool_is_full() {
 #[test]
 fn a_timeline_switch_starts_the_new_timeline_with_the_old_bytes() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
     // The old timeline ran past the switchpoint (1 MiB + 1000) before the promotion elsewhere.
     s.append(T1, Lsn(0), &wal(0, (MIB + 5000) as usize))
         .unwrap();
@@ -211,7 +223,7 @@ fn a_timeline_switch_starts_the_new_timeline_with_the_old_bytes() {
     );
     s.sync().unwrap();
     drop(s);
-    let s = Spool::open(d.path(), 42, seg(), 100 * MIB).unwrap();
+    let s = open(d.path(), 42, 100 * MIB);
     assert_eq!(
         (s.extent().tli, s.extent().end),
         (TimeLineId(2), Lsn(sp + 4000))

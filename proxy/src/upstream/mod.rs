@@ -1,28 +1,31 @@
-//! The upstream half (next to the primary): serves the link and, per standby session, runs a
-//! physical replication connection to the primary on the standby's behalf.
+//! The upstream half (next to the primary): serves the link; per downstream, one stream that
+//! reads the primary's WAL once and carries it once, whatever the number of standbys.
 //!
-//! A session opens with the link handshake (`Hello` → primary connection → `Welcome`); then two
-//! directions run concurrently until either ends, each a struct with a `run()`:
-//! - [`to_link::PrimaryToLink`]: the primary's messages batched into link frames, WAL encoded
-//!   by the session's codec;
-//! - [`to_primary::LinkToPrimary`]: commands, the standby's feedback and CopyDone from link
-//!   frames, verified, to the primary.
+//! A stream opens with the link handshake ([`handshake`]: `Hello` → the feed's connection to
+//! the primary on the downstream's slot → `Welcome`); then its directions run until either
+//! ends, each a struct with a `run()`:
+//! - [`feed::FeedToLink`]: the primary's WAL, encoded once, and the standbys' answers, batched
+//!   into link frames; status updates to the primary where the spool is durable;
+//! - [`from_link::LinkToUpstream`]: the downstream's frames: where the spool is durable, and
+//!   per standby its channel, served by an [`identity::Identity`]: the standby's own
+//!   replication connection to the primary (see there for why and how).
 //!
-//! Whether a session may batch: the primary's `synchronous_standby_names` is read on the
-//! session's own connection before anything else; a standby it lists (or a setting that cannot
-//! be read) gets no window, so a commit never waits for a batch. The setting is read again
-//! when the standby reconnects.
+//! Batching: a stream has no window while any of its standbys is one the primary's
+//! `synchronous_standby_names` lists (read on the standby's own connection when it opens; an
+//! unreadable setting counts as listed), so a commit never waits for a batch.
 
-mod to_link;
-mod to_primary;
+mod feed;
+mod from_link;
+mod handshake;
+mod identity;
+mod primary;
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -30,22 +33,25 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn, Instrument};
 
-use walrelay_pgwire::{encode, syncrep};
+use walrelay_pgwire::syncrep;
 use walrelay_proto::link::link_server::{Link, LinkServer};
-use walrelay_proto::link::{to_downstream, to_upstream, Param, ToDownstream, ToUpstream, Welcome};
+use walrelay_proto::link::{
+    to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, Welcome,
+};
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
+use walrelay_wal::lsn::Lsn;
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec;
 
-use crate::config::{CodecKind, Limits, LinkConfig, ResolvedUpstream};
+use crate::config::{Limits, LinkConfig, ResolvedUpstream};
 use crate::link::{self, CountingIo};
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
-use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PrimaryConn};
-use to_link::{PrimaryToLink, BATCH_MAX};
-use to_primary::LinkToPrimary;
+use feed::{FeedToLink, BATCH_MAX};
+use from_link::LinkToUpstream;
+use handshake::{Agreed, PrimaryState};
 
 /// Shared state of the upstream half.
 pub struct Upstream {
@@ -55,7 +61,7 @@ pub struct Upstream {
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
     sessions: Arc<SessionSlots>,
-    /// The session tasks, waited for (bounded) at shutdown.
+    /// The stream and identity tasks, waited for (bounded) at shutdown.
     tasks: TaskTracker,
 }
 
@@ -133,19 +139,19 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
     Ok(())
 }
 
-type SessionStream = ReceiverStream<Result<ToDownstream, Status>>;
+type StreamOut = ReceiverStream<Result<ToDownstream, Status>>;
 
-/// The gRPC service: one link session per standby session.
+/// The gRPC service: one stream per downstream.
 struct LinkService(Arc<Live<Upstream>>);
 
 #[tonic::async_trait]
 impl Link for LinkService {
-    type SessionStream = SessionStream;
+    type StreamStream = StreamOut;
 
-    async fn session(
+    async fn stream(
         &self,
         request: Request<Streaming<ToUpstream>>,
-    ) -> Result<Response<SessionStream>, Status> {
+    ) -> Result<Response<StreamOut>, Status> {
         let this = self.0.get();
         let peer = request
             .remote_addr()
@@ -161,108 +167,37 @@ impl Link for LinkService {
         let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
             Ok(Some(Ok(ToUpstream {
                 msg: Some(to_upstream::Msg::Hello(h)),
-                ..
             }))) => h,
             _ => {
                 return Err(Status::invalid_argument(
-                    "the first message of a link session must be Hello",
+                    "the first message of a link stream must be Hello",
                 ))
             }
         };
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "link protocol {} requested, this upstream speaks {PROTOCOL_VERSION}: run the same walrelay version on both halves",
-                hello.protocol_version
-            )));
-        }
-        let codec = CodecKind::from_name(&hello.codec)
-            .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
-        let window_log = this
-            .link
-            .zstd_window_log
-            .min(hello.zstd_window_log_max.max(10));
-        let app = if hello.application_name.is_empty() {
-            "walrelay".to_string()
-        } else {
-            hello.application_name.clone()
-        };
-        info!(%peer, standby = %hello.standby_addr, application_name = %app, user = %hello.standby_user, "link session opened");
-        let mut conn = pgclient::connect(&this.cfg.primary, &app, this.limits.max_message_bytes)
-            .await
-            .map_err(|e| {
-                warn!(application_name = %app, "cannot open the primary connection: {e}");
-                Status::unavailable(e.to_string())
-            })?;
-        if let Some(slot) = &this.cfg.slot {
-            if conn.ensure_physical_slot(slot).await.map_err(|e| {
-                Status::unavailable(format!("cannot create slot {slot:?} on the primary: {e}"))
-            })? {
-                info!(slot = %slot, "created physical replication slot on the primary");
-            }
-        }
-        let pg_major = server_major(&conn.params);
-        let synchronous = synchronous(&mut conn, &app).await;
-        let window = match synchronous {
-            true => Duration::ZERO,
-            false => Duration::from_millis(this.link.batch_window_ms),
-        };
-        info!(application_name = %app, synchronous, batch_window_ms = window.as_millis() as u64, "standby's WAL batching decided from synchronous_standby_names");
-        let setup = Setup {
-            kind: codec,
-            zstd_level: this.link.zstd_level,
-            window_log,
-            wal: walcodec::CodecParams {
-                pg_major,
-                block_cache_bytes: usize::try_from(
-                    this.link.block_cache_bytes.min(hello.block_cache_bytes_max),
-                )
-                .map_err(|_| Status::invalid_argument("block_cache_bytes_max does not fit"))?,
-                zstd_level: this.link.zstd_level,
-                max_message_bytes: BATCH_MAX,
-            },
-        };
-        let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
+        let agreed = handshake::agree(&hello, &this.link, this.cfg.slot.as_deref())?;
+        info!(%peer, downstream = %hello.downstream_name, slot = %agreed.slot, "link stream opened");
+        let (conn, welcome) = open_feed(&this, &hello, &agreed).await.inspect_err(|e| {
+            warn!(%peer, "cannot start the stream: {}", e.message());
+        })?;
         let (tx, rx) = mpsc::channel(this.limits.queue_messages);
-        let welcome = Welcome {
-            protocol_version: PROTOCOL_VERSION,
-            params: conn
-                .params
-                .iter()
-                .map(|(name, value)| Param {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            codec: codec.name().into(),
-            pg_major: PgMajor::to_wire(pg_major),
-            block_cache_bytes: setup.wal.block_cache_bytes as u64,
-            synchronous,
-        };
         tx.send(Ok(ToDownstream {
-            msg: Some(to_downstream::Msg::Welcome(welcome)),
+            msg: Some(to_downstream::Msg::Welcome(welcome.clone())),
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
         let up = this.clone();
-        let span = tracing::info_span!("link_session", application_name = %app, standby = %hello.standby_addr);
+        let span = tracing::info_span!("link_stream", downstream = %hello.downstream_name, %peer);
         this.tasks.spawn(
             async move {
                 let _permit = permit;
                 let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
                 Metrics::add(&up.metrics.sessions_total, 1);
-                let standby =
-                    up.metrics
-                        .ops
-                        .standbys
-                        .register(Half::Upstream, &app, &hello.standby_addr);
-                standby.set_slot(up.cfg.slot.as_deref());
-                let end =
-                    run_session(&up, conn, inbound, tx.clone(), encoder, window, &standby).await;
+                let end = run_stream(&up, conn, inbound, tx.clone(), &agreed, &welcome).await;
                 match &end {
-                    Ok(()) => info!(application_name = %app, "link session ended"),
+                    Ok(()) => info!("link stream ended"),
                     Err(status) => {
                         Metrics::add(&up.metrics.ops.sessions_failed_upstream, 1);
-                        warn!(application_name = %app, "link session ended: {}", status.message());
+                        warn!("link stream ended: {}", status.message());
                         let send = tx.send(Err(status.clone()));
                         let _ = tokio::time::timeout(Duration::from_secs(1), send).await;
                     }
@@ -274,50 +209,145 @@ impl Link for LinkService {
     }
 }
 
-async fn run_session(
+/// Connects the feed to the primary on the downstream's slot, decides where the stream
+/// starts, starts streaming, and builds the `Welcome`.
+async fn open_feed(
     up: &Upstream,
+    hello: &Hello,
+    agreed: &Agreed,
+) -> Result<(PrimaryConn, Welcome), Status> {
+    let unavailable =
+        |what: &str, e: pgclient::PgClientError| Status::unavailable(format!("{what}: {e}"));
+    let app = match hello.downstream_name.as_str() {
+        "" => "walrelay".to_string(),
+        n => format!("walrelay_{n}"),
+    };
+    let mut conn = pgclient::connect(&up.cfg.primary, &app, up.limits.max_message_bytes)
+        .await
+        .map_err(|e| unavailable("cannot connect to the primary", e))?;
+    if conn.ensure_physical_slot(&agreed.slot).await.map_err(|e| {
+        unavailable(
+            &format!("cannot create slot {:?} on the primary", agreed.slot),
+            e,
+        )
+    })? {
+        info!(slot = %agreed.slot, "created the stream's physical replication slot on the primary");
+    }
+    let (system_id, tli, flush) = primary::identify(&mut conn)
+        .await
+        .map_err(|e| unavailable("IDENTIFY_SYSTEM on the primary", e))?;
+    let seg = primary::segment_size(&mut conn)
+        .await
+        .map_err(|e| unavailable("SHOW wal_segment_size on the primary", e))?;
+    let state = PrimaryState {
+        system_id,
+        tli,
+        flush,
+        slot_restart: primary::slot_restart(&mut conn, &agreed.slot).await,
+    };
+    let start = handshake::start(hello, &state, seg)?;
+    let history = match (hello.system_id, start.tli.0) {
+        (0, t) if t > 1 => primary::timeline_history(&mut conn, start.tli)
+            .await
+            .map_err(|e| unavailable("TIMELINE_HISTORY on the primary", e))?,
+        _ => Vec::new(),
+    };
+    primary::start_replication(&mut conn, Some(&agreed.slot), start.lsn, start.tli)
+        .await
+        .map_err(|e| match e {
+            pgclient::PgClientError::Server(e) if e.message.contains("is active") => Status::unavailable(format!(
+                "slot {:?} is in use by another connection: give each downstream its own downstream.name ({})",
+                agreed.slot, e.message
+            )),
+            e => unavailable("START_REPLICATION on the primary", e),
+        })?;
+    let pg_major = PgMajor::from_server_version(
+        conn.params
+            .iter()
+            .find(|(k, _)| k == "server_version")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or(""),
+    );
+    let welcome = Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        params: conn
+            .params
+            .iter()
+            .map(|(name, value)| Param {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        codec: agreed.codec.name().into(),
+        pg_major: PgMajor::to_wire(pg_major),
+        block_cache_bytes: agreed.block_cache_bytes as u64,
+        system_id,
+        wal_segment_size: seg.bytes(),
+        timeline: start.tli.0,
+        start: start.lsn.0,
+        history: history.into(),
+        primary_end: flush.0,
+    };
+    Ok((conn, welcome))
+}
+
+/// Runs a stream's two directions until either ends, then says goodbye to the primary.
+async fn run_stream(
+    up: &Arc<Upstream>,
     conn: PrimaryConn,
     inbound: Streaming<ToUpstream>,
     tx: mpsc::Sender<Result<ToDownstream, Status>>,
-    encoder: WalEncoder,
-    window: Duration,
-    standby: &StandbyHandle,
+    agreed: &Agreed,
+    welcome: &Welcome,
 ) -> Result<(), Status> {
-    let PrimaryConn {
-        reader,
-        mut writer,
-        max_message_bytes,
-        ..
-    } = conn;
-    let to_link = PrimaryToLink {
-        reader,
+    let setup = Setup {
+        kind: agreed.codec,
+        zstd_level: up.link.zstd_level,
+        window_log: agreed.window_log,
+        wal: walcodec::CodecParams {
+            pg_major: PgMajor::from_wire(welcome.pg_major),
+            block_cache_bytes: agreed.block_cache_bytes,
+            zstd_level: up.link.zstd_level,
+            max_message_bytes: BATCH_MAX,
+        },
+    };
+    let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
+    let (events_tx, events) = mpsc::channel(up.limits.queue_messages);
+    let synchronous = Arc::new(AtomicUsize::new(0));
+    let (durable_tx, durable) = watch::channel(Lsn(welcome.start));
+    let (sent, sent_rx) = watch::channel(Lsn(welcome.start));
+    let from_link = LinkToUpstream::new(
+        up.clone(),
+        inbound,
+        durable_tx,
+        events_tx,
+        synchronous.clone(),
+        sent_rx,
+    );
+    let mut to_link = FeedToLink {
+        conn,
         tx,
+        events,
         encoder,
         metrics: &up.metrics,
-        standby,
-        max_message: max_message_bytes,
-        window,
+        window: Duration::from_millis(up.link.batch_window_ms),
+        synchronous: &synchronous,
+        durable,
+        sent,
         codec_stats: up.metrics.ops.codec.session(),
         state: Default::default(),
+        slot: agreed.slot.clone(),
+        tli: walrelay_wal::lsn::TimeLineId(welcome.timeline),
         pending: None,
-    };
-    let to_primary = LinkToPrimary {
-        inbound,
-        writer: &mut writer,
-        default_slot: up.cfg.slot.as_deref(),
-        standby,
-        state: Default::default(),
+        last_status: tokio::time::Instant::now(),
     };
     let end = tokio::select! {
         r = to_link.run() => r,
-        r = to_primary.run() => r,
+        r = from_link.run() => r,
         _ = up.shutdown.cancelled() => Err(Status::unavailable("the walrelay upstream is shutting down")),
     };
-    // However the session ended, tell the primary we are done (bounded: a primary that
-    // stopped reading does not hold the session).
-    let mut out = BytesMut::new();
-    encode::terminate(&mut out);
-    let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&out)).await;
+    // However the stream ended, the feed says goodbye to the primary.
+    identity::terminate(&mut to_link.conn).await;
     end
 }
 
@@ -337,12 +367,4 @@ async fn synchronous(conn: &mut PrimaryConn, app: &str) -> bool {
             true
         }
     }
-}
-
-/// The major version in the primary's `server_version` ("15.18 (Debian ...)", "18beta1");
-/// `None` when absent, unreadable or unsupported, which makes the WAL codec pass everything
-/// through raw.
-pub fn server_major(params: &[(String, String)]) -> Option<PgMajor> {
-    let v = params.iter().find(|(k, _)| k == "server_version")?;
-    PgMajor::from_server_version(&v.1)
 }

@@ -1,0 +1,232 @@
+//! Link frames (link protocol 4): what one gRPC message of the `Stream` carries after the
+//! handshake, in both directions, sans-IO.
+//!
+//! One stream per downstream carries the primary's WAL once, whatever the number of standbys,
+//! and one *channel* per standby connected to that downstream (its commands, its feedback, the
+//! answers of its own connection to the primary). A link message costs about 40 bytes before
+//! its content (TLS record, HTTP/2 DATA frame, gRPC prefix, protobuf field), so the halves put
+//! everything ready, or becoming ready within a short window, into one frame, which carries
+//! ONE checksum over everything it restores.
+//!
+//! ```text
+//! frame    = item+ xxh3:u64le
+//!
+//! upstream → downstream ([`Down`])
+//!   WAL       0x01 zz(start - expected) zz(end - (start + raw_len)) zz(send_time - previous)
+//!                  raw_len payload_len payload        -- payload: the stream codec's output
+//!   BACKEND   0x02 chan len bytes                     -- the primary's answers for one standby
+//!   KEEPALIVE 0x03 end zz(send_time - previous)       -- the primary's WAL end while idle
+//!   TIMELINE  0x04 tli len history                    -- the stream continues on timeline tli
+//!   STARTED   0x05 chan synchronous:u8                -- the standby's own connection streams
+//!
+//! downstream → upstream ([`Up`])
+//!   STATUS    0x11 chan reply:u8 zz(write - previous write) zz(write - flush)
+//!                  zz(flush - apply) zz(time - previous time)
+//!   HSFEED    0x12 chan zz(time - previous time) xmin xmin_epoch catalog_xmin catalog_epoch
+//!   COMMAND   0x13 chan len bytes                     -- a protobuf `Command`
+//!   OPEN      0x15 chan len bytes                     -- a protobuf `StandbyInfo`
+//!   START     0x16 chan len bytes                     -- a protobuf `StartReplication`
+//!   CLOSE     0x17 chan
+//!   DURABLE   0x18 tli end                            -- the spool is durable up to end
+//! ```
+//!
+//! Numbers are unsigned LEB128 varints (at most 10 bytes), `zz` is zigzag. Differences are
+//! taken modulo 2^64 (any value round-trips) against state both ends keep and update item by
+//! item: "expected" is the end of the previous WAL item, "previous" the previous item of the
+//! same kind (of the same channel for feedback). STATUS and HSFEED restore the standby's 'r'
+//! and 'h' messages byte for byte; a WAL item restores an XLogData header and, through the
+//! codec, its bytes.
+//!
+//! The checksum is xxh3-64 over the frame's *restored* content ([`Digest`]): per item its kind
+//! byte, then for WAL the header fields and the restored WAL bytes, for the others the channel
+//! (u32le), the length (u64le) and the item's restored bytes (feedback: the standby's message;
+//! KEEPALIVE: end and send time; TIMELINE: tli and history; STARTED: the flag; DURABLE: tli
+//! and end). The receiver restores every item, then checks the sum before anything of the
+//! frame leaves it: a corrupted position, length, WAL byte or feedback field never reaches a
+//! standby or the primary.
+
+mod down;
+mod up;
+
+pub use down::{Down, DownState};
+pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, STATUS_LEN};
+
+use xxhash_rust::xxh3::Xxh3;
+
+/// Item kinds (the first byte of an item, and the kind byte of its digest).
+pub const ITEM_WAL: u8 = 0x01;
+pub const ITEM_BACKEND: u8 = 0x02;
+pub const ITEM_KEEPALIVE: u8 = 0x03;
+pub const ITEM_TIMELINE: u8 = 0x04;
+pub const ITEM_STARTED: u8 = 0x05;
+pub const ITEM_STATUS: u8 = 0x11;
+pub const ITEM_HSFEED: u8 = 0x12;
+pub const ITEM_COMMAND: u8 = 0x13;
+pub const ITEM_OPEN: u8 = 0x15;
+pub const ITEM_START: u8 = 0x16;
+pub const ITEM_CLOSE: u8 = 0x17;
+pub const ITEM_DURABLE: u8 = 0x18;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("link frame ends early ({0})")]
+    Short(&'static str),
+    #[error("link frame has an overlong varint")]
+    Varint,
+    #[error("link frame item 0x{0:02x} is unknown or not allowed in this direction")]
+    UnknownItem(u8),
+    #[error("link frame announces {len} bytes of {what}, more than the limit of {max}")]
+    TooLong {
+        what: &'static str,
+        len: u64,
+        max: u64,
+    },
+    #[error("link frame has no items")]
+    Empty,
+    #[error("feedback message is not a well-formed '{0}' message")]
+    BadFeedback(char),
+    #[error("link frame names channel {0}, beyond the {MAX_CHANNELS} a stream may have")]
+    Channel(u64),
+}
+
+/// XLogData header fields in absolute form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WalHeader {
+    pub start: u64,
+    pub end: u64,
+    pub send_time: i64,
+    pub raw_len: u32,
+}
+
+/// The checksum of a frame's restored content (see the module docs); both ends feed it the
+/// same way, item by item.
+pub struct Digest(Xxh3);
+
+impl Default for Digest {
+    fn default() -> Self {
+        Digest(Xxh3::new())
+    }
+}
+
+impl Digest {
+    /// A WAL item: its header and the restored WAL bytes.
+    pub fn wal(&mut self, h: &WalHeader, raw: &[u8]) {
+        let mut b = [0u8; 29];
+        b[0] = ITEM_WAL;
+        b[1..9].copy_from_slice(&h.start.to_le_bytes());
+        b[9..17].copy_from_slice(&h.end.to_le_bytes());
+        b[17..25].copy_from_slice(&h.send_time.to_le_bytes());
+        b[25..].copy_from_slice(&h.raw_len.to_le_bytes());
+        self.0.update(&b);
+        self.0.update(raw);
+    }
+
+    /// Any other item: kind, channel, restored bytes.
+    pub fn item(&mut self, kind: u8, chan: u32, bytes: &[u8]) {
+        self.0.update(&[kind]);
+        self.0.update(&chan.to_le_bytes());
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
+/// Appends the checksum that ends a frame.
+pub fn finish(out: &mut Vec<u8>, digest: &Digest) {
+    out.extend_from_slice(&digest.finish().to_le_bytes());
+}
+
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+pub(crate) fn zz(v: u64) -> u64 {
+    let v = v as i64;
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+pub(crate) fn unzz(v: u64) -> u64 {
+    (((v >> 1) as i64) ^ -((v & 1) as i64)) as u64
+}
+
+/// A bounds-checked cursor over a frame.
+pub(crate) struct Cursor<'a> {
+    pub buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
+        let (&b, rest) = self.buf.split_first().ok_or(FrameError::Short(what))?;
+        self.buf = rest;
+        Ok(b)
+    }
+
+    pub fn varint(&mut self, what: &'static str) -> Result<u64, FrameError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8(what)?;
+            v |= u64::from(b & 0x7F) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(FrameError::Varint)
+    }
+
+    /// A varint that must fit `max` (e.g. a timeline id, an xid).
+    pub fn bounded(&mut self, what: &'static str, max: u64) -> Result<u64, FrameError> {
+        let v = self.varint(what)?;
+        if v > max {
+            return Err(FrameError::TooLong { what, len: v, max });
+        }
+        Ok(v)
+    }
+
+    pub fn chan(&mut self) -> Result<u32, FrameError> {
+        let c = self.varint("channel")?;
+        if c >= MAX_CHANNELS as u64 {
+            return Err(FrameError::Channel(c));
+        }
+        Ok(c as u32)
+    }
+
+    pub fn bytes(&mut self, what: &'static str, max: usize) -> Result<&'a [u8], FrameError> {
+        let len = self.bounded(what, max as u64)?;
+        if len > self.buf.len() as u64 {
+            return Err(FrameError::Short(what));
+        }
+        let (b, rest) = self.buf.split_at(len as usize);
+        self.buf = rest;
+        Ok(b)
+    }
+}
+
+/// Splits off the trailing checksum.
+pub(crate) fn body(frame: &[u8]) -> Result<(&[u8], u64), FrameError> {
+    if frame.len() < 9 {
+        return Err(if frame.len() == 8 {
+            FrameError::Empty
+        } else {
+            FrameError::Short("checksum")
+        });
+    }
+    let (body, sum) = frame.split_at(frame.len() - 8);
+    let mut s = [0u8; 8];
+    s.copy_from_slice(sum);
+    Ok((body, u64::from_le_bytes(s)))
+}
+
+#[cfg(test)]
+mod tests;

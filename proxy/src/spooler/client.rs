@@ -1,0 +1,470 @@
+//! One stream to an upstream at a time: handshake, then the two directions, then (after a
+//! failure) again, every second, until shutdown.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tracing::{info, warn};
+
+use walrelay_proto::frame::{self, Digest, Down, DownState, Up, UpState};
+use walrelay_proto::link::link_client::LinkClient;
+use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream, Welcome};
+use walrelay_proto::PROTOCOL_VERSION;
+use walrelay_wal::linkcodec::{CodecKind, Setup, WalDecoder};
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::pg::PgMajor;
+use walrelay_wal::segment::WalSegSize;
+use walrelay_wal::walcodec;
+
+use super::writer::Op;
+use super::{lock, ChanEvent, Out, Spooler};
+use crate::link;
+use crate::metrics::{timed, Metrics};
+
+/// Why a stream ended.
+#[derive(Debug)]
+enum Ended {
+    /// WAL failed verification (the stream's codec falls back to zstd for a while).
+    Integrity(String),
+    Other(String),
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::Integrity(s) | Ended::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+fn other(s: impl std::fmt::Display) -> Ended {
+    Ended::Other(s.to_string())
+}
+
+pub(super) async fn run(sp: Arc<Spooler>) {
+    let channel =
+        match link::client_channel_counted(&sp.link_cfg, &sp.cfg.upstream, sp.metrics.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("the link to the upstream cannot be set up: {e}");
+                return;
+            }
+        };
+    loop {
+        if sp.shutdown.is_cancelled() {
+            return;
+        }
+        let end = tokio::select! {
+            e = stream_once(&sp, channel.clone()) => e,
+            _ = sp.shutdown.cancelled() => return,
+        };
+        sp.set_welcome(None);
+        sp.set_error(Some(end.to_string()));
+        link_down(&sp);
+        match end {
+            Ended::Integrity(why) => {
+                Metrics::add(&sp.metrics.integrity_failures, 1);
+                warn!("link stream: {why} (failed verification); nothing of it was spooled");
+                if sp.codec() == CodecKind::Wal {
+                    sp.start_fallback();
+                }
+            }
+            Ended::Other(why) => warn!(
+                "link to the upstream lost: {why} (upstream {}); standbys are served from the spool, reconnecting",
+                sp.cfg.upstream
+            ),
+        }
+        Metrics::add(&sp.metrics.ops.sessions_failed_downstream, 1);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = sp.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Tells the sessions the link is down: a command waiting for the primary's answer fails.
+fn link_down(sp: &Spooler) {
+    let mut ch = lock(&sp.channels);
+    ch.queue.retain(|o| matches!(o, Out::Close(_)));
+    for c in ch.open.values() {
+        let _ = c.events.try_send(ChanEvent::LinkDown);
+    }
+}
+
+async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> Ended {
+    let view = sp.view.borrow().clone();
+    if let Some(f) = &view.failed {
+        return other(format!(
+            "the spool failed ({f}); fix it and restart walrelay"
+        ));
+    }
+    let ext = view.extent;
+    let empty = ext.end == Lsn(0);
+    let hello = Hello {
+        protocol_version: PROTOCOL_VERSION,
+        downstream_name: sp.cfg.name.clone(),
+        codec: sp.codec().name().into(),
+        zstd_window_log_max: sp.link_cfg.zstd_window_log,
+        block_cache_bytes_max: sp.link_cfg.block_cache_bytes,
+        system_id: if empty { 0 } else { view.system_id },
+        timeline: ext.tli.0,
+        spool_end: ext.end.0,
+    };
+    let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.limits.queue_messages);
+    let _ = ltx.try_send(ToUpstream {
+        msg: Some(to_upstream::Msg::Hello(hello)),
+    });
+    let max = link::max_link_message(&sp.limits);
+    let mut client = LinkClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let open = async {
+        let mut inbound = client.stream(ReceiverStream::new(lrx)).await?.into_inner();
+        let first = inbound.next().await.transpose()?;
+        Ok::<_, tonic::Status>((inbound, first))
+    };
+    let deadline = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
+    let (mut inbound, welcome) = match tokio::time::timeout(deadline, open).await {
+        Err(_) => return other("the upstream did not answer in time"),
+        Ok(Err(status)) => return other(status.message()),
+        Ok(Ok((
+            i,
+            Some(ToDownstream {
+                msg: Some(to_downstream::Msg::Welcome(w)),
+            }),
+        ))) => (i, w),
+        Ok(Ok(_)) => return other("the upstream did not answer with Welcome"),
+    };
+    let mut rx = match Receiver::new(sp, &welcome, empty) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    info!(upstream = %sp.cfg.upstream, timeline = welcome.timeline, start = %Lsn(welcome.start), codec = %welcome.codec, "link stream open: spooling the primary's WAL");
+    sp.saw_primary_end(welcome.primary_end);
+    sp.set_welcome(Some(Arc::new(welcome)));
+    sp.set_error(None);
+    reopen_channels(sp);
+    let recv = async {
+        loop {
+            match inbound.next().await {
+                None => return other("the upstream closed the stream"),
+                Some(Err(s)) => return other(s.message()),
+                Some(Ok(ToDownstream {
+                    msg: Some(to_downstream::Msg::Frame(f)),
+                })) => {
+                    if let Err(e) = rx.frame(sp, &f).await {
+                        return e;
+                    }
+                }
+                Some(Ok(_)) => return other("unexpected message from the upstream"),
+            }
+        }
+    };
+    tokio::select! {
+        e = recv => e,
+        e = send_loop(sp, ltx) => e,
+    }
+}
+
+/// After a (re)connect, every channel is opened again, started again if it was, and its
+/// latest feedback goes again.
+fn reopen_channels(sp: &Spooler) {
+    let mut ch = lock(&sp.channels);
+    let closing: Vec<Out> = std::mem::take(&mut ch.queue);
+    let mut chans: Vec<u32> = ch.open.keys().copied().collect();
+    chans.sort_unstable();
+    let now = Instant::now();
+    let mut queue = Vec::new();
+    for chan in chans {
+        if let Some(c) = ch.open.get_mut(&chan) {
+            queue.push(Out::Open(chan, c.info.clone()));
+            if let Some(s) = &c.start {
+                queue.push(Out::Start(chan, s.clone()));
+            }
+            for i in 0..2 {
+                c.pending[i] = c.pending[i].or(c.last[i]);
+            }
+            if c.pending.iter().any(Option::is_some) {
+                c.due = Some(now);
+            }
+        }
+    }
+    // Channels that closed while the link was down need no CLOSE: they were never opened.
+    drop(closing);
+    ch.queue = queue;
+    drop(ch);
+    sp.wake.notify_one();
+}
+
+/// The upstream → downstream direction: frames restored, verified, spooled, routed.
+struct Receiver {
+    state: DownState,
+    decoder: WalDecoder,
+    tli: TimeLineId,
+    restored: Vec<u8>,
+}
+
+impl Receiver {
+    fn new(sp: &Spooler, w: &Welcome, empty: bool) -> Result<Receiver, Ended> {
+        let codec = CodecKind::from_name(&w.codec)
+            .ok_or_else(|| other(format!("the upstream chose unknown codec {:?}", w.codec)))?;
+        if w.block_cache_bytes > sp.link_cfg.block_cache_bytes {
+            return Err(other(
+                "the upstream wants a larger block cache than link.block_cache_bytes",
+            ));
+        }
+        let seg = WalSegSize::new(w.wal_segment_size)
+            .ok_or_else(|| other(format!("invalid wal_segment_size {}", w.wal_segment_size)))?;
+        let setup = Setup {
+            kind: codec,
+            zstd_level: sp.link_cfg.zstd_level,
+            window_log: sp.link_cfg.zstd_window_log,
+            wal: walcodec::CodecParams {
+                pg_major: PgMajor::from_wire(w.pg_major),
+                block_cache_bytes: usize::try_from(w.block_cache_bytes)
+                    .map_err(|_| other("block_cache_bytes does not fit"))?,
+                zstd_level: sp.link_cfg.zstd_level,
+                max_message_bytes: sp.limits.max_message_bytes,
+            },
+        };
+        let decoder = WalDecoder::new(&setup)
+            .map_err(|e| other(format!("cannot set up the {} decoder: {e}", codec.name())))?;
+        let ops = [
+            Some(Op::Bind {
+                system_id: w.system_id,
+                seg,
+            }),
+            (empty && !w.history.is_empty()).then(|| Op::History {
+                tli: TimeLineId(w.timeline),
+                history: w.history.to_vec(),
+            }),
+        ];
+        for op in ops.into_iter().flatten() {
+            sp.ops
+                .send(op)
+                .map_err(|_| other("the spool's writer stopped"))?;
+        }
+        Ok(Receiver {
+            state: DownState::default(),
+            decoder,
+            tli: TimeLineId(w.timeline),
+            restored: Vec::new(),
+        })
+    }
+
+    /// One frame: restored and verified whole, then applied in order.
+    async fn frame(&mut self, sp: &Spooler, frame: &[u8]) -> Result<(), Ended> {
+        let metrics = &*sp.metrics;
+        let max = sp.limits.max_message_bytes;
+        let (items, sum) = self
+            .state
+            .parse(frame, max, link::max_link_message(&sp.limits))
+            .map_err(|e| other(format!("malformed frame from the upstream: {e}")))?;
+        let mut digest = Digest::default();
+        let mut wal: Vec<(Lsn, Vec<u8>)> = Vec::new();
+        for item in &items {
+            if let Down::Wal { header: h, payload } = item {
+                let start = Lsn(h.start);
+                Metrics::add(
+                    &metrics.ops.link_payload_bytes_received,
+                    payload.len() as u64,
+                );
+                timed(&metrics.decode_ns, || {
+                    self.decoder.restore(
+                        start,
+                        payload,
+                        h.raw_len as usize,
+                        max,
+                        &mut self.restored,
+                    )
+                })
+                .map_err(|e| {
+                    Ended::Integrity(format!("WAL from {start} failed to restore: {e}"))
+                })?;
+                item.digest(&mut digest, &self.restored);
+                wal.push((start, std::mem::take(&mut self.restored)));
+            } else {
+                item.digest(&mut digest, &[]);
+            }
+        }
+        if digest.finish() != sum {
+            return Err(Ended::Integrity(
+                "a link message failed verification".into(),
+            ));
+        }
+        let mut wal = wal.into_iter();
+        for item in items {
+            match item {
+                Down::Wal { .. } => {
+                    let Some((start, bytes)) = wal.next() else {
+                        continue;
+                    };
+                    Metrics::add(&metrics.wal_bytes_delivered, bytes.len() as u64);
+                    send_op(
+                        sp,
+                        Op::Append {
+                            tli: self.tli,
+                            start,
+                            bytes,
+                        },
+                    )
+                    .await?;
+                }
+                Down::Timeline { tli, history } => {
+                    self.tli = TimeLineId(tli);
+                    send_op(
+                        sp,
+                        Op::Switch {
+                            tli: self.tli,
+                            history: history.to_vec(),
+                        },
+                    )
+                    .await?;
+                }
+                Down::Backend { chan, bytes } => {
+                    route(sp, chan, ChanEvent::Backend(bytes.to_vec()))
+                }
+                Down::Started { chan, synchronous } => {
+                    if let Some(c) = lock(&sp.channels).open.get_mut(&chan) {
+                        c.synchronous = synchronous;
+                    }
+                    route(sp, chan, ChanEvent::Started { synchronous });
+                }
+                Down::Keepalive { end, .. } => sp.saw_primary_end(end),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hands an op to the spool's writer, waiting (off the runtime) when its queue is full.
+async fn send_op(sp: &Spooler, op: Op) -> Result<(), Ended> {
+    match sp.ops.try_send(op) {
+        Ok(()) => Ok(()),
+        Err(std::sync::mpsc::TrySendError::Full(op)) => {
+            let tx = sp.ops.clone();
+            tokio::task::spawn_blocking(move || tx.send(op))
+                .await
+                .map_err(|_| other("the spool's writer stopped"))?
+                .map_err(|_| other("the spool's writer stopped"))
+        }
+        Err(_) => Err(other("the spool's writer stopped")),
+    }
+}
+
+fn route(sp: &Spooler, chan: u32, e: ChanEvent) {
+    if let Some(c) = lock(&sp.channels).open.get(&chan) {
+        if c.events.try_send(e).is_err() {
+            warn!(
+                chan,
+                "a standby session does not take its channel's events; dropped one"
+            );
+        }
+    }
+}
+
+/// The downstream → upstream direction: control items, due feedback and the spool's durable
+/// end, batched into frames.
+async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
+    let mut state = UpState::default();
+    let mut view = sp.view.clone();
+    let mut durable_sent = Lsn(0);
+    loop {
+        let next_due = lock(&sp.channels).open.values().filter_map(|c| c.due).min();
+        let due = async {
+            match next_due {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = sp.wake.notified() => {}
+            _ = due => {}
+            r = view.changed() => if r.is_err() { return other("the spool's writer stopped") },
+        }
+        let durable = view.borrow().extent.durable;
+        let mut out = build(sp, &mut state);
+        if durable > durable_sent {
+            let item = Up::Durable {
+                tli: view.borrow().extent.tli.0,
+                end: durable.0,
+            };
+            push(&mut state, &mut out, &item);
+            durable_sent = durable;
+        }
+        if out.0.is_empty() {
+            continue;
+        }
+        frame::finish(&mut out.0, &out.1);
+        Metrics::add(&sp.metrics.ops.link_messages_out_downstream, 1);
+        let msg = ToUpstream {
+            msg: Some(to_upstream::Msg::Frame(out.0.into())),
+        };
+        if ltx.send(msg).await.is_err() {
+            return other("the link went away");
+        }
+    }
+}
+
+type Building = (Vec<u8>, Digest);
+
+fn push(state: &mut UpState, out: &mut Building, item: &Up<'_>) {
+    state.put(&mut out.0, item);
+    item.digest(&mut out.1);
+}
+
+/// Everything ready to go up: control items in order (a channel's due feedback before its
+/// CLOSE), then the due feedback of the other channels.
+fn build(sp: &Spooler, state: &mut UpState) -> Building {
+    let mut out: Building = (Vec::new(), Digest::default());
+    let now = Instant::now();
+    let mut ch = lock(&sp.channels);
+    let queue = std::mem::take(&mut ch.queue);
+    for o in queue {
+        match o {
+            Out::Open(chan, info) => {
+                let b = info.encode_to_vec();
+                push(state, &mut out, &Up::Open { chan, info: &b });
+            }
+            Out::Command(chan, c) => {
+                let b = c.encode_to_vec();
+                push(state, &mut out, &Up::Command { chan, bytes: &b });
+            }
+            Out::Start(chan, s) => {
+                let b = s.encode_to_vec();
+                push(state, &mut out, &Up::Start { chan, cmd: &b });
+            }
+            Out::Close(chan) => {
+                if let Some(mut c) = ch.open.remove(&chan) {
+                    for f in c.pending.iter_mut().filter_map(Option::take) {
+                        push(state, &mut out, &Up::Feedback { chan, msg: f });
+                    }
+                }
+                push(state, &mut out, &Up::Close { chan });
+            }
+        }
+    }
+    for (chan, c) in ch.open.iter_mut() {
+        if c.due.is_some_and(|d| d <= now) {
+            c.due = None;
+            for i in 0..2 {
+                if let Some(f) = c.pending[i].take() {
+                    push(
+                        state,
+                        &mut out,
+                        &Up::Feedback {
+                            chan: *chan,
+                            msg: f,
+                        },
+                    );
+                    c.last[i] = Some(f);
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,295 @@
+//! The spooler: the downstream's end of the stream. It keeps one stream open to an upstream
+//! (reconnecting, trying the configured addresses in turn), writes the verified WAL to the
+//! spool ([`writer`]), and carries the standbys' channels: their commands and feedback up,
+//! their own connections' answers down.
+//!
+//! Standby sessions (`crate::walsender`) talk to the [`Spooler`] only: they read WAL from the
+//! spool, open a channel, and learn whether the link is up. A link cut ends no standby's
+//! session: they get what is spooled and wait; their channels are opened again, with their
+//! latest feedback, when the stream is back.
+//!
+//! Feedback of a channel is held for up to `link.batch_window_ms` (only the latest of each
+//! kind goes) unless its standby is synchronous, or the standby leaves; commands, starts and
+//! closes go at once.
+
+mod client;
+pub mod writer;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use walrelay_proto::frame::Feedback;
+use walrelay_proto::link::{Command, StandbyInfo, StartReplication, Welcome};
+
+use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
+use crate::metrics::Metrics;
+use crate::spool::Spool;
+use writer::{Op, SpoolView};
+
+/// How long sessions use plain zstd after WAL failed verification with the `wal` codec.
+const CODEC_FALLBACK: Duration = Duration::from_secs(600);
+/// Name of the file in the spool directory that keeps the primary's parameters, so standbys
+/// can start while the link is down.
+const PARAMS_FILE: &str = "primary.params";
+
+/// What a standby's session hears on its channel.
+#[derive(Debug)]
+pub enum ChanEvent {
+    /// The primary's answer to a command (whole backend messages, ending with ReadyForQuery,
+    /// or an ErrorResponse refusing START_REPLICATION).
+    Backend(Vec<u8>),
+    /// The standby's own connection to the primary streams; `synchronous`: a commit may wait
+    /// for this standby.
+    Started { synchronous: bool },
+    /// The link went down: an answer the session waits for will not come.
+    LinkDown,
+}
+
+/// An item for the upstream, in order.
+#[derive(Debug, Clone)]
+pub(crate) enum Out {
+    Open(u32, StandbyInfo),
+    Command(u32, Command),
+    Start(u32, StartReplication),
+    Close(u32),
+}
+
+/// A standby's channel as the spooler holds it (to open it again after a reconnect).
+struct Chan {
+    events: mpsc::Sender<ChanEvent>,
+    info: StandbyInfo,
+    start: Option<StartReplication>,
+    /// Latest feedback not yet sent ([status, hot-standby]), and until when it may wait.
+    pending: [Option<Feedback>; 2],
+    due: Option<Instant>,
+    /// Latest feedback sent (sent again after a reconnect).
+    last: [Option<Feedback>; 2],
+    synchronous: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Channels {
+    next: u32,
+    open: HashMap<u32, Chan>,
+    /// Control items waiting for the stream.
+    queue: Vec<Out>,
+}
+
+/// The downstream's end of the stream, shared by the standbys' sessions.
+pub struct Spooler {
+    pub cfg: ResolvedDownstream,
+    pub link_cfg: LinkConfig,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+    /// The spool as last published by its writer.
+    pub view: watch::Receiver<SpoolView>,
+    ops: std::sync::mpsc::SyncSender<Op>,
+    /// The open stream's Welcome, None while the link is down.
+    pub link: watch::Receiver<Option<Arc<Welcome>>>,
+    link_tx: watch::Sender<Option<Arc<Welcome>>>,
+    /// The primary's parameters (from the last Welcome, or the spool's file).
+    params: Mutex<Vec<(String, String)>>,
+    channels: Mutex<Channels>,
+    /// Something for the upstream is waiting.
+    wake: Notify,
+    fallback_until: Mutex<Option<Instant>>,
+    /// Why the last stream attempt failed (for standbys that cannot start without the link).
+    last_error: Mutex<Option<String>>,
+    /// The primary's WAL end as the stream last stated it (Welcome, WAL, keepalives).
+    primary_end: std::sync::atomic::AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Spooler {
+    /// Opens the spool and starts its writer; the stream starts with [`Spooler::run`].
+    pub fn new(
+        cfg: ResolvedDownstream,
+        link_cfg: LinkConfig,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Arc<Spooler>> {
+        use anyhow::Context;
+        let spool = Spool::open(&cfg.spool_dir, cfg.spool_bytes)
+            .with_context(|| format!("opening the spool in {}", cfg.spool_dir.display()))?;
+        let params = read_params(&cfg.spool_dir);
+        let (ops, view) = writer::start(spool).context("starting the spool's writer thread")?;
+        let (link_tx, link) = watch::channel(None);
+        Ok(Arc::new(Spooler {
+            cfg,
+            link_cfg,
+            limits,
+            metrics,
+            shutdown,
+            view,
+            ops,
+            link,
+            link_tx,
+            params: Mutex::new(params),
+            channels: Mutex::default(),
+            wake: Notify::new(),
+            fallback_until: Mutex::default(),
+            last_error: Mutex::default(),
+            primary_end: Default::default(),
+        }))
+    }
+
+    /// Keeps the stream open until shutdown (see [`client`]).
+    pub async fn run(self: Arc<Self>) {
+        client::run(self).await
+    }
+
+    /// The primary's WAL end as last stated on the stream (0 before any).
+    pub fn primary_end(&self) -> walrelay_wal::lsn::Lsn {
+        walrelay_wal::lsn::Lsn(self.primary_end.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn saw_primary_end(&self, end: u64) {
+        self.primary_end
+            .fetch_max(end, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why the link is down, if it is.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+
+    fn set_error(&self, e: Option<String>) {
+        *lock(&self.last_error) = e;
+    }
+
+    /// The primary's parameters for a standby's startup, if ever known.
+    pub fn params(&self) -> Vec<(String, String)> {
+        lock(&self.params).clone()
+    }
+
+    fn set_welcome(&self, w: Option<Arc<Welcome>>) {
+        if let Some(w) = &w {
+            let params: Vec<(String, String)> = w
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.value.clone()))
+                .collect();
+            if let Err(e) = write_params(&self.cfg.spool_dir, &params) {
+                warn!("cannot keep the primary's parameters in the spool directory: {e}");
+            }
+            *lock(&self.params) = params;
+        }
+        self.link_tx.send_replace(w);
+    }
+
+    /// The codec to ask for: the configured one, or `zstd` during a fallback.
+    fn codec(&self) -> CodecKind {
+        match (self.link_cfg.codec, *lock(&self.fallback_until)) {
+            (CodecKind::Wal, Some(t)) if Instant::now() < t => CodecKind::Zstd,
+            (c, _) => c,
+        }
+    }
+
+    fn start_fallback(&self) {
+        warn!("WAL failed verification with the wal codec: the stream uses plain zstd for the next {} s (please report this with the log)", CODEC_FALLBACK.as_secs());
+        *lock(&self.fallback_until) = Some(Instant::now() + CODEC_FALLBACK);
+    }
+
+    /// Opens a channel for a standby; its events arrive on the receiver. The channel is
+    /// opened on the stream now or when the link is back.
+    pub fn open_channel(&self, info: StandbyInfo) -> (u32, mpsc::Receiver<ChanEvent>) {
+        let (tx, rx) = mpsc::channel(16);
+        let mut ch = lock(&self.channels);
+        let mut chan = ch.next;
+        while ch.open.contains_key(&chan) {
+            chan = (chan + 1) % walrelay_proto::frame::MAX_CHANNELS;
+        }
+        ch.next = (chan + 1) % walrelay_proto::frame::MAX_CHANNELS;
+        ch.queue.push(Out::Open(chan, info.clone()));
+        ch.open.insert(
+            chan,
+            Chan {
+                events: tx,
+                info,
+                start: None,
+                pending: [None, None],
+                due: None,
+                last: [None, None],
+                synchronous: false,
+            },
+        );
+        drop(ch);
+        self.wake.notify_one();
+        (chan, rx)
+    }
+
+    pub fn command(&self, chan: u32, c: Command) {
+        self.enqueue(Out::Command(chan, c));
+    }
+
+    /// The standby started streaming (from the spool): its own connection should too.
+    pub fn start(&self, chan: u32, s: StartReplication) {
+        if let Some(c) = lock(&self.channels).open.get_mut(&chan) {
+            c.start = Some(s.clone());
+        }
+        self.enqueue(Out::Start(chan, s));
+    }
+
+    /// The standby's feedback: the latest of its kind waits for the window unless the
+    /// standby is synchronous or `urgent`.
+    pub fn feedback(&self, chan: u32, f: Feedback, urgent: bool) {
+        let window = Duration::from_millis(self.link_cfg.batch_window_ms);
+        let mut ch = lock(&self.channels);
+        let Some(c) = ch.open.get_mut(&chan) else {
+            return;
+        };
+        c.pending[usize::from(!f.is_status())] = Some(f);
+        let due = match urgent || c.synchronous || window.is_zero() {
+            true => Instant::now(),
+            false => c.due.unwrap_or_else(|| Instant::now() + window),
+        };
+        c.due = Some(due);
+        drop(ch);
+        self.wake.notify_one();
+    }
+
+    /// The standby left: its latest feedback still goes, then the channel closes.
+    pub fn close_channel(&self, chan: u32) {
+        let mut ch = lock(&self.channels);
+        if let Some(c) = ch.open.get_mut(&chan) {
+            c.due = Some(Instant::now());
+        }
+        ch.queue.push(Out::Close(chan));
+        drop(ch);
+        self.wake.notify_one();
+    }
+
+    fn enqueue(&self, o: Out) {
+        lock(&self.channels).queue.push(o);
+        self.wake.notify_one();
+    }
+}
+
+fn read_params(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(dir.join(PARAMS_FILE))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn write_params(dir: &Path, params: &[(String, String)]) -> Result<(), crate::spool::SpoolError> {
+    let text: String = params
+        .iter()
+        .filter(|(k, v)| !k.contains(['\t', '\n']) && !v.contains(['\t', '\n']))
+        .map(|(k, v)| format!("{k}\t{v}\n"))
+        .collect();
+    crate::spool::write_atomically(dir, PARAMS_FILE, text.as_bytes())
+}

@@ -1,0 +1,446 @@
+//! The feed: a stream's one replication connection to the primary, on the downstream's slot,
+//! and the primary → link direction of the stream.
+//!
+//! The feed reads the primary's WAL once and batches it into link frames, together with what
+//! the standbys' own connections ([`super::identity`]) send down: command results, and the
+//! news that a standby's connection streams. A batch takes every message that arrives within
+//! the stream's window (`link.batch_window_ms`), up to [`BATCH_MAX`] bytes; the window is
+//! zero while any standby of the stream is one `synchronous_standby_names` lists, and a batch
+//! with anything a standby waits for (a command's result) goes at once.
+//!
+//! Toward the primary the feed answers as a standby would: status updates whose write and
+//! flush positions are where the downstream's spool is durable (so the slot advances only
+//! over WAL that is on the far side's disk), at least every [`STATUS_EVERY`] and whenever the
+//! primary asks. At the end of a timeline (the primary was promoted from a standby and the
+//! spool was on the old timeline) it ends the copy, fetches the next timeline's history, sends
+//! it down and streams on.
+//!
+//! Reads wait when the stream's queue to the link is full, so a slow link pauses reading from
+//! the primary instead of buffering.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::FutureExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+
+use walrelay_pgwire::repl::{keepalive_end, keepalive_wants_reply, XLogData};
+use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
+use walrelay_proto::frame::{self, Digest, Down, DownState, WalHeader};
+use walrelay_proto::link::{to_downstream, ToDownstream};
+use walrelay_wal::linkcodec::WalEncoder;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+
+use super::primary;
+use crate::metrics::{timed, Metrics};
+use crate::monitor::codec_totals::SessionCodecStats;
+use crate::pgclient::PrimaryConn;
+
+/// Most bytes (WAL and other messages) in one batch: within the smallest allowed
+/// `limits.max_message_bytes`, so any downstream accepts the frame.
+pub const BATCH_MAX: usize = 256 * 1024;
+
+/// The feed tells the primary where the spool is at least this often.
+pub const STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// What a standby's own connection sends down the stream.
+#[derive(Debug)]
+pub enum Event {
+    /// The primary's answer to a command of the standby (whole backend messages).
+    Backend { chan: u32, bytes: Vec<u8> },
+    /// The standby's connection streams as it; `synchronous`: a commit may wait for it.
+    Started { chan: u32, synchronous: bool },
+}
+
+/// One run of contiguous WAL, or another item, waiting to be framed.
+enum Part {
+    Wal { header: WalHeader, data: BytesMut },
+    Keepalive { end: u64, send_time: i64 },
+    Event(Event),
+}
+
+#[derive(Default)]
+struct Batch {
+    parts: Vec<Part>,
+    bytes: usize,
+    /// Something in it must not wait for the window.
+    urgent: bool,
+    /// The primary ended the timeline (CopyDone): switch after this batch.
+    timeline_end: bool,
+    wal_end: Option<Lsn>,
+}
+
+impl Batch {
+    fn fits(&self, len: usize) -> bool {
+        self.bytes == 0 || self.bytes + len + 5 <= BATCH_MAX
+    }
+
+    fn push_event(&mut self, e: Event) {
+        self.bytes += match &e {
+            Event::Backend { bytes, .. } => bytes.len() + 8,
+            Event::Started { .. } => 8,
+        };
+        self.urgent = true;
+        self.parts.push(Part::Event(e));
+    }
+
+    fn push_wal(&mut self, x: XLogData) -> Result<(), WireError> {
+        let data_end = x.data_end().ok_or(WireError::Malformed {
+            tag: 'w',
+            what: "XLogData runs past the end of the WAL address space",
+        })?;
+        self.bytes += x.data.len() + 25;
+        self.wal_end = Some(data_end);
+        if let Some(Part::Wal { header, data }) = self.parts.last_mut() {
+            if header.start.checked_add(data.len() as u64) == Some(x.start.0) {
+                data.extend_from_slice(&x.data);
+                header.end = x.end.0;
+                header.send_time = x.send_time;
+                return Ok(());
+            }
+        }
+        self.parts.push(Part::Wal {
+            header: WalHeader {
+                start: x.start.0,
+                end: x.end.0,
+                send_time: x.send_time,
+                raw_len: 0,
+            },
+            data: BytesMut::from(&x.data[..]),
+        });
+        Ok(())
+    }
+}
+
+/// The primary → link direction of a stream, with the feed's connection.
+pub struct FeedToLink<'a> {
+    pub conn: PrimaryConn,
+    pub tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    pub events: mpsc::Receiver<Event>,
+    pub encoder: WalEncoder,
+    pub metrics: &'a Metrics,
+    pub window: Duration,
+    /// Standbys of this stream that a commit may wait on (no window while any).
+    pub synchronous: &'a AtomicUsize,
+    /// Where the downstream's spool is durable (written by the link → upstream direction).
+    pub durable: watch::Receiver<Lsn>,
+    /// The end of the WAL sent down, for the standbys' entries.
+    pub sent: watch::Sender<Lsn>,
+    pub codec_stats: SessionCodecStats,
+    pub state: DownState,
+    pub slot: String,
+    pub tli: TimeLineId,
+    pub pending: Option<RawMsg>,
+    pub last_status: tokio::time::Instant,
+}
+
+fn primary_gone(e: WireError) -> Status {
+    match e {
+        WireError::Closed => Status::unavailable("the primary closed the replication connection"),
+        e => Status::unavailable(format!("primary connection: {e}")),
+    }
+}
+
+impl FeedToLink<'_> {
+    /// Runs until the primary, the link or the downstream goes away.
+    pub async fn run(&mut self) -> Result<(), Status> {
+        loop {
+            let batch = self.gather().await?;
+            if !batch.parts.is_empty() {
+                let frame = self.frame(batch.parts)?;
+                Metrics::add(&self.metrics.link_messages_out, 1);
+                self.tx
+                    .send(Ok(ToDownstream {
+                        msg: Some(to_downstream::Msg::Frame(frame.into())),
+                    }))
+                    .await
+                    .map_err(|_| Status::cancelled("the downstream went away"))?;
+                if let Some(end) = batch.wal_end {
+                    self.sent.send_replace(end);
+                }
+            }
+            if batch.timeline_end {
+                self.next_timeline().await?;
+            }
+        }
+    }
+
+    async fn read(&mut self) -> Result<RawMsg, Status> {
+        let max = self.conn.max_message_bytes;
+        self.conn
+            .reader
+            .read(|b| parse_tagged(b, |_| max))
+            .await
+            .map_err(primary_gone)
+    }
+
+    fn window(&self) -> Duration {
+        match self.synchronous.load(Ordering::Relaxed) {
+            0 => self.window,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Reads one batch: waits for its first message (answering the primary meanwhile), then
+    /// takes what arrives within the window.
+    async fn gather(&mut self) -> Result<Batch, Status> {
+        let mut batch = Batch::default();
+        if let Some(m) = self.pending.take() {
+            self.take(&mut batch, m).await?;
+        }
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if batch.urgent || batch.timeline_end || batch.bytes >= BATCH_MAX {
+                return Ok(batch);
+            }
+            if deadline.is_none() && !batch.parts.is_empty() {
+                deadline = Some(tokio::time::Instant::now() + self.window());
+            }
+            let status_due = self.last_status + STATUS_EVERY;
+            let window_over = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let max = self.conn.max_message_bytes;
+            tokio::select! {
+                biased;
+                e = self.events.recv() => match e {
+                    Some(e) => batch.push_event(e),
+                    None => return Err(Status::cancelled("the stream's standby connections ended")),
+                },
+                m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
+                    let m = m.map_err(primary_gone)?;
+                    if !batch.fits(m.body.len()) {
+                        self.pending = Some(m);
+                        return Ok(batch);
+                    }
+                    self.take(&mut batch, m).await?;
+                }
+                r = self.durable.changed() => {
+                    if r.is_err() {
+                        return Err(Status::cancelled("the downstream went away"));
+                    }
+                    self.status().await?;
+                }
+                _ = tokio::time::sleep_until(status_due) => self.status().await?,
+                _ = window_over => return Ok(batch),
+            }
+            // With no window, only what has already arrived joins the batch.
+            if !batch.parts.is_empty() && self.window().is_zero() {
+                while !batch.urgent && batch.bytes < BATCH_MAX {
+                    match self.read().now_or_never() {
+                        Some(m) => {
+                            let m = m?;
+                            if !batch.fits(m.body.len()) {
+                                self.pending = Some(m);
+                                break;
+                            }
+                            self.take(&mut batch, m).await?;
+                        }
+                        None => break,
+                    }
+                }
+                return Ok(batch);
+            }
+        }
+    }
+
+    /// One message of the primary into the batch.
+    async fn take(&mut self, batch: &mut Batch, m: RawMsg) -> Result<(), Status> {
+        match m.tag {
+            b'd' => {
+                if let Some(x) = XLogData::parse(&m.body).map_err(primary_gone)? {
+                    Metrics::add(&self.metrics.wal_bytes_in, x.data.len() as u64);
+                    return batch.push_wal(x).map_err(primary_gone);
+                }
+                if let Some(end) = keepalive_end(&m.body) {
+                    if keepalive_wants_reply(&m.body) {
+                        self.status().await?;
+                    }
+                    let send_time = m
+                        .body
+                        .get(9..17)
+                        .and_then(|b| b.try_into().ok())
+                        .map(i64::from_be_bytes)
+                        .unwrap_or(0);
+                    batch.bytes += 16;
+                    batch.parts.push(Part::Keepalive {
+                        end: end.0,
+                        send_time,
+                    });
+                }
+                Ok(())
+            }
+            // The end of a timeline the spool was on: the primary now waits for our CopyDone.
+            b'c' => {
+                batch.timeline_end = true;
+                Ok(())
+            }
+            b'E' => {
+                let e = walrelay_pgwire::ErrorFields::parse(&m.body).map_err(primary_gone)?;
+                Err(Status::unavailable(format!(
+                    "the primary ended the stream's replication: {}",
+                    e.message
+                )))
+            }
+            // Notices, parameter changes: nothing for the stream.
+            _ => Ok(()),
+        }
+    }
+
+    /// Tells the primary where the spool is durable (write = flush = apply = that position).
+    async fn status(&mut self) -> Result<(), Status> {
+        let at = self.durable.borrow_and_update().0;
+        let mut msg = Vec::with_capacity(34);
+        msg.push(b'r');
+        for v in [at, at, at] {
+            msg.extend_from_slice(&v.to_be_bytes());
+        }
+        msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
+        // walrelay never asks the primary for a reply.
+        msg.push(0);
+        let mut out = BytesMut::new();
+        encode::copy_data(&mut out, &msg);
+        self.conn
+            .writer
+            .write_all(&out)
+            .await
+            .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
+        self.last_status = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// Encodes the batch's WAL runs and builds its frame.
+    fn frame(&mut self, parts: Vec<Part>) -> Result<Vec<u8>, Status> {
+        let (mut out, mut digest, mut encoded) = (Vec::new(), Digest::default(), Vec::new());
+        for part in &parts {
+            match part {
+                Part::Wal { header, data } => {
+                    let header = WalHeader {
+                        raw_len: u32::try_from(data.len())
+                            .map_err(|_| Status::internal("a WAL run longer than 4 GiB"))?,
+                        ..*header
+                    };
+                    let start = Lsn(header.start);
+                    timed(&self.metrics.encode_ns, || {
+                        self.encoder.encode(start, data, &mut encoded)
+                    })
+                    .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+                    Metrics::add(&self.metrics.wal_payload_bytes_out, encoded.len() as u64);
+                    self.codec_stats
+                        .observe(&self.encoder, &self.metrics.ops.codec);
+                    self.state.put_wal(&mut out, &header, &encoded);
+                    digest.wal(&header, data);
+                }
+                Part::Keepalive { end, send_time } => put(
+                    &mut self.state,
+                    &mut out,
+                    &mut digest,
+                    Down::Keepalive {
+                        end: *end,
+                        send_time: *send_time,
+                    },
+                ),
+                Part::Event(Event::Backend { chan, bytes }) => put(
+                    &mut self.state,
+                    &mut out,
+                    &mut digest,
+                    Down::Backend { chan: *chan, bytes },
+                ),
+                Part::Event(Event::Started { chan, synchronous }) => put(
+                    &mut self.state,
+                    &mut out,
+                    &mut digest,
+                    Down::Started {
+                        chan: *chan,
+                        synchronous: *synchronous,
+                    },
+                ),
+            }
+        }
+        frame::finish(&mut out, &digest);
+        Ok(out)
+    }
+
+    /// The primary ended the timeline the spool was on: finish the copy, read where the next
+    /// timeline starts, send its history down, stream on.
+    async fn next_timeline(&mut self) -> Result<(), Status> {
+        let mut out = BytesMut::new();
+        encode::copy_done(&mut out);
+        let err = |e: crate::pgclient::PgClientError| {
+            Status::unavailable(format!("following the primary's next timeline: {e}"))
+        };
+        self.conn
+            .writer
+            .write_all(&out)
+            .await
+            .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
+        // The next timeline and where it starts, then CommandComplete and ReadyForQuery.
+        let (mut next, mut at) = (None, None);
+        loop {
+            let m = self.read().await?;
+            match m.tag {
+                b'D' => {
+                    let row = m.data_row().map_err(primary_gone)?;
+                    let col = |i: usize| {
+                        row.get(i)
+                            .copied()
+                            .flatten()
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    };
+                    next = col(0).and_then(|s| s.parse::<u32>().ok()).map(TimeLineId);
+                    at = col(1).and_then(|s| s.parse::<Lsn>().ok());
+                }
+                b'Z' => break,
+                b'E' => {
+                    return Err(Status::unavailable(
+                        "the primary refused to end the timeline",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let (Some(next), Some(at)) = (next, at) else {
+            return Err(Status::unavailable(
+                "the primary ended the timeline without naming the next one",
+            ));
+        };
+        let history = primary::timeline_history(&mut self.conn, next)
+            .await
+            .map_err(err)?;
+        tracing::info!(from = %self.tli, to = %next, at = %at, "the primary is on a new timeline: following it");
+        self.events_now(Down::Timeline {
+            tli: next.0,
+            history: &history,
+        })
+        .await?;
+        primary::start_replication(&mut self.conn, Some(&self.slot), at, next)
+            .await
+            .map_err(err)?;
+        self.tli = next;
+        Ok(())
+    }
+
+    /// Sends one item at once in a frame of its own.
+    async fn events_now(&mut self, item: Down<'_>) -> Result<(), Status> {
+        let (mut out, mut digest) = (Vec::new(), Digest::default());
+        put(&mut self.state, &mut out, &mut digest, item);
+        frame::finish(&mut out, &digest);
+        self.tx
+            .send(Ok(ToDownstream {
+                msg: Some(to_downstream::Msg::Frame(out.into())),
+            }))
+            .await
+            .map_err(|_| Status::cancelled("the downstream went away"))
+    }
+}
+
+fn put(state: &mut DownState, out: &mut Vec<u8>, digest: &mut Digest, item: Down<'_>) {
+    state.put(out, &item);
+    item.digest(digest, &[]);
+}

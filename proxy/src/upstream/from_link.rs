@@ -1,0 +1,164 @@
+//! Link → upstream: the downstream's frames of one stream, verified, dispatched to the
+//! standbys' identities (open, commands, start, feedback, close) and to the feed (where the
+//! spool is durable).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+use tracing::Instrument;
+
+use walrelay_proto::frame::{Digest, Feedback, Up, UpState};
+use walrelay_proto::link::{to_upstream, Command, StandbyInfo, StartReplication, ToUpstream};
+use walrelay_wal::lsn::Lsn;
+
+use super::feed::Event;
+use super::identity::{Identity, ToIdentity};
+use super::Upstream;
+
+/// Largest command, standby info or start item (a slot name, an address, a few numbers).
+const MAX_ITEM: usize = 4096;
+
+/// A standby's identity as the stream holds it.
+struct Channel {
+    tx: mpsc::Sender<ToIdentity>,
+    feedback: watch::Sender<[Option<Feedback>; 2]>,
+}
+
+/// The link → upstream direction of a stream.
+pub struct LinkToUpstream {
+    pub up: Arc<Upstream>,
+    pub inbound: Streaming<ToUpstream>,
+    pub state: UpState,
+    pub durable: watch::Sender<Lsn>,
+    pub events: mpsc::Sender<Event>,
+    pub synchronous: Arc<AtomicUsize>,
+    pub sent: watch::Receiver<Lsn>,
+    channels: HashMap<u32, Channel>,
+}
+
+fn bad(what: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("link frame from the downstream: {what}"))
+}
+
+impl LinkToUpstream {
+    pub fn new(
+        up: Arc<Upstream>,
+        inbound: Streaming<ToUpstream>,
+        durable: watch::Sender<Lsn>,
+        events: mpsc::Sender<Event>,
+        synchronous: Arc<AtomicUsize>,
+        sent: watch::Receiver<Lsn>,
+    ) -> LinkToUpstream {
+        LinkToUpstream {
+            up,
+            inbound,
+            state: UpState::default(),
+            durable,
+            events,
+            synchronous,
+            sent,
+            channels: HashMap::new(),
+        }
+    }
+
+    /// Runs until the downstream closes its side (Ok) or something is wrong (Err); the
+    /// identities end with it (their channels close).
+    pub async fn run(mut self) -> Result<(), Status> {
+        while let Some(msg) = self.inbound.next().await {
+            let msg = msg.map_err(|s| Status::unavailable(format!("link: {}", s.message())))?;
+            let Some(to_upstream::Msg::Frame(frame)) = msg.msg else {
+                return Err(bad("expected a frame"));
+            };
+            let (items, sum) = self.state.parse(&frame, MAX_ITEM).map_err(bad)?;
+            let mut digest = Digest::default();
+            for item in &items {
+                item.digest(&mut digest);
+            }
+            if digest.finish() != sum {
+                return Err(Status::data_loss(
+                    "a message from the downstream failed verification on the link and was not passed to the primary",
+                ));
+            }
+            for item in items {
+                self.dispatch(item).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn dispatch(&mut self, item: Up<'_>) -> Result<(), Status> {
+        match item {
+            Up::Open { chan, info } => {
+                let info = StandbyInfo::decode(info).map_err(bad)?;
+                self.open(chan, info)
+            }
+            Up::Command { chan, bytes } => {
+                let c = Command::decode(bytes).map_err(bad)?;
+                self.to(chan, ToIdentity::Command(c)).await
+            }
+            Up::Start { chan, cmd } => {
+                let s = StartReplication::decode(cmd).map_err(bad)?;
+                self.to(chan, ToIdentity::Start(s)).await
+            }
+            Up::Feedback { chan, msg } => {
+                let ch = self.channel(chan)?;
+                let i = usize::from(!msg.is_status());
+                ch.feedback.send_modify(|f| f[i] = Some(msg));
+                Ok(())
+            }
+            Up::Close { chan } => {
+                self.channels.remove(&chan);
+                Ok(())
+            }
+            Up::Durable { end, .. } => {
+                self.durable.send_replace(Lsn(end));
+                Ok(())
+            }
+        }
+    }
+
+    fn channel(&self, chan: u32) -> Result<&Channel, Status> {
+        self.channels
+            .get(&chan)
+            .ok_or_else(|| bad(format!("channel {chan} is not open")))
+    }
+
+    async fn to(&mut self, chan: u32, m: ToIdentity) -> Result<(), Status> {
+        let tx = self.channel(chan)?.tx.clone();
+        // The identity ends only with its channel; a closed sender means it failed for good.
+        let _ = tx.send(m).await;
+        Ok(())
+    }
+
+    fn open(&mut self, chan: u32, info: StandbyInfo) -> Result<(), Status> {
+        if self.channels.contains_key(&chan) {
+            return Err(bad(format!("channel {chan} opened twice")));
+        }
+        if self.channels.len() >= self.up.limits.max_sessions {
+            return Err(Status::resource_exhausted(
+                "the downstream has more standbys than the upstream's limits.max_sessions",
+            ));
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let (feedback, feedback_rx) = watch::channel([None, None]);
+        let span = tracing::info_span!("standby_identity", application_name = %info.application_name, standby = %info.addr);
+        let identity = Identity {
+            up: self.up.clone(),
+            chan,
+            info,
+            rx,
+            feedback: feedback_rx,
+            events: self.events.clone(),
+            synchronous: self.synchronous.clone(),
+            sent: self.sent.clone(),
+        };
+        self.up.tasks.spawn(identity.run().instrument(span));
+        self.channels.insert(chan, Channel { tx, feedback });
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+//! The upstream's side of the link handshake, as pure functions: what a `Hello` asks for, what
+//! this upstream agrees to, and where the stream starts.
+
+use tonic::Status;
+
+use walrelay_proto::link::Hello;
+use walrelay_proto::PROTOCOL_VERSION;
+use walrelay_wal::linkcodec::CodecKind;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::segment::WalSegSize;
+
+use crate::config::{LinkConfig, DEFAULT_SLOT};
+
+/// What both ends of a stream use, as the upstream decided it from the downstream's `Hello`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agreed {
+    pub codec: CodecKind,
+    pub window_log: u32,
+    pub block_cache_bytes: usize,
+    /// The slot on the primary that belongs to this downstream's spool.
+    pub slot: String,
+}
+
+/// Checks a `Hello` against this upstream's link settings.
+pub fn agree(hello: &Hello, link: &LinkConfig, slot: Option<&str>) -> Result<Agreed, Status> {
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(Status::failed_precondition(format!(
+            "link protocol {} requested, this upstream speaks {PROTOCOL_VERSION}: run the same walrelay version on both halves",
+            hello.protocol_version
+        )));
+    }
+    let codec = CodecKind::from_name(&hello.codec)
+        .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
+    let name_ok = hello.downstream_name.len() <= 40
+        && hello
+            .downstream_name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !name_ok {
+        return Err(Status::invalid_argument(
+            "downstream.name may use only a-z, 0-9 and _, at most 40 characters",
+        ));
+    }
+    let base = slot.unwrap_or(DEFAULT_SLOT);
+    let slot = match hello.downstream_name.as_str() {
+        "" => base.to_string(),
+        n => format!("{base}_{n}"),
+    };
+    let block_cache_bytes =
+        usize::try_from(link.block_cache_bytes.min(hello.block_cache_bytes_max))
+            .map_err(|_| Status::invalid_argument("block_cache_bytes_max does not fit"))?;
+    Ok(Agreed {
+        codec,
+        window_log: link.zstd_window_log.min(hello.zstd_window_log_max.max(10)),
+        block_cache_bytes,
+        slot,
+    })
+}
+
+/// Where the stream starts and on which timeline, from the spool's end (`Hello`) and what the
+/// primary says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    pub tli: TimeLineId,
+    pub lsn: Lsn,
+}
+
+/// The primary as IDENTIFY_SYSTEM (and READ_REPLICATION_SLOT) describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrimaryState {
+    pub system_id: u64,
+    pub tli: TimeLineId,
+    pub flush: Lsn,
+    /// Where the stream's slot holds WAL from, when the primary can say (PG 15+).
+    pub slot_restart: Option<Lsn>,
+}
+
+/// A non-empty spool continues where it ends, on its own timeline (the primary serves an
+/// older timeline up to its switchpoint, then the stream follows to the next). An empty one
+/// starts at the segment holding the oldest WAL the slot keeps, or the primary's flush.
+pub fn start(hello: &Hello, primary: &PrimaryState, seg: WalSegSize) -> Result<Start, Status> {
+    if hello.system_id != 0 {
+        if hello.system_id != primary.system_id {
+            return Err(Status::failed_precondition(format!(
+                "the downstream's spool holds WAL of system {}, the primary is system {}: point downstream.spool_dir at an empty directory",
+                hello.system_id, primary.system_id
+            )));
+        }
+        if Lsn(hello.spool_end) > primary.flush && TimeLineId(hello.timeline) == primary.tli {
+            return Err(Status::failed_precondition(format!(
+                "the downstream's spool ends at {}, ahead of the primary ({}): it holds WAL the primary does not have; empty downstream.spool_dir",
+                Lsn(hello.spool_end),
+                primary.flush
+            )));
+        }
+        return Ok(Start {
+            tli: TimeLineId(hello.timeline),
+            lsn: Lsn(hello.spool_end),
+        });
+    }
+    let from = primary
+        .slot_restart
+        .unwrap_or(primary.flush)
+        .min(primary.flush);
+    let lsn = seg
+        .segment_start(seg.segment_of(from))
+        .ok_or_else(|| Status::internal("start position out of range"))?;
+    Ok(Start {
+        tli: primary.tli,
+        lsn,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            protocol_version: PROTOCOL_VERSION,
+            codec: "wal".into(),
+            zstd_window_log_max: 23,
+            block_cache_bytes_max: 1 << 20,
+            ..Default::default()
+        }
+    }
+
+    const P: PrimaryState = PrimaryState {
+        system_id: 7,
+        tli: TimeLineId(2),
+        flush: Lsn(0x5123456),
+        slot_restart: Some(Lsn(0x3800000)),
+    };
+
+    #[test]
+    fn agreement() {
+        let link = LinkConfig::default();
+        let a = agree(&hello(), &link, None).unwrap();
+        assert_eq!(a.slot, "walrelay");
+        assert_eq!(a.codec, CodecKind::Wal);
+        assert_eq!(a.block_cache_bytes, 1 << 20);
+        let named = Hello {
+            downstream_name: "dc2_b".into(),
+            ..hello()
+        };
+        assert_eq!(
+            agree(&named, &link, Some("relay")).unwrap().slot,
+            "relay_dc2_b"
+        );
+        for bad in [
+            Hello {
+                protocol_version: 3,
+                ..hello()
+            },
+            Hello {
+                codec: "lz77".into(),
+                ..hello()
+            },
+            Hello {
+                downstream_name: "Bad Name".into(),
+                ..hello()
+            },
+        ] {
+            assert!(agree(&bad, &link, None).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn where_the_stream_starts() {
+        let seg = WalSegSize::DEFAULT;
+        // Empty spool: the slot's segment.
+        assert_eq!(
+            start(&hello(), &P, seg).unwrap(),
+            Start {
+                tli: TimeLineId(2),
+                lsn: Lsn(0x3000000)
+            }
+        );
+        let no_slot = PrimaryState {
+            slot_restart: None,
+            ..P
+        };
+        assert_eq!(start(&hello(), &no_slot, seg).unwrap().lsn, Lsn(0x5000000));
+        // A spool continues where it ends, on its timeline.
+        let spool = Hello {
+            system_id: 7,
+            timeline: 1,
+            spool_end: 0x4000123,
+            ..hello()
+        };
+        assert_eq!(
+            start(&spool, &P, seg).unwrap(),
+            Start {
+                tli: TimeLineId(1),
+                lsn: Lsn(0x4000123)
+            }
+        );
+        // Another cluster, or ahead of the primary on its own timeline: refused.
+        assert!(start(
+            &Hello {
+                system_id: 8,
+                ..spool.clone()
+            },
+            &P,
+            seg
+        )
+        .is_err());
+        assert!(start(
+            &Hello {
+                timeline: 2,
+                spool_end: 0x6000000,
+                ..spool
+            },
+            &P,
+            seg
+        )
+        .is_err());
+    }
+}

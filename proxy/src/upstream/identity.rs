@@ -1,0 +1,322 @@
+//! A standby's identity: its own replication connection to the primary, under its
+//! `application_name` and on its own slot, so that `pg_stat_replication`, the slot and
+//! synchronous replication see the real standby while its WAL comes from the stream.
+//!
+//! Design (the least the primary can be asked to do with unmodified PostgreSQL): the primary
+//! only counts a walsender's standby for synchronous replication and slot progress when that
+//! walsender streams (state "streaming") and receives the standby's status updates. So the
+//! identity runs the standby's replication commands (SHOW, READ_REPLICATION_SLOT) on its
+//! connection, and when the standby starts streaming (from the downstream's spool) it starts
+//! streaming too, at the primary's current position (nothing to catch up, so it is
+//! "streaming" at once), reads and drops the WAL the primary sends it (it crossed the link
+//! once, in the stream) and passes on the standby's feedback. The primary's walsender for it
+//! costs what a local standby's costs; the WAL does not cross the link again. Lag columns stay
+//! truthful (the primary times its WAL against the real standby's replies); `sent_lsn` is what
+//! the primary sent to walrelay.
+//!
+//! The connection is re-established (every second) when it drops, as long as the standby is
+//! connected to the downstream; the standby's latest feedback is passed on when it is back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use walrelay_pgwire::repl::{keepalive_wants_reply, status_positions, XLogData};
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields};
+use walrelay_proto::frame::Feedback;
+use walrelay_proto::link::{Command, StandbyInfo, StartReplication};
+use walrelay_wal::lsn::Lsn;
+
+use super::feed::Event;
+use super::{primary, Upstream};
+use crate::link;
+use crate::monitor::{standbys::StandbyHandle, Half};
+use crate::pgclient::{self, PgClientError, PrimaryConn};
+
+/// What the stream passes to a standby's identity.
+#[derive(Debug)]
+pub enum ToIdentity {
+    Command(Command),
+    Start(StartReplication),
+}
+
+/// One standby's identity task.
+pub struct Identity {
+    pub up: Arc<Upstream>,
+    pub chan: u32,
+    pub info: StandbyInfo,
+    pub rx: mpsc::Receiver<ToIdentity>,
+    /// The standby's latest status update and hot-standby feedback (newer replaces older:
+    /// only the latest matters).
+    pub feedback: watch::Receiver<[Option<Feedback>; 2]>,
+    pub events: mpsc::Sender<Event>,
+    pub synchronous: Arc<AtomicUsize>,
+    /// End of the WAL the stream sent down (for the standby's entry).
+    pub sent: watch::Receiver<Lsn>,
+}
+
+/// Counts a synchronous standby while it is held.
+struct SyncGuard(Arc<AtomicUsize>);
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why one connection of the identity ended.
+enum Ended {
+    /// The standby left (its channel closed).
+    Closed,
+    /// The connection failed; try again.
+    Lost(String),
+}
+
+impl Identity {
+    pub async fn run(mut self) {
+        let app = self.info.application_name.clone();
+        let entry = self
+            .up
+            .metrics
+            .ops
+            .standbys
+            .register(Half::Upstream, &app, &self.info.addr);
+        let mut started: Option<StartReplication> = None;
+        let shutdown = self.up.shutdown.clone();
+        loop {
+            let end = self.connection(&entry, &mut started).await;
+            match end {
+                Ended::Closed => return,
+                Ended::Lost(why) => {
+                    warn!(application_name = %app, "the standby's connection to the primary ended ({why}); opening it again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One connection to the primary as the standby, until it or the standby ends.
+    async fn connection(
+        &mut self,
+        entry: &StandbyHandle,
+        started: &mut Option<StartReplication>,
+    ) -> Ended {
+        let app = self.info.application_name.clone();
+        let cfg = &self.up.cfg;
+        let mut conn =
+            match pgclient::connect(&cfg.primary, &app, self.up.limits.max_message_bytes).await {
+                Ok(c) => c,
+                Err(e) => return Ended::Lost(e.to_string()),
+            };
+        let sync = super::synchronous(&mut conn, &app).await;
+        let _guard = sync.then(|| {
+            self.synchronous.fetch_add(1, Ordering::Relaxed);
+            SyncGuard(self.synchronous.clone())
+        });
+        let mut streaming = false;
+        if let Some(s) = started.clone() {
+            if let Err(e) = self.start(&mut conn, &s, sync, entry).await {
+                return Ended::Lost(e);
+            }
+            streaming = true;
+        }
+        let shutdown = self.up.shutdown.clone();
+        loop {
+            let max = conn.max_message_bytes;
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    terminate(&mut conn).await;
+                    return Ended::Closed;
+                }
+                m = self.rx.recv() => match m {
+                    None => {
+                        terminate(&mut conn).await;
+                        return Ended::Closed;
+                    }
+                    Some(ToIdentity::Command(c)) if !streaming => {
+                        if let Err(e) = self.command(&mut conn, c).await {
+                            let mut out = BytesMut::new();
+                            let msg = format!("walrelay: the connection to the primary failed during the command: {e}");
+                            encode::error_response(&mut out, &ErrorFields::error("08006", msg));
+                            encode::ready_for_query(&mut out);
+                            self.send(out.to_vec()).await;
+                            return Ended::Lost(e.to_string());
+                        }
+                    }
+                    Some(ToIdentity::Command(_)) => {}
+                    Some(ToIdentity::Start(s)) => match self.start(&mut conn, &s, sync, entry).await {
+                        Ok(()) => {
+                            *started = Some(s);
+                            streaming = true;
+                        }
+                        Err(e) => return Ended::Lost(e),
+                    },
+                },
+                r = self.feedback.changed(), if streaming => {
+                    if r.is_err() {
+                        continue;
+                    }
+                    if let Err(e) = self.pass_feedback(&mut conn, entry).await {
+                        return Ended::Lost(e);
+                    }
+                }
+                m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => match m {
+                    Ok(m) if m.tag == b'd' => {
+                        // The WAL crossed the link in the stream: dropped here.
+                        if let Ok(Some(x)) = XLogData::parse(&m.body) {
+                            entry.primary_end(x.end);
+                        } else if keepalive_wants_reply(&m.body) {
+                            if let Err(e) = self.reply(&mut conn, entry).await {
+                                return Ended::Lost(e);
+                            }
+                        }
+                        entry.wal(*self.sent.borrow());
+                    }
+                    Ok(m) if m.tag == b'E' => {
+                        let why = ErrorFields::parse(&m.body).map(|e| e.message).unwrap_or_default();
+                        return Ended::Lost(format!("the primary ended streaming: {why}"));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Ended::Lost(e.to_string()),
+                },
+            }
+        }
+    }
+
+    /// Runs one of the standby's commands and sends the primary's answer down.
+    async fn command(&mut self, conn: &mut PrimaryConn, c: Command) -> Result<(), PgClientError> {
+        let cmd = match link::command_from_proto(c, None) {
+            Ok(cmd) => cmd,
+            Err(status) => {
+                let mut out = BytesMut::new();
+                encode::error_response(&mut out, &ErrorFields::error("08P01", status.message()));
+                encode::ready_for_query(&mut out);
+                self.send(out.to_vec()).await;
+                return Ok(());
+            }
+        };
+        let mut out = BytesMut::new();
+        encode::query(&mut out, &cmd.to_sql());
+        conn.writer
+            .write_all(&out)
+            .await
+            .map_err(walrelay_pgwire::WireError::Io)?;
+        let max = conn.max_message_bytes;
+        let mut answer = BytesMut::new();
+        loop {
+            let m = conn.reader.read(|b| parse_tagged(b, |_| max)).await?;
+            m.encode(&mut answer);
+            if m.tag == b'Z' {
+                break;
+            }
+        }
+        self.send(answer.to_vec()).await;
+        Ok(())
+    }
+
+    async fn send(&self, bytes: Vec<u8>) {
+        let _ = self
+            .events
+            .send(Event::Backend {
+                chan: self.chan,
+                bytes,
+            })
+            .await;
+    }
+
+    /// Streams as the standby, from the primary's current position, on the standby's slot;
+    /// tells the downstream (STARTED), or sends the primary's error down (a slot that does not
+    /// exist, ...), which the downstream gives the standby.
+    async fn start(
+        &mut self,
+        conn: &mut PrimaryConn,
+        s: &StartReplication,
+        sync: bool,
+        entry: &StandbyHandle,
+    ) -> Result<(), String> {
+        let (_, tli, pos) = primary::identify(conn).await.map_err(|e| e.to_string())?;
+        let slot = (!s.slot.is_empty()).then_some(s.slot.as_str());
+        entry.set_slot(slot);
+        match primary::start_replication(conn, slot, pos, tli).await {
+            Ok(()) => {
+                info!(application_name = %self.info.application_name, synchronous = sync, "the standby's own connection to the primary streams");
+                let _ = self
+                    .events
+                    .send(Event::Started {
+                        chan: self.chan,
+                        synchronous: sync,
+                    })
+                    .await;
+                self.pass_feedback(conn, entry).await
+            }
+            Err(PgClientError::Server(e)) => {
+                let mut out = BytesMut::new();
+                encode::error_response(&mut out, &e);
+                self.send(out.to_vec()).await;
+                Err(format!(
+                    "the primary refused START_REPLICATION: {}",
+                    e.message
+                ))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The primary asks for a reply: the standby's latest feedback, or, before the standby's
+    /// first one has arrived, a status update with no positions (which tells the primary the
+    /// standby is there without claiming anything).
+    async fn reply(&mut self, conn: &mut PrimaryConn, entry: &StandbyHandle) -> Result<(), String> {
+        if self.feedback.borrow().iter().any(Option::is_some) {
+            return self.pass_feedback(conn, entry).await;
+        }
+        let mut msg = vec![b'r'];
+        msg.extend_from_slice(&[0u8; 24]);
+        msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
+        msg.push(0);
+        let mut out = BytesMut::new();
+        encode::copy_data(&mut out, &msg);
+        conn.writer
+            .write_all(&out)
+            .await
+            .map_err(|e| format!("writing to the primary: {e}"))
+    }
+
+    /// The standby's latest feedback, to the primary.
+    async fn pass_feedback(
+        &mut self,
+        conn: &mut PrimaryConn,
+        entry: &StandbyHandle,
+    ) -> Result<(), String> {
+        let latest = *self.feedback.borrow_and_update();
+        let mut out = BytesMut::new();
+        for f in latest.iter().flatten() {
+            if let Some((w, fl, r)) = status_positions(f.bytes()) {
+                entry.reply(w, fl, r);
+            }
+            encode::copy_data(&mut out, f.bytes());
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        conn.writer
+            .write_all(&out)
+            .await
+            .map_err(|e| format!("writing to the primary: {e}"))
+    }
+}
+
+/// Ends a connection to the primary politely (bounded: a primary that stopped reading does
+/// not hold the caller).
+pub async fn terminate(conn: &mut PrimaryConn) {
+    let mut out = BytesMut::new();
+    encode::terminate(&mut out);
+    let _ = tokio::time::timeout(Duration::from_secs(1), conn.writer.write_all(&out)).await;
+}

@@ -1,0 +1,156 @@
+//! Replication commands the upstream runs on its own connections to the primary before they
+//! stream: who the primary is, its segment size, where a slot holds WAL from, timeline history,
+//! and START_REPLICATION itself.
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+
+use walrelay_pgwire::{encode, ErrorFields, RawMsg, WireError};
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::segment::WalSegSize;
+
+use crate::pgclient::{PgClientError, PrimaryConn};
+
+fn malformed(what: &'static str) -> PgClientError {
+    PgClientError::Wire(WireError::Malformed { tag: 'D', what })
+}
+
+/// The first row of a result, as text columns.
+fn first_row(msgs: &[RawMsg]) -> Result<Vec<Option<String>>, PgClientError> {
+    let row = msgs
+        .iter()
+        .find(|m| m.tag == b'D')
+        .ok_or(malformed("the command returned no row"))?;
+    Ok(row
+        .data_row()?
+        .into_iter()
+        .map(|c| c.map(|v| String::from_utf8_lossy(v).into_owned()))
+        .collect())
+}
+
+/// IDENTIFY_SYSTEM: (system identifier, timeline, flush position).
+pub async fn identify(conn: &mut PrimaryConn) -> Result<(u64, TimeLineId, Lsn), PgClientError> {
+    let row = first_row(&conn.simple_query("IDENTIFY_SYSTEM").await?)?;
+    let col = |i: usize| row.get(i).cloned().flatten();
+    let system = col(0)
+        .and_then(|s| s.parse().ok())
+        .ok_or(malformed("IDENTIFY_SYSTEM systemid"))?;
+    let tli = col(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or(malformed("IDENTIFY_SYSTEM timeline"))?;
+    let pos = col(2)
+        .and_then(|s| s.parse().ok())
+        .ok_or(malformed("IDENTIFY_SYSTEM xlogpos"))?;
+    Ok((system, TimeLineId(tli), pos))
+}
+
+/// `SHOW wal_segment_size` ("16MB", "1GB", ...).
+pub async fn segment_size(conn: &mut PrimaryConn) -> Result<WalSegSize, PgClientError> {
+    let v = conn.show("wal_segment_size").await?;
+    parse_size(&v)
+        .and_then(WalSegSize::new)
+        .ok_or(malformed("wal_segment_size is not a valid segment size"))
+}
+
+/// A PostgreSQL memory setting as SHOW prints it ("16MB", "1GB", "512kB", "8192").
+pub fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = v[..digits].parse().ok()?;
+    let unit = match &v[digits..] {
+        "" | "B" => 1,
+        "kB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// Where `slot` holds WAL from (READ_REPLICATION_SLOT, PostgreSQL 15+); None when the primary
+/// cannot say (older majors) or the slot holds nothing yet.
+pub async fn slot_restart(conn: &mut PrimaryConn, slot: &str) -> Option<Lsn> {
+    let sql = format!("READ_REPLICATION_SLOT \"{}\"", slot.replace('"', "\"\""));
+    let msgs = conn.simple_query(&sql).await.ok()?;
+    first_row(&msgs)
+        .ok()?
+        .get(1)
+        .cloned()
+        .flatten()?
+        .parse()
+        .ok()
+}
+
+/// TIMELINE_HISTORY: the content of the history file of `tli`.
+pub async fn timeline_history(
+    conn: &mut PrimaryConn,
+    tli: TimeLineId,
+) -> Result<Vec<u8>, PgClientError> {
+    let msgs = conn
+        .simple_query(&format!("TIMELINE_HISTORY {}", tli.0))
+        .await?;
+    let row = msgs
+        .iter()
+        .find(|m| m.tag == b'D')
+        .ok_or(malformed("TIMELINE_HISTORY returned no row"))?;
+    match row.data_row()?.get(1) {
+        Some(Some(v)) => Ok(v.to_vec()),
+        _ => Err(malformed("TIMELINE_HISTORY returned no content")),
+    }
+}
+
+/// Sends START_REPLICATION and waits for CopyBothResponse; the primary's ErrorResponse comes
+/// back as `Err(Server)`.
+pub async fn start_replication(
+    conn: &mut PrimaryConn,
+    slot: Option<&str>,
+    at: Lsn,
+    tli: TimeLineId,
+) -> Result<(), PgClientError> {
+    let slot = slot
+        .map(|s| format!("SLOT \"{}\" ", s.replace('"', "\"\"")))
+        .unwrap_or_default();
+    let sql = format!("START_REPLICATION {slot}PHYSICAL {at} TIMELINE {}", tli.0);
+    let mut out = BytesMut::new();
+    encode::query(&mut out, &sql);
+    conn.writer.write_all(&out).await.map_err(WireError::Io)?;
+    let max = conn.max_message_bytes;
+    loop {
+        let m = conn
+            .reader
+            .read(|b| walrelay_pgwire::parse_tagged(b, |_| max))
+            .await?;
+        match m.tag {
+            b'W' => return Ok(()),
+            b'E' => {
+                let e = ErrorFields::parse(&m.body)?;
+                // The primary follows an error with ReadyForQuery; read it so the connection
+                // can be used again.
+                let _ = conn
+                    .reader
+                    .read(|b| walrelay_pgwire::parse_tagged(b, |_| max))
+                    .await;
+                return Err(PgClientError::Server(e));
+            }
+            // Notices and parameter changes may come first.
+            b'N' | b'S' => continue,
+            t => return Err(PgClientError::Unexpected(t as char, "START_REPLICATION")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_as_show_prints_them() {
+        use super::parse_size;
+        assert_eq!(parse_size("16MB"), Some(16 << 20));
+        assert_eq!(parse_size("1GB"), Some(1 << 30));
+        assert_eq!(parse_size("512kB"), Some(512 << 10));
+        assert_eq!(parse_size("8192"), Some(8192));
+        assert_eq!(parse_size("16 MB"), None);
+        assert_eq!(parse_size("MB"), None);
+        assert_eq!(parse_size("99999999999999TB"), None);
+    }
+}

@@ -1,0 +1,384 @@
+//! START_REPLICATION served from the spool, as PostgreSQL's walsender serves it
+//! (`StartReplication`, `XLogSendPhysical`):
+//!
+//! - an older timeline is checked against the spool's history: a start past its end gets the
+//!   next timeline at once (no COPY); otherwise WAL goes up to the switchpoint, then CopyDone,
+//!   and after the standby's CopyDone the next timeline and where it starts;
+//! - a start past what the spool has but not past the primary's end waits for the spool; past
+//!   both, it gets "requested starting point … is ahead of the WAL flush position of this
+//!   server"; WAL the spool no longer has "requested WAL segment … has already been removed";
+//! - XLogData of at most 128 KiB (MAX_SEND_SIZE), a keepalive when nothing was sent for
+//!   [`KEEPALIVE_EVERY`] and at once when the standby asks for a reply;
+//! - the standby's feedback goes to its own connection to the primary, through the stream.
+//!
+//! Before COPY starts, the standby's own connection to the primary starts streaming as it
+//! (on its slot); the primary's refusal (a slot that does not exist, ...) is the standby's
+//! answer. While the link is down the standby is served at once and its connection starts
+//! when the link is back.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use walrelay_pgwire::repl::{check_feedback, pg_now, status_positions, XLogData};
+use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
+use walrelay_proto::frame::Feedback;
+use walrelay_proto::link::StartReplication;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::timeline;
+
+use super::session::Session;
+use super::{shutting_down, End};
+use crate::spool::SpoolError;
+use crate::spooler::ChanEvent;
+
+/// Most WAL bytes in one XLogData (PostgreSQL's MAX_SEND_SIZE).
+const MAX_SEND: usize = 128 * 1024;
+/// A keepalive goes when nothing was sent for this long.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+/// Longest the start of the standby's own connection may hold up streaming.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// Where the timeline being sent ends, if it is an older one.
+#[derive(Debug, Clone, Copy)]
+struct Historic {
+    end: Lsn,
+    next: TimeLineId,
+}
+
+/// How COPY mode ended.
+enum CopyEnd {
+    /// The standby sent CopyDone.
+    Standby,
+    /// The older timeline was sent up to its end; CopyDone sent.
+    TimelineEnd(Historic),
+}
+
+/// The end of `tli` in the spool's current history (None: it is the current timeline).
+fn historic(s: &Session<'_>, tli: TimeLineId) -> Result<Option<Historic>, ErrorFields> {
+    let view = s.ds.spooler.view.borrow().clone();
+    let cur = view.extent.tli;
+    if tli == cur {
+        return Ok(None);
+    }
+    let not_in = || {
+        ErrorFields::error(
+            "XX000",
+            format!(
+                "requested timeline {} is not in this server's history",
+                tli.0
+            ),
+        )
+    };
+    let text = view.files.history(cur).ok_or_else(not_in)?;
+    let entries = timeline::parse(&String::from_utf8_lossy(&text)).map_err(|_| not_in())?;
+    let end = timeline::switchpoint(&entries, tli).ok_or_else(not_in)?;
+    let next = timeline::next_timeline(&entries, cur, tli).ok_or_else(not_in)?;
+    Ok(Some(Historic { end, next }))
+}
+
+pub(super) async fn stream(
+    s: &mut Session<'_>,
+    slot: Option<String>,
+    start: Lsn,
+    timeline: Option<TimeLineId>,
+) -> Result<(), End> {
+    let tli = timeline.unwrap_or_else(|| s.ds.spooler.view.borrow().extent.tli);
+    let mut hist = match historic(s, tli) {
+        Ok(h) => h,
+        Err(e) => return s.error(e).await,
+    };
+    if let Some(h) = hist {
+        if h.end < start {
+            return s
+                .error(
+                    ErrorFields::error(
+                        "XX000",
+                        format!("requested starting point {start} on timeline {} is not in this server's history", tli.0),
+                    )
+                    .with_detail(format!("This server's history forked from timeline {} at {}.", tli.0, h.end)),
+                )
+                .await;
+        }
+        if start == h.end {
+            let mut out = BytesMut::new();
+            results::next_timeline(&mut out, h.next, h.end);
+            encode::ready_for_query(&mut out);
+            return s.write(&out).await;
+        }
+    }
+    if !start_identity(s, slot, start, tli).await? {
+        return Ok(());
+    }
+    // Ahead of the spool: the spool may still be catching up with the primary; wait for it
+    // (bounded), or for the primary to state it has that WAL.
+    if hist.is_none() && !reached(&s.ds.spooler, start).await {
+        let end = s.ds.spooler.view.borrow().extent.end;
+        let mut out = BytesMut::new();
+        encode::tagged(&mut out, b'W', |b| b.extend_from_slice(&[0, 0, 0]));
+        s.write(&out).await?;
+        return s
+            .error(ErrorFields::error(
+                "XX000",
+                format!("requested starting point {start} is ahead of the WAL flush position of this server {end}"),
+            ))
+            .await;
+    }
+    // CopyBothResponse: text format, no columns.
+    let mut out = BytesMut::new();
+    encode::tagged(&mut out, b'W', |b| b.extend_from_slice(&[0, 0, 0]));
+    s.write(&out).await?;
+    let how = copy(s, tli, start, &mut hist).await?;
+    let mut out = BytesMut::new();
+    if let CopyEnd::TimelineEnd(h) = how {
+        results::next_timeline(&mut out, h.next, h.end);
+    } else {
+        results::command_complete(&mut out, "START_STREAMING");
+    }
+    encode::ready_for_query(&mut out);
+    s.write(&out).await
+}
+
+/// Longest a standby ahead of the spool waits for the spool to catch up.
+const AHEAD_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether the spool reaches `start`, or the primary says it has it, within [`AHEAD_WAIT`].
+async fn reached(sp: &crate::spooler::Spooler, start: Lsn) -> bool {
+    let mut view = sp.view.clone();
+    let ok = |v: &crate::spooler::writer::SpoolView| v.extent.end >= start;
+    if ok(&view.borrow()) {
+        return true;
+    }
+    let wait = async {
+        loop {
+            if sp.primary_end() >= start {
+                return true;
+            }
+            tokio::select! {
+                r = view.changed() => if r.is_err() { return false },
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            if ok(&view.borrow()) {
+                return true;
+            }
+        }
+    };
+    tokio::time::timeout(AHEAD_WAIT, wait)
+        .await
+        .unwrap_or(false)
+}
+
+/// Starts the standby's own connection to the primary (when the link is up) and waits for
+/// it; false when the primary refused (its answer went to the standby).
+async fn start_identity(
+    s: &mut Session<'_>,
+    slot: Option<String>,
+    start: Lsn,
+    tli: TimeLineId,
+) -> Result<bool, End> {
+    let up = s.ds.spooler.link.borrow().is_some();
+    s.ds.spooler.start(
+        s.chan,
+        StartReplication {
+            slot: slot.unwrap_or_default(),
+            start_lsn: start.0,
+            timeline: tli.0,
+        },
+    );
+    if !up {
+        return Ok(true);
+    }
+    let answer = tokio::time::timeout(START_WAIT, async {
+        match s.events.recv().await {
+            Some(ChanEvent::Backend(b)) => Some(b),
+            Some(ChanEvent::Started { .. } | ChanEvent::LinkDown) | None => None,
+        }
+    })
+    .await;
+    match answer {
+        Ok(Some(refusal)) => {
+            let mut out = BytesMut::from(&refusal[..]);
+            encode::ready_for_query(&mut out);
+            s.write(&out).await?;
+            Ok(false)
+        }
+        _ => Ok(true),
+    }
+}
+
+/// COPY mode: WAL from the spool, keepalives, the standby's feedback.
+async fn copy(
+    s: &mut Session<'_>,
+    tli: TimeLineId,
+    mut pos: Lsn,
+    hist: &mut Option<Historic>,
+) -> Result<CopyEnd, End> {
+    let mut view = s.ds.spooler.view.clone();
+    let mut last_sent = Instant::now();
+    loop {
+        let ext = view.borrow_and_update().extent;
+        if hist.is_none() && ext.tli != tli {
+            // The spool moved to a new timeline: this one now ends at its switchpoint.
+            *hist = historic(s, tli).map_err(End::Fatal)?;
+        }
+        let limit = hist.map(|h| h.end).unwrap_or(ext.end);
+        if let Some(h) = *hist {
+            if pos >= h.end {
+                let mut out = BytesMut::new();
+                encode::copy_done(&mut out);
+                s.write(&out).await?;
+                drain_until_copy_done(s).await?;
+                return Ok(CopyEnd::TimelineEnd(h));
+            }
+        }
+        let more = pos < limit;
+        tokio::select! {
+            biased;
+            m = s.reader.read(walrelay_pgwire::parse_frontend) => {
+                match standby_message(s, m, limit).await? {
+                    Some(end) => return Ok(end),
+                    None => continue,
+                }
+            }
+            _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
+            _ = std::future::ready(()), if more => {
+                pos = send_wal(s, tli, pos, limit, ext.end).await?;
+                last_sent = Instant::now();
+            }
+            r = view.changed(), if !more => {
+                if r.is_err() {
+                    return Err(End::fatal("XX000", "walrelay: the spool stopped"));
+                }
+            }
+            e = s.events.recv() => if e.is_none() {
+                return Err(End::fatal("XX000", "walrelay: the spooler stopped"));
+            },
+            _ = tokio::time::sleep_until(last_sent + KEEPALIVE_EVERY) => {
+                keepalive(s, limit, false).await?;
+                last_sent = Instant::now();
+            }
+        }
+    }
+}
+
+/// One XLogData from the spool.
+async fn send_wal(
+    s: &mut Session<'_>,
+    tli: TimeLineId,
+    pos: Lsn,
+    limit: Lsn,
+    end: Lsn,
+) -> Result<Lsn, End> {
+    let files = s.ds.spooler.view.borrow().files.clone();
+    let read = tokio::task::spawn_blocking(move || files.read(tli, pos, limit, MAX_SEND))
+        .await
+        .map_err(|_| End::fatal("XX000", "walrelay: reading the spool failed"))?;
+    let data = match read {
+        Ok(d) => d,
+        Err(e @ SpoolError::Removed(_)) => {
+            return Err(End::Fatal(ErrorFields::error("58P01", e.to_string())))
+        }
+        Err(e) => {
+            return Err(End::fatal(
+                "XX000",
+                format!("walrelay: reading the spool: {e}"),
+            ))
+        }
+    };
+    let next = Lsn(pos.0 + data.len() as u64);
+    let mut out = BytesMut::with_capacity(data.len() + 32);
+    XLogData {
+        start: pos,
+        end: end.max(next),
+        send_time: pg_now(),
+        data: Bytes::from(data),
+    }
+    .encode_copy_data(&mut out);
+    s.write(&out).await?;
+    s.entry.wal(next);
+    s.entry.primary_end(end);
+    Ok(next)
+}
+
+async fn keepalive(s: &mut Session<'_>, end: Lsn, reply: bool) -> Result<(), End> {
+    let mut body = Vec::with_capacity(18);
+    body.push(b'k');
+    body.extend_from_slice(&end.0.to_be_bytes());
+    body.extend_from_slice(&pg_now().to_be_bytes());
+    body.push(u8::from(reply));
+    let mut out = BytesMut::new();
+    encode::copy_data(&mut out, &body);
+    s.write(&out).await
+}
+
+/// A message of the standby during COPY; Some when COPY ends.
+async fn standby_message(
+    s: &mut Session<'_>,
+    m: Result<FrontendMsg, WireError>,
+    end: Lsn,
+) -> Result<Option<CopyEnd>, End> {
+    match m {
+        Ok(FrontendMsg::CopyData(d)) => {
+            if let Err(e) = check_feedback(&d) {
+                return Err(End::fatal("08P01", format!("invalid standby message: {e}")));
+            }
+            if let Some((w, f, r)) = status_positions(&d) {
+                s.entry.reply(w, f, r);
+            }
+            let fb = Feedback::new(&d).map_err(|e| End::fatal("08P01", e.to_string()))?;
+            // The standby asks for a reply (its wal_receiver_timeout is running out).
+            if fb.is_status() && d.last().is_some_and(|b| *b != 0) {
+                keepalive(s, end, false).await?;
+            }
+            // The first status update of a stream goes at once: the primary learns where the
+            // standby is without waiting for the window.
+            let first = fb.is_status() && !std::mem::replace(&mut s.reported, true);
+            s.ds.spooler.feedback(s.chan, fb, first);
+            Ok(None)
+        }
+        Ok(FrontendMsg::CopyDone) => {
+            let mut out = BytesMut::new();
+            encode::copy_done(&mut out);
+            s.write(&out).await?;
+            Ok(Some(CopyEnd::Standby))
+        }
+        Ok(FrontendMsg::Terminate) | Err(WireError::Closed) | Err(WireError::Io(_)) => {
+            Err(End::Quiet)
+        }
+        Ok(FrontendMsg::Query(_)) | Ok(FrontendMsg::Other(_)) | Ok(FrontendMsg::Password(_)) => {
+            // As PostgreSQL: anything but CopyData/CopyDone during COPY ends the session.
+            Err(End::fatal("08P01", "invalid standby message type"))
+        }
+        Ok(FrontendMsg::CopyFail(why)) => Err(End::fatal("57014", format!("COPY failed: {why}"))),
+        Err(e) => Err(End::fatal(
+            "08P01",
+            format!("invalid message from the standby: {e}"),
+        )),
+    }
+}
+
+/// After our CopyDone at the end of a timeline: feedback until the standby's CopyDone.
+async fn drain_until_copy_done(s: &mut Session<'_>) -> Result<(), End> {
+    loop {
+        let m = tokio::select! {
+            m = s.reader.read(walrelay_pgwire::parse_frontend) => m,
+            _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
+        };
+        match m {
+            Ok(FrontendMsg::CopyDone) => return Ok(()),
+            Ok(FrontendMsg::CopyData(d)) => {
+                if let Ok(fb) = Feedback::new(&d) {
+                    if let Some((w, f, r)) = status_positions(&d) {
+                        s.entry.reply(w, f, r);
+                    }
+                    s.ds.spooler.feedback(s.chan, fb, false);
+                }
+            }
+            Ok(FrontendMsg::Terminate) | Err(WireError::Closed) | Err(WireError::Io(_)) => {
+                return Err(End::Quiet)
+            }
+            _ => return Err(End::fatal("08P01", "invalid standby message type")),
+        }
+    }
+}
