@@ -97,8 +97,10 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
     let init =
         tokio::process::Command::from(primary.pgbench(&["-i", "-s", "10", "-q", "postgres"]))
             .kill_on_drop(true)
-            .output()
-            .await?;
+            .output();
+    let init = tokio::time::timeout(Duration::from_secs(300), init)
+        .await
+        .context("pgbench -i took more than 5 minutes")??;
     anyhow::ensure!(
         init.status.success(),
         "pgbench -i failed: {}",

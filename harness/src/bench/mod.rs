@@ -263,7 +263,9 @@ async fn setup(
     let primary = Cluster::init_primary(install, &root, "primary", &popts)?;
     primary.start().await?;
     primary.create_replication_user(PRIMARY_PASSWORD).await?;
-    w.prepare(&primary).await?;
+    tokio::time::timeout(LONG_WAIT, w.prepare(&primary))
+        .await
+        .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
     let down_ports = [free_port(), free_port()];
     let mut standbys = Vec::new();
     for (i, app) in APPS.iter().enumerate() {
