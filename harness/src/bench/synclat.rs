@@ -1,6 +1,7 @@
 //! The commit latency walrelay adds to synchronous replication: `pgbench -N -c 1` with
 //! `synchronous_standby_names` naming the standby behind the relay, then a standby connected
-//! directly to the primary; per-transaction latencies from `pgbench -l`.
+//! directly to the primary, each reconnected after the setting changed (walrelay reads it when a
+//! standby's session starts); per-transaction latencies from `pgbench -l`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -75,6 +76,34 @@ async fn set_sync_names(primary: &Cluster, names: &str) -> Result<()> {
     Ok(())
 }
 
+/// Names `app` in `synchronous_standby_names`, then makes it reconnect (its walsender on the
+/// primary is terminated), as walrelay decides per session whether a standby is synchronous
+/// (a synchronous one's WAL and feedback are never held for batching); waits until its new
+/// connection is the synchronous standby.
+async fn become_sync(primary: &Cluster, app: &str) -> Result<()> {
+    set_sync_names(primary, &format!("\"{app}\"")).await?;
+    let old = primary
+        .query_one_string(&format!(
+            "select coalesce(string_agg(pid::text, ','), '0') from pg_stat_replication where application_name = '{app}'"
+        ))
+        .await?;
+    primary
+        .execute(&format!(
+            "select pg_terminate_backend(pid) from pg_stat_replication where application_name = '{app}'"
+        ))
+        .await?;
+    let sql = format!(
+        "select count(*)::text from pg_stat_replication where application_name = '{app}' and sync_state = 'sync' and state = 'streaming' and pid not in ({old})"
+    );
+    wait_until(
+        &format!("{app} reconnected as the synchronous standby"),
+        WAIT,
+        || async { Ok(primary.query_one_string(&sql).await? == "1") },
+    )
+    .await?;
+    Ok(())
+}
+
 /// Makes `app` the synchronous standby and runs pgbench against it.
 async fn with_sync_standby(
     root: &TempRoot,
@@ -82,16 +111,7 @@ async fn with_sync_standby(
     app: &str,
     seconds: u64,
 ) -> Result<Latencies> {
-    set_sync_names(primary, &format!("\"{app}\"")).await?;
-    let sql = format!(
-        "select count(*)::text from pg_stat_replication where application_name = '{app}' and sync_state = 'sync' and state = 'streaming'"
-    );
-    wait_until(
-        &format!("{app} as the synchronous standby"),
-        WAIT,
-        || async { Ok(primary.query_one_string(&sql).await? == "1") },
-    )
-    .await?;
+    become_sync(primary, app).await?;
     let prefix = root.path().join(format!("synclat-{app}"));
     let args = [
         "-n".to_string(),
