@@ -51,20 +51,33 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert_eq!(runs.len(), 1);
     let r = &runs[0];
     assert_eq!(r["workload"], "updates");
+    // The debug binary may fall behind the load, so a pair may be charged its bytes in one
+    // window rather than the other (the report marks such figures): counts are checked over
+    // both windows together.
+    let both = |path: &[&str]| {
+        ["cold", "steady"]
+            .iter()
+            .map(|w| num(&r[*w], path))
+            .sum::<f64>()
+    };
     for w in ["cold", "steady"] {
-        let wal = num(r, &[w, "wal_bytes"]);
-        assert!(wal > 0.0, "{w}: no WAL");
+        assert!(num(r, &[w, "wal_bytes"]) > 0.0, "{w}: no WAL");
         assert!(num(r, &[w, "zstd3_bytes"]) > 0.0, "{w}: no zstd -3 size");
-        for pair in ["w", "z"] {
-            let link = num(r, &[w, pair, "link_bytes"]);
-            assert!(link > 0.0, "{w}/{pair}: nothing on the link");
-            assert!(
-                num(r, &[w, pair, "raw", "toward_primary"]) > 0.0,
-                "{w}/{pair}: no feedback"
-            );
-        }
-        assert!(num(r, &[w, "w", "messages_per_s"]) > 0.0);
     }
+    for pair in ["w", "z"] {
+        assert!(
+            both(&[pair, "link_bytes"]) > 0.0,
+            "{pair}: nothing on the link"
+        );
+        assert!(
+            both(&[pair, "raw", "toward_primary"]) > 0.0,
+            "{pair}: no feedback on the link"
+        );
+    }
+    assert!(
+        both(&["w", "raw", "messages"]) > 0.0,
+        "no link message counted"
+    );
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
     assert_eq!(

@@ -76,8 +76,16 @@ pub struct PairWindow {
     pub upstream_cpu_s_per_gb: f64,
     pub downstream_cpu_s_per_gb: f64,
     pub max_replay_lag_bytes: u64,
+    /// How much later than the window's first and last sample the standby had received the
+    /// window's start and end (the larger of both), seconds. Above [`LATE_SECS`] the figures
+    /// are approximate: link bytes in flight toward the standby (the downstream's queue) are
+    /// charged by the standby's receipt.
+    pub receipt_delay_s: f64,
     pub raw: PairCut,
 }
+
+/// Receipt delay above which a pair's window figures are marked approximate.
+pub const LATE_SECS: f64 = 1.0;
 
 fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 {
@@ -114,6 +122,7 @@ impl Window {
                 upstream_cpu_s_per_gb: ratio(p.cpu_up_s, gb),
                 downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
                 max_replay_lag_bytes: p.max_replay_lag,
+                receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
                 raw: p.clone(),
             }
         };
@@ -177,11 +186,22 @@ impl Report {
         let mut s = String::from(
             "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | max replay lag W / Z MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
+        let mut late = false;
         for r in &self.runs {
             let w = if steady { &r.steady } else { &r.cold };
             let (pw, pz) = (&w.w, &w.z);
+            let mut mark = |p: &PairWindow| {
+                let l = p.receipt_delay_s > LATE_SECS;
+                late |= l;
+                if l {
+                    " †"
+                } else {
+                    ""
+                }
+            };
+            let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2} | {:.1} % | {:.2} | {:.2} | {:.2} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -201,6 +221,9 @@ impl Report {
                 mb(pw.max_replay_lag_bytes),
                 mb(pz.max_replay_lag_bytes),
             ));
+        }
+        if late {
+            s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt.\n"));
         }
         s
     }
