@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Makes a Debian 12 machine ready for walrelay's test suite and `walrelay demo`:
+# Makes a Debian 12 machine ready for walrelay's test suite, `walrelay demo` and `walrelay bench`:
 #   - PostgreSQL server binaries (postgres, initdb, pg_ctl, pg_basebackup, pgbench, ...);
 #   - the `postgres` OS user, which runs the servers when tests run as root
 #     (initdb and postgres refuse to run as root);
 #   - headless Chromium (Debian's `chromium`), which renders the status page in tests/metrics.rs.
-#   - systemd-analyze, to verify the units in deploy/systemd/.
+#   - systemd-analyze, to verify the units in deploy/systemd/;
+#   - the zstd command, which `walrelay bench` runs for its offline baselines.
 # Finds PostgreSQL the way walrelay_harness::cluster::PgInstall::discover() does: $PG_BIN,
 # `pg_config --bindir`, `pg_ctl` on PATH, the highest /usr/lib/postgresql/*/bin.
 #
@@ -108,4 +109,13 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
     say "installing systemd (for systemd-analyze verify of deploy/systemd/)"
     apt-get update -qq
     apt_install systemd
+fi
+# walrelay bench (and tests/bench.rs) compare the link with `zstd -3` and `zstd -19 --long=27`
+# run over the same WAL.
+if ! command -v zstd >/dev/null 2>&1; then
+    is_root && command -v apt-get >/dev/null 2>&1 \
+        || die "zstd not found: install the zstd command (Debian: apt-get install zstd)"
+    say "installing zstd (for walrelay bench's offline baselines)"
+    apt-get update -qq
+    apt_install zstd
 fi

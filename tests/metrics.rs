@@ -12,9 +12,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::prom::{parse_exposition, promql_metric_names, Sample};
+use common::prom::parse_exposition;
 use common::*;
 use walrelay_harness::cluster::{free_port, wait_until};
+use walrelay_harness::prom::{promql_metric_names, Sample};
 
 fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Option<&'a Sample> {
     samples.iter().find(|s| {

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::certs::Ca;
 use common::*;
+use walrelay_harness::certs::{Ca, CertFiles};
 use walrelay_harness::cluster::{free_port, wait_until, Cluster, PrimaryOpts, TempRoot};
 
 async fn primary(root: &TempRoot, extra: Vec<(String, String)>) -> Cluster {
@@ -100,7 +100,7 @@ fn downstream_only(
     )
 }
 
-fn tls_link(ca: &std::path::Path, cert: &common::certs::CertFiles) -> String {
+fn tls_link(ca: &std::path::Path, cert: &CertFiles) -> String {
     format!(
         "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"",
         cert.cert.display(),
@@ -114,12 +114,14 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
     let root = TempRoot::new().unwrap();
     let dir = root.path();
     let p = primary(&root, vec![]).await;
-    let ca = Ca::new("walrelay test CA");
-    let rogue = Ca::new("rogue CA");
-    let ca_pem = ca.write_ca(dir, "ca");
-    let server = ca.issue(dir, "upstream", &["localhost", "127.0.0.1"]);
-    let good_client = ca.issue(dir, "downstream", &["downstream"]);
-    let rogue_client = rogue.issue(dir, "rogue", &["downstream"]);
+    let ca = Ca::new("walrelay test CA").unwrap();
+    let rogue = Ca::new("rogue CA").unwrap();
+    let ca_pem = ca.write_ca(dir, "ca").unwrap();
+    let server = ca
+        .issue(dir, "upstream", &["localhost", "127.0.0.1"])
+        .unwrap();
+    let good_client = ca.issue(dir, "downstream", &["downstream"]).unwrap();
+    let rogue_client = rogue.issue(dir, "rogue", &["downstream"]).unwrap();
 
     let up = free_port();
     let _upstream = Relay::start(
@@ -191,10 +193,12 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
 async fn tls_toward_standbys_and_toward_the_primary() {
     let root = TempRoot::new().unwrap();
     let dir = root.path();
-    let ca = Ca::new("walrelay test CA");
-    let ca_pem = ca.write_ca(dir, "ca");
+    let ca = Ca::new("walrelay test CA").unwrap();
+    let ca_pem = ca.write_ca(dir, "ca").unwrap();
     // The primary serves TLS with a certificate for localhost.
-    let pg_cert = ca.issue(dir, "pgserver", &["localhost", "127.0.0.1"]);
+    let pg_cert = ca
+        .issue(dir, "pgserver", &["localhost", "127.0.0.1"])
+        .unwrap();
     for f in [&pg_cert.cert, &pg_cert.key] {
         std::os::unix::fs::chown(f, Some(postgres_uid()), None).ok();
         std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -209,7 +213,9 @@ async fn tls_toward_standbys_and_toward_the_primary() {
         ],
     )
     .await;
-    let standby_cert = ca.issue(dir, "standbyside", &["localhost", "127.0.0.1"]);
+    let standby_cert = ca
+        .issue(dir, "standbyside", &["localhost", "127.0.0.1"])
+        .unwrap();
     let (up, down) = (free_port(), free_port());
     let toml = both_halves_toml(&p, up, down, up, "", "")
         .replace(

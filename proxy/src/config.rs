@@ -183,11 +183,6 @@ section! {
         /// named in the primary's `synchronous_standby_names` never wait.
         restart batch_window_ms: u64,
     }
-    not_keys {
-        /// Bench only (not configurable): also run every message through generic streaming
-        /// zstd-3 and count its bytes, for a side-by-side comparison.
-        bench_shadow_zstd: bool,
-    }
 }
 
 impl Default for LinkConfig {
@@ -205,7 +200,6 @@ impl Default for LinkConfig {
             keepalive_secs: 10,
             connect_timeout_secs: 10,
             batch_window_ms: 10,
-            bench_shadow_zstd: false,
         }
     }
 }

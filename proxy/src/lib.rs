@@ -19,7 +19,6 @@
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
 //!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
-//! - [`bench`], [`demo`]: `walrelay bench` and `walrelay demo`.
 //!
 //! The other crates of the workspace:
 //!
@@ -27,16 +26,13 @@
 //!   the WAL-aware codec, the link codec;
 //! - `walrelay-pgwire` (`pgwire/`): pure: PostgreSQL protocol framing, replication commands, SCRAM;
 //! - `walrelay-proto` (`proto/`): the link protocol (gRPC handshake, frames);
-//! - `walrelay-harness` (`harness/`): tooling: throw-away PostgreSQL clusters, recorded WAL.
+//! - `walrelay-harness` (`harness/`): tooling: throw-away PostgreSQL clusters, recorded WAL,
+//!   the binary as a child process, `walrelay bench` and `walrelay demo` (only the binary's
+//!   `main.rs` uses it, never this library).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod bench;
 pub mod config;
 pub mod conninfo;
-// demo.rs moves into walrelay-harness with the bench rewrite; until then its one clippy
-// finding (a division guarded by hand) is let be here rather than edited there.
-#[allow(clippy::manual_checked_ops)]
-pub mod demo;
 pub mod lifecycle;
 pub mod link;
 pub mod live;

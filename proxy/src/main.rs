@@ -1,5 +1,6 @@
 //! The `walrelay` command: run the halves, check a config, show a running process's status, run
-//! the demo, make SCRAM verifiers.
+//! the demo and the bench (from `walrelay-harness`, which runs this same executable as child
+//! processes), make SCRAM verifiers.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::path::PathBuf;
@@ -38,19 +39,30 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
-    /// Side-by-side bench: walrelay's codec vs generic streaming zstd-3 on the same WAL.
+    /// What the link carries per workload: both halves as processes with mutual TLS, `wal`
+    /// and `zstd` codecs side by side, against offline zstd of the same WAL (README, Benchmark).
     Bench {
-        /// pgbench, pgbench-lz4, pgbench-pglz, pgbench-zstd, updates, bulk, or all.
+        /// Comma-separated workloads, or all (see the README for the list).
         #[arg(long, default_value = "all")]
         workload: String,
-        #[arg(long, default_value_t = 30)]
-        seconds: u64,
-        /// Link codec under test: wal, zstd or none.
-        #[arg(long, default_value = "wal")]
-        codec: String,
+        /// Comma-separated PostgreSQL majors, e.g. 14,15,18 (default: the discovered install).
+        #[arg(long, value_delimiter = ',')]
+        pg: Vec<u32>,
         /// Also write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Length of the cold window, from the relays' start.
+        #[arg(long, default_value_t = 30)]
+        cold_secs: u64,
+        /// Load between the cold window's end and the steady window's start.
+        #[arg(long, default_value_t = 90)]
+        warmup_secs: u64,
+        /// Length of the steady window.
+        #[arg(long, default_value_t = 40)]
+        steady_secs: u64,
+        /// Length of each sync-commit latency run (with the pgbench workload; 0 = skip).
+        #[arg(long, default_value_t = 15)]
+        sync_secs: u64,
     },
     /// Show a running process's standbys and totals (read from its [metrics] listen address).
     Status {
@@ -102,43 +114,31 @@ fn main() -> ExitCode {
         }
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");
-            exit(runtime().block_on(walrelay::demo::run(seconds)))
+            exit(run_tool(async move {
+                let bin = std::env::current_exe().context("locating the walrelay executable")?;
+                walrelay_harness::demo::run(&bin, seconds).await
+            }))
         }
         Cmd::Bench {
             workload,
-            seconds,
-            codec,
+            pg,
             json,
+            cold_secs,
+            warmup_secs,
+            steady_secs,
+            sync_secs,
         } => {
             walrelay::logging::init("error", "text");
-            let workloads: Vec<walrelay::bench::Workload> = if workload == "all" {
-                walrelay::bench::Workload::ALL.to_vec()
-            } else {
-                match workload
-                    .split(',')
-                    .map(walrelay::bench::Workload::from_name)
-                    .collect::<Option<Vec<_>>>()
-                {
-                    Some(w) => w,
-                    None => {
-                        eprintln!("walrelay: unknown workload {workload:?}: use pgbench, pgbench-lz4, pgbench-pglz, pgbench-zstd, updates, bulk or all");
-                        return ExitCode::from(EXIT_CONFIG as u8);
-                    }
-                }
+            let opts = BenchArgs {
+                workload,
+                pg,
+                json,
+                cold_secs,
+                warmup_secs,
+                steady_secs,
+                sync_secs,
             };
-            let Some(codec) = walrelay::config::CodecKind::from_name(&codec) else {
-                eprintln!("walrelay: unknown codec {codec:?}: use wal, zstd or none");
-                return ExitCode::from(EXIT_CONFIG as u8);
-            };
-            exit(runtime().block_on(async move {
-                let rows = walrelay::bench::run(&workloads, seconds, codec).await?;
-                println!("{}", walrelay::bench::markdown(&rows));
-                if let Some(path) = json {
-                    std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
-                        .with_context(|| format!("writing {}", path.display()))?;
-                }
-                Ok(())
-            }))
+            bench(opts)
         }
         Cmd::Status { url } => match runtime().block_on(walrelay::monitor::client::fetch(&url)) {
             Ok(doc) => {
@@ -172,6 +172,78 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
+}
+
+/// The arguments of `walrelay bench`.
+struct BenchArgs {
+    workload: String,
+    pg: Vec<u32>,
+    json: Option<PathBuf>,
+    cold_secs: u64,
+    warmup_secs: u64,
+    steady_secs: u64,
+    sync_secs: u64,
+}
+
+/// `walrelay bench`: prints the markdown tables, writes the JSON.
+fn bench(a: BenchArgs) -> ExitCode {
+    use walrelay_harness::bench::{self, Workload};
+    let workloads: Vec<Workload> = if a.workload == "all" {
+        Workload::ALL.to_vec()
+    } else {
+        match a
+            .workload
+            .split(',')
+            .map(Workload::from_name)
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(w) => w,
+            None => {
+                eprintln!(
+                    "walrelay: unknown workload in {:?}: use all or some of {}",
+                    a.workload,
+                    Workload::names()
+                );
+                return ExitCode::from(EXIT_CONFIG as u8);
+            }
+        }
+    };
+    exit(run_tool(async move {
+        let opts = bench::BenchOpts {
+            binary: std::env::current_exe().context("locating the walrelay executable")?,
+            workloads,
+            majors: a.pg,
+            cold_secs: a.cold_secs,
+            warmup_secs: a.warmup_secs,
+            steady_secs: a.steady_secs,
+            sync_secs: a.sync_secs,
+        };
+        let report = bench::run(&opts).await?;
+        println!("{}", report.markdown());
+        if let Some(path) = a.json {
+            std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }))
+}
+
+/// Runs `bench` or `demo` until done or Ctrl-C; dropping the future on Ctrl-C stops the child
+/// processes and clusters it started and removes its directory.
+fn run_tool(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let rt = runtime();
+    let r = rt.block_on(async move {
+        tokio::select! {
+            r = f => r,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("walrelay: interrupted; stopping and removing what was started");
+                Ok(())
+            }
+        }
+    });
+    // Copies of WAL still running on blocking threads are not waited for.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    r
 }
 
 fn config_error(e: &ConfigError) -> ExitCode {

@@ -24,11 +24,6 @@ pub struct Metrics {
     /// Time spent in the link codec, nanoseconds (encode at the upstream, decode at the downstream).
     pub encode_ns: AtomicU64,
     pub decode_ns: AtomicU64,
-    /// Bench only: the same messages through generic streaming zstd-3 (bytes, encode and
-    /// decode time), for a side-by-side comparison in one run.
-    pub shadow_zstd_bytes: AtomicU64,
-    pub shadow_encode_ns: AtomicU64,
-    pub shadow_decode_ns: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Per-standby state, codec totals and session counters (see [`crate::monitor`]).
@@ -47,9 +42,6 @@ pub struct Snapshot {
     pub integrity_failures: u64,
     pub encode_ns: u64,
     pub decode_ns: u64,
-    pub shadow_zstd_bytes: u64,
-    pub shadow_encode_ns: u64,
-    pub shadow_decode_ns: u64,
 }
 
 impl Metrics {
@@ -72,9 +64,6 @@ impl Metrics {
             integrity_failures: self.integrity_failures.load(Relaxed),
             encode_ns: self.encode_ns.load(Relaxed),
             decode_ns: self.decode_ns.load(Relaxed),
-            shadow_zstd_bytes: self.shadow_zstd_bytes.load(Relaxed),
-            shadow_encode_ns: self.shadow_encode_ns.load(Relaxed),
-            shadow_decode_ns: self.shadow_decode_ns.load(Relaxed),
         }
     }
 }

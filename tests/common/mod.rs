@@ -1,21 +1,18 @@
 //! Shared harness for the integration tests: real PostgreSQL clusters (from
-//! `walrelay_harness::cluster`), the real `walrelay` binary as a child process, a TCP proxy that can
-//! cut the link, WAL and table comparisons, and test certificates.
+//! `walrelay_harness::cluster`), the real `walrelay` binary as a child process
+//! (`walrelay_harness::relayproc`), a TCP forwarder that can cut the link
+//! (`walrelay_harness::forward`), WAL and table comparisons.
 #![allow(dead_code)]
 
-pub mod certs;
 pub mod prom;
 
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use walrelay_harness::cluster::{
     free_port, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
 };
+use walrelay_harness::relayproc::RelayProcess;
 
 pub const REPL_PASSWORD: &str = "repl-secret";
 pub const STANDBY_PASSWORD: &str = "standby-secret";
@@ -27,15 +24,12 @@ pub fn install() -> PgInstall {
         .expect("PostgreSQL server binaries (run scripts/test.sh, which installs them)")
 }
 
-/// The relay binary running with a config file; killed on drop.
+/// The relay binary running with a config file (a [`RelayProcess`] that panics instead of
+/// returning errors, and prints its log when the test panics); killed on drop.
 pub struct Relay {
-    child: Option<Child>,
+    proc: RelayProcess,
     pub config: PathBuf,
     pub log: PathBuf,
-    pub downstream: Option<u16>,
-    pub upstream: Option<u16>,
-    /// Run without RUST_LOG, so `[log] level` of the config decides (and SIGHUP can change it).
-    pub log_from_config: bool,
 }
 
 impl Relay {
@@ -60,117 +54,56 @@ impl Relay {
         upstream: Option<u16>,
         log_from_config: bool,
     ) -> Relay {
-        let config = root.join(format!("{name}.toml"));
-        std::fs::write(&config, toml).unwrap();
-        let log = root.join(format!("{name}.log"));
-        let mut r = Relay {
-            child: None,
-            config,
-            log,
-            downstream,
-            upstream,
-            log_from_config,
-        };
-        r.spawn();
-        r
+        let ports: Vec<u16> = [downstream, upstream].into_iter().flatten().collect();
+        let rust_log = (!log_from_config).then_some("walrelay=debug,info");
+        let proc = RelayProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_walrelay")),
+            root,
+            name,
+            toml,
+            &ports,
+            rust_log,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        Relay {
+            config: proc.config.clone(),
+            log: proc.log.clone(),
+            proc,
+        }
     }
 
     /// Sends `sig` (e.g. `libc::SIGHUP`) to the running process.
     pub fn signal(&self, sig: i32) {
-        let pid = self.child.as_ref().expect("walrelay is not running").id();
-        assert_eq!(
-            // SAFETY: kill(2) takes plain integers; no memory is involved.
-            unsafe { libc::kill(pid as i32, sig) },
-            0,
-            "kill({pid}, {sig})"
-        );
+        self.proc.signal(sig).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Sends `sig` (SIGTERM or SIGINT), then waits for exit (bounded); returns the exit
     /// status, or None (after SIGKILL) if the process was still running at `within`.
     pub fn stop_with(&mut self, sig: i32, within: Duration) -> Option<std::process::ExitStatus> {
-        let mut c = self.child.take()?;
-        // SAFETY: as above.
-        unsafe { libc::kill(c.id() as i32, sig) };
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_walrelay"));
-        cmd.args(["run", "--config"]).arg(&self.config);
-        if self.log_from_config {
-            cmd.env_remove("RUST_LOG");
-        } else {
-            cmd.env("RUST_LOG", "walrelay=debug,info");
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn walrelay");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for port in [self.downstream, self.upstream].into_iter().flatten() {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                    panic!(
-                        "walrelay exited with {status} during start-up:\n{}",
-                        self.log_text()
-                    );
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "walrelay did not listen on {port}:\n{}",
-                    self.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        self.proc.stop_with(sig, within)
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.proc.log_text()
     }
 
     /// SIGKILL (a crash), no draining.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.kill();
     }
 
     /// SIGTERM, then wait for exit (bounded); returns the exit status.
     pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        self.stop_with(libc::SIGTERM, within)
+        self.proc.terminate(within)
     }
 
+    /// SIGKILL, then start again with the same config.
     pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
+        self.proc.respawn().unwrap_or_else(|e| panic!("{e}"));
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
+        self.proc.is_running()
     }
 
     /// The process must not have panicked, nor caught WAL that failed verification (a
@@ -287,7 +220,9 @@ pub async fn env(opts: EnvOpts) -> Env {
         .await
         .unwrap();
     let (up_port, down_port) = (free_port(), free_port());
-    let cut = opts.cuttable_link.then(|| CutProxy::start(up_port));
+    let cut = opts
+        .cuttable_link
+        .then(|| CutProxy::start(up_port).expect("starting the link forwarder"));
     let link_target = cut.as_ref().map(|c| c.port).unwrap_or(up_port);
     let mut toml = both_halves_toml(
         &primary,
@@ -489,135 +424,10 @@ pub fn compare_segments(a: &Path, b: &Path, before: &str) -> usize {
     compared
 }
 
-/// A TCP forwarder standing for the WAN link: `cut()` drops every connection and refuses new
+/// The TCP forwarder standing for the WAN link: `cut()` drops every connection and refuses new
 /// ones until `restore()`; `freeze()` keeps connections open but stops moving bytes (a link
-/// that hangs) until `thaw()`.
-pub struct CutProxy {
-    pub port: u16,
-    up: Arc<AtomicBool>,
-    frozen: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<std::net::TcpStream>>>,
-    /// Flip one byte of the upstream → downstream stream once this many more bytes passed.
-    corrupt_after: Arc<std::sync::atomic::AtomicI64>,
-    /// The same for the downstream → upstream stream.
-    corrupt_up_after: Arc<std::sync::atomic::AtomicI64>,
-}
-
-impl CutProxy {
-    pub fn start(target: u16) -> CutProxy {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = Arc::new(AtomicBool::new(true));
-        let frozen = Arc::new(AtomicBool::new(false));
-        let frz = frozen.clone();
-        let conns: Arc<Mutex<Vec<std::net::TcpStream>>> = Arc::default();
-        let corrupt_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
-        let corrupt_up_after = Arc::new(std::sync::atomic::AtomicI64::new(-1));
-        let (u, cs) = (up.clone(), conns.clone());
-        let (corrupt_down, corrupt_up) = (corrupt_after.clone(), corrupt_up_after.clone());
-        std::thread::spawn(move || {
-            for s in listener.incoming() {
-                let Ok(client) = s else { continue };
-                if !u.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) =
-                    std::net::TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], target)))
-                else {
-                    continue;
-                };
-                {
-                    let mut g = cs.lock().unwrap();
-                    g.push(client.try_clone().unwrap());
-                    g.push(server.try_clone().unwrap());
-                }
-                for (mut from, mut to, downward) in [
-                    (
-                        client.try_clone().unwrap(),
-                        server.try_clone().unwrap(),
-                        false,
-                    ),
-                    (server, client, true),
-                ] {
-                    let corrupt = if downward {
-                        corrupt_down.clone()
-                    } else {
-                        corrupt_up.clone()
-                    };
-                    let frozen = frz.clone();
-                    std::thread::spawn(move || {
-                        use std::io::{Read, Write};
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            let left = corrupt.load(Ordering::SeqCst);
-                            if left >= 0 && (left as usize) < n {
-                                buf[left as usize] ^= 0x20;
-                                corrupt.store(-1, Ordering::SeqCst);
-                            } else if left >= 0 {
-                                corrupt.store(left - n as i64, Ordering::SeqCst);
-                            }
-                            while frozen.load(Ordering::SeqCst) {
-                                std::thread::sleep(Duration::from_millis(20));
-                            }
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-        CutProxy {
-            port,
-            up,
-            frozen,
-            conns,
-            corrupt_after,
-            corrupt_up_after,
-        }
-    }
-
-    /// Flips one bit of the byte that crosses toward the downstream after `n` more bytes.
-    pub fn corrupt_once_after(&self, n: i64) {
-        self.corrupt_after.store(n, Ordering::SeqCst);
-    }
-
-    /// Flips one bit of the byte that crosses toward the upstream after `n` more bytes.
-    pub fn corrupt_up_once_after(&self, n: i64) {
-        self.corrupt_up_after.store(n, Ordering::SeqCst);
-    }
-
-    pub fn corruption_pending(&self) -> bool {
-        self.corrupt_after.load(Ordering::SeqCst) >= 0
-            || self.corrupt_up_after.load(Ordering::SeqCst) >= 0
-    }
-
-    pub fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        for c in self.conns.lock().unwrap().drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    pub fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-    }
-
-    pub fn thaw(&self) {
-        self.frozen.store(false, Ordering::SeqCst);
-    }
-
-    pub fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
-    }
-}
+/// that hangs) until `thaw()`; it can flip one byte in either direction.
+pub use walrelay_harness::forward::Forwarder as CutProxy;
 
 /// Runs psql on a replication connection; returns (success, stdout, stderr).
 pub fn psql_repl(c: &Cluster, conninfo: &str, password: &str, sql: &str) -> (bool, String, String) {

@@ -1,0 +1,145 @@
+//! The one-core replay: WAL of the run (the cold window's bytes, at most 512 MB) through the
+//! link codec in 128 kB messages (the walsender's MAX_SEND_SIZE) on this thread, then through
+//! streaming zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does) on the
+//! same bytes. Speeds are per CPU-second of this thread; the WAL-aware codec also reports
+//! what it did with each resource manager's records.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::rmgr::rmgr_name;
+use walrelay_wal::walcodec::{CodecParams, CodecStats};
+
+const MESSAGE: usize = 128 * 1024;
+const MAX_BYTES: u64 = 512 << 20;
+const PAGE: u64 = 8192;
+
+/// One codec's pass over the bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pass {
+    pub encoded_bytes: u64,
+    pub encode_mb_s: f64,
+    pub decode_mb_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Replay {
+    pub wal_bytes: u64,
+    pub walrelay: Pass,
+    pub zstd1: Pass,
+    pub zstd3: Pass,
+    /// What the WAL-aware codec did with each resource manager's records (bytes out are the
+    /// records' share of the compressed streams).
+    pub by_rmgr: Vec<RmgrRow>,
+    /// Heap tuples sent as deltas, bytes they saved, and tuples without a good reference.
+    pub tuple_deltas: u64,
+    pub tuple_delta_saved: u64,
+    pub tuple_misses: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RmgrRow {
+    pub rmgr: &'static str,
+    pub records: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// CPU time of the calling thread, nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn pass(
+    kind: CodecKind,
+    level: i32,
+    major: u32,
+    start: Lsn,
+    wal: &[u8],
+) -> Result<(Pass, Option<CodecStats>)> {
+    let setup = Setup {
+        kind,
+        zstd_level: level,
+        window_log: 23,
+        wal: CodecParams {
+            pg_major: walrelay_wal::pg::PgMajor::from_number(major),
+            block_cache_bytes: 1 << 30,
+            zstd_level: 3,
+            max_message_bytes: MESSAGE,
+        },
+    };
+    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
+    let mut enc = WalEncoder::new(&setup)?;
+    let mut encoded = Vec::new();
+    let mut out = Vec::new();
+    let t = thread_cpu_ns();
+    for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
+        enc.encode(at(i), chunk, &mut out)?;
+        encoded.push(out.clone());
+    }
+    let enc_s = (thread_cpu_ns() - t) as f64 / 1e9;
+    let stats = enc.wal_stats().cloned();
+    let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
+    let mut dec = WalDecoder::new(&setup)?;
+    let t = thread_cpu_ns();
+    for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
+        dec.decode(at(i), payload, chunk.len(), MESSAGE, sums[i], &mut out)?;
+    }
+    let dec_s = (thread_cpu_ns() - t) as f64 / 1e9;
+    let mb = wal.len() as f64 / 1e6;
+    let pass = Pass {
+        encoded_bytes: encoded.iter().map(|e| e.len() as u64).sum(),
+        encode_mb_s: mb / enc_s.max(1e-9),
+        decode_mb_s: mb / dec_s.max(1e-9),
+    };
+    Ok((pass, stats))
+}
+
+/// Replays the WAL in `file`, which starts at `start`, on the calling thread.
+pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
+    let mut wal = Vec::new();
+    std::fs::File::open(file)
+        .with_context(|| format!("opening {}", file.display()))?
+        .take(MAX_BYTES)
+        .read_to_end(&mut wal)?;
+    // Start at a page boundary, as a walsender's stream does.
+    let skip = ((PAGE - start.0 % PAGE) % PAGE) as usize;
+    anyhow::ensure!(wal.len() > skip, "no WAL to replay in {}", file.display());
+    let (start, wal) = (Lsn(start.0 + skip as u64), &wal[skip..]);
+    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal)?;
+    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal)?;
+    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal)?;
+    let stats = stats.unwrap_or_default();
+    let mut by_rmgr: Vec<RmgrRow> = stats
+        .by_rmgr
+        .iter()
+        .map(|(id, t)| RmgrRow {
+            rmgr: rmgr_name(id),
+            records: t.records,
+            bytes_in: t.bytes_in,
+            bytes_out: t.bytes_out,
+        })
+        .collect();
+    by_rmgr.sort_by_key(|x| std::cmp::Reverse(x.bytes_in));
+    Ok(Replay {
+        wal_bytes: wal.len() as u64,
+        walrelay,
+        zstd1,
+        zstd3,
+        by_rmgr,
+        tuple_deltas: stats.tuple_deltas,
+        tuple_delta_saved: stats.tuple_delta_saved,
+        tuple_misses: stats.tuple_misses,
+    })
+}

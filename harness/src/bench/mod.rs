@@ -1,0 +1,468 @@
+//! `walrelay bench`: what a user's link carries, per workload, against offline `zstd -3` and
+//! `zstd -19 --long=27` of exactly the same WAL and against `codec = "zstd"` in the same run.
+//!
+//! Per workload (and PostgreSQL major): a fresh primary (`checkpoint_timeout = 30s`,
+//! `max_wal_size = 4GB`, `fsync = off`, the workload's `wal_compression` and `wal_level`), its
+//! data, two standbys base-backed up from it, then two relay pairs of the real binary
+//! ([`pair`]: upstream and downstream processes, mutual TLS, a counting forwarder on the link
+//! socket): W with `codec = "wal"`, Z with `codec = "zstd"`, each serving one standby. t = 0
+//! once both standbys stream through their pairs; the load starts at once; no checkpoint is
+//! forced. Every ~100 ms [`sample`] records the primary's WAL position, what each standby
+//! received and replayed, each pair's socket bytes and CPU, and W's link counters. The cold
+//! window is [0, cold], the steady one [cold + warm-up, cold + warm-up + steady]. Each window's
+//! WAL is copied from the primary's pg_wal and byte-compared with both standbys' ([`walrange`]);
+//! after the load the tables are compared and the integrity counters must be 0 — any failure
+//! ends the bench with an error. Then the offline baselines, the one-core replay ([`micro`]),
+//! and once per invocation the sync-commit latency ([`synclat`]).
+//!
+//! A benchmark, not a test: nothing here asserts a timing.
+
+mod micro;
+mod pair;
+mod report;
+mod sample;
+mod synclat;
+mod walrange;
+mod workloads;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+pub use report::{PairWindow, Report, RunResult, Verified, Window};
+pub use workloads::Workload;
+
+use crate::certs::LinkCerts;
+use crate::cluster::{
+    free_port, majors, wait_replayed, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts,
+    TempRoot,
+};
+use pair::{RelayPair, PRIMARY_PASSWORD};
+use sample::{Sample, Sampler};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOpts {
+    /// The `walrelay` binary to run the halves with.
+    pub binary: PathBuf,
+    pub workloads: Vec<Workload>,
+    /// PostgreSQL majors; empty = the discovered install.
+    pub majors: Vec<u32>,
+    pub cold_secs: u64,
+    pub warmup_secs: u64,
+    pub steady_secs: u64,
+    /// Seconds of each sync-latency pgbench (0: not measured).
+    pub sync_secs: u64,
+}
+
+const CODECS: [&str; 2] = ["wal", "zstd"];
+const APPS: [&str; 2] = ["bench_w", "bench_z"];
+/// Catching up, replaying, copying: every wait of a run is bounded by this.
+const LONG_WAIT: Duration = Duration::from_secs(600);
+
+/// Runs every workload on every major; prints progress to stderr.
+pub async fn run(opts: &BenchOpts) -> Result<Report> {
+    anyhow::ensure!(
+        opts.cold_secs > 0 && opts.steady_secs > 0,
+        "--cold-secs and --steady-secs must be at least 1"
+    );
+    let zstd = tokio::process::Command::new("zstd")
+        .arg("--version")
+        .output()
+        .await;
+    anyhow::ensure!(
+        zstd.is_ok_and(|o| o.status.success()),
+        "the bench needs the zstd command for its offline baselines: apt-get install zstd (or scripts/install-deps.sh)"
+    );
+    let mut report = Report {
+        cold_secs: opts.cold_secs,
+        warmup_secs: opts.warmup_secs,
+        steady_secs: opts.steady_secs,
+        runs: Vec::new(),
+        skipped: Vec::new(),
+        sync_latency: None,
+    };
+    for install in installs(&opts.majors)? {
+        for &w in &opts.workloads {
+            let Some(compression) = w.wal_compression_setting(install.major) else {
+                report.skipped.push(format!(
+                    "{} on PostgreSQL {}: no wal_compression = {} before 15",
+                    w.name(),
+                    install.major,
+                    w.wal_compression()
+                ));
+                continue;
+            };
+            let sync =
+                opts.sync_secs > 0 && report.sync_latency.is_none() && w == Workload::Pgbench;
+            eprintln!("bench: {} on PostgreSQL {} ...", w.name(), install.major);
+            let (r, lat) = run_one(opts, &install, w, compression, sync)
+                .await
+                .with_context(|| {
+                    format!("workload {} on PostgreSQL {}", w.name(), install.major)
+                })?;
+            eprintln!(
+                "bench: {}: steady {:.1} MB WAL, W link {:.2} MB = {:.2} x zstd-3 (Z {:.2} x)",
+                w.name(),
+                r.steady.wal_bytes as f64 / 1e6,
+                r.steady.w.link_bytes as f64 / 1e6,
+                r.steady.w.vs_zstd3,
+                r.steady.z.vs_zstd3
+            );
+            report.runs.push(r);
+            report.sync_latency = report.sync_latency.take().or(lat);
+        }
+    }
+    Ok(report)
+}
+
+fn installs(majors: &[u32]) -> Result<Vec<PgInstall>> {
+    if majors.is_empty() {
+        return Ok(vec![PgInstall::discover().context(
+            "the bench needs PostgreSQL server binaries (scripts/install-deps.sh, or PG_BIN)",
+        )?]);
+    }
+    majors
+        .iter()
+        .map(|&m| {
+            majors::install_for_major(m).with_context(|| {
+                format!("PostgreSQL {m} is not installed: run scripts/install-pg-majors.sh")
+            })
+        })
+        .collect()
+}
+
+/// Everything of one run. Fields drop in this order: relays, standbys, primary, directory.
+struct Rig {
+    pairs: [RelayPair; 2],
+    standbys: [Cluster; 2],
+    primary: Cluster,
+    root: TempRoot,
+}
+
+async fn run_one(
+    opts: &BenchOpts,
+    install: &PgInstall,
+    w: Workload,
+    compression: &str,
+    sync: bool,
+) -> Result<(RunResult, Option<synclat::SyncLatency>)> {
+    let mut rig = setup(opts, install, w, compression).await?;
+    let (samples, tps, compared) = measure(&mut rig, opts, w).await?;
+    let tables = compare_tables(&rig, w).await?;
+    let lat = match sync {
+        true => Some(synclat::measure(&rig.root, &rig.primary, APPS[0], opts.sync_secs).await?),
+        false => None,
+    };
+    let integrity_failures = check_integrity(&rig).await?;
+    for s in &rig.standbys {
+        s.stop().await?;
+    }
+    for p in &mut rig.pairs {
+        p.stop();
+    }
+    rig.primary.stop().await?;
+    let ends = opts.cold_secs + opts.warmup_secs;
+    let cuts = [
+        sample::cut(&samples, 0.0, opts.cold_secs as f64)?,
+        sample::cut(&samples, ends as f64, (ends + opts.steady_secs) as f64)?,
+    ];
+    let [cold, steady] = [("cold", &cuts[0]), ("steady", &cuts[1])];
+    let (cold, steady) = (
+        offline(&rig.root, w, cold.0, cold.1).await?,
+        offline(&rig.root, w, steady.0, steady.1).await?,
+    );
+    let (start, file, major) = (
+        cuts[0].lsn_start,
+        window_file(&rig.root, "cold"),
+        install.major,
+    );
+    let replay = tokio::task::spawn_blocking(move || {
+        micro::run(&file, walrelay_wal::lsn::Lsn(start), major)
+    })
+    .await?;
+    let result = RunResult {
+        workload: w,
+        pg_major: install.major,
+        wal_compression: w.wal_compression().into(),
+        tps,
+        cold,
+        steady,
+        replay_error: replay.as_ref().err().map(|e| format!("{e:#}")),
+        replay: replay.ok(),
+        verified: Verified {
+            wal_bytes_compared: compared,
+            tables,
+            integrity_failures,
+        },
+    };
+    Ok((result, lat))
+}
+
+/// The integrity counters of every process (must be 0) and their logs (no panic).
+async fn check_integrity(rig: &Rig) -> Result<f64> {
+    let mut failures = 0.0;
+    for p in &rig.pairs {
+        failures += p.integrity_failures().await?;
+        if let Some(problem) = p.log_problems() {
+            anyhow::bail!(problem);
+        }
+    }
+    anyhow::ensure!(
+        failures == 0.0,
+        "{failures} link messages failed verification (walrelay_integrity_failures_total)"
+    );
+    Ok(failures)
+}
+
+/// The window with its offline baselines: the `zstd` command over its copied WAL.
+async fn offline(
+    root: &TempRoot,
+    w: Workload,
+    name: &'static str,
+    c: &sample::Cut,
+) -> Result<Window> {
+    let file = window_file(root, name);
+    eprintln!(
+        "bench: {}: offline zstd -3 and zstd -19 --long=27 of the {name} window ({:.1} MB) ...",
+        w.name(),
+        (c.lsn_end - c.lsn_start) as f64 / 1e6
+    );
+    let z3 = walrange::zstd_size(&file, &["-3"]).await?;
+    let z19 = walrange::zstd_size(&file, &["-19", "--long=27", "-T2"]).await?;
+    Ok(Window::new(name, c, z3, z19, CODECS))
+}
+
+fn window_file(root: &TempRoot, name: &str) -> PathBuf {
+    root.path().join(format!("{name}-window.wal"))
+}
+
+/// Primary with data, two standbys copied from it, both relay pairs, standbys streaming.
+async fn setup(
+    opts: &BenchOpts,
+    install: &PgInstall,
+    w: Workload,
+    compression: &str,
+) -> Result<Rig> {
+    let root = TempRoot::new()?;
+    let certs_dir = root.path().join("certs");
+    std::fs::create_dir(&certs_dir)?;
+    let certs = LinkCerts::generate(&certs_dir)?;
+    let popts = PrimaryOpts {
+        checkpoint_timeout: "30s".into(),
+        wal_compression: compression.into(),
+        wal_level: w.wal_level().into(),
+        extra_conf: vec![
+            ("max_wal_size".into(), "4GB".into()),
+            // Each window's WAL is copied out of pg_wal once both standbys received it.
+            ("wal_keep_size".into(), "6GB".into()),
+        ],
+        ..Default::default()
+    };
+    let primary = Cluster::init_primary(install, &root, "primary", &popts)?;
+    primary.start().await?;
+    primary.create_replication_user(PRIMARY_PASSWORD).await?;
+    tokio::time::timeout(LONG_WAIT, w.prepare(&primary))
+        .await
+        .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
+    let down_ports = [free_port(), free_port()];
+    let mut standbys = Vec::new();
+    for (i, app) in APPS.iter().enumerate() {
+        let mut so = StandbyOpts::new(pair::standby_conninfo(down_ports[i], app));
+        so.application_name = Some(app.to_string());
+        standbys.push(
+            primary
+                .basebackup_standby(&root, &format!("standby_{}", CODECS[i]), &so)
+                .context("pg_basebackup of a standby")?,
+        );
+    }
+    let standbys: [Cluster; 2] = standbys
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("two standbys"))?;
+    let mut pairs = Vec::new();
+    for (i, codec) in CODECS.into_iter().enumerate() {
+        let tag = ["w", "z"][i];
+        pairs.push(RelayPair::start(
+            &opts.binary,
+            root.path(),
+            tag,
+            codec,
+            &primary,
+            &certs,
+            down_ports[i],
+        )?);
+    }
+    let pairs: [RelayPair; 2] = pairs.try_into().map_err(|_| anyhow::anyhow!("two pairs"))?;
+    for s in &standbys {
+        s.start().await?;
+    }
+    for (s, port) in standbys.iter().zip(down_ports) {
+        wait_streaming(&primary, s, port).await?;
+    }
+    Ok(Rig {
+        pairs,
+        standbys,
+        primary,
+        root,
+    })
+}
+
+/// Waits until `standby` streams through the downstream on `port` and has received all the
+/// primary wrote.
+async fn wait_streaming(primary: &Cluster, standby: &Cluster, port: u16) -> Result<()> {
+    let want = format!("streaming:{port}");
+    let sql =
+        "select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')";
+    wait_until(
+        "a standby streaming through its relay pair",
+        Duration::from_secs(120),
+        || async { Ok(standby.query_one_string(sql).await? == want) },
+    )
+    .await
+    .with_context(|| format!("standby log:\n{}", standby.log_tail(20)))?;
+    let target = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
+    wait_until("a standby catching up", LONG_WAIT, || async {
+        Ok(standby
+            .query_lsn("select pg_last_wal_receive_lsn()::text")
+            .await?
+            >= target)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Runs the load and samples until both standbys received the steady window's end; checks
+/// each window's WAL on both standbys. Returns the samples, pgbench's tps and the WAL bytes
+/// compared per standby.
+async fn measure(
+    rig: &mut Rig,
+    opts: &BenchOpts,
+    w: Workload,
+) -> Result<(Vec<Sample>, Option<f64>, u64)> {
+    let cold_end = opts.cold_secs as f64;
+    let steady_start = (opts.cold_secs + opts.warmup_secs) as f64;
+    let steady_end = steady_start + opts.steady_secs as f64;
+    let sampler = Sampler::connect(
+        &rig.primary,
+        [&rig.standbys[0], &rig.standbys[1]],
+        Instant::now(),
+    )
+    .await?;
+    let mut load = w
+        .load(&rig.primary, rig.root.path(), steady_end as u64 + 2)
+        .await?;
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut checks = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut load_done = false;
+    loop {
+        tokio::select! {
+            r = load.wait(), if !load_done => {
+                r.with_context(|| format!("the {} load failed", w.name()))?;
+                load_done = true;
+                let t = samples.last().map_or(0.0, |s| s.t);
+                anyhow::ensure!(t >= steady_end - 1.0, "the load ended at t = {t:.1} s, before the steady window's end");
+            }
+            _ = tick.tick() => {
+                let n = samples.len();
+                samples.push(rig_sample(rig, &sampler, n).await?);
+                for (name, t0, t1) in [("cold", 0.0, cold_end), ("steady", steady_start, steady_end)] {
+                    if checks.iter().any(|(done, _)| *done == name) {
+                        continue;
+                    }
+                    if let Some(task) = window_check(rig, &samples, name, t0, t1) {
+                        eprintln!("bench: {}: {name} window done", w.name());
+                        checks.push((name, task));
+                    }
+                }
+                let t = samples.last().map_or(0.0, |s| s.t);
+                if checks.len() == 2 {
+                    break;
+                }
+                anyhow::ensure!(t < steady_end + LONG_WAIT.as_secs_f64(), "the standbys did not receive the steady window's WAL within {LONG_WAIT:?} of its end");
+            }
+        }
+    }
+    if !load_done {
+        tokio::time::timeout(Duration::from_secs(60), load.wait())
+            .await
+            .context("the load did not end")?
+            .with_context(|| format!("the {} load failed", w.name()))?;
+    }
+    let mut compared = 0;
+    for (_, task) in checks {
+        compared += task.await??;
+    }
+    Ok((samples, load.tps(), compared))
+}
+
+/// One sample; every 10th also checks the processes and the integrity counters.
+async fn rig_sample(rig: &mut Rig, sampler: &Sampler, n: usize) -> Result<Sample> {
+    if n % 10 == 0 {
+        for p in &mut rig.pairs {
+            p.check_running()?;
+            let f = p.integrity_failures().await?;
+            anyhow::ensure!(
+                f == 0.0,
+                "{f} link messages of the {} pair failed verification",
+                p.codec
+            );
+        }
+    }
+    sampler.sample(&rig.pairs, true).await
+}
+
+/// Once the window [t0, t1] is sampled and both standbys received its end: a task copying its
+/// WAL from the primary and comparing both standbys' with it (returns the bytes compared).
+fn window_check(
+    rig: &Rig,
+    samples: &[Sample],
+    name: &str,
+    t0: f64,
+    t1: f64,
+) -> Option<tokio::task::JoinHandle<Result<u64>>> {
+    let from = sample::lsn_at(samples, t0)?;
+    let to = sample::lsn_at(samples, t1)?;
+    let last = samples.last()?;
+    if last.received.iter().any(|&r| r < to) {
+        return None;
+    }
+    let primary = rig.primary.wal_dir();
+    let standbys = [rig.standbys[0].wal_dir(), rig.standbys[1].wal_dir()];
+    let file = window_file(&rig.root, name);
+    Some(tokio::task::spawn_blocking(move || {
+        walrange::copy_range(&primary, from, to, &file)?;
+        for s in &standbys {
+            walrange::compare_range(&file, s, from, to)?;
+        }
+        Ok(to - from)
+    }))
+}
+
+/// Waits until both standbys replayed everything, then compares the workload's tables.
+async fn compare_tables(rig: &Rig, w: Workload) -> Result<Vec<String>> {
+    for s in &rig.standbys {
+        wait_replayed(&rig.primary, s, LONG_WAIT, || None).await?;
+    }
+    let mut done = Vec::new();
+    for t in w.tables() {
+        let sql = format!(
+            "select count(*)::text || ':' || coalesce(sum(('x' || substr(md5(t::text), 1, 15))::bit(60)::bigint)::text, '') from {t} t"
+        );
+        let want = rig.primary.query_one_string(&sql).await?;
+        for s in &rig.standbys {
+            let got = s.query_one_string(&sql).await?;
+            anyhow::ensure!(
+                got == want,
+                "table {t} differs on standby {}: {got} rows:digest, primary {want}",
+                s.name()
+            );
+        }
+        done.push(t.to_string());
+    }
+    Ok(done)
+}

@@ -1,0 +1,197 @@
+//! One relay pair as a user runs it: an upstream process next to the primary, a downstream
+//! process next to the standby, each the real `walrelay run` with its own config file, mutual
+//! TLS on the link, and a counting forwarder on the link socket between them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::certs::{toml_str, LinkCerts};
+use crate::cluster::{free_port, Cluster};
+use crate::forward::Forwarder;
+use crate::prom;
+use crate::relayproc::RelayProcess;
+
+/// The replication user's password on the primary (the upstream logs in with it).
+pub const PRIMARY_PASSWORD: &str = "bench-primary";
+/// The standbys' password at the downstream (SCRAM against a verifier in its config).
+pub const STANDBY_PASSWORD: &str = "bench-standby";
+pub const USER: &str = "replicator";
+
+/// How long an orderly stop (SIGTERM, drain) may take before the process is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Counters of one pair at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PairCounters {
+    /// Link socket bytes toward the standby side (upstream → downstream).
+    pub toward_standby: u64,
+    /// Link socket bytes toward the primary side (feedback, requests).
+    pub toward_primary: u64,
+    /// CPU seconds of the upstream and the downstream process.
+    pub cpu_up: f64,
+    pub cpu_down: f64,
+    /// Link messages, summed over every `walrelay_link_messages_sent_total` series of both
+    /// processes (NaN when not scraped).
+    pub messages: f64,
+    /// `walrelay_link_payload_bytes_total{half="upstream"}`: the WAL payload bytes sent.
+    pub payload: f64,
+}
+
+/// `primary_conninfo` of a standby streaming through the downstream on `down_port`.
+pub fn standby_conninfo(down_port: u16, application_name: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={down_port} user={USER} password={STANDBY_PASSWORD} application_name={application_name}"
+    )
+}
+
+pub struct RelayPair {
+    /// "wal" or "zstd".
+    pub codec: &'static str,
+    upstream: RelayProcess,
+    downstream: RelayProcess,
+    forwarder: Forwarder,
+    up_metrics: u16,
+    down_metrics: u16,
+}
+
+impl RelayPair {
+    /// Starts the upstream (dialing `primary`), the forwarder and the downstream with link
+    /// codec `codec`, standbys served on `down_port`; files go to `dir` (`<tag>-upstream.toml`,
+    /// `.log`, ...).
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        tag: &str,
+        codec: &'static str,
+        primary: &Cluster,
+        certs: &LinkCerts,
+        down_port: u16,
+    ) -> Result<RelayPair> {
+        let (up_port, up_metrics, down_metrics) = (free_port(), free_port(), free_port());
+        let up_toml = format!(
+            "[upstream]\nprimary = {}\nlisten = \"127.0.0.1:{up_port}\"\n\n[link]\n{}\n[metrics]\nlisten = \"127.0.0.1:{up_metrics}\"\n",
+            toml_str(&format!(
+                "host=127.0.0.1 port={} user={USER} password={PRIMARY_PASSWORD} sslmode=disable",
+                primary.port()
+            )),
+            certs.upstream_toml()
+        );
+        let upstream = RelayProcess::start(
+            bin,
+            dir,
+            &format!("{tag}-upstream"),
+            &up_toml,
+            &[up_port, up_metrics],
+            None,
+        )?;
+        let forwarder = Forwarder::start(up_port)?;
+        let down_toml = format!(
+            "[downstream]\nlisten = \"127.0.0.1:{down_port}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {USER} = {} }}\nspool_dir = {}\nname = \"{tag}\"\n\n[link]\n{}tls_server_name = \"localhost\"\ncodec = \"{codec}\"\n\n[metrics]\nlisten = \"127.0.0.1:{down_metrics}\"\n",
+            forwarder.port,
+            toml_str(&walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)),
+            toml_str(&dir.join(format!("{tag}-spool")).display().to_string()),
+            certs.downstream_toml()
+        );
+        let downstream = RelayProcess::start(
+            bin,
+            dir,
+            &format!("{tag}-downstream"),
+            &down_toml,
+            &[down_port, down_metrics],
+            None,
+        )?;
+        Ok(RelayPair {
+            codec,
+            upstream,
+            downstream,
+            forwarder,
+            up_metrics,
+            down_metrics,
+        })
+    }
+
+    /// Socket bytes and CPU now; with `scrape`, also the link message and payload counters
+    /// (else NaN).
+    pub async fn counters(&self, scrape: bool) -> Result<PairCounters> {
+        let mut c = PairCounters {
+            toward_standby: self.forwarder.bytes_from_target(),
+            toward_primary: self.forwarder.bytes_toward_target(),
+            cpu_up: self
+                .upstream
+                .cpu_seconds()
+                .context("the upstream is gone")?,
+            cpu_down: self
+                .downstream
+                .cpu_seconds()
+                .context("the downstream is gone")?,
+            messages: f64::NAN,
+            payload: f64::NAN,
+        };
+        if scrape {
+            let (up, down) = tokio::try_join!(
+                prom::scrape(self.up_metrics),
+                prom::scrape(self.down_metrics)
+            )?;
+            let msgs = "walrelay_link_messages_sent_total";
+            c.messages = prom::sum(&up, msgs, &[]) + prom::sum(&down, msgs, &[]);
+            c.payload = prom::sum(
+                &up,
+                "walrelay_link_payload_bytes_total",
+                &[("half", "upstream")],
+            );
+        }
+        Ok(c)
+    }
+
+    /// `walrelay_integrity_failures_total` of both processes.
+    pub async fn integrity_failures(&self) -> Result<f64> {
+        let mut n = 0.0;
+        for port in [self.up_metrics, self.down_metrics] {
+            n += prom::sum(
+                &prom::scrape(port).await?,
+                "walrelay_integrity_failures_total",
+                &[],
+            );
+        }
+        Ok(n)
+    }
+
+    /// Errors (with the log's end) if either process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        for p in [&mut self.upstream, &mut self.downstream] {
+            if !p.is_running() {
+                anyhow::bail!(
+                    "walrelay ({}) exited during the bench; its log ends with:\n{}",
+                    p.config.display(),
+                    p.log_tail(40)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether either process logged a panic or WAL that failed verification.
+    pub fn log_problems(&self) -> Option<String> {
+        [&self.upstream, &self.downstream].iter().find_map(|p| {
+            let log = p.log_text();
+            (log.contains("panicked") || log.contains("failed verification")).then(|| {
+                format!(
+                    "{} logged a panic or WAL that failed verification:\n{}",
+                    p.log.display(),
+                    p.log_tail(40)
+                )
+            })
+        })
+    }
+
+    /// SIGTERM to both (the downstream first), each waited for up to 15 s.
+    pub fn stop(&mut self) {
+        for p in [&mut self.downstream, &mut self.upstream] {
+            if p.terminate(STOP_TIMEOUT).is_none_or(|s| !s.success()) {
+                tracing::warn!(log = %p.log.display(), "walrelay did not exit cleanly on SIGTERM");
+            }
+        }
+    }
+}

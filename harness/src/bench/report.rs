@@ -1,0 +1,314 @@
+//! What a bench run found, as JSON (serde) and as markdown tables.
+
+use serde::Serialize;
+
+use super::micro::Replay;
+use super::sample::{Cut, PairCut};
+use super::synclat::SyncLatency;
+use super::workloads::Workload;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub cold_secs: u64,
+    pub warmup_secs: u64,
+    pub steady_secs: u64,
+    pub runs: Vec<RunResult>,
+    /// Workloads left out, with the reason (a `wal_compression` the major lacks).
+    pub skipped: Vec<String>,
+    pub sync_latency: Option<SyncLatency>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub workload: Workload,
+    pub pg_major: u32,
+    pub wal_compression: String,
+    /// pgbench's transactions per second over the whole load (None for `bulk`).
+    pub tps: Option<f64>,
+    pub cold: Window,
+    pub steady: Window,
+    pub replay: Option<Replay>,
+    pub replay_error: Option<String>,
+    pub verified: Verified,
+}
+
+/// What was checked after the run (the bench fails instead of reporting a failed check).
+#[derive(Debug, Clone, Serialize)]
+pub struct Verified {
+    /// WAL bytes of each standby byte-compared with the primary's (both windows).
+    pub wal_bytes_compared: u64,
+    /// Tables whose contents were equal on the primary and both standbys.
+    pub tables: Vec<String>,
+    pub integrity_failures: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Window {
+    /// "cold" or "steady".
+    pub name: &'static str,
+    /// Seconds since t = 0 of the window's first and last sample.
+    pub t_start: f64,
+    pub t_end: f64,
+    pub lsn_start: String,
+    pub lsn_end: String,
+    pub wal_bytes: u64,
+    /// Offline `zstd -3` and `zstd -19 --long=27 -T2` (the CLI) of exactly these WAL bytes.
+    pub zstd3_bytes: u64,
+    pub zstd19_long_bytes: u64,
+    /// Pair W (`codec = "wal"`) and pair Z (`codec = "zstd"`).
+    pub w: PairWindow,
+    pub z: PairWindow,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PairWindow {
+    pub codec: &'static str,
+    /// Bytes on the link socket, both directions.
+    pub link_bytes: u64,
+    pub toward_primary_share: f64,
+    pub vs_zstd3: f64,
+    pub vs_zstd19_long: f64,
+    pub messages_per_s: Option<f64>,
+    /// (socket bytes both ways − WAL payload bytes) / messages.
+    pub framing_feedback_bytes_per_message: Option<f64>,
+    /// (socket bytes both ways − WAL payload bytes) / socket bytes.
+    pub framing_feedback_share: Option<f64>,
+    pub upstream_cpu_s_per_gb: f64,
+    pub downstream_cpu_s_per_gb: f64,
+    pub max_replay_lag_bytes: u64,
+    /// How much later than the window's first and last sample the standby had received the
+    /// window's start and end (the larger of both), seconds. Above [`LATE_SECS`] the figures
+    /// are approximate: link bytes in flight toward the standby (the downstream's queue) are
+    /// charged by the standby's receipt.
+    pub receipt_delay_s: f64,
+    pub raw: PairCut,
+}
+
+/// Receipt delay above which a pair's window figures are marked approximate.
+pub const LATE_SECS: f64 = 1.0;
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+impl Window {
+    pub fn new(
+        name: &'static str,
+        cut: &Cut,
+        zstd3: u64,
+        zstd19: u64,
+        codecs: [&'static str; 2],
+    ) -> Window {
+        let wal = cut.lsn_end - cut.lsn_start;
+        let gb = wal as f64 / 1e9;
+        let pair = |p: &PairCut, codec: &'static str| {
+            let link = p.toward_standby + p.toward_primary;
+            let overhead = p.payload.map(|pl| link as f64 - pl);
+            PairWindow {
+                codec,
+                link_bytes: link,
+                toward_primary_share: ratio(p.toward_primary as f64, link as f64),
+                vs_zstd3: ratio(link as f64, zstd3 as f64),
+                vs_zstd19_long: ratio(link as f64, zstd19 as f64),
+                messages_per_s: p.messages.map(|m| ratio(m, p.t1 - p.t0)),
+                framing_feedback_bytes_per_message: overhead
+                    .zip(p.messages)
+                    .map(|(o, m)| ratio(o, m)),
+                framing_feedback_share: overhead.map(|o| ratio(o, link as f64)),
+                upstream_cpu_s_per_gb: ratio(p.cpu_up_s, gb),
+                downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
+                max_replay_lag_bytes: p.max_replay_lag,
+                receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
+                raw: p.clone(),
+            }
+        };
+        Window {
+            name,
+            t_start: cut.t_start,
+            t_end: cut.t_end,
+            lsn_start: walrelay_wal::lsn::Lsn(cut.lsn_start).to_string(),
+            lsn_end: walrelay_wal::lsn::Lsn(cut.lsn_end).to_string(),
+            wal_bytes: wal,
+            zstd3_bytes: zstd3,
+            zstd19_long_bytes: zstd19,
+            w: pair(&cut.pairs[0], codecs[0]),
+            z: pair(&cut.pairs[1], codecs[1]),
+        }
+    }
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+impl Report {
+    /// Every table: one per window, the replay, the resource managers, the sync latency.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        for (i, title) in [
+            format!(
+                "Cold: the first {} s after the relays start",
+                self.cold_secs
+            ),
+            format!(
+                "Steady: {} s measured after {} s of the same load",
+                self.steady_secs,
+                self.cold_secs + self.warmup_secs
+            ),
+        ]
+        .iter()
+        .enumerate()
+        {
+            s.push_str(&format!("\n{title}\n\n"));
+            s.push_str(&self.window_table(i == 1));
+        }
+        s.push_str(&self.replay_table());
+        s.push_str(&self.rmgr_table());
+        s.push('\n');
+        s.push_str(&self.sync_line());
+        for k in &self.skipped {
+            s.push_str(&format!("\nskipped: {k}\n"));
+        }
+        s
+    }
+
+    fn window_table(&self, steady: bool) -> String {
+        let mut s = String::from(
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | max replay lag W / Z MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let mut late = false;
+        for r in &self.runs {
+            let w = if steady { &r.steady } else { &r.cold };
+            let (pw, pz) = (&w.w, &w.z);
+            let mut mark = |p: &PairWindow| {
+                let l = p.receipt_delay_s > LATE_SECS;
+                late |= l;
+                if l {
+                    " †"
+                } else {
+                    ""
+                }
+            };
+            let (mw, mz) = (mark(pw), mark(pz));
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |\n",
+                r.workload.name(),
+                r.pg_major,
+                opt(r.tps, 0),
+                mb(w.wal_bytes),
+                mb(pw.link_bytes),
+                pw.toward_primary_share * 100.0,
+                pw.vs_zstd3,
+                pw.vs_zstd19_long,
+                pz.vs_zstd3,
+                opt(pw.messages_per_s, 0),
+                opt(pw.framing_feedback_bytes_per_message, 1),
+                opt(pw.framing_feedback_share.map(|x| x * 100.0), 1),
+                pw.upstream_cpu_s_per_gb,
+                pw.downstream_cpu_s_per_gb,
+                pz.upstream_cpu_s_per_gb,
+                pz.downstream_cpu_s_per_gb,
+                mb(pw.max_replay_lag_bytes),
+                mb(pz.max_replay_lag_bytes),
+            ));
+        }
+        if late {
+            s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt.\n"));
+        }
+        s
+    }
+
+    fn replay_table(&self) -> String {
+        let mut s = String::from(
+            "\nOne-core replay of the cold window's WAL (128 kB messages; MB/s per CPU-second)\n\n| workload | PG | WAL MB | walrelay encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for r in &self.runs {
+            let Some(m) = &r.replay else {
+                s.push_str(&format!(
+                    "| {} | {} | {} | | | | |\n",
+                    r.workload.name(),
+                    r.pg_major,
+                    r.replay_error.as_deref().unwrap_or("-")
+                ));
+                continue;
+            };
+            let p = |x: &super::micro::Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
+            s.push_str(&format!(
+                "| {} | {} | {:.1} | {} | {} | {} | {:.2} |\n",
+                r.workload.name(),
+                r.pg_major,
+                mb(m.wal_bytes),
+                p(&m.walrelay),
+                p(&m.zstd1),
+                p(&m.zstd3),
+                ratio(
+                    m.walrelay.encoded_bytes as f64,
+                    m.zstd3.encoded_bytes as f64
+                ),
+            ));
+        }
+        s
+    }
+
+    /// Per workload and resource manager: bytes in and out of the WAL-aware codec in the
+    /// replay, largest first.
+    fn rmgr_table(&self) -> String {
+        let mut s = String::from(
+            "\n| workload | PG | resource manager | records | WAL MB in | codec MB out | out / in |\n|---|---:|---|---:|---:|---:|---:|\n",
+        );
+        for r in &self.runs {
+            let Some(m) = &r.replay else { continue };
+            let name = r.workload.name();
+            for x in m.by_rmgr.iter().filter(|x| x.bytes_in >= 1 << 16) {
+                s.push_str(&format!(
+                    "| {name} | {} | {} | {} | {:.2} | {:.3} | {:.3} |\n",
+                    r.pg_major,
+                    x.rmgr,
+                    x.records,
+                    mb(x.bytes_in),
+                    mb(x.bytes_out),
+                    ratio(x.bytes_out as f64, x.bytes_in as f64),
+                ));
+            }
+            if m.tuple_deltas + m.tuple_misses > 0 {
+                s.push_str(&format!(
+                    "| {name} | {} | (heap tuples as deltas) | {} of {} | | {:.2} MB saved | |\n",
+                    r.pg_major,
+                    m.tuple_deltas,
+                    m.tuple_deltas + m.tuple_misses,
+                    mb(m.tuple_delta_saved),
+                ));
+            }
+        }
+        s
+    }
+
+    fn sync_line(&self) -> String {
+        match &self.sync_latency {
+            None => "Sync-commit latency: not measured (it runs with the pgbench workload).\n".into(),
+            Some(l) => format!(
+                "Sync-commit latency (pgbench -N -c 1, {} s, PG {}): through walrelay p50 {:.3} ms, p95 {:.3} ms ({} tx); direct standby p50 {:.3} ms, p95 {:.3} ms ({} tx); added by walrelay p50 {:+.3} ms, p95 {:+.3} ms.\n",
+                l.seconds,
+                l.pg_major,
+                l.through_walrelay.p50_ms,
+                l.through_walrelay.p95_ms,
+                l.through_walrelay.transactions,
+                l.direct.p50_ms,
+                l.direct.p95_ms,
+                l.direct.transactions,
+                l.added_p50_ms,
+                l.added_p95_ms,
+            ),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Sampling a run every ~100 ms (the primary's WAL position, what each standby received and
+//! replayed, each pair's counters) and cutting windows out of the samples.
+//!
+//! A window's WAL range [L0, L1) is the primary's WAL position (`pg_current_wal_lsn()`) at the
+//! window's first and last sample; a pair is charged what its counters moved between the first
+//! samples at which its standby had received L0 and L1, so both pairs pay for exactly the same
+//! WAL even when one lags.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use super::pair::{PairCounters, RelayPair};
+use crate::cluster::Cluster;
+
+/// One moment of a run; index 0 is pair W (`wal` codec), 1 pair Z (`zstd`).
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since t = 0.
+    pub t: f64,
+    pub primary_lsn: u64,
+    pub received: [u64; 2],
+    pub replayed: [u64; 2],
+    pub pairs: [PairCounters; 2],
+}
+
+/// Persistent connections to the primary and both standbys.
+pub struct Sampler {
+    primary: Client,
+    standbys: [Client; 2],
+    t0: Instant,
+}
+
+async fn lsns(c: &Client, sql: &str) -> Result<Vec<u64>> {
+    let rows = c.simple_query(sql).await?;
+    let row = rows
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .context("no row")?;
+    (0..row.len())
+        .map(|i| {
+            let s = row.get(i).context("NULL position (not streaming?)")?;
+            Ok(s.parse::<walrelay_wal::lsn::Lsn>()
+                .map_err(|e| anyhow::anyhow!("{s:?}: {e}"))?
+                .0)
+        })
+        .collect()
+}
+
+impl Sampler {
+    pub async fn connect(primary: &Cluster, standbys: [&Cluster; 2], t0: Instant) -> Result<Self> {
+        Ok(Sampler {
+            primary: primary.connect().await?,
+            standbys: [standbys[0].connect().await?, standbys[1].connect().await?],
+            t0,
+        })
+    }
+
+    /// One sample (5 s at most); `scrape` also reads pair W's metrics.
+    pub async fn sample(&self, pairs: &[RelayPair; 2], scrape: bool) -> Result<Sample> {
+        let standby_sql = "select pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text";
+        let take = async {
+            let (p, s0, s1, c0, c1) = tokio::try_join!(
+                lsns(&self.primary, "select pg_current_wal_lsn()::text"),
+                lsns(&self.standbys[0], standby_sql),
+                lsns(&self.standbys[1], standby_sql),
+                pairs[0].counters(scrape),
+                pairs[1].counters(false),
+            )?;
+            Ok::<_, anyhow::Error>(Sample {
+                t: self.t0.elapsed().as_secs_f64(),
+                primary_lsn: p[0],
+                received: [s0[0], s1[0]],
+                replayed: [s0[1], s1[1]],
+                pairs: [c0, c1],
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(5), take)
+            .await
+            .context("a sample took more than 5 s")?
+    }
+}
+
+/// What one pair moved over a window.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairCut {
+    /// Seconds (since t = 0) of the samples at which the standby had received L0 and L1.
+    pub t0: f64,
+    pub t1: f64,
+    pub toward_standby: u64,
+    pub toward_primary: u64,
+    pub cpu_up_s: f64,
+    pub cpu_down_s: f64,
+    /// None when not scraped (pair Z).
+    pub messages: Option<f64>,
+    pub payload: Option<f64>,
+    /// Largest primary position − standby replay position over the window's samples.
+    pub max_replay_lag: u64,
+}
+
+/// A window cut out of the samples.
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub t_start: f64,
+    pub t_end: f64,
+    pub lsn_start: u64,
+    pub lsn_end: u64,
+    pub pairs: [PairCut; 2],
+}
+
+fn first(samples: &[Sample], pred: impl Fn(&Sample) -> bool) -> Option<usize> {
+    samples.iter().position(pred)
+}
+
+/// The primary's position at the first sample at or after `t` (None before it was sampled).
+pub fn lsn_at(samples: &[Sample], t: f64) -> Option<u64> {
+    first(samples, |s| s.t >= t).map(|i| samples[i].primary_lsn)
+}
+
+/// Cuts window [`t_start`, `t_end`] (seconds since t = 0). Errors if the samples do not reach
+/// that far or a standby never received the window's end.
+pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
+    let i0 = first(samples, |s| s.t >= t_start).context("no sample at the window's start")?;
+    let i1 = first(samples, |s| s.t >= t_end).context("no sample at the window's end")?;
+    let (l0, l1) = (samples[i0].primary_lsn, samples[i1].primary_lsn);
+    let pair = |p: usize| -> Result<PairCut> {
+        let j0 = first(samples, |s| s.received[p] >= l0)
+            .with_context(|| format!("standby {p} never received the window's start"))?;
+        let j1 = first(samples, |s| s.received[p] >= l1)
+            .with_context(|| format!("standby {p} never received the window's end"))?;
+        let (a, b) = (&samples[j0].pairs[p], &samples[j1].pairs[p]);
+        let num = |x: f64, y: f64| (x.is_finite() && y.is_finite()).then_some(y - x);
+        Ok(PairCut {
+            t0: samples[j0].t,
+            t1: samples[j1].t,
+            toward_standby: b.toward_standby - a.toward_standby,
+            toward_primary: b.toward_primary - a.toward_primary,
+            cpu_up_s: b.cpu_up - a.cpu_up,
+            cpu_down_s: b.cpu_down - a.cpu_down,
+            messages: num(a.messages, b.messages),
+            payload: num(a.payload, b.payload),
+            max_replay_lag: samples[i0..=i1]
+                .iter()
+                .map(|s| s.primary_lsn.saturating_sub(s.replayed[p]))
+                .max()
+                .unwrap_or(0),
+        })
+    };
+    Ok(Cut {
+        t_start: samples[i0].t,
+        t_end: samples[i1].t,
+        lsn_start: l0,
+        lsn_end: l1,
+        pairs: [pair(0)?, pair(1)?],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(t: f64, primary: u64, recv: [u64; 2], bytes: [u64; 2]) -> Sample {
+        let c = |b: u64| PairCounters {
+            toward_standby: b,
+            toward_primary: b / 10,
+            cpu_up: t,
+            cpu_down: t / 2.0,
+            messages: f64::NAN,
+            payload: f64::NAN,
+        };
+        Sample {
+            t,
+            primary_lsn: primary,
+            received: recv,
+            replayed: recv,
+            pairs: [c(bytes[0]), c(bytes[1])],
+        }
+    }
+
+    #[test]
+    fn each_pair_is_charged_for_the_same_wal_range() {
+        // Pair 1 lags one sample behind pair 0.
+        let samples = vec![
+            s(0.0, 100, [100, 90], [0, 0]),
+            s(1.0, 200, [200, 100], [10, 5]),
+            s(2.0, 300, [300, 200], [20, 15]),
+            s(3.0, 300, [300, 300], [20, 25]),
+        ];
+        let c = cut(&samples, 0.0, 2.0).unwrap();
+        assert_eq!((c.lsn_start, c.lsn_end), (100, 300));
+        assert_eq!(c.pairs[0].toward_standby, 20);
+        assert_eq!((c.pairs[1].t0, c.pairs[1].t1), (1.0, 3.0));
+        assert_eq!(c.pairs[1].toward_standby, 20);
+        assert_eq!(c.pairs[1].toward_primary, 2);
+        assert_eq!(c.pairs[1].max_replay_lag, 100);
+        assert!(c.pairs[0].messages.is_none());
+        assert!(cut(&samples, 0.0, 5.0).is_err());
+    }
+}

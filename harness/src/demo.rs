@@ -1,0 +1,275 @@
+//! `walrelay demo`: a throw-away primary and standby in a temporary directory, the real
+//! `walrelay` binary running both halves in one process (mutual TLS on the link) with the
+//! standby streaming through it, a pgbench load, and a live table of what the link saves, read
+//! from the process's `/metrics`. Everything is removed on exit and on Ctrl-C.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::certs::{toml_str, LinkCerts};
+use crate::cluster::{
+    free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
+};
+use crate::prom::{self, Sample};
+use crate::relayproc::RelayProcess;
+
+const STANDBY_PASSWORD: &str = "demo-standby";
+const PRIMARY_PASSWORD: &str = "demo-primary";
+
+/// What the live table and the summary show, from one scrape of `/metrics`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    wal: f64,
+    link: f64,
+    payload: f64,
+    messages: f64,
+    integrity_failures: f64,
+    lag: Option<f64>,
+}
+
+impl Totals {
+    async fn read(port: u16) -> Result<Totals> {
+        let s: Vec<Sample> = prom::scrape(port).await?;
+        let up = [("half", "upstream")];
+        let lag: Vec<f64> = s
+            .iter()
+            .filter(|x| {
+                x.name == "walrelay_standby_lag_bytes"
+                    && x.labels.get("half").map(String::as_str) == Some("downstream")
+            })
+            .map(|x| x.value)
+            .collect();
+        Ok(Totals {
+            wal: prom::sum(&s, "walrelay_wal_received_bytes_total", &[]),
+            link: prom::sum(&s, "walrelay_link_sent_bytes_total", &up)
+                + prom::sum(&s, "walrelay_link_received_bytes_total", &up),
+            payload: prom::sum(&s, "walrelay_link_payload_bytes_total", &up),
+            messages: prom::sum(&s, "walrelay_link_messages_sent_total", &[]),
+            integrity_failures: prom::sum(&s, "walrelay_integrity_failures_total", &[]),
+            lag: lag.into_iter().reduce(f64::max),
+        })
+    }
+
+    fn since(self, base: Totals) -> Totals {
+        Totals {
+            wal: self.wal - base.wal,
+            link: self.link - base.link,
+            payload: self.payload - base.payload,
+            messages: self.messages - base.messages,
+            ..self
+        }
+    }
+}
+
+/// Runs the demo with the `walrelay` binary `bin` for `seconds` of pgbench load.
+pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
+    let install = PgInstall::discover().map_err(|e| anyhow::anyhow!("{e}\nThe demo needs PostgreSQL server binaries (initdb, postgres, pg_basebackup, pgbench): run scripts/install-deps.sh, or set PG_BIN to their bin directory."))?;
+    println!(
+        "walrelay demo: PostgreSQL {} from {}",
+        install.major,
+        install.bindir.display()
+    );
+    let root = TempRoot::new().context("creating the demo directory")?;
+    let primary_opts = PrimaryOpts {
+        checkpoint_timeout: "30s".into(),
+        ..Default::default()
+    };
+    let primary = Cluster::init_primary(&install, &root, "primary", &primary_opts)
+        .context("initdb of the primary")?;
+    primary.start().await?;
+    primary.create_replication_user(PRIMARY_PASSWORD).await?;
+
+    let (up, down, metrics) = (free_port(), free_port(), free_port());
+    let mut relay = start_relay(bin, &root, &primary, up, down, metrics)?;
+    println!("relay: standbys connect to 127.0.0.1:{down}, the link (mutual TLS) runs on 127.0.0.1:{up}, metrics on http://127.0.0.1:{metrics}/");
+    let conninfo = format!("host=127.0.0.1 port={down} user=replicator password={STANDBY_PASSWORD} application_name=dc2_standby");
+    let mut sopts = StandbyOpts::new(conninfo);
+    sopts.application_name = Some("dc2_standby".into());
+    let standby = primary
+        .basebackup_standby(&root, "standby", &sopts)
+        .context("pg_basebackup of the standby")?;
+    standby.start().await?;
+    println!("standby started; initializing pgbench (scale 10) ...");
+    let init =
+        tokio::process::Command::from(primary.pgbench(&["-i", "-s", "10", "-q", "postgres"]))
+            .kill_on_drop(true)
+            .output();
+    let init = tokio::time::timeout(Duration::from_secs(300), init)
+        .await
+        .context("pgbench -i took more than 5 minutes")??;
+    anyhow::ensure!(
+        init.status.success(),
+        "pgbench -i failed: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    print!("waiting for the standby to replay the initial load ... ");
+    let _ = std::io::stdout().flush();
+    wait_replayed(&primary, &standby, Duration::from_secs(300), || None).await?;
+    println!("done");
+
+    let r = live(&primary, &standby, metrics, seconds).await;
+    relay.terminate(Duration::from_secs(15));
+    drop(standby);
+    drop(primary);
+    if r? {
+        println!("\ncleaned up {}", root.path().display());
+    } else {
+        println!("interrupted: cleaned up {}", root.path().display());
+    }
+    Ok(())
+}
+
+fn start_relay(
+    bin: &Path,
+    root: &TempRoot,
+    primary: &Cluster,
+    up: u16,
+    down: u16,
+    metrics: u16,
+) -> Result<RelayProcess> {
+    let certs_dir = root.path().join("certs");
+    std::fs::create_dir(&certs_dir)?;
+    let certs = LinkCerts::generate(&certs_dir)?;
+    // One process, both halves: the upstream's certificate serves the link and the
+    // downstream presents it as its client certificate too (the same CA signed it).
+    let toml = format!(
+        "[upstream]\nprimary = {}\nlisten = \"127.0.0.1:{up}\"\n\n[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ replicator = {} }}\nspool_dir = {}\n\n[link]\n{}tls_server_name = \"localhost\"\n\n[log]\nlevel = \"warn\"\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+        toml_str(&format!("host=127.0.0.1 port={} user=replicator password={PRIMARY_PASSWORD} sslmode=disable", primary.port())),
+        toml_str(&walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)),
+        toml_str(&root.path().join("spool").display().to_string()),
+        certs.upstream_toml(),
+    );
+    Ok(RelayProcess::start(
+        bin,
+        root.path(),
+        "walrelay",
+        &toml,
+        &[up, down, metrics],
+        None,
+    )?)
+}
+
+/// The pgbench load with the live table, then the summary; false if interrupted (Ctrl-C).
+async fn live(primary: &Cluster, standby: &Cluster, metrics: u16, seconds: u64) -> Result<bool> {
+    let base = Totals::read(metrics).await?;
+    let load = tokio::process::Command::from(primary.pgbench(&[
+        "-c",
+        "4",
+        "-j",
+        "2",
+        "-T",
+        &seconds.to_string(),
+        "postgres",
+    ]))
+    .kill_on_drop(true)
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()?;
+    println!("\npgbench: 4 clients for {seconds} s\n");
+    println!(
+        "{:>5}  {:>12}  {:>12}  {:>8}  {:>14}",
+        "t (s)", "WAL (MB)", "link (MB)", "ratio", "replay lag"
+    );
+    let started = Instant::now();
+    let output = tokio::time::timeout(Duration::from_secs(seconds + 120), load.wait_with_output());
+    tokio::pin!(output);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tick.tick().await;
+    let out = loop {
+        tokio::select! {
+            out = &mut output => break out.context("pgbench did not end")??,
+            _ = tick.tick() => {
+                if let Ok(t) = Totals::read(metrics).await {
+                    let d = t.since(base);
+                    println!("{:>5}  {:>12.1}  {:>12.2}  {:>8}  {:>14}", started.elapsed().as_secs(), d.wal / 1e6, d.link / 1e6, ratio(d.wal, d.link), lag(t.lag));
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            _ = tokio::signal::ctrl_c() => return Ok(false),
+        }
+    };
+    anyhow::ensure!(
+        out.status.success(),
+        "pgbench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_replayed(primary, standby, Duration::from_secs(120), || None).await?;
+    // The downstream's lag gauge follows the standby's next status update (every second).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    summary(
+        &String::from_utf8_lossy(&out.stdout),
+        Totals::read(metrics).await?,
+        base,
+    );
+    Ok(true)
+}
+
+fn summary(pgbench_out: &str, now: Totals, base: Totals) {
+    let d = now.since(base);
+    let stats = pgbench_stats(pgbench_out);
+    let tx: f64 = stats
+        .get("transactions")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    println!("\nsummary");
+    println!(
+        "  pgbench:             {tx} transactions, {} tps",
+        stats.get("tps").map(String::as_str).unwrap_or("?")
+    );
+    println!("  WAL from the primary {:>10.1} MB", d.wal / 1e6);
+    println!(
+        "  on the link          {:>10.2} MB (both directions, TLS and HTTP/2 framing included)",
+        d.link / 1e6
+    );
+    println!("  ratio                {:>10}", ratio(d.wal, d.link));
+    println!(
+        "  of which WAL payload {:>10.2} MB in {} link messages",
+        d.payload / 1e6,
+        d.messages
+    );
+    if tx > 0.0 {
+        println!(
+            "  per transaction      {:>10.0} WAL bytes -> {:.0} link bytes",
+            d.wal / tx,
+            d.link / tx
+        );
+    }
+    println!("  integrity failures   {:>10}", now.integrity_failures);
+    println!("  standby replay lag   {:>10}", lag(now.lag));
+}
+
+fn lag(bytes: Option<f64>) -> String {
+    bytes
+        .map(|b| format!("{:.1} kB", b / 1024.0))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn ratio(wal: f64, link: f64) -> String {
+    if link <= 0.0 {
+        "-".into()
+    } else {
+        format!("{:.1}x", wal / link)
+    }
+}
+
+/// Picks "number of transactions actually processed" and "tps" out of pgbench's report.
+fn pgbench_stats(out: &str) -> BTreeMap<&'static str, String> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        if let Some(v) = line.strip_prefix("number of transactions actually processed: ") {
+            m.insert(
+                "transactions",
+                v.split(['/', ' ']).next().unwrap_or("").to_string(),
+            );
+        }
+        if let Some(v) = line.strip_prefix("tps = ") {
+            m.insert("tps", v.split(' ').next().unwrap_or("").to_string());
+        }
+    }
+    m
+}

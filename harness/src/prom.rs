@@ -1,0 +1,309 @@
+//! Reading a `walrelay run` process's `[metrics]` endpoint: a plain HTTP/1.0 GET, the
+//! Prometheus text exposition format 0.0.4 parsed strictly, and the metric names of a PromQL
+//! expression (the dashboard test checks them against what is exported).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Fetching or parsing an exposition failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PromError {
+    #[error("GET http://127.0.0.1:{port}{path}: {detail} (is the process running with [metrics] listen on that port?)")]
+    Http {
+        port: u16,
+        path: String,
+        detail: String,
+    },
+    #[error("line {line}: {detail}: {text:?}")]
+    Parse {
+        line: usize,
+        detail: String,
+        text: String,
+    },
+}
+
+/// One sample of the exposition: name, labels, value.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// `GET path` on 127.0.0.1:`port` (HTTP/1.0, at most `timeout`); the body of a 200 answer.
+pub async fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String, PromError> {
+    let err = |detail: String| PromError::Http {
+        port,
+        path: path.to_string(),
+        detail,
+    };
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(raw)
+    };
+    let raw = tokio::time::timeout(timeout, fetch)
+        .await
+        .map_err(|_| err(format!("no answer within {timeout:?}")))?
+        .map_err(|e| err(e.to_string()))?;
+    let text = String::from_utf8(raw).map_err(|_| err("the answer is not UTF-8".into()))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| err("not an HTTP answer".into()))?;
+    let status = head.split(' ').nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(err(format!("status {status}")));
+    }
+    Ok(body.to_string())
+}
+
+/// Scrapes `/metrics` on 127.0.0.1:`port` (5 s at most) and parses it.
+pub async fn scrape(port: u16) -> Result<Vec<Sample>, PromError> {
+    parse_exposition(&http_get(port, "/metrics", Duration::from_secs(5)).await?)
+}
+
+/// Sum of the samples named `name` whose labels include every pair of `labels` (0 if none).
+pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+fn is_name(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_' || f == ':')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_' || x == ':')
+}
+
+/// Parses the text format 0.0.4 strictly: every line is `# HELP name text`, `# TYPE name
+/// type`, or `name{label="value",...} value`; a family's TYPE precedes its samples.
+pub fn parse_exposition(text: &str) -> Result<Vec<Sample>, PromError> {
+    let mut typed = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let bad = |detail: &str| PromError::Parse {
+            line: i + 1,
+            detail: detail.to_string(),
+            text: line.to_string(),
+        };
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or("");
+            if !is_name(name) {
+                return Err(bad("bad HELP line"));
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').ok_or_else(|| bad("bad TYPE line"))?;
+            if !is_name(name) {
+                return Err(bad("bad TYPE line"));
+            }
+            if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind) {
+                return Err(bad("bad TYPE"));
+            }
+            if !typed.insert(name.to_string()) {
+                return Err(bad("family typed twice"));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            return Err(bad("unexpected comment"));
+        }
+        out.push(parse_sample(line, &typed).map_err(|d| bad(&d))?);
+    }
+    Ok(out)
+}
+
+/// One `name{labels} value` line whose family was typed before.
+fn parse_sample(line: &str, typed: &BTreeSet<String>) -> Result<Sample, String> {
+    let i = line.find(['{', ' ']).ok_or("no value")?;
+    let (name, mut rest) = line.split_at(i);
+    if !is_name(name) {
+        return Err("bad metric name".into());
+    }
+    if !typed.contains(name) {
+        return Err(format!("{name} has no TYPE before it"));
+    }
+    let mut labels = BTreeMap::new();
+    if let Some(r) = rest.strip_prefix('{') {
+        let end = parse_labels(r, &mut labels)?;
+        rest = &r[end + 1..];
+    }
+    let value = rest
+        .strip_prefix(' ')
+        .ok_or("not one space before the value")?;
+    let value: f64 = match value {
+        "NaN" => f64::NAN,
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().map_err(|_| format!("bad value {v:?}"))?,
+    };
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// Parses `key="value",...}` into `labels`; returns the index of the closing brace in `r`.
+fn parse_labels(r: &str, labels: &mut BTreeMap<String, String>) -> Result<usize, String> {
+    let mut chars = r.char_indices().peekable();
+    loop {
+        let Some((start, c)) = chars.next() else {
+            return Err("unterminated labels".into());
+        };
+        if c == '}' {
+            return Ok(start);
+        }
+        let mut key_end = start;
+        while let Some(&(j, c)) = chars.peek() {
+            if c == '=' {
+                key_end = j;
+                break;
+            }
+            chars.next();
+        }
+        let key = &r[start..key_end];
+        if !is_name(key) {
+            return Err(format!("bad label name {key:?}"));
+        }
+        if chars.next().map(|x| x.1) != Some('=') || chars.next().map(|x| x.1) != Some('"') {
+            return Err("expected =\" after a label name".into());
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next().map(|x| x.1) {
+                Some('\\') => match chars.next().map(|x| x.1) {
+                    Some('\\') => value.push('\\'),
+                    Some('"') => value.push('"'),
+                    Some('n') => value.push('\n'),
+                    other => return Err(format!("bad escape {other:?}")),
+                },
+                Some('"') => break,
+                Some(c) => value.push(c),
+                None => return Err("unterminated label value".into()),
+            }
+        }
+        if labels.insert(key.to_string(), value).is_some() {
+            return Err(format!("label {key} twice"));
+        }
+        if chars.peek().map(|x| x.1) == Some(',') {
+            chars.next();
+        }
+    }
+}
+
+/// Metric names in a PromQL expression: identifiers outside label matchers (`{...}`), range
+/// selectors (`[...]`), strings and `by`/`without`/`on`/`ignoring` lists, that are neither
+/// functions (followed by `(`), aggregation operators nor keywords.
+pub fn promql_metric_names(expr: &str) -> BTreeSet<String> {
+    const KEYWORDS: &[&str] = &[
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+    ];
+    const LISTS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let b = expr.as_bytes();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    let mut skip_list = false; // the next '(' opens a label list
+                               // Skips from an opening delimiter to its closing one, stepping over quoted strings.
+    let skip = |mut i: usize, close: u8| {
+        i += 1;
+        while i < b.len() && b[i] != close {
+            if b[i] == b'"' && close != b'"' {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += 1 + usize::from(b[i] == b'\\');
+                }
+            }
+            i += 1;
+        }
+        i + 1
+    };
+    while i < b.len() {
+        match b[i] {
+            b'{' => i = skip(i, b'}'),
+            b'[' => i = skip(i, b']'),
+            b'"' => i = skip(i, b'"'),
+            b'(' if skip_list => {
+                i = skip(i, b')');
+                skip_list = false;
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' || c == b':' => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':')
+                {
+                    i += 1;
+                }
+                let word = &expr[start..i];
+                let next = expr[i..].trim_start().chars().next();
+                if LISTS.contains(&word) {
+                    skip_list = true;
+                } else if next != Some('(') && !KEYWORDS.contains(&word) {
+                    names.insert(word.to_string());
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_families_labels_and_escapes() {
+        let text = "# HELP a_total help text\n# TYPE a_total counter\na_total{half=\"up\",x=\"q\\\"\\n\"} 3\n# TYPE b gauge\nb 1.5\n";
+        let s = parse_exposition(text).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].labels["x"], "q\"\n");
+        assert_eq!(sum(&s, "a_total", &[("half", "up")]), 3.0);
+        assert_eq!(sum(&s, "a_total", &[("half", "down")]), 0.0);
+        assert_eq!(sum(&s, "b", &[]), 1.5);
+    }
+
+    #[test]
+    fn rejects_untyped_samples_and_bad_lines() {
+        assert!(parse_exposition("a 1\n").is_err());
+        assert!(parse_exposition("# TYPE a counter\na{x=1} 1\n").is_err());
+        assert!(parse_exposition("# TYPE a counter\na  1\n").is_err());
+        assert!(parse_exposition("# random\n").is_err());
+    }
+}

@@ -1,0 +1,256 @@
+//! The real `walrelay` binary as a child process: `walrelay run --config FILE`, started with a
+//! TOML config written to a file, waited for until its ports answer, stopped with a signal
+//! (SIGTERM drains), killed on drop. The binary's path is the caller's: `walrelay bench` and
+//! `walrelay demo` pass their own executable, the tests `env!("CARGO_BIN_EXE_walrelay")`.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a started process gets to listen on its ports.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starting or signalling a `walrelay run` process failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("walrelay ({config}) {what}; its log ({log}) ends with:\n{tail}")]
+    Start {
+        config: PathBuf,
+        log: PathBuf,
+        what: String,
+        tail: String,
+    },
+    #[error("walrelay ({0}) is not running")]
+    NotRunning(PathBuf),
+}
+
+/// A `walrelay run` child process. Dropping it kills the process (SIGKILL); call
+/// [`RelayProcess::terminate`] for an orderly drain.
+#[derive(Debug)]
+pub struct RelayProcess {
+    child: Option<Child>,
+    bin: PathBuf,
+    /// The config file it runs with (rewrite it and send SIGHUP to reload).
+    pub config: PathBuf,
+    /// Its standard output and error.
+    pub log: PathBuf,
+    ports: Vec<u16>,
+    rust_log: Option<String>,
+}
+
+impl RelayProcess {
+    /// Writes `toml` to `<dir>/<name>.toml` and runs `bin run --config` on it, output appended
+    /// to `<dir>/<name>.log`, then waits until every port of `ports` on 127.0.0.1 accepts
+    /// connections. `rust_log` is set as `RUST_LOG`; `None` removes it, so `[log] level` of
+    /// the config decides.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        toml: &str,
+        ports: &[u16],
+        rust_log: Option<&str>,
+    ) -> Result<RelayProcess, RelayError> {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, toml).map_err(|source| RelayError::Io {
+            context: format!("writing {}", config.display()),
+            source,
+        })?;
+        let mut p = RelayProcess {
+            child: None,
+            bin: bin.to_path_buf(),
+            config,
+            log: dir.join(format!("{name}.log")),
+            ports: ports.to_vec(),
+            rust_log: rust_log.map(str::to_string),
+        };
+        p.spawn()?;
+        Ok(p)
+    }
+
+    /// Starts the process again with the same config (after [`RelayProcess::kill`] or a stop).
+    pub fn respawn(&mut self) -> Result<(), RelayError> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> Result<(), RelayError> {
+        let io = |context: String| move |source| RelayError::Io { context, source };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(io(format!("opening {}", self.log.display())))?;
+        let log2 = log
+            .try_clone()
+            .map_err(io(format!("opening {}", self.log.display())))?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["run", "--config"]).arg(&self.config);
+        match &self.rust_log {
+            Some(filter) => cmd.env("RUST_LOG", filter),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(io(format!(
+                "running {} (build it with cargo build -p walrelay)",
+                self.bin.display()
+            )))?;
+        self.child = Some(child);
+        self.wait_listening()
+    }
+
+    fn wait_listening(&mut self) -> Result<(), RelayError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        for port in self.ports.clone() {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                let exited = match self.child.as_mut().map(Child::try_wait) {
+                    Some(Ok(Some(status))) => Some(status),
+                    _ => None,
+                };
+                if let Some(status) = exited {
+                    self.child = None;
+                    return Err(self.start_error(format!("exited with {status} during start-up")));
+                }
+                if Instant::now() > deadline {
+                    self.kill();
+                    return Err(self.start_error(format!(
+                        "did not listen on {port} within {START_TIMEOUT:?}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    fn start_error(&self, what: String) -> RelayError {
+        RelayError::Start {
+            config: self.config.clone(),
+            log: self.log.clone(),
+            what,
+            tail: self.log_tail(40),
+        }
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGHUP`) to the running process.
+    pub fn signal(&self, sig: i32) -> Result<(), RelayError> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| RelayError::NotRunning(self.config.clone()))?;
+        // SAFETY: kill has no memory-safety preconditions.
+        if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
+            return Err(RelayError::Io {
+                context: format!("kill({pid}, {sig})"),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends `sig` (SIGTERM or SIGINT), then waits for exit (bounded); returns the exit
+    /// status, or None (after SIGKILL) if the process was still running at `within`, or was
+    /// not running at all.
+    pub fn stop_with(&mut self, sig: i32, within: Duration) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: as in `signal`.
+        unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        let deadline = Instant::now() + within;
+        loop {
+            match c.try_wait() {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) if Instant::now() <= deadline => {}
+                _ => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return None;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM (drain), then wait for exit (bounded); returns the exit status.
+    pub fn terminate(&mut self, within: Duration) -> Option<ExitStatus> {
+        self.stop_with(libc::SIGTERM, within)
+    }
+
+    /// SIGKILL (a crash), no draining.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// User + system CPU seconds the process has used so far (None when not running).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        process_cpu_seconds(self.pid()?)
+    }
+
+    pub fn log_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// utime + stime of process `pid` from `/proc/<pid>/stat`, in seconds.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: comm may hold spaces; utime and stime are fields 14 and 15,
+    // i.e. the 12th and 13th after the closing parenthesis.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some((utime + stime) as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_own_cpu_time() {
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let s = super::process_cpu_seconds(std::process::id()).unwrap();
+        assert!(s > 0.0, "{s}");
+    }
+}
