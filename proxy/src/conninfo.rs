@@ -145,7 +145,7 @@ pub enum ConnInfoError {
     #[error("connection string names no user: add user=...")]
     NoUser,
     #[error(
-        "{what}: {n} {items} for {m} hosts; give one for every host (or, for port, one for all)"
+        "{what} lists {n} {items} but host lists {m}: give one for each host (port also takes one for all)"
     )]
     CountMismatch {
         what: &'static str,

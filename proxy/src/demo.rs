@@ -194,7 +194,7 @@ fn demo_config(primary: &Cluster, up_port: u16, down_port: u16) -> Result<Resolv
         }),
         downstream: Some(ResolvedDownstream {
             listen: ([127, 0, 0, 1], down_port).into(),
-            upstream: format!("127.0.0.1:{up_port}"),
+            upstream: format!("127.0.0.1:{up_port}").parse()?,
             auth: AuthMethod::ScramSha256,
             users: BTreeMap::from([("replicator".to_string(), verifier)]),
             tls: None,

@@ -258,7 +258,7 @@ fn configs(
     let down = Resolved {
         downstream: Some(ResolvedDownstream {
             listen: ([127, 0, 0, 1], down_port).into(),
-            upstream: format!("127.0.0.1:{up_port}"),
+            upstream: format!("127.0.0.1:{up_port}").parse()?,
             auth: AuthMethod::ScramSha256,
             users: [("replicator".to_string(), verifier)].into(),
             tls: None,

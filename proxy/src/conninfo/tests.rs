@@ -132,7 +132,7 @@ fn lists_that_do_not_match_up_are_errors() {
     let msg = ConnInfo::parse("host=a,b,c port=1,2 user=u")
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("2 ports for 3 hosts"), "{msg}");
+    assert!(msg.contains("port lists 2 ports but host lists 3"), "{msg}");
 }
 
 #[test]
