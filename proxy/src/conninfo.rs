@@ -350,7 +350,9 @@ fn parse_host(e: &str) -> Result<Option<String>, ConnInfoError> {
             Err(_) => Err(bad("brackets hold an IPv6 address, e.g. [::1]")),
         };
     }
-    if e.contains(':') && e.parse::<std::net::Ipv6Addr>().is_err() {
+    // An IPv6 address may carry a zone (fe80::1%eth0), which the resolver understands.
+    let without_zone = e.split_once('%').map_or(e, |(a, _)| a);
+    if e.contains(':') && without_zone.parse::<std::net::Ipv6Addr>().is_err() {
         return Err(bad("a host is a name, an IP address or a socket directory: give the port in port=, not host:port"));
     }
     Ok(Some(e.to_string()))

@@ -59,6 +59,7 @@ fn ipv6_bare_or_in_brackets() {
         hosts("host=::1,[fe80::2],10.0.0.1 port=5432 user=u"),
         ["[::1]:5432", "[fe80::2]:5432", "10.0.0.1:5432"]
     );
+    assert_eq!(hosts("host=fe80::1%eth0 user=u"), ["[fe80::1%eth0]:5432"]);
     let ci = ConnInfo::parse("host=[::1] user=u").unwrap();
     assert_eq!(ci.hosts[0].host, "::1");
     assert_eq!(ci.hosts[0].dial_host(), "::1");
