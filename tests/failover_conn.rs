@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::certs::Ca;
+use common::certs::{Ca, CertFiles};
 use common::*;
 use walrelay::conninfo::ConnInfo;
-use walrelay::pgclient::{self, Continuity, PgClientError, ServerRole};
+use walrelay::pgclient::{self, Continuity, PgClientError, ServerRole, SystemIdentity};
 use walrelay_harness::cluster::{free_port, wait_until, Cluster, StandbyOpts, TempRoot};
 use walrelay_wal::lsn::TimeLineId;
 
@@ -54,21 +54,55 @@ async fn walsenders(c: &Cluster) -> String {
 /// The standby listed first is skipped (read-only), the primary listed second chosen; a
 /// standby behind walrelay streams from the primary. After the primary stops, no host
 /// qualifies and the error names both; after the standby is promoted, a new connection
-/// chooses it, on the next timeline, with that timeline's history.
+/// chooses it, on the next timeline, with that timeline's history, and the standby behind
+/// walrelay follows onto that timeline with no configuration change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
     let root = TempRoot::new().unwrap();
     let (primary, hot) = primary_and_hot_standby(&root).await;
     let read_write = two_hosts(hot.port(), primary.port(), "read-write");
+    let before = choices_while_the_primary_runs(&primary, &hot).await;
+    let (relay, behind, down) = standby_behind_walrelay(&root, &primary, &hot, &read_write).await;
 
-    // Directly: `any` takes the first host (the standby), read-write and primary the second.
+    primary.stop().await.unwrap();
+    no_host_qualifies(&read_write, &primary, &hot).await;
+    hot.execute("select pg_promote()").await.unwrap();
+    the_promoted_server_is_chosen(&read_write, &hot, &before).await;
+
+    // The standby behind walrelay follows by itself: its next session reaches the promoted
+    // server, and it switches to timeline 2 with the history relayed from there.
+    hot.execute("create table after_promotion as select 1 x")
+        .await
+        .unwrap();
+    let (b, h) = (&behind, &hot);
+    wait_until(
+        "the standby behind walrelay replays timeline 2",
+        TIMEOUT,
+        || async move {
+            let on_behind = b
+                .query_one_string(
+                    "select (select count(*) from pg_class where relname = 'after_promotion') \
+                     || ':' || coalesce((select received_tli || ':' || sender_port \
+                     from pg_stat_wal_receiver where status = 'streaming'), '')",
+                )
+                .await?;
+            Ok(on_behind == format!("1:2:{down}") && walsenders(h).await.contains("standby1"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", relay.log_text(), behind.log_tail(30)));
+    relay.assert_no_panic();
+}
+
+/// Directly: `any` takes the first host (the standby), read-write and primary the second.
+/// Returns the primary's identity.
+async fn choices_while_the_primary_runs(primary: &Cluster, hot: &Cluster) -> SystemIdentity {
     let mut conn = connect(&two_hosts(hot.port(), primary.port(), "any"))
         .await
         .unwrap();
     assert_eq!(conn.server.index, 0);
     assert_eq!(conn.role().await.unwrap(), ServerRole::HotStandby);
     conn.terminate().await;
-    drop(conn);
     for attrs in ["read-write", "primary"] {
         let mut conn = connect(&two_hosts(hot.port(), primary.port(), attrs))
             .await
@@ -76,80 +110,93 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
         assert_eq!(conn.server.index, 1, "{attrs}");
         assert_eq!(conn.server.host.port, primary.port());
         assert_eq!(conn.role().await.unwrap(), ServerRole::ReadWrite);
+        conn.terminate().await;
     }
-    let mut conn = connect(&read_write).await.unwrap();
-    let before = conn.identify_system().await.unwrap();
+    let mut conn = connect(&two_hosts(hot.port(), primary.port(), "read-write"))
+        .await
+        .unwrap();
+    let id = conn.identify_system().await.unwrap();
+    conn.terminate().await;
     let sysid = primary
         .query_one_string("select system_identifier::text from pg_control_system()")
         .await
         .unwrap();
-    assert_eq!(before.system_id.to_string(), sysid);
-    assert_eq!(before.timeline, TimeLineId(1));
-    assert!(before.xlogpos.0 > 0);
-    assert_eq!(before.dbname, None);
-    conn.terminate().await;
+    assert_eq!(id.system_id.to_string(), sysid);
+    assert_eq!(id.timeline, TimeLineId(1));
+    assert!(id.xlogpos.0 > 0);
+    assert_eq!(id.dbname, None);
+    id
+}
 
-    // The relay with the same list: a standby behind it streams from the primary, and the
-    // hot standby serves no walrelay session.
+/// The relay with `upstream.primary = conninfo`, and a standby behind it that streams from
+/// the primary (not from the hot standby). Returns the relay, the standby and the
+/// downstream's port.
+async fn standby_behind_walrelay(
+    root: &TempRoot,
+    primary: &Cluster,
+    hot: &Cluster,
+    conninfo: &str,
+) -> (Relay, Cluster, u16) {
     let (up, down) = (free_port(), free_port());
-    let toml = both_halves_toml(&primary, up, down, up, "", "").replace(
+    let toml = both_halves_toml(primary, up, down, up, "", "").replace(
         &format!(
             "host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable",
             primary.port()
         ),
-        &read_write,
+        conninfo,
     );
     let relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
     let mut opts = StandbyOpts::new(standby_conninfo(down));
     opts.application_name = Some("standby1".into());
-    let behind = primary.basebackup_standby(&root, "behind", &opts).unwrap();
+    let behind = primary.basebackup_standby(root, "behind", &opts).unwrap();
     behind.start().await.unwrap();
-    let p = &primary;
     wait_until(
         "standby1 streaming from the primary through walrelay",
         TIMEOUT,
-        || async move { Ok(walsenders(p).await.split(',').any(|a| a == "standby1")) },
+        || async move {
+            Ok(walsenders(primary)
+                .await
+                .split(',')
+                .any(|a| a == "standby1"))
+        },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
-    assert_eq!(
-        walsenders(&hot).await,
-        "",
-        "walrelay connected to the hot standby"
+    let on_hot = walsenders(hot).await;
+    assert!(
+        !on_hot.split(',').any(|a| a == "standby1"),
+        "walrelay streams standby1 from the hot standby: {on_hot}"
     );
     assert!(relay
         .log_text()
         .contains("connected to a later host of upstream.primary"));
+    (relay, behind, down)
+}
 
-    // The primary stops: the standby left is read-only, the primary refuses.
-    primary.stop().await.unwrap();
-    let e = connect(&read_write).await.map(|_| ()).unwrap_err();
+/// The primary stopped: the standby left is read-only, the primary refuses; the error says
+/// both.
+async fn no_host_qualifies(conninfo: &str, primary: &Cluster, hot: &Cluster) {
+    let e = connect(conninfo).await.map(|_| ()).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, PgClientError::NoHost { .. }), "{msg}");
     assert!(
         msg.starts_with("no host of upstream.primary is a primary (read-write): "),
         "{msg}"
     );
-    assert!(
-        msg.contains(&format!(
-            "127.0.0.1:{}: read-only (hot standby)",
-            hot.port()
-        )),
-        "{msg}"
-    );
-    assert!(
-        msg.contains(&format!("127.0.0.1:{}: ", primary.port())),
-        "{msg}"
-    );
+    let hot_why = format!("127.0.0.1:{}: read-only (hot standby)", hot.port());
+    assert!(msg.contains(&hot_why), "{msg}");
+    let primary_at = format!("127.0.0.1:{}: ", primary.port());
+    assert!(msg.contains(&primary_at), "{msg}");
+}
 
-    // Promoted, the standby is chosen: same system, next timeline, its history file.
-    hot.execute("select pg_promote()").await.unwrap();
-    let mut conn = connect(&read_write).await.unwrap();
+/// Promoted, the standby is chosen: same system, next timeline, its history file.
+async fn the_promoted_server_is_chosen(conninfo: &str, hot: &Cluster, before: &SystemIdentity) {
+    let mut conn = connect(conninfo).await.unwrap();
     assert_eq!(conn.server.index, 0);
     assert_eq!(conn.role().await.unwrap(), ServerRole::ReadWrite);
     let now = conn.identify_system().await.unwrap();
     assert_eq!(
-        now.continuity_from(&before),
+        now.continuity_from(before),
         Continuity::Promoted {
             from: TimeLineId(1),
             to: TimeLineId(2)
@@ -169,30 +216,30 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
         Err(PgClientError::Server(_))
     ));
     conn.terminate().await;
+}
 
-    // The standby behind walrelay follows by itself: its next session reaches the promoted
-    // server, and it switches to timeline 2 with the history relayed from there.
-    hot.execute("create table after_promotion as select 1 x")
-        .await
-        .unwrap();
-    let (b, h) = (&behind, &hot);
-    wait_until(
-        "the standby behind walrelay replays timeline 2",
-        TIMEOUT,
-        || async move {
-            let on_behind = b
-                .query_one_string(
-                    "select (select count(*) from pg_class where relname = 'after_promotion') \
-                 || ':' || coalesce((select received_tli || ':' || sender_port \
-                 from pg_stat_wal_receiver where status = 'streaming'), '')",
-                )
-                .await?;
-            Ok(on_behind == format!("1:2:{down}") && walsenders(h).await.contains("standby1"))
-        },
+/// `[link]` with mutual TLS files and a short connect timeout.
+fn tls_link(ca: &std::path::Path, c: &CertFiles) -> String {
+    format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\nconnect_timeout_secs = 3\n",
+        c.cert.display(),
+        c.key.display(),
+        ca.display()
     )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", relay.log_text(), behind.log_tail(30)));
-    relay.assert_no_panic();
+}
+
+fn upstream_only(primary: &Cluster, up: u16, link: &str) -> String {
+    format!(
+        "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\n{link}",
+        primary.port(),
+    )
+}
+
+fn downstream_only(down: u16, upstream: &str, link: &str) -> String {
+    format!(
+        "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = {upstream}\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\n\n[link]\n{link}",
+        walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+    )
 }
 
 /// `downstream.upstream = [refusing, working]` with mutual TLS: the standby streams through
@@ -212,60 +259,22 @@ async fn downstream_moves_on_to_the_next_upstream_address() {
     // Valid for localhost only: dialing 127.0.0.1 with its own name would fail the check.
     let server = ca.issue(dir, "upstream", &["localhost"]);
     let client = ca.issue(dir, "downstream", &["downstream"]);
-    let tls = |c: &common::certs::CertFiles| {
-        format!(
-            "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\nconnect_timeout_secs = 3\n",
-            c.cert.display(),
-            c.key.display(),
-            ca_pem.display()
-        )
-    };
 
     let (up, down) = (free_port(), free_port());
     let refusing = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let _upstream = Relay::start(
-        dir,
-        "upstream",
-        &format!(
-            "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\n{}",
-            primary.port(),
-            tls(&server)
-        ),
-        None,
-        Some(up),
-    );
-    let downstream = Relay::start(
-        dir,
-        "downstream",
-        &format!(
-            "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = [\"127.0.0.1:{refusing}\", \"localhost:{up}\"]\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\n\n[link]\n{}",
-            walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
-            tls(&client)
-        ),
-        Some(down),
-        None,
-    );
+    let up_toml = upstream_only(&primary, up, &tls_link(&ca_pem, &server));
+    let _upstream = Relay::start(dir, "upstream", &up_toml, None, Some(up));
+    let list = format!("[\"127.0.0.1:{refusing}\", \"localhost:{up}\"]");
+    let down_toml = downstream_only(down, &list, &tls_link(&ca_pem, &client));
+    let downstream = Relay::start(dir, "downstream", &down_toml, Some(down), None);
     let mut opts = StandbyOpts::new(standby_conninfo(down));
     opts.application_name = Some("standby1".into());
     let standby = primary.basebackup_standby(&root, "standby", &opts).unwrap();
     standby.start().await.unwrap();
-    let s = &standby;
-    wait_until(
-        "standby streaming through the second address",
-        TIMEOUT,
-        || async move {
-            let st = s
-                .query_one_string("select coalesce((select status from pg_stat_wal_receiver), '')")
-                .await?;
-            Ok(st == "streaming")
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", downstream.log_text()));
-    assert_eq!(walsenders(&primary).await, "standby1");
+
     primary
         .execute("create table t as select generate_series(1, 1000) x")
         .await
@@ -283,7 +292,13 @@ async fn downstream_moves_on_to_the_next_upstream_address() {
         },
     )
     .await
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}\n{}", downstream.log_text()));
+    let receiver = standby
+        .query_one_string("select status || ':' || sender_port from pg_stat_wal_receiver")
+        .await
+        .unwrap();
+    assert_eq!(receiver, format!("streaming:{down}"));
+    assert_eq!(walsenders(&primary).await, "standby1");
     let log = downstream.log_text();
     assert!(
         log.contains(&format!("127.0.0.1:{refusing}")) && log.contains("trying the next one"),
