@@ -171,7 +171,8 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
         connect_timeout_secs: 3,
         ..Default::default()
     };
-    let channel = walrelay::link::client_channel(&link, &format!("localhost:{up}")).unwrap();
+    let channel =
+        walrelay::link::client_channel(&link, &format!("localhost:{up}").parse().unwrap()).unwrap();
     let mut client = walrelay_proto::link::link_client::LinkClient::new(channel);
     let hello = walrelay_proto::link::ToUpstream {
         msg: Some(walrelay_proto::link::to_upstream::Msg::Hello(

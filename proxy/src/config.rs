@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::conninfo::ConnInfo;
+use crate::link::UpstreamAddrs;
 use walrelay_pgwire::scram::ScramVerifier;
 
 pub mod keys;
@@ -112,8 +113,8 @@ section! {
     pub struct DownstreamConfig in "downstream" {
         /// Where standbys connect (their primary_conninfo points here).
         restart listen: String,
-        /// Link address of the upstream half, host:port.
-        restart upstream: String,
+        /// Link address of the upstream half, host:port, or a list of them tried in order.
+        restart upstream: AddrList,
         #[serde(default)]
         live auth: AuthMethod,
         /// Standby users and their SCRAM verifiers (pg_authid format).
@@ -141,6 +142,36 @@ fn default_spool_bytes() -> u64 {
 /// The slot name when `upstream.slot` is not set.
 pub const DEFAULT_SLOT: &str = "walrelay";
 
+/// `downstream.upstream` as written: `"host:port"` or `["host:port", ...]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrList(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for AddrList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AddrList, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = AddrList;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"host:port\" or a list of them, [\"a:7433\", \"b:7433\"]")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<AddrList, E> {
+                Ok(AddrList(vec![v.to_string()]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<AddrList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(a) = seq.next_element::<String>()? {
+                    out.push(a);
+                }
+                Ok(AddrList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
 pub enum AuthMethod {
     #[default]
@@ -160,8 +191,8 @@ section! {
         restart tls_key: Option<PathBuf>,
         /// CA that signs the peer's certificate; with it both sides verify each other (mTLS).
         restart tls_ca: Option<PathBuf>,
-        /// Name expected in the upstream's certificate (default: the host of
-        /// `downstream.upstream`).
+        /// Name expected in the upstream's certificate (default: the host of each address
+        /// of `downstream.upstream`).
         restart tls_server_name: Option<String>,
         /// The link runs without TLS only when this is true.
         restart plaintext: bool,
@@ -176,7 +207,7 @@ section! {
         /// HTTP/2 keepalive interval on the link, seconds (a dead link is noticed within ~2x
         /// this).
         restart keepalive_secs: u64,
-        /// Timeout for connecting to the upstream half, seconds.
+        /// Timeout for connecting to one address of the upstream half (TCP and TLS), seconds.
         restart connect_timeout_secs: u64,
         /// How long WAL and feedback of a standby that no commit waits on may wait to share a
         /// link message with more, milliseconds (0: only what has already arrived). Standbys
@@ -326,7 +357,8 @@ pub struct ResolvedUpstream {
 #[derive(Debug, Clone)]
 pub struct ResolvedDownstream {
     pub listen: SocketAddr,
-    pub upstream: String,
+    /// The upstream half's link addresses, tried in order.
+    pub upstream: UpstreamAddrs,
     pub auth: AuthMethod,
     pub users: BTreeMap<String, ScramVerifier>,
     pub tls: Option<(PathBuf, PathBuf)>,

@@ -280,7 +280,10 @@ mod tests {
         assert_eq!(live_keys(&old, &eff), ["log.level", "limits.max_sessions"]);
         assert_eq!(eff.limits.max_message_bytes, old.limits.max_message_bytes);
         assert_eq!(eff.log.format, "text");
-        assert_eq!(eff.downstream.as_ref().unwrap().upstream, "h:7433");
+        assert_eq!(
+            eff.downstream.as_ref().unwrap().upstream.to_string(),
+            "h:7433"
+        );
     }
 
     /// Every key of every section: (key, a value, another value), TOML. A new key fails

@@ -6,6 +6,7 @@
 //! really crossed the link (TLS and HTTP/2 framing included) are counted. The downstream keeps
 //! one lazily connected channel and opens a stream per standby; its sockets are counted too
 //! (into the downstream's own counters) when it connects through [`client_channel_counted`].
+//! The channel's connector ([`dial`]) tries the addresses of `downstream.upstream` in order.
 
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
@@ -15,12 +16,14 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tonic::transport::{
-    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
-};
+use tonic::transport::{Certificate, Channel, Endpoint, Identity, ServerTlsConfig};
 
 use crate::config::{Limits, LinkConfig};
 use crate::metrics::Metrics;
+
+pub mod dial;
+
+pub use dial::{DialError, UpstreamAddr, UpstreamAddrs};
 
 /// HTTP/2 flow-control windows of the link, per stream and per connection. HTTP/2's default
 /// (64 KiB) makes the receiver send a WINDOW_UPDATE for every ~32 KiB it reads — link bytes
@@ -73,96 +76,39 @@ pub fn server_tls(link: &LinkConfig) -> Result<Option<ServerTlsConfig>, LinkErro
     Ok(Some(tls))
 }
 
-/// A lazily connecting channel from the downstream to the upstream half.
-pub fn client_channel(link: &LinkConfig, upstream: &str) -> Result<Channel, LinkError> {
+/// A lazily connecting channel from the downstream to the upstream half, trying the
+/// addresses of `upstream` in order on each (re)connection (see [`dial`]).
+pub fn client_channel(link: &LinkConfig, upstream: &UpstreamAddrs) -> Result<Channel, LinkError> {
     channel(link, upstream, None)
 }
 
 /// [`client_channel`], counting socket bytes into the downstream's link counters.
 pub fn client_channel_counted(
     link: &LinkConfig,
-    upstream: &str,
+    upstream: &UpstreamAddrs,
     metrics: Arc<Metrics>,
 ) -> Result<Channel, LinkError> {
     channel(link, upstream, Some(metrics))
 }
 
+/// The endpoint names the first address (HTTP/2 `:authority`); the connector dials the list
+/// and puts TLS on itself, so the endpoint is `http` and has no connect timeout of its own
+/// (each address gets `link.connect_timeout_secs` in the connector).
 fn channel(
     link: &LinkConfig,
-    upstream: &str,
+    upstream: &UpstreamAddrs,
     metrics: Option<Arc<Metrics>>,
 ) -> Result<Channel, LinkError> {
-    let scheme = if link.plaintext { "http" } else { "https" };
-    let mut ep = Endpoint::from_shared(format!("{scheme}://{upstream}"))
-        .map_err(|e| LinkError::Address(upstream.to_string(), e.to_string()))?
-        .connect_timeout(Duration::from_secs(link.connect_timeout_secs))
+    let first = upstream.first();
+    let ep = Endpoint::from_shared(format!("http://{first}"))
+        .map_err(|e| LinkError::Address(first.to_string(), e.to_string()))?
         .http2_keep_alive_interval(Duration::from_secs(link.keepalive_secs))
         .keep_alive_timeout(Duration::from_secs(link.keepalive_secs))
         .keep_alive_while_idle(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .tcp_nodelay(true);
-    if !link.plaintext {
-        let host = upstream
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_matches(['[', ']']))
-            .unwrap_or(upstream);
-        let mut tls = ClientTlsConfig::new().domain_name(
-            link.tls_server_name
-                .clone()
-                .unwrap_or_else(|| host.to_string()),
-        );
-        if let Some(ca) = &link.tls_ca {
-            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
-        }
-        if let (Some(cert), Some(key)) = (&link.tls_cert, &link.tls_key) {
-            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        ep = ep
-            .tls_config(tls)
-            .map_err(|e| LinkError::Tls(e.to_string()))?;
-    }
-    Ok(match metrics {
-        None => ep.connect_lazy(),
-        Some(metrics) => ep.connect_with_connector_lazy(CountingConnector { metrics }),
-    })
-}
-
-/// Connects TCP (no delay) and wraps the socket in a downstream [`CountingIo`]; tonic puts
-/// TLS on top and applies `connect_timeout`.
-#[derive(Clone)]
-struct CountingConnector {
-    metrics: Arc<Metrics>,
-}
-
-impl tonic::codegen::Service<http::Uri> for CountingConnector {
-    type Response = hyper_util::rt::TokioIo<CountingIo>;
-    type Error = std::io::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let host = uri
-                .host()
-                .unwrap_or("")
-                .trim_matches(['[', ']'])
-                .to_string();
-            let port = uri.port_u16().unwrap_or(443);
-            let s = TcpStream::connect((host.as_str(), port)).await?;
-            s.set_nodelay(true)?;
-            Ok(hyper_util::rt::TokioIo::new(CountingIo {
-                inner: s,
-                metrics,
-                downstream: true,
-            }))
-        })
-    }
+    Ok(ep.connect_with_connector_lazy(dial::Dialer::new(link, upstream, metrics)?))
 }
 
 /// A TCP stream that counts the bytes read and written into process metrics.
@@ -174,11 +120,20 @@ pub struct CountingIo {
 }
 
 impl CountingIo {
+    /// The upstream's side: counts into `link_socket_bytes_*`.
     pub fn new(inner: TcpStream, metrics: Arc<Metrics>) -> Self {
         CountingIo {
             inner,
             metrics,
             downstream: false,
+        }
+    }
+    /// The downstream's side: counts into `ops.link_socket_bytes_*_downstream`.
+    fn downstream(inner: TcpStream, metrics: Arc<Metrics>) -> Self {
+        CountingIo {
+            inner,
+            metrics,
+            downstream: true,
         }
     }
     fn counters(&self) -> (&AtomicU64, &AtomicU64) {

@@ -1,18 +1,25 @@
 //! The upstream's client connection to the primary: a physical replication connection
 //! (`replication=true`), TLS per sslmode, SCRAM-SHA-256 / md5 / password / trust.
 //!
-//! After [`connect`] the connection is split into a [`MsgReader`] of backend messages (capped
-//! at `max_message_bytes`) and a write half; the session forwards messages both ways.
+//! [`connect`] tries the hosts of the conninfo in order (each within `connect_timeout`) and
+//! returns the first that qualifies under `target_session_attrs`; [`PrimaryConn::server`]
+//! says which one. Before streaming, the queries in [`query`] run on it (`SHOW`, slot
+//! creation, `IDENTIFY_SYSTEM`, `TIMELINE_HISTORY`, the server's role). Then the connection
+//! is split into a [`MsgReader`] of backend messages (capped at `max_message_bytes`) and a
+//! write half; the session forwards messages both ways.
 
 use bytes::{Buf, Bytes, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
-use crate::conninfo::{ConnInfo, SslMode};
+use crate::conninfo::{ConnInfo, HostSpec, SslMode, TargetSessionAttrs};
 use crate::pgio::MsgReader;
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
+
+pub mod query;
+
+pub use query::{Continuity, ServerRole, SystemIdentity, TimelineHistoryFile};
 
 /// A socket, plain or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
@@ -44,6 +51,63 @@ pub enum PgClientError {
     Wire(#[from] WireError),
     #[error("unexpected message '{0}' from the primary during {1}")]
     Unexpected(char, &'static str),
+    #[error("the server at {addr} is {role}, but upstream.primary asks for target_session_attrs={}: list the current primary in upstream.primary", wanted.as_str())]
+    NotQualified {
+        addr: String,
+        role: ServerRole,
+        wanted: TargetSessionAttrs,
+    },
+    #[error("no host of upstream.primary is {}: {}; check which server is the primary now and that this upstream can reach and log in to it", wanted_words(*.wanted), failures_text(.failures))]
+    NoHost {
+        wanted: TargetSessionAttrs,
+        /// Every host tried, in order, with why it was skipped.
+        failures: Vec<HostFailure>,
+    },
+    #[error("the primary's answer to {command} is invalid: {why}")]
+    BadReply { command: &'static str, why: String },
+}
+
+/// A host [`connect`] skipped, and why.
+#[derive(Debug)]
+pub struct HostFailure {
+    pub host: HostSpec,
+    pub error: PgClientError,
+}
+
+fn wanted_words(w: TargetSessionAttrs) -> &'static str {
+    match w {
+        TargetSessionAttrs::Any => "reachable (target_session_attrs=any)",
+        TargetSessionAttrs::ReadWrite => "a primary (read-write)",
+        TargetSessionAttrs::Primary => "a primary (not in recovery)",
+    }
+}
+
+fn failures_text(f: &[HostFailure]) -> String {
+    let each: Vec<String> = f
+        .iter()
+        .map(|h| format!("{}: {}", h.host, h.error.reason()))
+        .collect();
+    each.join(", ")
+}
+
+impl PgClientError {
+    /// Why one host was skipped, without repeating its address.
+    pub fn reason(&self) -> String {
+        match self {
+            PgClientError::Connect { source, .. } => source.to_string(),
+            PgClientError::Timeout(_) => "timed out (connect_timeout)".into(),
+            PgClientError::NotQualified { role, .. } => role.to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Which host of the conninfo a connection went to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Position in `ConnInfo::hosts`.
+    pub index: usize,
+    pub host: HostSpec,
 }
 
 /// An authenticated replication connection to the primary, before it is split.
@@ -53,47 +117,118 @@ pub struct PrimaryConn {
     /// ParameterStatus values the primary reported (server_version, ...), in order.
     pub params: Vec<(String, String)>,
     pub max_message_bytes: usize,
+    /// The host this connection went to.
+    pub server: Server,
 }
 
-/// Connects, negotiates TLS, authenticates and waits for ReadyForQuery.
+/// Tries the hosts of `ci` in order: connects, negotiates TLS, authenticates, waits for
+/// ReadyForQuery and checks `target_session_attrs`, all within `connect_timeout` per host.
+/// Returns the first host that qualifies. With one host its own error is returned; with
+/// several, [`PgClientError::NoHost`] names each host and why it was skipped. Tries each
+/// host once: retrying is the caller's decision.
 pub async fn connect(
     ci: &ConnInfo,
     application_name: &str,
     max_message_bytes: usize,
 ) -> Result<PrimaryConn, PgClientError> {
-    let addr = format!("{}:{}", ci.host, ci.port);
-    let timeout = Duration::from_secs(ci.connect_timeout_secs.max(1));
-    tokio::time::timeout(
-        timeout,
-        connect_inner(ci, &addr, application_name, max_message_bytes),
-    )
-    .await
-    .map_err(|_| PgClientError::Timeout(addr.clone()))?
+    let mut failures = Vec::new();
+    for (index, host) in ci.hosts.iter().enumerate() {
+        match connect_host(ci, host, application_name, max_message_bytes).await {
+            Ok(mut conn) => {
+                conn.server = Server {
+                    index,
+                    host: host.clone(),
+                };
+                if !failures.is_empty() {
+                    tracing::info!(primary = %host, skipped = %failures_text(&failures), "connected to a later host of upstream.primary");
+                }
+                return Ok(conn);
+            }
+            Err(error) => {
+                tracing::debug!(host = %host, "skipping a host of upstream.primary: {error}");
+                failures.push(HostFailure {
+                    host: host.clone(),
+                    error,
+                });
+            }
+        }
+    }
+    match failures.len() {
+        1 => Err(failures.remove(0).error),
+        _ => Err(PgClientError::NoHost {
+            wanted: ci.target_session_attrs,
+            failures,
+        }),
+    }
+}
+
+/// One host, bounded by `connect_timeout`; a host that does not qualify is told goodbye.
+async fn connect_host(
+    ci: &ConnInfo,
+    host: &HostSpec,
+    application_name: &str,
+    max: usize,
+) -> Result<PrimaryConn, PgClientError> {
+    let attempt = async {
+        let mut conn = connect_inner(ci, host, application_name, max).await?;
+        if let Err(e) = check_target(&mut conn, ci.target_session_attrs).await {
+            conn.terminate().await;
+            return Err(e);
+        }
+        Ok(conn)
+    };
+    tokio::time::timeout(ci.connect_timeout(), attempt)
+        .await
+        .map_err(|_| PgClientError::Timeout(host.to_string()))?
+}
+
+/// Whether the server qualifies under `wanted` (libpq's check, as a replication connection
+/// can run it: only `SHOW`).
+async fn check_target(
+    conn: &mut PrimaryConn,
+    wanted: TargetSessionAttrs,
+) -> Result<(), PgClientError> {
+    let ok = match wanted {
+        TargetSessionAttrs::Any => return Ok(()),
+        TargetSessionAttrs::ReadWrite => |r: ServerRole| r == ServerRole::ReadWrite,
+        TargetSessionAttrs::Primary => |r: ServerRole| r != ServerRole::HotStandby,
+    };
+    let role = conn.role().await?;
+    match ok(role) {
+        true => Ok(()),
+        false => Err(PgClientError::NotQualified {
+            addr: conn.server.host.to_string(),
+            role,
+            wanted,
+        }),
+    }
+}
+
+async fn open_socket(ci: &ConnInfo, host: &HostSpec) -> Result<BoxIo, PgClientError> {
+    let addr = host.to_string();
+    if host.is_unix_socket() {
+        let s = tokio::net::UnixStream::connect(&addr)
+            .await
+            .map_err(|source| PgClientError::Connect { addr, source })?;
+        return Ok(Box::new(s));
+    }
+    let tcp = TcpStream::connect((host.dial_host().as_str(), host.port))
+        .await
+        .map_err(|source| PgClientError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+    let _ = tcp.set_nodelay(true);
+    negotiate_tls(tcp, ci, host).await
 }
 
 async fn connect_inner(
     ci: &ConnInfo,
-    addr: &str,
+    host: &HostSpec,
     application_name: &str,
     max: usize,
 ) -> Result<PrimaryConn, PgClientError> {
-    let io: BoxIo = if ci.host.starts_with('/') {
-        let path = format!("{}/.s.PGSQL.{}", ci.host, ci.port);
-        Box::new(
-            tokio::net::UnixStream::connect(&path)
-                .await
-                .map_err(|source| PgClientError::Connect { addr: path, source })?,
-        )
-    } else {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| PgClientError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let _ = tcp.set_nodelay(true);
-        negotiate_tls(tcp, ci, addr).await?
-    };
+    let io = open_socket(ci, host).await?;
     let (r, mut writer) = tokio::io::split(io);
     let mut reader = MsgReader::new(r);
     let mut out = BytesMut::new();
@@ -109,9 +244,27 @@ async fn connect_inner(
     );
     writer.write_all(&out).await.map_err(WireError::Io)?;
     authenticate(&mut reader, &mut writer, ci, max).await?;
+    let params = read_until_ready(&mut reader, max).await?;
+    Ok(PrimaryConn {
+        reader,
+        writer,
+        params,
+        max_message_bytes: max,
+        server: Server {
+            index: 0,
+            host: host.clone(),
+        },
+    })
+}
+
+/// ParameterStatus messages up to ReadyForQuery after authentication.
+async fn read_until_ready<R: AsyncRead + Unpin>(
+    reader: &mut MsgReader<R>,
+    max: usize,
+) -> Result<Vec<(String, String)>, PgClientError> {
     let mut params = Vec::new();
     loop {
-        let m = read_msg(&mut reader, max).await?;
+        let m = read_msg(reader, max).await?;
         match m.tag {
             b'S' => {
                 let mut b = m.body.clone();
@@ -120,23 +273,17 @@ async fn connect_inner(
                 }
             }
             b'K' | b'N' => {}
-            b'Z' => break,
+            b'Z' => return Ok(params),
             b'E' => return Err(PgClientError::Server(ErrorFields::parse(&m.body)?)),
             t => return Err(PgClientError::Unexpected(t as char, "startup")),
         }
     }
-    Ok(PrimaryConn {
-        reader,
-        writer,
-        params,
-        max_message_bytes: max,
-    })
 }
 
 async fn negotiate_tls(
     mut tcp: TcpStream,
     ci: &ConnInfo,
-    addr: &str,
+    host: &HostSpec,
 ) -> Result<BoxIo, PgClientError> {
     if ci.sslmode == SslMode::Disable || ci.sslmode == SslMode::Allow {
         return Ok(Box::new(tcp));
@@ -152,8 +299,9 @@ async fn negotiate_tls(
         b'S' => {
             let cfg = crate::tls::primary_client_config(ci)
                 .map_err(|e| PgClientError::Tls(e.to_string()))?;
-            let name = rustls::pki_types::ServerName::try_from(ci.host.clone())
-                .map_err(|e| PgClientError::Tls(format!("invalid host name {:?}: {e}", ci.host)))?;
+            let name = rustls::pki_types::ServerName::try_from(host.host.clone()).map_err(|e| {
+                PgClientError::Tls(format!("invalid host name {:?}: {e}", host.host))
+            })?;
             let tls = tokio_rustls::TlsConnector::from(cfg)
                 .connect(name, tcp)
                 .await
@@ -161,7 +309,7 @@ async fn negotiate_tls(
             Ok(Box::new(tls))
         }
         b'N' if ci.sslmode == SslMode::Prefer => Ok(Box::new(tcp)),
-        b'N' => Err(PgClientError::TlsRefused(addr.to_string())),
+        b'N' => Err(PgClientError::TlsRefused(host.to_string())),
         _ => Err(PgClientError::Unexpected(
             answer[0] as char,
             "TLS negotiation",
@@ -169,7 +317,7 @@ async fn negotiate_tls(
     }
 }
 
-async fn read_msg<R: AsyncRead + Unpin>(
+pub(crate) async fn read_msg<R: AsyncRead + Unpin>(
     reader: &mut MsgReader<R>,
     max: usize,
 ) -> Result<RawMsg, PgClientError> {
@@ -270,63 +418,66 @@ fn split_cstrs(b: &[u8]) -> Vec<String> {
         .collect()
 }
 
-impl PrimaryConn {
-    /// Runs one command before streaming starts and returns its messages up to ReadyForQuery.
-    /// An ErrorResponse is returned as `Err(PgClientError::Server)` after ReadyForQuery.
-    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<RawMsg>, PgClientError> {
-        let mut out = BytesMut::new();
-        encode::query(&mut out, sql);
-        self.writer.write_all(&out).await.map_err(WireError::Io)?;
-        let mut msgs = Vec::new();
-        let mut err = None;
-        loop {
-            let m = read_msg(&mut self.reader, self.max_message_bytes).await?;
-            match m.tag {
-                b'Z' => break,
-                b'E' => err = Some(ErrorFields::parse(&m.body)?),
-                _ => msgs.push(m),
-            }
-        }
-        match err {
-            Some(e) => Err(PgClientError::Server(e)),
-            None => Ok(msgs),
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn closed_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
     }
 
-    /// The value of a setting of the primary (`SHOW name`), before streaming starts.
-    pub async fn show(&mut self, name: &str) -> Result<String, PgClientError> {
-        let msgs = self
-            .simple_query(&format!("SHOW \"{}\"", name.replace('"', "\"\"")))
-            .await?;
-        let row = msgs
-            .iter()
-            .find(|m| m.tag == b'D')
-            .ok_or(WireError::Malformed {
-                tag: 'D',
-                what: "SHOW returned no row",
-            })?;
-        match row.data_row()?.first() {
-            Some(Some(v)) => Ok(String::from_utf8_lossy(v).into_owned()),
-            _ => Err(WireError::Malformed {
-                tag: 'D',
-                what: "SHOW returned no value",
+    #[tokio::test]
+    async fn every_skipped_host_is_named_with_its_reason() {
+        // A listener that accepts but never answers: the attempt times out.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_port = silent.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                held.push(s);
             }
-            .into()),
-        }
+        });
+        let refused = closed_port();
+        let ci = ConnInfo::parse(&format!(
+            "host=127.0.0.1,::1 hostaddr=127.0.0.1,127.0.0.1 port={refused},{silent_port} \
+             user=u sslmode=disable connect_timeout=1 target_session_attrs=read-write"
+        ))
+        .unwrap();
+        let e = match connect(&ci, "t", 1 << 20).await {
+            Err(e) => e,
+            Ok(_) => panic!("connected to nothing"),
+        };
+        let PgClientError::NoHost { wanted, failures } = &e else {
+            panic!("expected NoHost, got {e}");
+        };
+        assert_eq!(*wanted, TargetSessionAttrs::ReadWrite);
+        assert_eq!(failures.len(), 2);
+        assert!(matches!(failures[0].error, PgClientError::Connect { .. }));
+        assert!(matches!(failures[1].error, PgClientError::Timeout(_)));
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("no host of upstream.primary is a primary (read-write): "),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("127.0.0.1:{refused}: ")), "{msg}");
+        assert!(
+            msg.contains(&format!("::1 (127.0.0.1):{silent_port}: timed out")),
+            "{msg}"
+        );
+        held.abort();
     }
 
-    /// Makes sure a physical slot exists (creates it reserving WAL when missing).
-    pub async fn ensure_physical_slot(&mut self, slot: &str) -> Result<bool, PgClientError> {
-        match self
-            .simple_query(&format!(
-                "CREATE_REPLICATION_SLOT \"{}\" PHYSICAL RESERVE_WAL",
-                slot.replace('"', "\"\"")
-            ))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(PgClientError::Server(e)) if e.code == "42710" => Ok(false),
-            Err(e) => Err(e),
+    #[tokio::test]
+    async fn one_host_keeps_its_own_error() {
+        let port = closed_port();
+        let ci = ConnInfo::parse(&format!("host=127.0.0.1 port={port} user=u")).unwrap();
+        match connect(&ci, "t", 1 << 20).await {
+            Err(PgClientError::Connect { addr, .. }) => {
+                assert_eq!(addr, format!("127.0.0.1:{port}"))
+            }
+            Err(e) => panic!("expected a connect error, got {e}"),
+            Ok(_) => panic!("connected to nothing"),
         }
     }
 }

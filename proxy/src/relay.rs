@@ -47,7 +47,7 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
             .await
             .with_context(|| format!("cannot listen on upstream.listen = {}", u.listen))?;
         upstream_addr = Some(listener.local_addr()?);
-        info!(listen = %u.listen, primary = %format!("{}:{}", u.primary.host, u.primary.port), "upstream half serving the link");
+        info!(listen = %u.listen, primary = %u.primary.hosts_display(), "upstream half serving the link");
         let up = upstream::Upstream::new(
             u,
             cfg.link.clone(),

@@ -11,6 +11,7 @@ use super::{
     LogConfig, MetricsConfig, Resolved, ResolvedDownstream, ResolvedUpstream, UpstreamConfig,
 };
 use crate::conninfo::ConnInfo;
+use crate::link::UpstreamAddrs;
 use walrelay_pgwire::scram::ScramVerifier;
 
 impl Config {
@@ -145,17 +146,12 @@ fn resolve_upstream(u: UpstreamConfig) -> Result<ResolvedUpstream, ConfigError> 
 
 fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigError> {
     let listen = parse_addr("downstream.listen", &d.listen)?;
-    if d.upstream
-        .rsplit_once(':')
-        .and_then(|(h, p)| (!h.is_empty()).then_some(p))
-        .and_then(|p| p.parse::<u16>().ok())
-        .is_none()
-    {
-        return Err(key_err(
+    let upstream = UpstreamAddrs::parse(&d.upstream.0).map_err(|e| {
+        key_err(
             "downstream.upstream",
-            format!("{:?} is not host:port", d.upstream),
-        ));
-    }
+            format!("{e} (write \"host:port\" or [\"host-a:7433\", \"host-b:7433\"])"),
+        )
+    })?;
     let mut users = BTreeMap::new();
     for (name, secret) in &d.users {
         let key = format!("downstream.users.{name}");
@@ -209,7 +205,7 @@ fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigE
     }
     Ok(ResolvedDownstream {
         listen,
-        upstream: d.upstream,
+        upstream,
         auth: d.auth,
         users,
         tls,

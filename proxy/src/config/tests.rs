@@ -116,3 +116,42 @@ fn metrics_section_is_optional_and_checked() {
     ))
     .is_err());
 }
+
+#[test]
+fn downstream_upstream_is_one_address_or_a_list() {
+    let with = |v: &str| BOTH.replace("upstream = \"127.0.0.1:7433\"", &format!("upstream = {v}"));
+    let d = load(BOTH).unwrap().downstream.unwrap();
+    assert_eq!(d.upstream.to_string(), "127.0.0.1:7433");
+    let d = load(&with(r#"["relay-up-a:7433", "[::1]:7434"]"#))
+        .unwrap()
+        .downstream
+        .unwrap();
+    assert_eq!(d.upstream.len(), 2);
+    assert_eq!(d.upstream[0].host, "relay-up-a");
+    assert_eq!(d.upstream[1].host, "::1");
+    assert_eq!(d.upstream[1].port, 7434);
+    for bad in [r#"[]"#, r#"["a:1", "b"]"#, r#""a""#, r#""::1:7433""#] {
+        let e = load(&with(bad)).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(key_of(e), "downstream.upstream", "{bad}");
+        assert!(msg.contains("host:port"), "{msg}");
+    }
+    // Neither a string nor a list of strings: a syntax error that says what is expected.
+    let e = load(&with("7433")).unwrap_err().to_string();
+    assert!(e.contains("\"host:port\" or a list of them"), "{e}");
+    assert!(load(&with("[1, 2]")).is_err());
+}
+
+#[test]
+fn upstream_primary_takes_host_lists() {
+    let text = BOTH.replace(
+        "host=127.0.0.1 port=5432",
+        "host=pg-a,pg-b port=5432,5433 target_session_attrs=read-write",
+    );
+    let u = load(&text).unwrap().upstream.unwrap();
+    assert_eq!(u.primary.hosts_display(), "pg-a:5432, pg-b:5433");
+    let e = load(&BOTH.replace("port=5432", "port=5432,5433")).unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(key_of(e), "upstream.primary");
+    assert!(msg.contains("port lists 2 ports but host lists 1"), "{msg}");
+}

@@ -143,7 +143,7 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
         Ok(r) => r,
         Err(e) => return e,
     };
-    info!(upstream = %sp.cfg.upstream, timeline = welcome.timeline, start = %Lsn(welcome.start), codec = %welcome.codec, "link stream open: spooling the primary's WAL");
+    info!(upstream = %sp.cfg.upstream, timeline = welcome.timeline, start = %Lsn(welcome.start), codec = %welcome.codec, timeline_switches = welcome.switches.len(), "link stream open: spooling the primary's WAL");
     sp.saw_primary_end(welcome.primary_end);
     sp.set_welcome(Some(Arc::new(welcome)));
     sp.set_error(None);
@@ -233,17 +233,26 @@ impl Receiver {
         };
         let decoder = WalDecoder::new(&setup)
             .map_err(|e| other(format!("cannot set up the {} decoder: {e}", codec.name())))?;
-        let ops = [
-            Some(Op::Bind {
-                system_id: w.system_id,
-                seg,
-            }),
-            (empty && !w.history.is_empty()).then(|| Op::History {
+        let mut ops = vec![Op::Bind {
+            system_id: w.system_id,
+            seg,
+        }];
+        if empty && !w.history.is_empty() {
+            ops.push(Op::History {
                 tli: TimeLineId(w.timeline),
                 history: w.history.to_vec(),
-            }),
-        ];
-        for op in ops.into_iter().flatten() {
+            });
+        }
+        // Timelines the spool holds to their end on the primary: switched before any WAL.
+        let mut tli = TimeLineId(w.timeline);
+        for s in &w.switches {
+            tli = TimeLineId(s.timeline);
+            ops.push(Op::Switch {
+                tli,
+                history: s.history.to_vec(),
+            });
+        }
+        for op in ops {
             sp.ops
                 .send(op)
                 .map_err(|_| other("the spool's writer stopped"))?;
@@ -251,7 +260,7 @@ impl Receiver {
         Ok(Receiver {
             state: DownState::default(),
             decoder,
-            tli: TimeLineId(w.timeline),
+            tli,
             restored: Vec::new(),
         })
     }
@@ -299,7 +308,8 @@ impl Receiver {
         let mut wal = wal.into_iter();
         for item in items {
             match item {
-                Down::Wal { .. } => {
+                Down::Wal { header, .. } => {
+                    sp.saw_primary_end(header.end);
                     let Some((start, bytes)) = wal.next() else {
                         continue;
                     };

@@ -110,10 +110,21 @@ fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, view_tx: watch::Sender<Spoo
 }
 
 fn apply(spool: &mut Spool, op: Op) -> Result<(), SpoolError> {
+    match &op {
+        Op::Append { tli, start, bytes } => {
+            tracing::trace!(%tli, %start, len = bytes.len(), "spool append")
+        }
+        other => tracing::debug!(op = ?std::mem::discriminant(other), "spool op"),
+    }
     match op {
         Op::Bind { system_id, seg } => spool.bind(system_id, seg),
         Op::Append { tli, start, bytes } => spool.append(tli, start, &bytes),
-        Op::Switch { tli, history } => spool.switch_timeline(tli, &history),
+        Op::Switch { tli, history } => {
+            let from = spool.extent().tli;
+            spool.switch_timeline(tli, &history)?;
+            tracing::info!(%from, to = %tli, at = %spool.extent().end, "the spool follows the primary onto a new timeline");
+            Ok(())
+        }
         Op::History { tli, history } => spool.write_history(tli, &history),
     }
 }

@@ -381,21 +381,11 @@ impl FeedToLink<'_> {
             .await
             .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
         // The next timeline and where it starts, then CommandComplete and ReadyForQuery.
-        let (mut next, mut at) = (None, None);
+        let mut ended = None;
         loop {
             let m = self.read().await?;
             match m.tag {
-                b'D' => {
-                    let row = m.data_row().map_err(primary_gone)?;
-                    let col = |i: usize| {
-                        row.get(i)
-                            .copied()
-                            .flatten()
-                            .map(|v| String::from_utf8_lossy(v).into_owned())
-                    };
-                    next = col(0).and_then(|s| s.parse::<u32>().ok()).map(TimeLineId);
-                    at = col(1).and_then(|s| s.parse::<Lsn>().ok());
-                }
+                b'D' => ended = Some(primary::next_timeline_row(&m).map_err(err)?),
                 b'Z' => break,
                 b'E' => {
                     return Err(Status::unavailable(
@@ -405,25 +395,29 @@ impl FeedToLink<'_> {
                 _ => {}
             }
         }
-        let (Some(next), Some(at)) = (next, at) else {
+        let Some((mut next, mut at)) = ended else {
             return Err(Status::unavailable(
                 "the primary ended the timeline without naming the next one",
             ));
         };
-        let history = primary::timeline_history(&mut self.conn, next)
-            .await
-            .map_err(err)?;
-        tracing::info!(from = %self.tli, to = %next, at = %at, "the primary is on a new timeline: following it");
-        self.events_now(Down::Timeline {
-            tli: next.0,
-            history: &history,
-        })
-        .await?;
-        primary::start_replication(&mut self.conn, Some(&self.slot), at, next)
-            .await
-            .map_err(err)?;
-        self.tli = next;
-        Ok(())
+        loop {
+            let history = self.conn.timeline_history(next).await.map_err(err)?.content;
+            tracing::info!(from = %self.tli, to = %next, at = %at, "the primary is on a new timeline: following it");
+            self.events_now(Down::Timeline {
+                tli: next.0,
+                history: &history,
+            })
+            .await?;
+            self.tli = next;
+            match primary::start_replication(&mut self.conn, Some(&self.slot), at, next)
+                .await
+                .map_err(err)?
+            {
+                primary::Started::Streaming => return Ok(()),
+                // That one ended at once too: on to the one after.
+                primary::Started::TimelineEnded { next: n, at: a } => (next, at) = (n, a),
+            }
+        }
     }
 
     /// Sends one item at once in a frame of its own.

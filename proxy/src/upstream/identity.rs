@@ -242,11 +242,14 @@ impl Identity {
         sync: bool,
         entry: &StandbyHandle,
     ) -> Result<(), String> {
-        let (_, tli, pos) = primary::identify(conn).await.map_err(|e| e.to_string())?;
+        let id = conn.identify_system().await.map_err(|e| e.to_string())?;
         let slot = (!s.slot.is_empty()).then_some(s.slot.as_str());
         entry.set_slot(slot);
-        match primary::start_replication(conn, slot, pos, tli).await {
-            Ok(()) => {
+        match primary::start_replication(conn, slot, id.xlogpos, id.timeline).await {
+            Ok(primary::Started::TimelineEnded { .. }) => {
+                Err("the primary ended its current timeline at its own position".into())
+            }
+            Ok(primary::Started::Streaming) => {
                 info!(application_name = %self.info.application_name, synchronous = sync, "the standby's own connection to the primary streams");
                 let _ = self
                     .events

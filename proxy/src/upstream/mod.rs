@@ -40,7 +40,7 @@ use walrelay_proto::link::{
 };
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
-use walrelay_wal::lsn::Lsn;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec;
 
@@ -233,34 +233,46 @@ async fn open_feed(
     })? {
         info!(slot = %agreed.slot, "created the stream's physical replication slot on the primary");
     }
-    let (system_id, tli, flush) = primary::identify(&mut conn)
+    let id = conn
+        .identify_system()
         .await
         .map_err(|e| unavailable("IDENTIFY_SYSTEM on the primary", e))?;
+    let (system_id, flush) = (id.system_id, id.xlogpos);
     let seg = primary::segment_size(&mut conn)
         .await
         .map_err(|e| unavailable("SHOW wal_segment_size on the primary", e))?;
     let state = PrimaryState {
         system_id,
-        tli,
+        tli: id.timeline,
         flush,
         slot_restart: primary::slot_restart(&mut conn, &agreed.slot).await,
     };
     let start = handshake::start(hello, &state, seg)?;
     let history = match (hello.system_id, start.tli.0) {
-        (0, t) if t > 1 => primary::timeline_history(&mut conn, start.tli)
+        (0, t) if t > 1 => conn
+            .timeline_history(start.tli)
             .await
-            .map_err(|e| unavailable("TIMELINE_HISTORY on the primary", e))?,
+            .map_err(|e| unavailable("TIMELINE_HISTORY on the primary", e))?
+            .content
+            .to_vec(),
         _ => Vec::new(),
     };
-    primary::start_replication(&mut conn, Some(&agreed.slot), start.lsn, start.tli)
-        .await
-        .map_err(|e| match e {
-            pgclient::PgClientError::Server(e) if e.message.contains("is active") => Status::unavailable(format!(
+    let (switches, at, tli) = catch_up_timelines(&mut conn, &state, start).await?;
+    match primary::start_replication(&mut conn, Some(&agreed.slot), at, tli).await {
+        Ok(primary::Started::Streaming) => {}
+        Ok(primary::Started::TimelineEnded { next, .. }) => {
+            return Err(Status::unavailable(format!(
+                "the primary ended timeline {tli} at the stream's start, naming timeline {next}: try again"
+            )))
+        }
+        Err(pgclient::PgClientError::Server(e)) if e.message.contains("is active") => {
+            return Err(Status::unavailable(format!(
                 "slot {:?} is in use by another connection: give each downstream its own downstream.name ({})",
                 agreed.slot, e.message
-            )),
-            e => unavailable("START_REPLICATION on the primary", e),
-        })?;
+            )))
+        }
+        Err(e) => return Err(unavailable("START_REPLICATION on the primary", e)),
+    }
     let pg_major = PgMajor::from_server_version(
         conn.params
             .iter()
@@ -286,9 +298,65 @@ async fn open_feed(
         timeline: start.tli.0,
         start: start.lsn.0,
         history: history.into(),
+        switches: switches
+            .into_iter()
+            .map(|(tli, history)| walrelay_proto::link::TimelineSwitch {
+                timeline: tli.0,
+                history: history.into(),
+            })
+            .collect(),
         primary_end: flush.0,
     };
     Ok((conn, welcome))
+}
+
+/// The spool may be on an older timeline than the primary (it was promoted from a standby):
+/// every timeline the spool already holds to its end is switched at once (the spool then
+/// continues at that timeline's switchpoint); the last one it does not hold to its end is
+/// streamed from the primary as an older timeline, which the feed follows when it ends.
+/// Returns the switches, and where and on which timeline to start streaming.
+async fn catch_up_timelines(
+    conn: &mut PrimaryConn,
+    primary: &PrimaryState,
+    start: handshake::Start,
+) -> Result<(Vec<(TimeLineId, Vec<u8>)>, Lsn, TimeLineId), Status> {
+    let (mut tli, mut at, mut switches) = (start.tli, start.lsn, Vec::new());
+    if tli == primary.tli {
+        return Ok((switches, at, tli));
+    }
+    if tli > primary.tli {
+        return Err(Status::failed_precondition(format!(
+            "the downstream's spool is on timeline {tli}, newer than the primary's {}: is upstream.primary the right server?",
+            primary.tli
+        )));
+    }
+    let err = |e: pgclient::PgClientError| {
+        Status::unavailable(format!("TIMELINE_HISTORY on the primary: {e}"))
+    };
+    let file = conn.timeline_history(primary.tli).await.map_err(err)?;
+    let entries = file.entries().map_err(err)?;
+    while tli != primary.tli {
+        let Some(end) = walrelay_wal::timeline::switchpoint(&entries, tli) else {
+            return Err(Status::failed_precondition(format!(
+                "the downstream's spool is on timeline {tli}, which is not in the primary's history: empty downstream.spool_dir"
+            )));
+        };
+        if at < end {
+            break;
+        }
+        let next = walrelay_wal::timeline::next_timeline(&entries, primary.tli, tli)
+            .unwrap_or(primary.tli);
+        let history = conn
+            .timeline_history(next)
+            .await
+            .map_err(err)?
+            .content
+            .to_vec();
+        info!(from = %tli, to = %next, at = %end, "the spool's timeline ended on the primary; switching it");
+        switches.push((next, history));
+        (tli, at) = (next, end);
+    }
+    Ok((switches, at, tli))
 }
 
 /// Runs a stream's two directions until either ends, then says goodbye to the primary.
@@ -337,7 +405,11 @@ async fn run_stream(
         codec_stats: up.metrics.ops.codec.session(),
         state: Default::default(),
         slot: agreed.slot.clone(),
-        tli: walrelay_wal::lsn::TimeLineId(welcome.timeline),
+        tli: welcome
+            .switches
+            .last()
+            .map(|s| TimeLineId(s.timeline))
+            .unwrap_or(TimeLineId(welcome.timeline)),
         pending: None,
         last_status: tokio::time::Instant::now(),
     };

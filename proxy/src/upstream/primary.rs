@@ -1,6 +1,6 @@
 //! Replication commands the upstream runs on its own connections to the primary before they
-//! stream: who the primary is, its segment size, where a slot holds WAL from, timeline history,
-//! and START_REPLICATION itself.
+//! stream (besides `PrimaryConn`'s own IDENTIFY_SYSTEM and TIMELINE_HISTORY): the segment size,
+//! where a slot holds WAL from, and START_REPLICATION itself.
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -26,22 +26,6 @@ fn first_row(msgs: &[RawMsg]) -> Result<Vec<Option<String>>, PgClientError> {
         .into_iter()
         .map(|c| c.map(|v| String::from_utf8_lossy(v).into_owned()))
         .collect())
-}
-
-/// IDENTIFY_SYSTEM: (system identifier, timeline, flush position).
-pub async fn identify(conn: &mut PrimaryConn) -> Result<(u64, TimeLineId, Lsn), PgClientError> {
-    let row = first_row(&conn.simple_query("IDENTIFY_SYSTEM").await?)?;
-    let col = |i: usize| row.get(i).cloned().flatten();
-    let system = col(0)
-        .and_then(|s| s.parse().ok())
-        .ok_or(malformed("IDENTIFY_SYSTEM systemid"))?;
-    let tli = col(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or(malformed("IDENTIFY_SYSTEM timeline"))?;
-    let pos = col(2)
-        .and_then(|s| s.parse().ok())
-        .ok_or(malformed("IDENTIFY_SYSTEM xlogpos"))?;
-    Ok((system, TimeLineId(tli), pos))
 }
 
 /// `SHOW wal_segment_size` ("16MB", "1GB", ...).
@@ -82,32 +66,24 @@ pub async fn slot_restart(conn: &mut PrimaryConn, slot: &str) -> Option<Lsn> {
         .ok()
 }
 
-/// TIMELINE_HISTORY: the content of the history file of `tli`.
-pub async fn timeline_history(
-    conn: &mut PrimaryConn,
-    tli: TimeLineId,
-) -> Result<Vec<u8>, PgClientError> {
-    let msgs = conn
-        .simple_query(&format!("TIMELINE_HISTORY {}", tli.0))
-        .await?;
-    let row = msgs
-        .iter()
-        .find(|m| m.tag == b'D')
-        .ok_or(malformed("TIMELINE_HISTORY returned no row"))?;
-    match row.data_row()?.get(1) {
-        Some(Some(v)) => Ok(v.to_vec()),
-        _ => Err(malformed("TIMELINE_HISTORY returned no content")),
-    }
+/// How START_REPLICATION answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// CopyBothResponse: WAL follows.
+    Streaming,
+    /// The timeline asked for ended at or before the start: where the next one starts (no
+    /// COPY; the connection is ready for the next command).
+    TimelineEnded { next: TimeLineId, at: Lsn },
 }
 
-/// Sends START_REPLICATION and waits for CopyBothResponse; the primary's ErrorResponse comes
-/// back as `Err(Server)`.
+/// Sends START_REPLICATION and waits for CopyBothResponse (or the next timeline, when the one
+/// asked for ends at the start); the primary's ErrorResponse comes back as `Err(Server)`.
 pub async fn start_replication(
     conn: &mut PrimaryConn,
     slot: Option<&str>,
     at: Lsn,
     tli: TimeLineId,
-) -> Result<(), PgClientError> {
+) -> Result<Started, PgClientError> {
     let slot = slot
         .map(|s| format!("SLOT \"{}\" ", s.replace('"', "\"\"")))
         .unwrap_or_default();
@@ -116,13 +92,22 @@ pub async fn start_replication(
     encode::query(&mut out, &sql);
     conn.writer.write_all(&out).await.map_err(WireError::Io)?;
     let max = conn.max_message_bytes;
+    let mut next = None;
     loop {
         let m = conn
             .reader
             .read(|b| walrelay_pgwire::parse_tagged(b, |_| max))
             .await?;
         match m.tag {
-            b'W' => return Ok(()),
+            b'W' => return Ok(Started::Streaming),
+            // The next timeline's row, CommandComplete, then ReadyForQuery.
+            b'T' | b'C' => continue,
+            b'D' => next = Some(next_timeline_row(&m)?),
+            b'Z' => {
+                let (next, at) =
+                    next.ok_or(malformed("START_REPLICATION ended without a next timeline"))?;
+                return Ok(Started::TimelineEnded { next, at });
+            }
             b'E' => {
                 let e = ErrorFields::parse(&m.body)?;
                 // The primary follows an error with ReadyForQuery; read it so the connection
@@ -138,6 +123,24 @@ pub async fn start_replication(
             t => return Err(PgClientError::Unexpected(t as char, "START_REPLICATION")),
         }
     }
+}
+
+/// (next_tli, next_tli_startpos) of the row that ends an older timeline's streaming.
+pub fn next_timeline_row(m: &RawMsg) -> Result<(TimeLineId, Lsn), PgClientError> {
+    let row = m.data_row()?;
+    let col = |i: usize| {
+        row.get(i)
+            .copied()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let next = col(0)
+        .and_then(|s| s.parse::<u32>().ok())
+        .ok_or(malformed("next_tli"))?;
+    let at = col(1)
+        .and_then(|s| s.parse::<Lsn>().ok())
+        .ok_or(malformed("next_tli_startpos"))?;
+    Ok((TimeLineId(next), at))
 }
 
 #[cfg(test)]

@@ -1,0 +1,114 @@
+use super::*;
+use futures::FutureExt;
+use tonic::codegen::Service;
+
+#[test]
+fn addresses_parse_as_host_port() {
+    let a: UpstreamAddr = "relay-up-a:7433".parse().unwrap();
+    assert_eq!((a.host.as_str(), a.port), ("relay-up-a", 7433));
+    let a: UpstreamAddr = "[::1]:7433".parse().unwrap();
+    assert_eq!((a.host.as_str(), a.port), ("::1", 7433));
+    assert_eq!(a.to_string(), "[::1]:7433");
+    assert_eq!(
+        "10.1.2.3:1".parse::<UpstreamAddr>().unwrap().to_string(),
+        "10.1.2.3:1"
+    );
+    for bad in [
+        "",
+        "host",
+        ":7433",
+        "host:",
+        "host:0",
+        "host:65536",
+        "host:x",
+        "::1:7433",
+        "[::1:7433",
+        "[host]:7433",
+        "a b:1",
+        "/tmp:1",
+    ] {
+        assert!(bad.parse::<UpstreamAddr>().is_err(), "{bad:?} was accepted");
+    }
+    assert!(UpstreamAddrs::parse::<&str>(&[]).is_err());
+    let list = UpstreamAddrs::parse(&["a:1", "[::1]:2"]).unwrap();
+    assert_eq!(list.to_string(), "a:1, [::1]:2");
+    assert_eq!(list.len(), 2);
+}
+
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn plaintext_dialer(ports: &[u16]) -> Dialer {
+    let link = LinkConfig {
+        plaintext: true,
+        connect_timeout_secs: 2,
+        ..Default::default()
+    };
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    Dialer::new(&link, &UpstreamAddrs::parse(&addrs).unwrap(), None).unwrap()
+}
+
+/// Whether a connection arrived on `l` (the dial that made it has returned).
+async fn accepted(l: &tokio::net::TcpListener) -> bool {
+    let wait = std::time::Duration::from_secs(10);
+    matches!(tokio::time::timeout(wait, l.accept()).await, Ok(Ok(_)))
+}
+
+/// Whether a connection is waiting on `l` right now: for listeners no dial went to.
+fn dialed(l: &tokio::net::TcpListener) -> bool {
+    l.accept().now_or_never().is_some_and(|r| r.is_ok())
+}
+
+#[tokio::test]
+async fn each_connection_tries_the_addresses_from_the_first() {
+    let closed = closed_port();
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (pa, pb) = (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    );
+    let mut dialer = plaintext_dialer(&[closed, pa, pb]);
+    let uri = http::Uri::from_static("http://ignored:1");
+
+    // The first address refuses: the second takes the connection, the third is not tried.
+    for _ in 0..2 {
+        dialer.call(uri.clone()).await.unwrap();
+        assert!(accepted(&a).await, "the second address was not used");
+        assert!(!dialed(&b), "the third address was dialed too");
+    }
+    // With the second gone, the third; with it back, the second again (from the first).
+    drop(a);
+    dialer.call(uri.clone()).await.unwrap();
+    assert!(accepted(&b).await);
+    let a = tokio::net::TcpListener::bind(("127.0.0.1", pa))
+        .await
+        .unwrap();
+    dialer.call(uri.clone()).await.unwrap();
+    assert!(accepted(&a).await && !dialed(&b));
+
+    // None reachable: every address is named, in order.
+    drop((a, b));
+    let e = dialer.call(uri).await.map(|_| ()).unwrap_err();
+    assert_eq!(e.0.len(), 3);
+    let msg = e.to_string();
+    let at = |p: u16| msg.find(&format!("127.0.0.1:{p} (")).unwrap_or(usize::MAX);
+    assert!(
+        at(closed) < at(pa) && at(pa) < at(pb) && at(pb) < usize::MAX,
+        "{msg}"
+    );
+    assert!(
+        msg.starts_with("cannot connect to the upstream half at any of"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn tls_needs_the_ca() {
+    let link = LinkConfig::default();
+    let addrs: UpstreamAddrs = "a:1".parse().unwrap();
+    let e = Dialer::new(&link, &addrs, None).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("link.tls_ca"), "{e}");
+}
