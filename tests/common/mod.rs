@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod prom;
+pub mod split;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -104,6 +105,11 @@ impl Relay {
 
     pub fn is_running(&mut self) -> bool {
         self.proc.is_running()
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
     }
 
     /// The process must not have panicked, nor caught WAL that failed verification (a

@@ -185,6 +185,7 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     codec_families(&mut e, m);
     session_families(&mut e, m);
     standby_families(&mut e, &m.ops.standbys.rows());
+    spool_and_slot_families(&mut e, m);
     process_families(&mut e, p);
     e.0
 }
@@ -241,11 +242,14 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
         "Encoded WAL payload bytes sent (upstream) or received (downstream) on the link, framing excluded.",
         [Some(count(&m.wal_payload_bytes_out)), Some(count(&m.ops.link_payload_bytes_received))],
     );
-    e.one(
+    e.halves(
         "walrelay_link_messages_sent_total",
         "counter",
-        "Link messages sent by the upstream half (WAL and other).",
-        count(&m.link_messages_out),
+        "Link messages (frames) each half sent: upstream WAL and answers, downstream feedback and commands.",
+        [
+            Some(count(&m.link_messages_out)),
+            Some(count(&m.ops.link_messages_out_downstream)),
+        ],
     );
     let ratio = |wal: &AtomicU64, link: &AtomicU64| {
         let (wal, link) = (wal.load(Relaxed), link.load(Relaxed));
@@ -363,6 +367,36 @@ fn session_families(e: &mut Expo, m: &Metrics) {
         "Standby connections refused for protocol errors at the downstream.",
         count(&m.protocol_errors),
     );
+}
+
+/// The downstream's spool and the upstream's slots on the primary.
+fn spool_and_slot_families(e: &mut Expo, m: &Metrics) {
+    let s = &m.ops.spool;
+    if count(&s.capacity) > 0.0 {
+        let ones: [(&str, &str, f64); 4] = [
+            ("walrelay_spool_bytes", "WAL bytes the spool holds (its end minus its start).", (count(&s.end) - count(&s.start)).max(0.0)),
+            ("walrelay_spool_capacity_bytes", "downstream.spool_bytes: beyond it the oldest segments go.", count(&s.capacity)),
+            ("walrelay_spool_end_lsn_bytes", "End of the WAL in the spool (what standbys can get), as a byte position.", count(&s.end)),
+            ("walrelay_spool_durable_lsn_bytes", "End of the WAL fsynced in the spool (where the primary's slot may advance to), as a byte position.", count(&s.durable)),
+        ];
+        for (name, help, v) in ones {
+            e.one(name, "gauge", help, v);
+        }
+    }
+    let slots = m
+        .ops
+        .slots
+        .lock()
+        .unwrap_or_else(|x| x.into_inner())
+        .clone();
+    if !slots.is_empty() {
+        let name = "walrelay_slot_retained_bytes";
+        e.family(name, "gauge", "WAL the stream's slot holds back on the primary: the primary's end minus what the downstream's spool has made durable (as last seen: while the link is down the slot keeps holding WAL).");
+        for (slot, st) in &slots {
+            let v = st.primary_end.saturating_sub(st.confirmed) as f64;
+            e.sample(name, &[("slot", slot)], v);
+        }
+    }
 }
 
 /// The process's CPU, memory and start time, under the names Prometheus clients use.

@@ -56,6 +56,27 @@ pub struct Ops {
     /// a standby reconnects after each one.
     pub sessions_failed_upstream: AtomicU64,
     pub sessions_failed_downstream: AtomicU64,
+    /// The spool (downstream): where its WAL starts, ends and is durable, and its cap.
+    pub spool: SpoolGauges,
+    /// The streams' slots on the primary (upstream): WAL each holds back.
+    pub slots: std::sync::Mutex<std::collections::BTreeMap<String, SlotState>>,
+}
+
+/// The spool's extent as byte positions (all zero until a spool exists).
+#[derive(Debug, Default)]
+pub struct SpoolGauges {
+    pub start: AtomicU64,
+    pub end: AtomicU64,
+    pub durable: AtomicU64,
+    pub capacity: AtomicU64,
+}
+
+/// A stream's slot: the primary's WAL end as last stated, and the durable end of the
+/// downstream's spool (what the feed confirms, so where the slot holds WAL from).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SlotState {
+    pub primary_end: u64,
+    pub confirmed: u64,
 }
 
 /// CPU time (user + system) and resident memory of this process, from /proc/self.

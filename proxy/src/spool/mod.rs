@@ -167,6 +167,11 @@ impl Spool {
         self.ext
     }
 
+    /// The most bytes of complete segments kept (`downstream.spool_bytes`).
+    pub fn capacity(&self) -> u64 {
+        self.cap
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

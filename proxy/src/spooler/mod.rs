@@ -123,7 +123,8 @@ impl Spooler {
         let spool = Spool::open(&cfg.spool_dir, cfg.spool_bytes)
             .with_context(|| format!("opening the spool in {}", cfg.spool_dir.display()))?;
         let params = read_params(&cfg.spool_dir);
-        let (ops, view) = writer::start(spool).context("starting the spool's writer thread")?;
+        let (ops, view) =
+            writer::start(spool, metrics.clone()).context("starting the spool's writer thread")?;
         let (link_tx, link) = watch::channel(None);
         Ok(Arc::new(Spooler {
             cfg,

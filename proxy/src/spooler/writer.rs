@@ -4,7 +4,9 @@
 //! publishes the spool's extent for the standbys' sessions and for the stream (which tells the
 //! upstream where the spool is durable, so the primary's slot advances).
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -13,6 +15,7 @@ use tracing::warn;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
+use crate::metrics::Metrics;
 use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
 
 /// Longest WAL stays written but not synced.
@@ -56,13 +59,32 @@ pub struct SpoolView {
 /// Starts the writer thread on an opened spool; returns where to send ops and the view.
 pub fn start(
     spool: Spool,
+    metrics: Arc<Metrics>,
 ) -> std::io::Result<(std_mpsc::SyncSender<Op>, watch::Receiver<SpoolView>)> {
     let (tx, rx) = std_mpsc::sync_channel::<Op>(64);
     let (view_tx, view_rx) = watch::channel(view(&spool, None));
+    metrics.ops.spool.capacity.store(spool.capacity(), Relaxed);
     std::thread::Builder::new()
         .name("walrelay-spool".into())
-        .spawn(move || run(spool, rx, view_tx))?;
+        .spawn(move || run(spool, rx, Publish { view_tx, metrics }))?;
     Ok((tx, view_rx))
+}
+
+/// Where the writer tells what the spool holds.
+struct Publish {
+    view_tx: watch::Sender<SpoolView>,
+    metrics: Arc<Metrics>,
+}
+
+impl Publish {
+    fn send(&self, spool: &Spool, failed: Option<String>) {
+        let e = spool.extent();
+        let g = &self.metrics.ops.spool;
+        g.start.store(e.start.0, Relaxed);
+        g.end.store(e.end.0, Relaxed);
+        g.durable.store(e.durable.0, Relaxed);
+        self.view_tx.send_replace(view(spool, failed));
+    }
 }
 
 fn view(spool: &Spool, failed: Option<String>) -> SpoolView {
@@ -74,7 +96,7 @@ fn view(spool: &Spool, failed: Option<String>) -> SpoolView {
     }
 }
 
-fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, view_tx: watch::Sender<SpoolView>) {
+fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, publish: Publish) {
     let mut dirty_since: Option<Instant> = None;
     loop {
         let wait = match dirty_since {
@@ -86,7 +108,7 @@ fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, view_tx: watch::Sender<Spoo
             Err(std_mpsc::RecvTimeoutError::Timeout) => None,
             Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                 let _ = spool.sync();
-                view_tx.send_replace(view(&spool, None));
+                publish.send(&spool, None);
                 return;
             }
         };
@@ -102,10 +124,10 @@ fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, view_tx: watch::Sender<Spoo
         });
         if let Err(e) = r {
             warn!("the spool failed: {e}");
-            view_tx.send_replace(view(&spool, Some(e.to_string())));
+            publish.send(&spool, Some(e.to_string()));
             return;
         }
-        view_tx.send_replace(view(&spool, None));
+        publish.send(&spool, None);
     }
 }
 

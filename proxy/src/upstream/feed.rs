@@ -256,9 +256,11 @@ impl FeedToLink<'_> {
             b'd' => {
                 if let Some(x) = XLogData::parse(&m.body).map_err(primary_gone)? {
                     Metrics::add(&self.metrics.wal_bytes_in, x.data.len() as u64);
+                    self.slot_gauge(|s| s.primary_end = s.primary_end.max(x.end.0));
                     return batch.push_wal(x).map_err(primary_gone);
                 }
                 if let Some(end) = keepalive_end(&m.body) {
+                    self.slot_gauge(|s| s.primary_end = s.primary_end.max(end.0));
                     if keepalive_wants_reply(&m.body) {
                         self.status().await?;
                     }
@@ -296,6 +298,7 @@ impl FeedToLink<'_> {
     /// Tells the primary where the spool is durable (write = flush = apply = that position).
     async fn status(&mut self) -> Result<(), Status> {
         let at = self.durable.borrow_and_update().0;
+        self.slot_gauge(|s| s.confirmed = at);
         let mut msg = Vec::with_capacity(34);
         msg.push(b'r');
         for v in [at, at, at] {
@@ -313,6 +316,17 @@ impl FeedToLink<'_> {
             .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
         self.last_status = tokio::time::Instant::now();
         Ok(())
+    }
+
+    /// Updates this stream's entry of the slot gauge (`walrelay_slot_retained_bytes`).
+    fn slot_gauge(&self, f: impl FnOnce(&mut crate::monitor::SlotState)) {
+        let mut slots = self
+            .metrics
+            .ops
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        f(slots.entry(self.slot.clone()).or_default());
     }
 
     /// Encodes the batch's WAL runs and builds its frame.

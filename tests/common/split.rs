@@ -1,0 +1,202 @@
+//! The halves as separate processes, as they run in production: a primary, the upstream next
+//! to it, a counting forwarder standing for the WAN link, the downstream, and any number of
+//! standbys behind the downstream.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use walrelay_harness::cluster::{
+    free_port, wait_until, Cluster, PrimaryOpts, StandbyOpts, TempRoot,
+};
+
+use super::*;
+
+pub struct Split {
+    pub primary: Cluster,
+    pub upstream: Relay,
+    pub downstream: Relay,
+    pub link: CutProxy,
+    pub down_port: u16,
+    pub spool: PathBuf,
+    pub standbys: Vec<Cluster>,
+    pub root: TempRoot,
+}
+
+#[derive(Default)]
+pub struct SplitOpts {
+    pub primary: PrimaryOpts,
+    /// Extra keys for `[downstream]` (e.g. `spool_bytes = 67108864`).
+    pub downstream_extra: String,
+}
+
+impl Split {
+    pub async fn new(opts: SplitOpts) -> Split {
+        let root = TempRoot::new().unwrap();
+        let primary = Cluster::init_primary(&install(), &root, "primary", &opts.primary).unwrap();
+        primary.start().await.unwrap();
+        primary
+            .create_replication_user(REPL_PASSWORD)
+            .await
+            .unwrap();
+        let (up, down) = (free_port(), free_port());
+        let upstream = Relay::start(
+            root.path(),
+            "upstream",
+            &format!(
+                "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\n\n[limits]\ndrain_timeout_secs = 3\n",
+                primary.port()
+            ),
+            None,
+            Some(up),
+        );
+        let link = CutProxy::start(up).unwrap();
+        let spool = root.path().join("spool");
+        let downstream = Relay::start(
+            root.path(),
+            "downstream",
+            &format!(
+                "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{}\n\n[link]\nplaintext = true\nkeepalive_secs = 2\nconnect_timeout_secs = 3\n\n[limits]\ndrain_timeout_secs = 3\n",
+                link.port,
+                walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+                spool.display(),
+                opts.downstream_extra,
+            ),
+            Some(down),
+            None,
+        );
+        Split {
+            primary,
+            upstream,
+            downstream,
+            link,
+            down_port: down,
+            spool,
+            standbys: Vec::new(),
+            root,
+        }
+    }
+
+    /// A standby from a base backup of the primary, streaming through the downstream under
+    /// `name` (its application_name); returns its index.
+    pub fn add_standby(&mut self, name: &str) -> usize {
+        let mut o = StandbyOpts::new(format!(
+            "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name={name}",
+            self.down_port
+        ));
+        o.application_name = Some(name.into());
+        let s = self
+            .primary
+            .basebackup_standby(&self.root, name, &o)
+            .unwrap();
+        self.standbys.push(s);
+        self.standbys.len() - 1
+    }
+
+    /// Bytes the link carried so far, both directions.
+    pub fn link_bytes(&self) -> u64 {
+        self.link.bytes_toward_target() + self.link.bytes_from_target()
+    }
+
+    pub async fn lsn(&self) -> u64 {
+        parse_lsn(
+            &self
+                .primary
+                .query_one_string("select pg_current_wal_lsn()::text")
+                .await
+                .unwrap(),
+        )
+    }
+
+    /// Waits until standby `i` streams through the downstream.
+    pub async fn wait_streaming(&self, i: usize) {
+        let (s, port) = (&self.standbys[i], self.down_port);
+        wait_until("standby streaming through the relay", TIMEOUT, || async move {
+            let r = s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await?;
+            Ok(r == format!("streaming:{port}"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.standbys[i].log_tail(30)));
+    }
+
+    /// Waits until standby `i` replayed everything the primary flushed so far.
+    pub async fn wait_caught_up(&self, i: usize) {
+        let target = self
+            .primary
+            .query_one_string("select pg_current_wal_flush_lsn()::text")
+            .await
+            .unwrap();
+        let s = &self.standbys[i];
+        let t = target.clone();
+        wait_until(&format!("standby {i} replayed {target}"), TIMEOUT, || {
+            let t = t.clone();
+            async move {
+                Ok(s.query_one_string(&format!(
+                    "select (pg_last_wal_replay_lsn() >= '{t}'::pg_lsn)::text"
+                ))
+                .await?
+                    == "true")
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", s.log_tail(30), self.downstream.log_text()));
+    }
+
+    /// Closes the current segment, waits for every standby, and compares each standby's WAL
+    /// and pgbench tables with the primary's; returns the segments compared per standby.
+    pub async fn assert_all_identical(&self) -> Vec<usize> {
+        self.primary
+            .execute("select pg_switch_wal()")
+            .await
+            .unwrap();
+        self.primary
+            .execute("create table if not exists after_switch(x int); insert into after_switch values (1)")
+            .await
+            .unwrap();
+        let mut compared = Vec::new();
+        for i in 0..self.standbys.len() {
+            self.wait_caught_up(i).await;
+            let s = &self.standbys[i];
+            assert_eq!(
+                tables_digest(&self.primary, PGBENCH_TABLES).await,
+                tables_digest(s, PGBENCH_TABLES).await,
+                "standby {i}"
+            );
+            let received = s
+                .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
+                .await
+                .unwrap();
+            compared.push(compare_segments(
+                &self.primary.wal_dir(),
+                &s.wal_dir(),
+                &segment_name(1, parse_lsn(&received)),
+            ));
+        }
+        compared
+    }
+
+    /// application_names of the primary's walsenders, sorted, comma-separated.
+    pub async fn walsenders(&self) -> String {
+        self.primary
+            .query_one_string("select coalesce(string_agg(application_name, ',' order by application_name), '') from pg_stat_replication")
+            .await
+            .unwrap()
+    }
+
+    /// Total bytes of the spool's segment files.
+    pub fn spool_bytes(&self) -> u64 {
+        std::fs::read_dir(&self.spool)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("0000"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Sleeps, for tests that let time pass on purpose (a cut link, a stopped standby).
+pub async fn pause(secs: u64) {
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+}

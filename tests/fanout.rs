@@ -1,0 +1,346 @@
+//! One WAN copy for every standby (issue #11), with the halves as separate processes and the
+//! link counted: three standbys cost the link what one does; a standby started later catches
+//! up from the spool, not over the link; a cut link ends no standby's session; synchronous
+//! replication over several standbys behind one downstream acknowledges as PostgreSQL says.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use common::split::{pause, Split, SplitOpts};
+use common::*;
+use walrelay_harness::cluster::wait_until;
+
+/// Runs `transactions` pgbench transactions per client (4 clients) and returns (WAL bytes the
+/// primary wrote, link bytes) over them, the standbys caught up.
+async fn load(env: &Split, transactions: u32) -> (u64, u64) {
+    for i in 0..env.standbys.len() {
+        env.wait_caught_up(i).await;
+    }
+    let (lsn0, link0) = (env.lsn().await, env.link_bytes());
+    pgbench(
+        &env.primary,
+        &["-c", "4", "-t", &transactions.to_string(), "-n", "postgres"],
+    );
+    for i in 0..env.standbys.len() {
+        env.wait_caught_up(i).await;
+    }
+    (env.lsn().await - lsn0, env.link_bytes() - link0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_standbys_cost_the_link_what_one_does() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    env.add_standby("dc2_a");
+    env.standbys[0].start().await.unwrap();
+    env.wait_streaming(0).await;
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    let (wal1, link1) = load(&env, 1500).await;
+
+    for name in ["dc2_b", "dc2_c"] {
+        let i = env.add_standby(name);
+        env.standbys[i].start().await.unwrap();
+        env.wait_streaming(i).await;
+    }
+    let (wal3, link3) = load(&env, 1500).await;
+    let (per1, per3) = (link1 as f64 / wal1 as f64, link3 as f64 / wal3 as f64);
+    assert!(
+        per3 <= 1.1 * per1,
+        "three standbys: {link3} link bytes for {wal3} WAL bytes ({per3:.4}); one: {link1} for {wal1} ({per1:.4})"
+    );
+    assert_eq!(env.walsenders().await, "dc2_a,dc2_b,dc2_c,walrelay");
+    for n in env.assert_all_identical().await {
+        assert!(n >= 1, "no complete segment compared");
+    }
+    env.downstream.assert_no_panic();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_standby_catches_up_from_the_spool() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    env.add_standby("early");
+    env.standbys[0].start().await.unwrap();
+    env.wait_streaming(0).await;
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    // A base backup in the middle of a load; the load goes on after it.
+    let load = pgbench_background(&env.primary, &["-c", "4", "-T", "12", "-n", "postgres"]);
+    pause(3).await;
+    let late = env.add_standby("late");
+    let _ = load.wait_with_output();
+    env.wait_caught_up(0).await;
+
+    // Everything the late standby replays is in the spool already: the link carries only its
+    // channel (open, start, feedback).
+    let link0 = env.link_bytes();
+    env.standbys[late].start().await.unwrap();
+    env.wait_streaming(late).await;
+    let from = parse_lsn(
+        &env.standbys[late]
+            .query_one_string("select pg_last_wal_replay_lsn()::text")
+            .await
+            .unwrap(),
+    );
+    env.wait_caught_up(late).await;
+    let replayed = env.lsn().await - from.min(env.lsn().await);
+    let link = env.link_bytes() - link0;
+    assert!(
+        replayed > 8 << 20,
+        "the late standby replayed only {replayed} bytes"
+    );
+    assert!(
+        (link as f64) <= 0.02 * replayed as f64,
+        "the link carried {link} bytes while the late standby replayed {replayed} from the spool"
+    );
+    env.assert_all_identical().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_ends_no_standby_session() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    for name in ["a", "b"] {
+        let i = env.add_standby(name);
+        env.standbys[i].start().await.unwrap();
+        env.wait_streaming(i).await;
+    }
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    let pid = |i: usize| {
+        let s = &env.standbys[i];
+        async move {
+            s.query_one_string("select pid::text from pg_stat_wal_receiver")
+                .await
+                .unwrap()
+        }
+    };
+    let before = (pid(0).await, pid(1).await);
+    let load = pgbench_background(&env.primary, &["-c", "4", "-T", "40", "-n", "postgres"]);
+    pause(3).await;
+    env.link.cut();
+    pause(30).await;
+    env.link.restore();
+    let _ = load.wait_with_output();
+    env.assert_all_identical().await;
+    assert_eq!(
+        (pid(0).await, pid(1).await),
+        before,
+        "a walreceiver reconnected"
+    );
+    for s in &env.standbys {
+        let log = std::fs::read_to_string(s.log_path()).unwrap_or_default();
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("FATAL") && l.contains("walrelay")),
+            "a standby heard a FATAL from walrelay:\n{}",
+            s.log_tail(30)
+        );
+    }
+    assert!(env
+        .downstream
+        .log_text()
+        .contains("link to the upstream lost"));
+}
+
+/// `ANY 1 (a, b)`: with both walreceivers stopped a commit waits; when one resumes, it
+/// returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_1_of_two_standbys_behind_one_downstream() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    for name in ["a", "b"] {
+        let i = env.add_standby(name);
+        env.standbys[i].start().await.unwrap();
+        env.wait_streaming(i).await;
+    }
+    let p = &env.primary;
+    p.execute("alter system set synchronous_standby_names = 'ANY 1 (a, b)'")
+        .await
+        .unwrap();
+    p.execute("select pg_reload_conf()").await.unwrap();
+    wait_until("both standbys in the quorum", TIMEOUT, || async move {
+        Ok(p.query_one_string("select coalesce(string_agg(sync_state, ',' order by application_name), '') from pg_stat_replication where application_name in ('a', 'b')").await? == "quorum,quorum")
+    })
+    .await
+    .unwrap();
+    p.execute("create table t(x int)").await.unwrap();
+
+    let receivers: Vec<i32> = {
+        let mut v = Vec::new();
+        for s in &env.standbys {
+            v.push(
+                s.query_one_string("select pid::text from pg_stat_wal_receiver")
+                    .await
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+            );
+        }
+        v
+    };
+    for r in &receivers {
+        // SAFETY: kill(2) takes plain integers; no memory is involved.
+        unsafe { libc::kill(*r, libc::SIGSTOP) };
+    }
+    let mut commit = p
+        .command("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &p.port().to_string(),
+            "-U",
+            "postgres",
+            "-XAtc",
+            "insert into t values (1)",
+            "postgres",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The commit is there, waiting for a synchronous standby.
+    wait_until(
+        "the commit waits for a synchronous standby",
+        TIMEOUT,
+        || async move {
+            Ok(p.query_one_string(
+                "select count(*)::text from pg_stat_activity where wait_event = 'SyncRep'",
+            )
+            .await?
+                == "1")
+        },
+    )
+    .await
+    .unwrap();
+    pause(3).await;
+    assert_eq!(
+        p.query_one_string(
+            "select count(*)::text from pg_stat_activity where wait_event = 'SyncRep'"
+        )
+        .await
+        .unwrap(),
+        "1"
+    );
+    assert!(
+        commit.try_wait().unwrap().is_none(),
+        "the commit returned with both standbys stopped"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(receivers[1], libc::SIGCONT) };
+    let status = tokio::task::spawn_blocking(move || commit.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    // SAFETY: as above.
+    unsafe { libc::kill(receivers[0], libc::SIGCONT) };
+    env.wait_caught_up(0).await;
+}
+
+/// No single point of failure: two upstreams, two downstreams (each its own spool and slot,
+/// `downstream.upstream` listing both upstreams), a standby listing both downstreams in its
+/// primary_conninfo. One upstream is killed, then one downstream: the standby streams on
+/// through the survivors and ends byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_each_half_killed() {
+    use walrelay_harness::cluster::{free_port, Cluster, StandbyOpts, TempRoot};
+    let root = TempRoot::new().unwrap();
+    let primary = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
+    primary.start().await.unwrap();
+    primary
+        .create_replication_user(REPL_PASSWORD)
+        .await
+        .unwrap();
+    let ups = [free_port(), free_port()];
+    let mut upstreams: Vec<Relay> = ups
+        .iter()
+        .enumerate()
+        .map(|(i, up)| {
+            Relay::start(
+                root.path(),
+                &format!("upstream{i}"),
+                &format!(
+                    "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\n",
+                    primary.port()
+                ),
+                None,
+                Some(*up),
+            )
+        })
+        .collect();
+    let downs = [free_port(), free_port()];
+    let mut downstreams: Vec<Relay> = downs
+        .iter()
+        .enumerate()
+        .map(|(i, down)| {
+            Relay::start(
+                root.path(),
+                &format!("downstream{i}"),
+                &format!(
+                    "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = [\"127.0.0.1:{}\", \"127.0.0.1:{}\"]\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\nname = \"d{i}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\nconnect_timeout_secs = 3\n",
+                    ups[0],
+                    ups[1],
+                    walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+                    root.path().join(format!("spool{i}")).display(),
+                ),
+                Some(*down),
+                None,
+            )
+        })
+        .collect();
+    let mut o = StandbyOpts::new(format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=ha",
+        downs[0], downs[1]
+    ));
+    o.application_name = Some("ha".into());
+    let standby = primary.basebackup_standby(&root, "standby", &o).unwrap();
+    standby.start().await.unwrap();
+    pgbench(&primary, &["-i", "-s", "2", "-q", "postgres"]);
+    let load = pgbench_background(&primary, &["-c", "2", "-T", "16", "-n", "postgres"]);
+    let s = &standby;
+    let streaming_via = |port: u16| async move {
+        wait_until(&format!("the standby streams through {port}"), TIMEOUT, || async move {
+            Ok(s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await? == format!("streaming:{port}"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", s.log_tail(30)));
+    };
+    streaming_via(downs[0]).await;
+    pause(3).await;
+    upstreams[0].kill();
+    pause(3).await;
+    downstreams[0].kill();
+    streaming_via(downs[1]).await;
+    let _ = load.wait_with_output();
+    primary.execute("select pg_switch_wal()").await.unwrap();
+    primary.execute("create table after(x int)").await.unwrap();
+    let target = primary
+        .query_one_string("select pg_current_wal_flush_lsn()::text")
+        .await
+        .unwrap();
+    let t = target.clone();
+    wait_until("the standby caught up", TIMEOUT, || {
+        let t = t.clone();
+        async move {
+            Ok(s.query_one_string(&format!(
+                "select (pg_last_wal_replay_lsn() >= '{t}'::pg_lsn)::text"
+            ))
+            .await?
+                == "true")
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", s.log_tail(30), downstreams[1].log_text()));
+    assert_eq!(
+        tables_digest(&primary, PGBENCH_TABLES).await,
+        tables_digest(&standby, PGBENCH_TABLES).await
+    );
+    let received = standby
+        .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
+        .await
+        .unwrap();
+    assert!(
+        compare_segments(
+            &primary.wal_dir(),
+            &standby.wal_dir(),
+            &segment_name(1, parse_lsn(&received))
+        ) >= 1
+    );
+    drop(upstreams);
+    drop(downstreams);
+}
