@@ -14,11 +14,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::conninfo::ConnInfo;
-use crate::link::UpstreamAddrs;
+
 use walrelay_pgwire::scram::ScramVerifier;
 
+mod addr;
 pub mod keys;
 mod resolve;
+
+pub use addr::{AddrError, UpstreamAddr, UpstreamAddrs};
 
 use keys::section;
 pub use keys::{Key, Reload};

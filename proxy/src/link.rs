@@ -18,12 +18,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::{Certificate, Channel, Endpoint, Identity, ServerTlsConfig};
 
-use crate::config::{Limits, LinkConfig};
+use crate::config::{Limits, LinkConfig, UpstreamAddrs};
 use crate::metrics::Metrics;
 
 pub mod dial;
 
-pub use dial::{DialError, UpstreamAddr, UpstreamAddrs};
+pub use dial::DialError;
 
 /// HTTP/2 flow-control windows of the link, per stream and per connection. HTTP/2's default
 /// (64 KiB) makes the receiver send a WINDOW_UPDATE for every ~32 KiB it reads — link bytes

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use super::UpstreamAddrs;
 use super::{
     key_err, AsWritten, AuthMethod, Config, ConfigError, DownstreamConfig, Limits, LinkConfig,
     LogConfig, MetricsConfig, Resolved, ResolvedDownstream, ResolvedUpstream, UpstreamConfig,
 };
 use crate::conninfo::ConnInfo;
-use crate::link::UpstreamAddrs;
 use walrelay_pgwire::scram::ScramVerifier;
 
 impl Config {

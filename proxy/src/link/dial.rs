@@ -6,7 +6,6 @@
 //! decides about retries).
 
 use std::pin::Pin;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -15,115 +14,9 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 use super::{CountingIo, LinkError};
-use crate::config::LinkConfig;
+use crate::config::{LinkConfig, UpstreamAddr, UpstreamAddrs};
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
-
-/// One address of `downstream.upstream`: `host:port`, IPv6 in brackets (`[::1]:7433`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamAddr {
-    /// Name or IP address (IPv6 without brackets).
-    pub host: String,
-    pub port: u16,
-}
-
-impl FromStr for UpstreamAddr {
-    type Err = LinkError;
-    fn from_str(s: &str) -> Result<Self, LinkError> {
-        let bad = |why: &str| LinkError::Address(s.to_string(), why.to_string());
-        let (host, port) = s
-            .rsplit_once(':')
-            .ok_or_else(|| bad("expected host:port"))?;
-        let port = port
-            .parse::<u16>()
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
-        let host = match host.strip_prefix('[') {
-            Some(v6) => {
-                let v6 = v6.strip_suffix(']').ok_or_else(|| bad("unclosed '['"))?;
-                v6.parse::<std::net::Ipv6Addr>()
-                    .map_err(|_| bad("brackets hold an IPv6 address, e.g. [::1]:7433"))?;
-                v6
-            }
-            None if host.contains(':') => {
-                return Err(bad("write an IPv6 address in brackets, e.g. [::1]:7433"))
-            }
-            None => host,
-        };
-        if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '/') {
-            return Err(bad("expected host:port"));
-        }
-        Ok(UpstreamAddr {
-            host: host.to_string(),
-            port,
-        })
-    }
-}
-
-impl std::fmt::Display for UpstreamAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.host.contains(':') {
-            true => write!(f, "[{}]:{}", self.host, self.port),
-            false => write!(f, "{}:{}", self.host, self.port),
-        }
-    }
-}
-
-/// `downstream.upstream`: the upstream half's link addresses, tried in order; never empty.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamAddrs(Vec<UpstreamAddr>);
-
-impl UpstreamAddrs {
-    pub fn new(addrs: Vec<UpstreamAddr>) -> Result<UpstreamAddrs, LinkError> {
-        match addrs.is_empty() {
-            true => Err(LinkError::Address(
-                String::new(),
-                "no address: give at least one host:port".into(),
-            )),
-            false => Ok(UpstreamAddrs(addrs)),
-        }
-    }
-
-    /// Parses each of `addrs`.
-    pub fn parse<S: AsRef<str>>(addrs: &[S]) -> Result<UpstreamAddrs, LinkError> {
-        let parsed: Result<Vec<UpstreamAddr>, _> =
-            addrs.iter().map(|a| a.as_ref().parse()).collect();
-        UpstreamAddrs::new(parsed?)
-    }
-
-    pub fn first(&self) -> &UpstreamAddr {
-        &self.0[0]
-    }
-}
-
-impl std::ops::Deref for UpstreamAddrs {
-    type Target = [UpstreamAddr];
-    fn deref(&self) -> &[UpstreamAddr] {
-        &self.0
-    }
-}
-
-impl FromStr for UpstreamAddrs {
-    type Err = LinkError;
-    /// One address (`host:port`).
-    fn from_str(s: &str) -> Result<Self, LinkError> {
-        UpstreamAddrs::new(vec![s.parse()?])
-    }
-}
-
-impl std::fmt::Display for UpstreamAddrs {
-    /// `a:7433` or `a:7433, b:7433`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, a) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{a}")?;
-        }
-        Ok(())
-    }
-}
 
 /// No address of `downstream.upstream` could be reached; each with why.
 #[derive(Debug, thiserror::Error)]

@@ -12,14 +12,11 @@ use tracing::{info, warn};
 
 use walrelay_proto::frame::{self, Digest, Down, DownState, Up, UpState};
 use walrelay_proto::link::link_client::LinkClient;
-use walrelay_proto::link::{to_downstream, to_upstream, Hello, ToDownstream, ToUpstream, Welcome};
-use walrelay_proto::PROTOCOL_VERSION;
-use walrelay_wal::linkcodec::{CodecKind, Setup, WalDecoder};
+use walrelay_proto::link::{to_downstream, to_upstream, ToDownstream, ToUpstream, Welcome};
+use walrelay_wal::linkcodec::{CodecKind, WalDecoder};
 use walrelay_wal::lsn::{Lsn, TimeLineId};
-use walrelay_wal::pg::PgMajor;
-use walrelay_wal::segment::WalSegSize;
-use walrelay_wal::walcodec;
 
+use super::handshake;
 use super::writer::Op;
 use super::{lock, ChanEvent, Out, Spooler};
 use crate::link;
@@ -104,16 +101,7 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     }
     let ext = view.extent;
     let empty = ext.end == Lsn(0);
-    let hello = Hello {
-        protocol_version: PROTOCOL_VERSION,
-        downstream_name: sp.cfg.name.clone(),
-        codec: sp.codec().name().into(),
-        zstd_window_log_max: sp.link_cfg.zstd_window_log,
-        block_cache_bytes_max: sp.link_cfg.block_cache_bytes,
-        system_id: if empty { 0 } else { view.system_id },
-        timeline: ext.tli.0,
-        spool_end: ext.end.0,
-    };
+    let hello = handshake::hello(&view, &sp.cfg.name, sp.codec(), &sp.link_cfg);
     let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.limits.queue_messages);
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
@@ -210,48 +198,14 @@ struct Receiver {
 
 impl Receiver {
     fn new(sp: &Spooler, w: &Welcome, empty: bool) -> Result<Receiver, Ended> {
-        let codec = CodecKind::from_name(&w.codec)
-            .ok_or_else(|| other(format!("the upstream chose unknown codec {:?}", w.codec)))?;
-        if w.block_cache_bytes > sp.link_cfg.block_cache_bytes {
-            return Err(other(
-                "the upstream wants a larger block cache than link.block_cache_bytes",
-            ));
-        }
-        let seg = WalSegSize::new(w.wal_segment_size)
-            .ok_or_else(|| other(format!("invalid wal_segment_size {}", w.wal_segment_size)))?;
-        let setup = Setup {
-            kind: codec,
-            zstd_level: sp.link_cfg.zstd_level,
-            window_log: sp.link_cfg.zstd_window_log,
-            wal: walcodec::CodecParams {
-                pg_major: PgMajor::from_wire(w.pg_major),
-                block_cache_bytes: usize::try_from(w.block_cache_bytes)
-                    .map_err(|_| other("block_cache_bytes does not fit"))?,
-                zstd_level: sp.link_cfg.zstd_level,
-                max_message_bytes: sp.limits.max_message_bytes,
-            },
-        };
-        let decoder = WalDecoder::new(&setup)
-            .map_err(|e| other(format!("cannot set up the {} decoder: {e}", codec.name())))?;
-        let mut ops = vec![Op::Bind {
-            system_id: w.system_id,
-            seg,
-        }];
-        if empty && !w.history.is_empty() {
-            ops.push(Op::History {
-                tli: TimeLineId(w.timeline),
-                history: w.history.to_vec(),
-            });
-        }
-        // Timelines the spool holds to their end on the primary: switched before any WAL.
-        let mut tli = TimeLineId(w.timeline);
-        for s in &w.switches {
-            tli = TimeLineId(s.timeline);
-            ops.push(Op::Switch {
-                tli,
-                history: s.history.to_vec(),
-            });
-        }
+        let agreed = handshake::agree(w, &sp.link_cfg, &sp.limits, empty).map_err(other)?;
+        let decoder = WalDecoder::new(&agreed.setup).map_err(|e| {
+            other(format!(
+                "cannot set up the {} decoder: {e}",
+                agreed.setup.kind.name()
+            ))
+        })?;
+        let (ops, tli) = (agreed.ops, agreed.tli);
         for op in ops {
             sp.ops
                 .send(op)

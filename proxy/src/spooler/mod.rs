@@ -13,6 +13,7 @@
 //! closes go at once.
 
 mod client;
+pub mod handshake;
 pub mod writer;
 
 use std::collections::HashMap;

@@ -8,7 +8,7 @@
 //!    SCRAM-SHA-256 against `downstream.users`, or trust;
 //! 2. the startup reply with the primary's parameters (walrelay speaks with the primary's
 //!    voice; they are kept in the spool so standbys can connect while the link is down);
-//! 3. a session ([`session`]): replication commands, answered from the spool
+//! 3. a session ([`session`], [`commands`]): replication commands, answered from the spool
 //!    (IDENTIFY_SYSTEM, TIMELINE_HISTORY) or by the standby's own connection to the primary
 //!    through the stream (SHOW, READ_REPLICATION_SLOT); START_REPLICATION serves WAL from the
 //!    spool ([`streamer`]) exactly as a walsender does (timelines, keepalives, errors), while
@@ -17,6 +17,7 @@
 //! A link cut ends no session: standbys get what is spooled, then keepalives, and catch up
 //! when the link is back.
 
+mod commands;
 mod session;
 mod startup;
 mod streamer;
@@ -191,7 +192,7 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
         }
     };
     let end = tokio::select! {
-        end = session::run(&ds, &mut reader, &mut writer, &standby) => end,
+        end = commands::run(&ds, &mut reader, &mut writer, &standby) => end,
         // The session ends by itself at shutdown (see the streamer); this cuts one whose
         // standby stopped reading, mid-message, so nothing more is written to it.
         _ = async {

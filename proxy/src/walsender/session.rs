@@ -1,34 +1,16 @@
-//! A standby's session after authentication: the startup reply, then its replication
-//! commands, strictly in turn, as a walsender serves them.
-//!
-//! | command | answered by |
-//! |---|---|
-//! | IDENTIFY_SYSTEM | the downstream: the primary's system id, the spool's timeline and end |
-//! | TIMELINE_HISTORY | the downstream: the history file in the spool |
-//! | SHOW wal_segment_size | the downstream when the link is down, else as below |
-//! | SHOW, READ_REPLICATION_SLOT | the standby's own connection to the primary (needs the link) |
-//! | START_REPLICATION | the downstream, from the spool ([`super::streamer`]) |
-
-use std::time::Duration;
+//! A standby's session after authentication, as the downstream holds it: the connection, its
+//! channel on the stream, its entry in the metrics. [`super::commands`] serves its replication
+//! commands; [`super::streamer`] its START_REPLICATION.
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
-use tracing::{debug, info};
 
-use walrelay_pgwire::replcmd::{self, ReplCommand};
-use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
-use walrelay_proto::link::StandbyInfo;
-use walrelay_wal::segment::history_file_name;
+use walrelay_pgwire::{encode, ErrorFields};
 
-use super::{shutting_down, streamer, Downstream, End, Reader, Standby, Writer};
-use crate::link;
-use crate::metrics::Metrics;
-use crate::monitor::{standbys::StandbyHandle, Half};
+use super::{Downstream, End, Reader, Writer};
+use crate::monitor::standbys::StandbyHandle;
 use crate::spooler::ChanEvent;
-
-/// Longest a standby waits for the primary's answer to a relayed command.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A standby's session.
 pub(super) struct Session<'a> {
@@ -42,119 +24,7 @@ pub(super) struct Session<'a> {
     pub reported: bool,
 }
 
-/// Runs a standby's session until it leaves or something ends it.
-pub(super) async fn run(
-    ds: &Downstream,
-    reader: &mut Reader,
-    writer: &mut Writer,
-    standby: &Standby,
-) -> End {
-    let params = match startup_params(ds).await {
-        Ok(p) => p,
-        Err(end) => return end,
-    };
-    let mut out = BytesMut::new();
-    encode::auth_ok(&mut out);
-    for (k, v) in &params {
-        encode::parameter_status(&mut out, k, v);
-    }
-    encode::backend_key_data(&mut out, rand::random(), rand::random());
-    encode::ready_for_query(&mut out);
-    if writer.write_all(&out).await.is_err() {
-        return End::Quiet;
-    }
-    info!(peer = %standby.peer, application_name = %standby.application_name, "standby session open (served from the spool)");
-    Metrics::add(&ds.metrics.ops.sessions_started_downstream, 1);
-    let (chan, events) = ds.spooler.open_channel(StandbyInfo {
-        application_name: standby.application_name.clone(),
-        user: standby.user.clone(),
-        addr: standby.peer.to_string(),
-    });
-    let entry = ds.metrics.ops.standbys.register(
-        Half::Downstream,
-        &standby.application_name,
-        &standby.peer.to_string(),
-    );
-    let mut s = Session {
-        ds,
-        reader,
-        writer,
-        chan,
-        events,
-        entry,
-        reported: false,
-    };
-    let end = s.commands().await;
-    ds.spooler.close_channel(chan);
-    end
-}
-
-/// The primary's parameters: known from a stream or the spool; if never, wait for the link.
-async fn startup_params(ds: &Downstream) -> Result<Vec<(String, String)>, End> {
-    let params = ds.spooler.params();
-    if !params.is_empty() {
-        return Ok(params);
-    }
-    let mut link = ds.spooler.link.clone();
-    let wait = Duration::from_secs(ds.link_cfg.connect_timeout_secs.max(1));
-    let up = tokio::time::timeout(wait, link.wait_for(|w| w.is_some())).await;
-    match up {
-        Ok(Ok(_)) => Ok(ds.spooler.params()),
-        _ => Err(End::Fatal(
-            ErrorFields::fatal(
-                "08006",
-                format!(
-                    "walrelay cannot reach the primary through the upstream at {}: {}",
-                    ds.cfg.upstream,
-                    ds.spooler.last_error().unwrap_or_else(|| "not connected yet".into())
-                ),
-            )
-            .with_hint("check that the upstream half runs and can connect to the primary; the standby retries by itself"),
-        )),
-    }
-}
-
 impl Session<'_> {
-    async fn commands(&mut self) -> End {
-        loop {
-            let msg = tokio::select! {
-                m = self.reader.read(walrelay_pgwire::parse_frontend) => m,
-                _ = self.ds.shutdown.cancelled() => return shutting_down(),
-            };
-            let msg = match msg {
-                Ok(m) => m,
-                Err(WireError::Closed) => return End::Quiet,
-                Err(WireError::Io(e)) => {
-                    debug!("standby socket: {e}");
-                    return End::Quiet;
-                }
-                Err(e) => {
-                    return End::fatal("08P01", format!("invalid message from the standby: {e}"))
-                }
-            };
-            let r = match msg {
-                FrontendMsg::Query(q) => self.query(&q).await,
-                FrontendMsg::Terminate => return End::Quiet,
-                FrontendMsg::CopyData(_) | FrontendMsg::CopyDone => Err(End::fatal(
-                    "08P01",
-                    "unexpected COPY message outside of START_REPLICATION",
-                )),
-                FrontendMsg::CopyFail(why) => Err(End::fatal("57014", format!("COPY failed: {why}"))),
-                FrontendMsg::Password(_) => Err(End::fatal(
-                    "08P01",
-                    "unexpected password message after authentication",
-                )),
-                FrontendMsg::Other(tag) => Err(End::fatal(
-                    "08P01",
-                    format!("unexpected message type '{}' (walrelay serves the replication protocol's simple queries only)", tag.escape_ascii()),
-                )),
-            };
-            if let Err(end) = r {
-                return end;
-            }
-        }
-    }
-
     pub(super) async fn write(&mut self, out: &[u8]) -> Result<(), End> {
         self.writer.write_all(out).await.map_err(|_| End::Quiet)
     }
@@ -165,134 +35,5 @@ impl Session<'_> {
         encode::error_response(&mut out, &e);
         encode::ready_for_query(&mut out);
         self.write(&out).await
-    }
-
-    async fn query(&mut self, q: &str) -> Result<(), End> {
-        let cmd = match replcmd::parse(q) {
-            Ok(c) => c,
-            Err(e) => {
-                let mut out = BytesMut::new();
-                match e {
-                    replcmd::ReplCmdError::Empty => encode::tagged(&mut out, b'I', |_| {}),
-                    replcmd::ReplCmdError::Unsupported(_) => encode::error_response(
-                        &mut out,
-                        &ErrorFields::error("0A000", e.to_string()),
-                    ),
-                    _ => encode::error_response(
-                        &mut out,
-                        &ErrorFields::error("42601", e.to_string()),
-                    ),
-                }
-                encode::ready_for_query(&mut out);
-                return self.write(&out).await;
-            }
-        };
-        debug!(command = %q.trim(), "replication command");
-        match cmd {
-            ReplCommand::IdentifySystem => self.identify_system().await,
-            ReplCommand::TimelineHistory(tli) => self.timeline_history(tli).await,
-            ReplCommand::Show(name)
-                if name.eq_ignore_ascii_case("wal_segment_size")
-                    && self.ds.spooler.link.borrow().is_none() =>
-            {
-                let seg = self.ds.spooler.view.borrow().files.seg.bytes();
-                let mut out = BytesMut::new();
-                results::show(&mut out, "wal_segment_size", &format!("{}MB", seg >> 20));
-                encode::ready_for_query(&mut out);
-                self.write(&out).await
-            }
-            ReplCommand::StartReplication {
-                slot,
-                start,
-                timeline,
-            } => {
-                self.entry.set_slot(slot.as_deref());
-                self.reported = false;
-                streamer::stream(self, slot, start, timeline).await
-            }
-            other => self.relay(other).await,
-        }
-    }
-
-    async fn identify_system(&mut self) -> Result<(), End> {
-        let view = self.ds.spooler.view.borrow().clone();
-        let link = self.ds.spooler.link.borrow().clone();
-        // The spool's, or (before its first WAL) the stream's start.
-        let (system, tli, pos) = match (view.extent.end.0, &link) {
-            (0, Some(w)) => (
-                w.system_id,
-                walrelay_wal::lsn::TimeLineId(w.timeline),
-                walrelay_wal::lsn::Lsn(w.start),
-            ),
-            (0, None) => (0, view.extent.tli, view.extent.end),
-            _ => (view.system_id, view.extent.tli, view.extent.end),
-        };
-        if system == 0 {
-            return self
-                .error(ErrorFields::error(
-                    "55000",
-                    "walrelay has not received any WAL from the primary yet; the standby retries by itself",
-                ))
-                .await;
-        }
-        let mut out = BytesMut::new();
-        results::identify_system(&mut out, system, tli, pos);
-        encode::ready_for_query(&mut out);
-        self.write(&out).await
-    }
-
-    async fn timeline_history(&mut self, tli: walrelay_wal::lsn::TimeLineId) -> Result<(), End> {
-        let name = history_file_name(tli);
-        let files = self.ds.spooler.view.borrow().files.clone();
-        match files.history(tli) {
-            Some(content) => {
-                let mut out = BytesMut::new();
-                results::timeline_history(&mut out, &name, &content);
-                encode::ready_for_query(&mut out);
-                self.write(&out).await
-            }
-            None => {
-                self.error(ErrorFields::error(
-                    "58P01",
-                    format!("could not open file \"pg_wal/{name}\": No such file or directory"),
-                ))
-                .await
-            }
-        }
-    }
-
-    /// A command the primary answers, through the standby's own connection.
-    async fn relay(&mut self, cmd: ReplCommand) -> Result<(), End> {
-        if self.ds.spooler.link.borrow().is_none() {
-            return self
-                .error(ErrorFields::error(
-                    "08006",
-                    format!("walrelay cannot reach the primary for {}: the link to the upstream is down; try again", cmd.to_sql()),
-                ))
-                .await;
-        }
-        self.ds
-            .spooler
-            .command(self.chan, link::command_to_proto(&cmd));
-        let answer = tokio::time::timeout(COMMAND_TIMEOUT, async {
-            loop {
-                match self.events.recv().await {
-                    Some(ChanEvent::Backend(b)) => return Some(b),
-                    Some(ChanEvent::LinkDown) | None => return None,
-                    Some(ChanEvent::Started { .. }) => continue,
-                }
-            }
-        })
-        .await;
-        match answer {
-            Ok(Some(b)) => self.write(&b).await,
-            _ => {
-                self.error(ErrorFields::error(
-                    "08006",
-                    "walrelay: the primary's answer did not arrive (the link to the upstream went down); try again",
-                ))
-                .await
-            }
-        }
     }
 }
