@@ -520,6 +520,12 @@ impl Encoder {
             }
         }
         put_varint(out, self.fpi.len() as u64);
+        self.stats.header_out += out.len() as u64;
+        for (s, sec) in self.sections.iter().enumerate() {
+            self.stats.section_in[s] += ulens[s] as u64;
+            self.stats.section_out[s] += sec.len() as u64;
+        }
+        self.stats.section_out[STREAMS] += self.fpi.len() as u64;
         for sec in &self.sections {
             out.extend_from_slice(sec);
         }

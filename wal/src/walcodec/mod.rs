@@ -181,6 +181,16 @@ pub struct CodecStats {
     pub tuple_misses: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
+    /// Per payload section (the streams in payload order, then the page frames): bytes put
+    /// in before compression and bytes in the payload.
+    pub section_in: [u64; STREAMS + 1],
+    pub section_out: [u64; STREAMS + 1],
+    /// Payload bytes that are not sections (version, section sizes).
+    pub header_out: u64,
+    /// Image ops by kind ([`format`]'s `IMG_*` without `IMG_RECOMPRESS`), and the page-frame
+    /// bytes of each kind.
+    pub image_ops: [u64; 8],
+    pub image_frame_out: [u64; 8],
 }
 
 #[derive(Debug, thiserror::Error)]

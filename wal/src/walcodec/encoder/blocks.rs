@@ -74,6 +74,7 @@ impl Encoder {
     }
 
     fn opaque_image(&mut self, bytes: &[u8]) {
+        self.stats.image_ops[usize::from(IMG_OPAQUE)] += 1;
         self.streams[S_CTRL].buf.push(IMG_OPAQUE);
         self.streams[S_IMG].buf.extend_from_slice(bytes);
         self.stats.fpi_opaque += 1;
@@ -82,6 +83,22 @@ impl Encoder {
     /// The page of an image (in `self.page`) through the block cache; `recompress` is
     /// [`IMG_RECOMPRESS`] or 0, or-ed into the image op.
     fn encode_page(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
+        let (op_at, frames_at) = (self.streams[S_CTRL].buf.len(), self.fpi.len());
+        self.encode_page_op(key, img, recompress)?;
+        if let Some(op) = self.streams[S_CTRL].buf.get(op_at) {
+            let k = usize::from(op & !IMG_RECOMPRESS) & 7;
+            self.stats.image_ops[k] += 1;
+            self.stats.image_frame_out[k] += (self.fpi.len() - frames_at) as u64;
+        }
+        Ok(())
+    }
+
+    fn encode_page_op(
         &mut self,
         key: &BlockKey,
         img: &ImageRef,
