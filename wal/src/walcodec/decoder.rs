@@ -4,6 +4,7 @@ use super::cache::{new_page, slots_for, DecCache, Page};
 use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::fpi::{self, Recompressor};
+use super::pagexf::PageXf;
 use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
@@ -46,6 +47,9 @@ struct State {
     rec: Vec<u8>,
     area: Area,
     page: Page,
+    /// The transform of frames without a same-block reference, and a transformed reference.
+    xf: PageXf,
+    xref: Page,
 }
 
 /// Readers over this message's sections.
@@ -98,6 +102,8 @@ impl Decoder {
                 rec: Vec::new(),
                 area: Area::default(),
                 page: new_page(),
+                xf: PageXf::new(),
+                xref: new_page(),
             },
             poisoned: false,
         })
@@ -520,13 +526,24 @@ impl State {
             tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         }
         let tp = &self.tprefix[..];
+        // Only frames against the previous image of the same block (SAME) and IDENT are not
+        // transformed (see `pagexf`).
+        let transformed = !matches!(op, IMG_SAME | IMG_IDENT);
         match (frame, ref_page) {
+            (Some(f), Some(p)) if transformed => {
+                self.xf.forward(p, &mut self.xref);
+                self.pd
+                    .decompress(f, &[tp, &self.xref[..]], &mut self.page)?
+            }
             (Some(f), Some(p)) => self.pd.decompress(f, &[tp, &p[..]], &mut self.page)?,
             (Some(f), None) => self.pd.decompress(f, &[tp], &mut self.page)?,
             // IDENT: the reference is the page.
             (None, Some(p)) => self.page.copy_from_slice(p),
             // STREAM: already in place.
             (None, None) => {}
+        }
+        if transformed {
+            self.xf.inverse(&mut self.page);
         }
         if let Some(k) = store {
             self.stored = Some(k);

@@ -3,6 +3,7 @@
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
+use super::pagexf::PageXf;
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::tracker::{RecState, Tracker};
@@ -44,6 +45,10 @@ pub struct Encoder {
     rec: Vec<u8>,
     area: Area,
     page: Page,
+    /// Transformed pages of frames without a same-block reference (see [`super::pagexf`]).
+    xf: PageXf,
+    xpage: Page,
+    xref: Page,
     sections: Vec<Vec<u8>>,
     stats: CodecStats,
     rmgr: RmgrTally,
@@ -92,6 +97,9 @@ impl Encoder {
             rec: Vec::new(),
             area: Area::default(),
             page: new_page(),
+            xf: PageXf::new(),
+            xpage: new_page(),
+            xref: new_page(),
             sections: vec![Vec::new(); STREAMS],
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),

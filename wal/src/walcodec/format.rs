@@ -30,7 +30,10 @@
 //!                                          (only for images of at least 1024 bytes)
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
-//!          frames are `len` bytes of FPI; the image is the page without its hole, or for
+//!          frames are `len` bytes of FPI; the page of ops 1, 3, 5, 6 and 7 is sent in the
+//!          form of `super::pagexf` (transformed; REF frames are made against the
+//!          transformed reference page), that of SAME as it is; the image is the page
+//!          without its hole, or for
 //!          0x80|op (IMG_RECOMPRESS) the page without its hole compressed with the method
 //!          that bimg_info names, exactly bimg_len bytes (see `fpi`); the 1024 bytes of
 //!          STREAM are counted in bimg_len, the compressed size

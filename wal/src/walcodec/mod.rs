@@ -10,8 +10,9 @@
 //!   the block headers, padding is zeros;
 //! - full-page images are rebuilt into 8 KiB pages (hole zero filled) and compressed with zstd
 //!   against the last image of the same block held in a block cache on both ends (for a block
-//!   not in the cache: the previous block of the relation, else the relation's latest page);
-//!   the encoder says which slots to read and write, the decoder obeys;
+//!   not in the cache: the previous block of the relation, else the relation's latest page,
+//!   both pages put through a reversible transform that delta-codes line pointers and item
+//!   heads, [`pagexf`]); the encoder says which slots to read and write, the decoder obeys;
 //! - full-page images the primary compressed (wal_compression pglz, lz4, zstd) are
 //!   decompressed to the page and sent the same way; the decoder compresses the page again
 //!   with the primary's method ([`fpi`]), which gives back the primary's exact bytes: the
@@ -28,11 +29,13 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::linkcodec`).
 //!
-//! # Payload format (version 2)
+//! # Payload format (version 3)
 //!
-//! Version 2 adds [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
-//! heap tuples as deltas ([`tuples`]) and all images of a record before its data; a version-1
-//! decoder refuses it by the version byte.
+//! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
+//! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3
+//! sends every page that is not framed against the previous image of its own block (image ops
+//! NEW, REF, NOCACHE, STREAM, STREAM_NOCACHE) through [`pagexf`]'s transform, and REF frames
+//! against the transformed reference page. An older decoder refuses it by the version byte.
 //!
 //! ```text
 //! payload  = version:u8 (=2)
@@ -73,7 +76,8 @@
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
-//!   decoded sections, one record, three pages of scratch;
+//!   decoded sections, one record, five pages of scratch (two for [`pagexf`]) and its item
+//!   list (at most 2,042 entries of 4 bytes, twice);
 //! - recompression of compressed images (each end): pglz's history (about 90 KiB), a zstd
 //!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
 //!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
@@ -83,6 +87,7 @@ mod decoder;
 mod encoder;
 pub mod format;
 pub mod fpi;
+pub mod pagexf;
 pub mod pglz;
 pub mod rmgr;
 mod streams;
@@ -228,7 +233,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 2;
+pub(crate) const FORMAT_VERSION: u8 = 3;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

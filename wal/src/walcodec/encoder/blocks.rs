@@ -104,9 +104,7 @@ impl Encoder {
         img: &ImageRef,
         recompress: u8,
     ) -> Result<(), WalCodecError> {
-        let page = &mut self.page;
         self.stats.fpis += 1;
-
         let plan = self.cache.plan(key);
         tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         let tp = &self.tprefix[..];
@@ -115,8 +113,9 @@ impl Encoder {
         let framed =
             usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
         let ctrl = &mut self.streams[S_CTRL].buf;
-        match (plan.reference, plan.store) {
-            (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
+        if let (true, Some(r), Some(s)) = (plan.hit, plan.reference, plan.store) {
+            // Against the previous image of the same block, as it is (see `pagexf`).
+            if *self.cache.page(r) == *self.page {
                 ctrl.push(IMG_IDENT | recompress);
                 put_varint(ctrl, u64::from(s));
                 self.cache.touch(s);
@@ -124,27 +123,33 @@ impl Encoder {
                 self.stats.fpi_identical += 1;
                 return Ok(());
             }
+            let len =
+                self.pc_hit
+                    .compress(&self.page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
+            ctrl.push(IMG_SAME | recompress);
+            put_varint(ctrl, u64::from(s));
+            put_varint(ctrl, len as u64);
+            self.stats.fpi_hit_out += len as u64;
+            self.stats.fpi_cache_hits += 1;
+            self.cache.store(s, key, &self.page);
+            return Ok(());
+        }
+        // Any other page goes transformed, against a transformed reference if any.
+        self.xf.forward(&self.page, &mut self.xpage);
+        let xpage = &self.xpage;
+        match (plan.reference, plan.store) {
             (Some(r), Some(s)) => {
-                let pc = if plan.hit {
-                    &mut self.pc_hit
-                } else {
-                    &mut self.pc
-                };
-                let len = pc.compress(page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
-                if plan.hit {
-                    ctrl.push(IMG_SAME | recompress);
-                    put_varint(ctrl, u64::from(s));
-                    self.stats.fpi_hit_out += len as u64;
-                    self.stats.fpi_cache_hits += 1;
-                } else {
-                    ctrl.push(IMG_REF | recompress);
-                    put_varint(ctrl, u64::from(r));
-                    put_varint(ctrl, u64::from(s));
-                }
+                self.xf.forward(self.cache.page(r), &mut self.xref);
+                let len = self
+                    .pc
+                    .compress(xpage, &[tp, &self.xref[..]], &mut self.fpi)?;
+                ctrl.push(IMG_REF | recompress);
+                put_varint(ctrl, u64::from(r));
+                put_varint(ctrl, u64::from(s));
                 put_varint(ctrl, len as u64);
             }
             (None, Some(s)) if framed => {
-                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
+                let len = self.pc.compress(xpage, &[tp], &mut self.fpi)?;
                 ctrl.push(IMG_NEW | recompress);
                 put_varint(ctrl, u64::from(s));
                 put_varint(ctrl, len as u64);
@@ -152,22 +157,20 @@ impl Encoder {
             (None, Some(s)) => {
                 ctrl.push(IMG_STREAM | recompress);
                 put_varint(ctrl, u64::from(s));
-                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
+                self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
             }
             (_, None) if framed => {
-                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
+                let len = self.pc.compress(xpage, &[tp], &mut self.fpi)?;
                 ctrl.push(IMG_NOCACHE | recompress);
                 put_varint(ctrl, len as u64);
-                return Ok(());
             }
             (_, None) => {
                 ctrl.push(IMG_STREAM_NOCACHE | recompress);
-                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
-                return Ok(());
+                self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
             }
         }
         if let Some(s) = plan.store {
-            self.cache.store(s, key, page);
+            self.cache.store(s, key, &self.page);
         }
         Ok(())
     }
