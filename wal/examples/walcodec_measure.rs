@@ -138,9 +138,12 @@ fn commit_ends(rec: &Recording, from: u64, to: u64) -> Vec<u64> {
     let u16_at = |pos: u64| u16::from(b(pos)) | u16::from(b(pos + 1)) << 8;
     let u32_at = |pos: u64| u32::from(u16_at(pos)) | u32::from(u16_at(pos + 2)) << 16;
     let hdr_len = |page: u64| if u16_at(page + 2) & 2 != 0 { 40 } else { 24 };
-    // Moves `pos` over `n` bytes of record data, skipping page headers.
+    // Moves `pos` over `n` bytes of record data, skipping page headers (u64::MAX past `to`).
     let skip = |mut pos: u64, mut n: u64| -> u64 {
         while n > 0 {
+            if pos + 40 > to {
+                return u64::MAX;
+            }
             if pos % PAGE == 0 {
                 pos += hdr_len(pos);
             }
@@ -154,7 +157,7 @@ fn commit_ends(rec: &Recording, from: u64, to: u64) -> Vec<u64> {
     // The first record starting on the first page.
     let rem = u64::from(u32_at(from + 16));
     let mut pos = if u16_at(from + 2) & 1 != 0 && rem > 0 {
-        skip(from, rem)
+        skip(from, rem).min(to)
     } else {
         from + hdr_len(from)
     };
@@ -172,7 +175,11 @@ fn commit_ends(rec: &Recording, from: u64, to: u64) -> Vec<u64> {
         // Byte k of the record is at skip(pos, k + 1) - 1: xl_info is byte 16, xl_rmid 17.
         let info_pos = skip(pos, 17) - 1;
         let rmid_pos = skip(pos, 18) - 1;
-        let end = skip(pos, tot).next_multiple_of(8);
+        let end = skip(pos, tot);
+        if end == u64::MAX {
+            break;
+        }
+        let end = end.next_multiple_of(8);
         if b(rmid_pos) == 1 && b(info_pos) & 0x70 == 0 && end < to {
             ends.push(end);
         }
