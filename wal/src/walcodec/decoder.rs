@@ -354,7 +354,12 @@ impl State {
         let site = heap.and_then(|h| h.main_site(main_len));
         self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
         if let Some(h) = heap {
-            h.feed(block0.map(|x| &self.rec[x]), &mut self.tuples, &self.cache);
+            h.feed(
+                block0.map(|x| &self.rec[x]),
+                xid,
+                &mut self.tuples,
+                &self.cache,
+            );
         }
         if self.rec.len() != tot {
             return Err(corrupt("record length mismatch"));
@@ -471,7 +476,11 @@ impl State {
         } else {
             return Err(corrupt("a page frame for an image that cannot be rebuilt"));
         };
-        let op = op & !IMG_RECOMPRESS;
+        let plain = op & IMG_PLAIN != 0;
+        let op = op & !(IMG_RECOMPRESS | IMG_PLAIN);
+        if plain && !matches!(op, IMG_NEW | IMG_REF | IMG_NOCACHE) {
+            return Err(corrupt(format!("image op {op} cannot be plain")));
+        }
         let cap = self.cache.capacity();
         let slot = |v: u64| -> Result<usize, WalCodecError> {
             if v >= cap as u64 {
@@ -528,7 +537,7 @@ impl State {
         let tp = &self.tprefix[..];
         // Only frames against the previous image of the same block (SAME) and IDENT are not
         // transformed (see `pagexf`).
-        let transformed = !matches!(op, IMG_SAME | IMG_IDENT);
+        let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
         match (frame, ref_page) {
             (Some(f), Some(p)) if transformed => {
                 self.xf.forward(p, &mut self.xref);

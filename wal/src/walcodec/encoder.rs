@@ -446,7 +446,7 @@ impl Encoder {
         self.put_site(site, S_MAIN, main);
         self.stats.data_in += (tot - p) as u64;
         if let Some(h) = heap {
-            h.feed(block0.map(|r| &rec[r]), &mut self.tuples, &self.cache);
+            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);
         }
 
         // Lay the record out again, feeding the tracker, with a flag per page boundary.

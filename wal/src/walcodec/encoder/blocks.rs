@@ -91,7 +91,7 @@ impl Encoder {
         let (op_at, frames_at) = (self.streams[S_CTRL].buf.len(), self.fpi.len());
         self.encode_page_op(key, img, recompress)?;
         if let Some(op) = self.streams[S_CTRL].buf.get(op_at) {
-            let k = usize::from(op & !IMG_RECOMPRESS) & 7;
+            let k = usize::from(op & 7);
             self.stats.image_ops[k] += 1;
             self.stats.image_frame_out[k] += (self.fpi.len() - frames_at) as u64;
         }
@@ -134,40 +134,55 @@ impl Encoder {
             self.cache.store(s, key, &self.page);
             return Ok(());
         }
-        // Any other page goes transformed, against a transformed reference if any.
+        // Any other page goes transformed, against a transformed reference if any; with
+        // known tuples of the block (which match the page as it is) also as it is, and the
+        // smaller frame is sent.
         self.xf.forward(&self.page, &mut self.xpage);
         let xpage = &self.xpage;
-        match (plan.reference, plan.store) {
-            (Some(r), Some(s)) => {
+        // (A reference comes with a slot to store into: no cache, no reference.)
+        let reference = plan.store.and(plan.reference);
+        if framed || reference.is_some() {
+            let reference = reference.map(|r| {
                 self.xf.forward(self.cache.page(r), &mut self.xref);
-                let len = self
-                    .pc
-                    .compress(xpage, &[tp, &self.xref[..]], &mut self.fpi)?;
-                ctrl.push(IMG_REF | recompress);
-                put_varint(ctrl, u64::from(r));
-                put_varint(ctrl, u64::from(s));
-                put_varint(ctrl, len as u64);
+                (r, self.cache.page(r))
+            });
+            let at = self.fpi.len();
+            let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
+            let mut len = self.pc.compress(xpage, &[tp, xr], &mut self.fpi)?;
+            let mut plain = 0;
+            if !tp.is_empty() {
+                let r: &[u8] = reference.map_or(&[], |(_, p)| &p[..]);
+                let n = self.pc.compress(&self.page, &[tp, r], &mut self.fpi)?;
+                if n < len {
+                    self.fpi.drain(at..at + len);
+                    (len, plain) = (n, IMG_PLAIN);
+                } else {
+                    self.fpi.truncate(at + len);
+                }
             }
-            (None, Some(s)) if framed => {
-                let len = self.pc.compress(xpage, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NEW | recompress);
-                put_varint(ctrl, u64::from(s));
-                put_varint(ctrl, len as u64);
+            let flags = recompress | plain;
+            match (reference, plan.store) {
+                (Some((r, _)), Some(s)) => {
+                    ctrl.push(IMG_REF | flags);
+                    put_varint(ctrl, u64::from(r));
+                    put_varint(ctrl, u64::from(s));
+                }
+                (_, Some(s)) => {
+                    ctrl.push(IMG_NEW | flags);
+                    put_varint(ctrl, u64::from(s));
+                }
+                (_, None) => ctrl.push(IMG_NOCACHE | flags),
             }
-            (None, Some(s)) => {
-                ctrl.push(IMG_STREAM | recompress);
-                put_varint(ctrl, u64::from(s));
-                self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
+            put_varint(ctrl, len as u64);
+        } else {
+            match plan.store {
+                Some(s) => {
+                    ctrl.push(IMG_STREAM | recompress);
+                    put_varint(ctrl, u64::from(s));
+                }
+                None => ctrl.push(IMG_STREAM_NOCACHE | recompress),
             }
-            (_, None) if framed => {
-                let len = self.pc.compress(xpage, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NOCACHE | recompress);
-                put_varint(ctrl, len as u64);
-            }
-            (_, None) => {
-                ctrl.push(IMG_STREAM_NOCACHE | recompress);
-                self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
-            }
+            self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
         }
         if let Some(s) = plan.store {
             self.cache.store(s, key, &self.page);
