@@ -130,10 +130,12 @@ fn cuts(rec: &Recording, cut: Cut, from: u64, to: u64) -> Vec<u64> {
     ends
 }
 
-/// Ends of the commit records in `from..to` (`from` a page start): a message per commit, as a
-/// walsender sends when every commit flushes.
+/// Ends of the commit records in `from..to`: a message per commit, as a walsender sends when
+/// every commit flushes.
 fn commit_ends(rec: &Recording, from: u64, to: u64) -> Vec<u64> {
     const PAGE: u64 = 8192;
+    let after = from;
+    let from = from / PAGE * PAGE;
     let b = |pos: u64| rec.slice(pos, pos + 1)[0];
     let u16_at = |pos: u64| u16::from(b(pos)) | u16::from(b(pos + 1)) << 8;
     let u32_at = |pos: u64| u32::from(u16_at(pos)) | u32::from(u16_at(pos + 2)) << 16;
@@ -180,7 +182,7 @@ fn commit_ends(rec: &Recording, from: u64, to: u64) -> Vec<u64> {
             break;
         }
         let end = end.next_multiple_of(8);
-        if b(rmid_pos) == 1 && b(info_pos) & 0x70 == 0 && end < to {
+        if b(rmid_pos) == 1 && b(info_pos) & 0x70 == 0 && end > after && end < to {
             ends.push(end);
         }
         pos = end;

@@ -5,13 +5,14 @@ use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::fpi::{self, Recompressor};
 use super::pagexf::PageXf;
+use super::payload;
 use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
-    check_params, CodecParams, WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL,
-    S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+    check_params, CodecParams, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN,
+    S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -21,6 +22,9 @@ pub struct Decoder {
     max_message: usize,
     next_pos: Option<u64>,
     streams: Vec<DStream>,
+    /// The context of combined payloads and their decompressed chunk (see [`payload`]).
+    combined: DStream,
+    scratch: Vec<u8>,
     bufs: Vec<Vec<u8>>,
     st: State,
     poisoned: bool,
@@ -81,6 +85,8 @@ impl Decoder {
             streams: (0..STREAMS)
                 .map(|_| DStream::new())
                 .collect::<Result<Vec<_>, _>>()?,
+            combined: DStream::new()?,
+            scratch: Vec::new(),
             bufs: vec![Vec::new(); STREAMS],
             st: State {
                 compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
@@ -158,45 +164,14 @@ impl Decoder {
             self.st.last_xid = 0;
         }
 
-        // Header and sections.
-        let mut hdr = Reader::new(payload, "payload header");
-        let version = hdr.u8()?;
-        if version != FORMAT_VERSION {
-            return Err(corrupt(format!(
-                "payload format version {version}, this decoder reads {FORMAT_VERSION}"
-            )));
-        }
-        let mut sizes = [(0usize, 0usize); STREAMS];
-        for (s, size) in sizes.iter_mut().enumerate() {
-            // Caps that the encoder's output always meets (see the encoder).
-            let cap = match s {
-                S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
-                S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
-                _ => raw_len,
-            };
-            let ulen = hdr.len(cap)?;
-            let clen = if ulen > 0 { hdr.len(payload.len())? } else { 0 };
-            *size = (ulen, clen);
-        }
-        let fpi_len = hdr.len(payload.len())?;
-        let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
-        for (s, &(ulen, clen)) in sizes.iter().enumerate() {
-            let chunk = rest
-                .get(..clen)
-                .ok_or_else(|| corrupt(format!("the {} section is cut short", STREAM_NAMES[s])))?;
-            rest = &rest[clen..];
-            if ulen == 0 {
-                self.bufs[s].clear();
-            } else {
-                self.streams[s].decode(chunk, ulen, &mut self.bufs[s], STREAM_NAMES[s])?;
-            }
-        }
-        if rest.len() != fpi_len {
-            return Err(corrupt(format!(
-                "the FPI section has {} bytes where {fpi_len} were announced",
-                rest.len()
-            )));
-        }
+        let rest = payload::read(
+            payload,
+            raw_len,
+            &mut self.streams,
+            &mut self.combined,
+            &mut self.scratch,
+            &mut self.bufs,
+        )?;
         let mut r = Sections {
             ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),
             hdr: Reader::new(&self.bufs[S_HDR], "HDR"),

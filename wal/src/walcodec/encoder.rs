@@ -4,6 +4,7 @@ use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
 use super::pagexf::PageXf;
+use super::payload;
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::tracker::{RecState, Tracker};
@@ -13,8 +14,8 @@ use super::wal::{
     REC_HDR, SHORT_PHD, WAL_PAGE,
 };
 use super::{
-    check_params, CodecParams, CodecStats, WalCodecError, FORMAT_VERSION, STREAMS, S_CTRL, S_DATA,
-    S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+    check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG,
+    S_MAIN, S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -49,7 +50,10 @@ pub struct Encoder {
     xf: PageXf,
     xpage: Page,
     xref: Page,
-    sections: Vec<Vec<u8>>,
+    /// The context of messages whose streams are small (see [`payload`]), and the
+    /// compressed sections of a message.
+    combined: CStream,
+    scratch: Vec<u8>,
     stats: CodecStats,
     rmgr: RmgrTally,
     poisoned: bool,
@@ -100,7 +104,8 @@ impl Encoder {
             xf: PageXf::new(),
             xpage: new_page(),
             xref: new_page(),
-            sections: vec![Vec::new(); STREAMS],
+            combined: CStream::new(p.zstd_level, WINDOW_LOG)?,
+            scratch: Vec::new(),
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
             poisoned: false,
@@ -506,41 +511,31 @@ impl Encoder {
         m
     }
 
-    /// Compresses the streams and writes the payload.
+    /// Compresses the streams and writes the payload (see [`payload`]).
     fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
         self.flush_pending();
         let mut ulens = [0usize; STREAMS];
-        for (s, (stream, sec)) in self
-            .streams
-            .iter_mut()
-            .zip(self.sections.iter_mut())
-            .enumerate()
-        {
-            sec.clear();
-            ulens[s] = stream.buf.len();
-            stream.flush_into(sec)?;
+        for (u, s) in ulens.iter_mut().zip(&self.streams) {
+            *u = s.buf.len();
         }
-        out.push(FORMAT_VERSION);
-        for (ulen, sec) in ulens.iter().zip(&self.sections) {
-            put_varint(out, *ulen as u64);
-            if *ulen > 0 {
-                put_varint(out, sec.len() as u64);
-            }
-        }
-        put_varint(out, self.fpi.len() as u64);
-        self.stats.header_out += out.len() as u64;
-        for (s, sec) in self.sections.iter().enumerate() {
+        let mut clens = [0usize; STREAMS];
+        payload::write(
+            &mut self.streams,
+            &mut self.combined,
+            &self.fpi,
+            &mut self.scratch,
+            out,
+            &mut clens,
+        )?;
+        let sections: usize = clens.iter().sum::<usize>() + self.fpi.len();
+        self.stats.header_out += out.len().saturating_sub(sections) as u64;
+        for s in 0..STREAMS {
             self.stats.section_in[s] += ulens[s] as u64;
-            self.stats.section_out[s] += sec.len() as u64;
+            self.stats.section_out[s] += clens[s] as u64;
         }
         self.stats.section_out[STREAMS] += self.fpi.len() as u64;
-        for sec in &self.sections {
-            out.extend_from_slice(sec);
-        }
-        out.extend_from_slice(&self.fpi);
-        let clens: Vec<usize> = self.sections.iter().map(Vec::len).collect();
         self.rmgr.finish(&mut self.stats.by_rmgr, &ulens, &clens);
-        let c = |s: usize| self.sections[s].len() as u64;
+        let c = |s: usize| clens[s] as u64;
         self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
         self.stats.data_out += c(S_DATA) + c(S_MAIN);
         self.stats.raw_out += c(S_RAW);

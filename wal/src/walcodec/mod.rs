@@ -32,22 +32,24 @@
 //! # Payload format (version 3)
 //!
 //! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
-//! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3
-//! sends every page that is not framed against the previous image of its own block (image ops
-//! NEW, REF, NOCACHE, STREAM, STREAM_NOCACHE) through [`pagexf`]'s transform, and REF frames
-//! against the transformed reference page. An older decoder refuses it by the version byte.
+//! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3:
+//! every page that is not framed against the previous image of its own block (image ops NEW,
+//! REF, NOCACHE, STREAM, STREAM_NOCACHE) goes through [`pagexf`]'s transform, REF frames
+//! against the transformed reference page, unless [`format::IMG_PLAIN`] says otherwise; known
+//! tuples in page frames carry their on-page header ([`tuples::Head`]); no bytes for empty
+//! sections, and small messages in one combined zstd context ([`payload`]). An older decoder
+//! refuses it by the first byte.
 //!
 //! ```text
-//! payload  = version:u8 (=2)
-//!            7 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN, in this order
-//!            fpi_len:varint
-//!            the 7 sections' bytes in the same order, then FPI bytes
-//! section-size = ulen:varint [clen:varint if ulen > 0]
+//! payload  = 0x03 present:u8 clen:varint × (present sections) sections FPI-bytes
+//!          | 0x13 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
+//! (the framing in detail: [`payload`]).
+//!
 //! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
-//! context for this message, ended with ZSTD_e_flush (`clen` bytes that decompress to `ulen`;
-//! absent when the stream got nothing this message). The streams:
+//! context for this message, ended with ZSTD_e_flush (absent when the stream got nothing this
+//! message), or a part of the combined chunk. The streams:
 //!
 //! - CTRL: the op sequence ([`format`]) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
@@ -65,13 +67,15 @@
 //! block's previous image, `zstd_level` otherwise).
 //!
 //! The decoder replays the ops in CTRL until it has `raw_len` bytes; every section must then be
-//! used up exactly. Decompressed sizes are capped before anything is allocated: CTRL at
-//! 4 × raw_len + 1024, PAGE at 8 × raw_len + 8192, the others at raw_len.
+//! used up exactly. Decompressed sizes are capped as they are allocated: CTRL at
+//! 4 × raw_len + 1024, PAGE at 8 × raw_len + 8192, the others at raw_len, a combined chunk at
+//! their sum and 70.
 //!
 //! # Memory per session (each end)
 //!
-//! - zstd windows: 4 MiB for DATA, RAW, PAGE and MAIN, 1 MiB for CTRL, HDR and IMG (the decoder
-//!   refuses windows above 4 MiB), plus the contexts' tables on the encoder side;
+//! - zstd windows: 4 MiB for DATA, RAW, PAGE, MAIN and the combined context, 1 MiB for CTRL,
+//!   HDR and IMG (the decoder refuses windows above 4 MiB), plus the contexts' tables on the
+//!   encoder side;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
@@ -88,6 +92,7 @@ mod encoder;
 pub mod format;
 pub mod fpi;
 pub mod pagexf;
+mod payload;
 pub mod pglz;
 pub mod rmgr;
 mod streams;

@@ -175,44 +175,41 @@ impl DStream {
         Ok(DStream { ctx })
     }
 
-    /// Decompresses one flushed chunk into `out` (cleared), which must come to exactly `ulen`
-    /// bytes.
-    pub fn decode(
+    /// Decompresses one flushed chunk into `out` (cleared): at most `cap` bytes, allocated as
+    /// they come (the chunk's own sizes are not trusted).
+    pub fn decode_capped(
         &mut self,
         chunk: &[u8],
-        ulen: usize,
+        cap: usize,
         out: &mut Vec<u8>,
         name: &str,
     ) -> Result<(), WalCodecError> {
         out.clear();
-        if ulen == 0 && chunk.is_empty() {
-            return Ok(());
-        }
-        out.reserve(ulen);
         let mut input = InBuffer::around(chunk);
         loop {
+            if out.len() == out.capacity() {
+                // out.len() <= cap here: room for one byte more than cap shows an overrun.
+                let want = out.len().max(16 * 1024).min(cap + 1 - out.len());
+                out.reserve_exact(want);
+            }
             let before = (input.pos(), out.len());
             let mut o = OutBuffer::around_pos(out, out.len());
             self.ctx
                 .run(&mut input, &mut o)
                 .map_err(WalCodecError::zstd)?;
-            if out.len() > ulen {
-                break;
+            if out.len() > cap {
+                return Err(WalCodecError::Corrupt(format!(
+                    "the {name} section decompresses to more than {cap} bytes"
+                )));
             }
-            if (input.pos(), out.len()) == before
-                || (input.pos() == chunk.len() && out.len() == ulen)
-            {
+            let room = out.len() < out.capacity();
+            if (input.pos() == chunk.len() && room) || (input.pos(), out.len()) == before {
                 break;
-            }
-            if out.len() == out.capacity() {
-                // Room for one more byte, so that too much output shows up as an error.
-                out.reserve(1);
             }
         }
-        if out.len() != ulen || input.pos() != chunk.len() {
+        if input.pos() != chunk.len() {
             return Err(WalCodecError::Corrupt(format!(
-                "the {name} section decompressed to {} bytes where {ulen} were announced",
-                out.len()
+                "the {name} section has bytes that do not decompress"
             )));
         }
         Ok(())

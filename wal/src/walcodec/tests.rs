@@ -565,3 +565,52 @@ fn first_images_of_regular_pages_are_small() {
     let per_frame = st.image_frame_out[usize::from(format::IMG_REF)] / 59;
     assert!(per_frame < 100, "{per_frame} bytes per REF frame: {st:?}");
 }
+
+/// Small messages go combined (one zstd chunk), big ones as separate sections; both restore,
+/// and a decoder refuses an unknown first byte and page frames its header does not announce.
+#[test]
+fn small_messages_go_combined_big_ones_separate() {
+    let g = synthetic(12, 300_000, 20);
+    let p = params(64);
+    let mut enc = Encoder::new(&p).unwrap();
+    let mut dec = Decoder::new(&p).unwrap();
+    let (mut out, mut restored) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    let mut modes = std::collections::HashSet::new();
+    for (i, end) in every(700, g.buf.len()).into_iter().enumerate() {
+        // Every tenth message 30 times bigger.
+        let end = if i % 10 == 9 {
+            (end + 20_000).min(g.buf.len())
+        } else {
+            end
+        };
+        if end <= at {
+            continue;
+        }
+        let lsn = Lsn(g.start + at as u64);
+        enc.encode(lsn, &g.buf[at..end], &mut out).unwrap();
+        modes.insert(out[0]);
+        dec.decode(lsn, &out, end - at, &mut restored).unwrap();
+        assert!(restored == g.buf[at..end]);
+        at = end;
+    }
+    assert_eq!(modes, [0x03, 0x13].into_iter().collect());
+
+    let mut enc = Encoder::new(&p).unwrap();
+    let msg = &g.buf[..60_000];
+    enc.encode(Lsn(g.start), msg, &mut out).unwrap();
+    assert_eq!(out[0], 0x03);
+    let mut bad = out.clone();
+    bad[0] = 0x02;
+    let e = Decoder::new(&p)
+        .unwrap()
+        .decode(Lsn(g.start), &bad, msg.len(), &mut restored);
+    assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+    // Page frames announced but cut off, or present but not announced.
+    let mut bad = out.clone();
+    bad[1] ^= 0x80;
+    let e = Decoder::new(&p)
+        .unwrap()
+        .decode(Lsn(g.start), &bad, msg.len(), &mut restored);
+    assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+}
