@@ -423,9 +423,12 @@ proptest! {
         let mut dec = Decoder::new(&params(4)).unwrap();
         let mut out = Vec::new();
         let _ = dec.decode(Lsn(3 * SEG), &payload, len, &mut out);
-        // A structurally valid header with garbage ops.
-        let mut pl = vec![1u8, 40, 40, 0, 0, 0, 0, 0];
+        // Structurally valid headers with garbage after them.
+        let mut pl = vec![FORMAT_VERSION, 0x7F, 40, 40, 40, 0, 0, 0, 40];
         pl.extend_from_slice(&payload);
+        let mut dec = Decoder::new(&params(4)).unwrap();
+        let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
+        let mut pl = vec![0x10 | FORMAT_VERSION, 80];
         let mut dec = Decoder::new(&params(4)).unwrap();
         let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
     }
@@ -448,23 +451,39 @@ fn warm_payload() -> &'static (u64, usize, Vec<u8>) {
 }
 
 /// Builds a payload whose sections are valid zstd holding arbitrary bytes, so that the op
-/// interpreter itself sees garbage.
-fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8]) -> Vec<u8> {
+/// interpreter itself sees garbage: separate sections, or one combined chunk.
+fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8], combined: bool) -> Vec<u8> {
     use super::streams::{put_varint, CStream};
-    let mut out = vec![FORMAT_VERSION];
+    let mut c = CStream::new(3, 20).unwrap();
+    if combined {
+        for s in sections {
+            put_varint(&mut c.buf, s.len() as u64);
+        }
+        for s in sections {
+            c.buf.extend_from_slice(s);
+        }
+        let mut chunk = Vec::new();
+        c.flush_into(&mut chunk).unwrap();
+        let mut out = vec![0x10 | FORMAT_VERSION];
+        put_varint(&mut out, chunk.len() as u64);
+        out.extend_from_slice(&chunk);
+        out.extend_from_slice(fpi);
+        return out;
+    }
+    let mut present = u8::from(!fpi.is_empty()) << 7;
     let mut secs = Vec::new();
-    for s in sections {
+    for (i, s) in sections.iter().enumerate() {
+        present |= u8::from(!s.is_empty()) << i;
         let mut c = CStream::new(3, 20).unwrap();
         c.buf.extend_from_slice(s);
         let mut sec = Vec::new();
         c.flush_into(&mut sec).unwrap();
-        put_varint(&mut out, s.len() as u64);
-        if !s.is_empty() {
-            put_varint(&mut out, sec.len() as u64);
-        }
         secs.push(sec);
     }
-    put_varint(&mut out, fpi.len() as u64);
+    let mut out = vec![FORMAT_VERSION, present];
+    for sec in secs.iter().filter(|s| !s.is_empty()) {
+        put_varint(&mut out, sec.len() as u64);
+    }
     for s in secs {
         out.extend_from_slice(&s);
     }
@@ -482,6 +501,7 @@ proptest! {
         fpi in proptest::collection::vec(any::<u8>(), 0..100),
         len in 0usize..20_000,
         warm in any::<bool>(),
+        combined in any::<bool>(),
     ) {
         let p = params(4);
         let mut dec = Decoder::new(&p).unwrap();
@@ -495,7 +515,7 @@ proptest! {
         }
         let h = other.len() / 2;
         let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec()];
-        let pl = garbage_payload(&sections, &fpi);
+        let pl = garbage_payload(&sections, &fpi, combined);
         let _ = dec.decode(Lsn(lsn), &pl, len, &mut out);
     }
 }
@@ -613,4 +633,26 @@ fn small_messages_go_combined_big_ones_separate() {
         .unwrap()
         .decode(Lsn(g.start), &bad, msg.len(), &mut restored);
     assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+}
+
+/// The garbage builder makes payloads the decoder reads (so the proptests above reach the op
+/// interpreter): a ZERO op restores zeros in both framings, and a section left over is an
+/// error.
+#[test]
+fn hand_built_payloads_reach_the_ops() {
+    let mut sections: [Vec<u8>; STREAMS] = Default::default();
+    sections[S_CTRL] = vec![format::OP_ZERO, 100];
+    for combined in [false, true] {
+        let pl = garbage_payload(&sections, &[], combined);
+        let mut out = Vec::new();
+        let mut dec = Decoder::new(&params(4)).unwrap();
+        dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out).unwrap();
+        assert_eq!(out, vec![0u8; 100]);
+        let mut extra = sections.clone();
+        extra[S_DATA] = vec![1, 2, 3];
+        let pl = garbage_payload(&extra, &[], combined);
+        let mut dec = Decoder::new(&params(4)).unwrap();
+        let e = dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out);
+        assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+    }
 }
