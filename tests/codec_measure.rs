@@ -43,6 +43,10 @@ enum Load {
     Updates,
     /// The same with REPLICA IDENTITY FULL (for wal_level = logical).
     UpdatesFull,
+    /// 20,000 documents of about 6.6 kB of hex (stored out of line, uncompressed), one random
+    /// document per transaction gets 32 characters overwritten: TOAST writes the whole value
+    /// again under a new chunk id.
+    Toast,
 }
 
 const SPECS: &[Spec] = &[
@@ -54,6 +58,7 @@ const SPECS: &[Spec] = &[
     spec("pg18-pgbench", 18, "off", Load::Pgbench),
     spec("pg14-pgbench-pglz", 14, "on", Load::Pgbench),
     spec("pg15-pgbench-zstd", 15, "zstd", Load::Pgbench),
+    spec("pg15-toast", 15, "off", Load::Toast),
     Spec {
         name: "pg15-updates-logical-full",
         major: 15,
@@ -74,6 +79,7 @@ const fn spec(name: &'static str, major: u32, wal_compression: &'static str, loa
 }
 
 const UPDATE_ROWS: u32 = 300_000;
+const DOCS: u32 = 20_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "records minutes of WAL from live primaries; see the module docs"]
@@ -121,6 +127,17 @@ async fn run(mut cmd: std::process::Command) {
 
 async fn prepare(pg: &Cluster, load: Load) {
     match load {
+        Load::Toast => {
+            pg.execute(&format!(
+                "create table docs (id int primary key, n int not null default 0, body text);
+                 alter table docs alter column body set storage external;
+                 insert into docs select g, 0, (select string_agg(md5(random()::text || i), ' ')
+                   from generate_series(1, 200 + 0 * g) i) from generate_series(1, {DOCS}) g;"
+            ))
+            .await
+            .unwrap();
+            pg.execute("vacuum analyze docs").await.unwrap();
+        }
         Load::Pgbench => run(pg.pgbench(&["-i", "-s", "10", "-q", "postgres"])).await,
         Load::Updates | Load::UpdatesFull => {
             pg.execute(&format!(
@@ -149,6 +166,20 @@ fn load_cmd(
     let secs = seconds.to_string();
     match load {
         Load::Pgbench => pg.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, "postgres"]),
+        Load::Toast => {
+            let script = dir.join("toast.sql");
+            std::fs::write(
+                &script,
+                format!(
+                    "\\set id random(1, {DOCS})\nupdate docs set n = n + 1, body = \
+                     overlay(body placing md5(random()::text) from 1 + (random() * 6000)::int \
+                     for 32) where id = :id;\n"
+                ),
+            )
+            .unwrap();
+            let f = format!("--file={}", script.display());
+            pg.pgbench(&["-n", "-c", "4", "-j", "2", "-T", &secs, &f, "postgres"])
+        }
         Load::Updates | Load::UpdatesFull => {
             let script = dir.join("updates.sql");
             let set = "md5(random()::text) || md5(random()::text)";

@@ -6,7 +6,7 @@ use super::format::*;
 use super::fpi::{self, Recompressor};
 use super::pagexf::PageXf;
 use super::payload;
-use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
+use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
@@ -83,9 +83,14 @@ impl Decoder {
             max_message: p.max_message_bytes,
             next_pos: None,
             streams: (0..STREAMS)
-                .map(|_| DStream::new())
+                .map(|s| {
+                    DStream::new(match s {
+                        S_DATA => history_log(p.block_cache_bytes),
+                        _ => WINDOW_LOG,
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?,
-            combined: DStream::new()?,
+            combined: DStream::new(WINDOW_LOG)?,
             scratch: Vec::new(),
             bufs: vec![Vec::new(); STREAMS],
             st: State {

@@ -6,7 +6,9 @@ use super::fpi::{self, Recompressor, Refusal};
 use super::pagexf::PageXf;
 use super::payload;
 use super::rmgr::{Marks, RmgrTally};
-use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
+use super::streams::{
+    history_log, put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG,
+};
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
@@ -76,7 +78,8 @@ impl Encoder {
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
-                    S_DATA | S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
+                    S_DATA => history_log(p.block_cache_bytes),
+                    S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
                 CStream::new(p.zstd_level, wlog)

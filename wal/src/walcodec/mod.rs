@@ -22,7 +22,10 @@
 //!   a prefix/suffix delta against a version both ends hold: a tuple cache fed by the records,
 //!   or the tuple's line pointer in a cached page image ([`tuples`]);
 //! - everything else (header fields that are not derivable, block headers, block and main data,
-//!   raw bytes) goes through streaming zstd, one context per kind, flushed every message.
+//!   raw bytes) goes through streaming zstd, one context per kind, flushed every message; the
+//!   block data's context keeps a long history (an eighth of `block_cache_bytes`) searched by
+//!   zstd's long-distance matcher, so content that crossed the link before under another
+//!   identity (a TOAST value written again under new chunk ids) is a reference.
 //!
 //! Anything not understood (unsupported major, no lock on a record boundary yet, a record cut
 //! by the message boundary, a CRC mismatch, an unparsable block header area) passes through as
@@ -37,7 +40,7 @@
 //! REF, NOCACHE, STREAM, STREAM_NOCACHE) goes through [`pagexf`]'s transform, REF frames
 //! against the transformed reference page, unless [`format::IMG_PLAIN`] says otherwise; known
 //! tuples in page frames carry their on-page header ([`tuples::Head`]); no bytes for empty
-//! sections, and small messages in one combined zstd context ([`payload`]). An older decoder
+//! sections, and small messages in one combined zstd context (`payload.rs`). An older decoder
 //! refuses it by the first byte.
 //!
 //! ```text
@@ -45,13 +48,13 @@
 //!          | 0x13 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
-//! (the framing in detail: [`payload`]).
+//! (the framing in detail: `payload.rs`).
 //!
 //! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
 //! context for this message, ended with ZSTD_e_flush (absent when the stream got nothing this
 //! message), or a part of the combined chunk. The streams:
 //!
-//! - CTRL: the op sequence ([`format`]) and small record-header fields;
+//! - CTRL: the op sequence ([`format`](mod@format)) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
 //! - DATA: block data of records (tuples, mostly);
 //! - RAW: bytes passed through as they are;
@@ -73,9 +76,12 @@
 //!
 //! # Memory per session (each end)
 //!
-//! - zstd windows: 4 MiB for DATA, RAW, PAGE, MAIN and the combined context, 1 MiB for CTRL,
-//!   HDR and IMG (the decoder refuses windows above 4 MiB), plus the contexts' tables on the
-//!   encoder side;
+//! - zstd windows: DATA's is the largest power of two up to `block_cache_bytes / 8`, between
+//!   4 MiB and 1 GiB (128 MiB for the default 1 GiB; `streams::history_log`), with zstd's
+//!   long-distance matcher above 4 MiB (its tables on the encoder: about 1/16 of the window);
+//!   4 MiB for RAW, PAGE, MAIN and the combined context, 1 MiB for CTRL, HDR and IMG; the
+//!   decoder refuses larger windows. zstd allocates a window when the first message uses the
+//!   stream and the system commits its pages as they fill;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
@@ -197,7 +203,7 @@ pub struct CodecStats {
     pub section_out: [u64; STREAMS + 1],
     /// Payload bytes that are not sections (version, section sizes).
     pub header_out: u64,
-    /// Image ops by kind ([`format`]'s `IMG_*` without `IMG_RECOMPRESS`), and the page-frame
+    /// Image ops by kind (`format::IMG_*` without `IMG_RECOMPRESS`), and the page-frame
     /// bytes of each kind.
     pub image_ops: [u64; 8],
     pub image_frame_out: [u64; 8],

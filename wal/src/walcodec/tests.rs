@@ -429,6 +429,7 @@ proptest! {
         let mut dec = Decoder::new(&params(4)).unwrap();
         let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
         let mut pl = vec![0x10 | FORMAT_VERSION, 80];
+        pl.extend_from_slice(&payload);
         let mut dec = Decoder::new(&params(4)).unwrap();
         let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
     }
@@ -655,4 +656,63 @@ fn hand_built_payloads_reach_the_ops() {
         let e = dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out);
         assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
     }
+}
+
+/// A value written again long after (a TOAST value rewritten under new chunk ids) is found in
+/// DATA's long history when `block_cache_bytes` pays for it (an eighth of it), and not with
+/// the 4 MiB window of a small cache.
+#[test]
+fn content_seen_long_ago_is_a_reference() {
+    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 9);
+    let key = |blkno| wal::BlockKey {
+        spc: 1663,
+        db: 5,
+        rel: 16500,
+        fork: 0,
+        blkno,
+    };
+    let value = g.rng.bytes(6000);
+    let insert = |g: &mut WalGen, blkno: u32, body: &[u8]| {
+        let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
+        data.extend_from_slice(body);
+        let blocks = [testgen::GenBlock {
+            key: key(blkno),
+            image: testgen::Image::None,
+            data,
+        }];
+        let rec = g.record(10, 0x00, 900 + blkno, &blocks, &[1, 0, 0]);
+        g.write_record(&rec);
+    };
+    insert(&mut g, 0, &value);
+    // 6 MiB of other (incompressible) rows in between.
+    for b in 1..1000 {
+        let other = g.rng.bytes(6000);
+        insert(&mut g, b, &other);
+    }
+    let mark = g.buf.len();
+    insert(&mut g, 1000, &value);
+    let cost_of_last = |cache: usize| {
+        let p = CodecParams {
+            block_cache_bytes: cache,
+            ..params(0)
+        };
+        let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
+        let (mut pl, mut out) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        for end in every(1 << 20, mark).into_iter().chain([mark, g.buf.len()]) {
+            if end <= at {
+                continue;
+            }
+            enc.encode(Lsn(g.start + at as u64), &g.buf[at..end], &mut pl)
+                .unwrap();
+            dec.decode(Lsn(g.start + at as u64), &pl, end - at, &mut out)
+                .unwrap();
+            assert!(out == g.buf[at..end]);
+            at = end;
+        }
+        pl.len()
+    };
+    let (small, big) = (cost_of_last(64 * SLOT_BYTES), cost_of_last(1 << 30));
+    assert!(small > 5000, "{small}");
+    assert!(big < 300, "{big} (small cache: {small})");
 }
