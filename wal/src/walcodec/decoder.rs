@@ -4,6 +4,7 @@ use super::cache::{new_page, slots_for, DecCache, Page};
 use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::fpi::{self, Recompressor};
+use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
 use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
@@ -38,6 +39,8 @@ struct State {
     recomp: Recompressor,
     tracker: Tracker,
     last_xid: u32,
+    /// Main data fields derived from what both ends know (see [`super::mainxf`]).
+    mainxf: MainXf,
     cache: DecCache,
     tuples: TupleCache,
     /// The cache slot the last image op stored into.
@@ -103,6 +106,7 @@ impl Decoder {
                 })?,
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
+                mainxf: MainXf::new(),
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
                 tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
                 stored: None,
@@ -167,6 +171,7 @@ impl Decoder {
             self.st.cache.clear();
             self.st.tuples.clear();
             self.st.last_xid = 0;
+            self.st.mainxf = MainXf::new();
         }
 
         let rest = payload::read(
@@ -300,9 +305,18 @@ impl State {
         rec.extend_from_slice(area);
         // The fixed part of main data first: it says where the record's tuples belong.
         let main_len = self.area.main_len as usize;
-        let main_head = r
-            .main
-            .bytes(HeapRec::main_fixed(rmid, info).min(main_len))?;
+        // (and the fields `mainxf` transformed, undone).
+        let head_len = HeapRec::main_fixed(rmid, info)
+            .max(MainXf::len(rmid, info))
+            .min(main_len);
+        let mut head = [0u8; 16];
+        let head = head
+            .get_mut(..head_len)
+            .ok_or_else(|| corrupt("main data head too long"))?;
+        head.copy_from_slice(r.main.bytes(head_len)?);
+        let xl = MainXf::len(rmid, info).min(head_len);
+        self.mainxf.inverse(rmid, info, xid, &mut head[..xl]);
+        let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
         // Every image first (so tuples may refer to any of them), then the blocks in order.
         self.imgs.clear();

@@ -3,6 +3,7 @@
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
+use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
 use super::rmgr::{Marks, RmgrTally};
@@ -33,6 +34,9 @@ pub struct Encoder {
     /// Where the next message is expected to start.
     next_pos: Option<u64>,
     last_xid: u32,
+    /// Main data fields derived from what both ends know (see [`super::mainxf`]).
+    mainxf: MainXf,
+    xmain: Vec<u8>,
     cache: EncCache,
     tuples: TupleCache,
     /// Known tuples of the block of the image being encoded.
@@ -93,6 +97,8 @@ impl Encoder {
             tracker: Tracker::new(magic, 0),
             next_pos: None,
             last_xid: 0,
+            mainxf: MainXf::new(),
+            xmain: Vec::new(),
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
@@ -166,6 +172,7 @@ impl Encoder {
             self.cache.clear();
             self.tuples.clear();
             self.last_xid = 0;
+            self.mainxf = MainXf::new();
         }
         let before = self.tracker.resyncs;
         let res = self.encode_body(raw).and_then(|()| self.finish(out));
@@ -451,7 +458,17 @@ impl Encoder {
         self.area.blocks = blocks;
         res?;
         let site = heap.and_then(|h| h.main_site(main.len()));
-        self.put_site(site, S_MAIN, main);
+        let xl = MainXf::len(rec[17], rec[16]).min(main.len());
+        if xl > 0 {
+            let mut xmain = std::mem::take(&mut self.xmain);
+            xmain.clear();
+            xmain.extend_from_slice(main);
+            self.mainxf.forward(rec[17], rec[16], xid, &mut xmain[..xl]);
+            self.put_site(site, S_MAIN, &xmain);
+            self.xmain = xmain;
+        } else {
+            self.put_site(site, S_MAIN, main);
+        }
         self.stats.data_in += (tot - p) as u64;
         if let Some(h) = heap {
             h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);

@@ -97,6 +97,7 @@ mod decoder;
 mod encoder;
 pub mod format;
 pub mod fpi;
+pub mod mainxf;
 pub mod pagexf;
 mod payload;
 pub mod pglz;
