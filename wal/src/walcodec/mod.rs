@@ -39,9 +39,10 @@
 //! every page that is not framed against the previous image of its own block (image ops NEW,
 //! REF, NOCACHE, STREAM, STREAM_NOCACHE) goes through [`pagexf`]'s transform, REF frames
 //! against the transformed reference page, unless [`format::IMG_PLAIN`] says otherwise; known
-//! tuples in page frames carry their on-page header ([`tuples::Head`]); no bytes for empty
-//! sections, and small messages in one combined zstd context (`payload.rs`). An older decoder
-//! refuses it by the first byte.
+//! tuples in page frames carry their on-page header ([`tuples::Head`]); main data fields that
+//! follow from the record header or the previous record go transformed ([`mainxf`]); no
+//! bytes for empty sections, and small messages in one combined zstd context (`payload.rs`).
+//! An older decoder refuses it by the first byte.
 //!
 //! ```text
 //! payload  = 0x03 present:u8 clen:varint × (present sections) sections FPI-bytes
