@@ -273,3 +273,17 @@ impl super::tuples::PageLookup for DecCache {
         self.get(*self.map.get(key)?)
     }
 }
+
+impl super::redo::PageStore for EncCache {
+    fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
+        let s = *self.map.get(key)?;
+        self.pages.get_mut(s as usize).map(|p| &mut **p)
+    }
+}
+
+impl super::redo::PageStore for DecCache {
+    fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
+        let s = *self.map.get(key)?;
+        self.slots.get_mut(s)?.as_deref_mut()
+    }
+}

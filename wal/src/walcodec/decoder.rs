@@ -7,6 +7,7 @@ use super::fpi::{self, Recompressor};
 use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
+use super::redo::{self, Redo};
 use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
@@ -41,6 +42,8 @@ struct State {
     last_xid: u32,
     /// Main data fields derived from what both ends know (see [`super::mainxf`]).
     mainxf: MainXf,
+    /// Heap records replayed onto cached pages (see [`super::redo`]).
+    redo: Redo,
     cache: DecCache,
     tuples: TupleCache,
     /// The cache slot the last image op stored into.
@@ -107,6 +110,7 @@ impl Decoder {
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
                 mainxf: MainXf::new(),
+                redo: Redo::new(p.pg_major),
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
                 tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
                 stored: None,
@@ -389,6 +393,12 @@ impl State {
             self.tracker.feed(&self.rec[k..k + n]);
             k += n;
         }
+        let r = redo::Record {
+            bytes: &self.rec,
+            area: &self.area,
+            end_lsn: self.tracker.pos.next_multiple_of(8),
+        };
+        self.redo.apply(&r, &mut self.cache);
         if flags & REC_PAD != 0 {
             let pad = ((8 - self.tracker.pos % 8) % 8) as usize;
             if pad > raw_len - out.len() {

@@ -6,6 +6,7 @@ use super::fpi::{self, Recompressor, Refusal};
 use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
+use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{
     history_log, put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG,
@@ -37,6 +38,8 @@ pub struct Encoder {
     /// Main data fields derived from what both ends know (see [`super::mainxf`]).
     mainxf: MainXf,
     xmain: Vec<u8>,
+    /// Heap records replayed onto cached pages (see [`super::redo`]).
+    redo: Redo,
     cache: EncCache,
     tuples: TupleCache,
     /// Known tuples of the block of the image being encoded.
@@ -99,6 +102,7 @@ impl Encoder {
             last_xid: 0,
             mainxf: MainXf::new(),
             xmain: Vec::new(),
+            redo: Redo::new(p.pg_major),
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
@@ -506,6 +510,13 @@ impl Encoder {
             j += n;
             k += n;
         }
+        let end_lsn = self.tracker.pos.next_multiple_of(8);
+        let r = redo::Record {
+            bytes: rec,
+            area: &self.area,
+            end_lsn,
+        };
+        self.redo.apply(&r, &mut self.cache);
         if flags & REC_PAD != 0 {
             self.tracker.feed(&rest[j..j + pad]);
             self.stats.zeros_in += pad as u64;

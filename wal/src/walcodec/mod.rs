@@ -102,6 +102,7 @@ pub mod mainxf;
 pub mod pagexf;
 mod payload;
 pub mod pglz;
+mod redo;
 pub mod rmgr;
 mod streams;
 pub mod tracker;

@@ -1,0 +1,217 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::walcodec::wal::BlockRef;
+
+#[derive(Default)]
+struct Pages(HashMap<BlockKey, Box<PageBuf>>);
+
+impl PageStore for Pages {
+    fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
+        self.0.get_mut(key).map(|p| &mut **p)
+    }
+}
+
+fn key(blkno: u32) -> BlockKey {
+    BlockKey {
+        spc: 1663,
+        db: 5,
+        rel: 16384,
+        fork: 0,
+        blkno,
+    }
+}
+
+/// A record of `rmid`/`info` by `xid` with blocks (id, block number, data) and main data.
+fn record(
+    rmid: u8,
+    info: u8,
+    xid: u32,
+    blocks: &[(u8, u32, Vec<u8>)],
+    main: &[u8],
+) -> (Vec<u8>, Area) {
+    let mut bytes = vec![0u8; REC_HDR];
+    bytes[4..8].copy_from_slice(&xid.to_le_bytes());
+    bytes[16] = info;
+    bytes[17] = rmid;
+    let mut area = Area {
+        len: 0,
+        blocks: Vec::new(),
+        main_len: main.len() as u32,
+        data_total: 0,
+    };
+    for (id, blkno, data) in blocks {
+        area.blocks.push(BlockRef {
+            id: *id,
+            key: key(*blkno),
+            data_len: data.len() as u16,
+            image: None,
+        });
+        bytes.extend_from_slice(data);
+    }
+    bytes.extend_from_slice(main);
+    (bytes, area)
+}
+
+fn apply(
+    pages: &mut Pages,
+    rmid: u8,
+    info: u8,
+    xid: u32,
+    blocks: &[(u8, u32, Vec<u8>)],
+    main: &[u8],
+) {
+    let (bytes, area) = record(rmid, info, xid, blocks, main);
+    let rec = Record {
+        bytes: &bytes,
+        area: &area,
+        end_lsn: 0x1_0000_2000,
+    };
+    Redo::new(Some(PgMajor::V16)).apply(&rec, pages);
+}
+
+fn empty_page() -> Box<PageBuf> {
+    let mut p = Box::new([0u8; PAGE_SIZE]);
+    init(&mut p);
+    p
+}
+
+/// xl_heap_header (infomask2 = 2 attributes, infomask = HEAP_XMAX_INVALID, t_hoff 24) and a
+/// one-byte bitmap-free tuple body.
+fn heap_data(body: &[u8]) -> Vec<u8> {
+    let mut d = vec![0x02, 0x00, 0x00, 0x08, 24, 0];
+    d.extend_from_slice(body);
+    d
+}
+
+#[test]
+fn insert_then_hot_update_then_prune() {
+    let mut pages = Pages::default();
+    pages.0.insert(key(7), empty_page());
+    // INSERT at offset 1 by xid 100.
+    apply(
+        &mut pages,
+        RM_HEAP_ID,
+        0x00,
+        100,
+        &[(0, 7, heap_data(b"first row"))],
+        &[1, 0, 0],
+    );
+    let p = &pages.0[&key(7)];
+    let (at, flags, len) = lp(p, 1).unwrap();
+    assert_eq!((flags, len), (LP_NORMAL, TUPLE_HEADER + 1 + 9));
+    assert_eq!(at, PAGE_SIZE - 40);
+    assert_eq!(u32_at(p, at), 100, "xmin");
+    assert_eq!(&p[at + 12..at + 18], &[0, 0, 7, 0, 1, 0], "t_ctid = itself");
+    assert_eq!(&p[at + 24..at + 33], b"first row");
+    assert_eq!((u32_at(p, 0), u32_at(p, 4)), (1, 0x2000), "pd_lsn");
+
+    // HOT_UPDATE (1 -> 2) by xid 101, sharing the prefix "first " with the old version.
+    let mut upd = vec![6, 0];
+    upd.extend_from_slice(&heap_data(b"tuple"));
+    let mut main = 101u32.to_le_bytes().to_vec();
+    main.extend_from_slice(&[1, 0, 0, 0x20]);
+    main.extend_from_slice(&[0, 0, 0, 0, 2, 0]);
+    apply(&mut pages, RM_HEAP_ID, 0x40, 101, &[(0, 7, upd)], &main);
+    let p = &pages.0[&key(7)];
+    let old = lp(p, 1).unwrap().0;
+    assert_eq!(u32_at(p, old + 4), 101, "old xmax");
+    assert_eq!(
+        &p[old + 12..old + 18],
+        &[0, 0, 7, 0, 2, 0],
+        "old t_ctid -> new"
+    );
+    assert_ne!(u16_at(p, old + 18) & HEAP_HOT_UPDATED, 0);
+    let new = tuple_range(p, 2).unwrap();
+    assert_eq!(&p[new.start + 24..new.end], b"first tuple");
+    assert_eq!(u32_at(p, 20), 101, "pd_prune_xid");
+
+    // PRUNE (14-16 layout): 1 redirected to 2; the old tuple's space is given back.
+    let mut main = 0u32.to_le_bytes().to_vec();
+    main.extend_from_slice(&[1, 0, 0, 0, 0]);
+    apply(
+        &mut pages,
+        RM_HEAP2_ID,
+        0x10,
+        0,
+        &[(0, 7, vec![1, 0, 2, 0])],
+        &main,
+    );
+    let p = &pages.0[&key(7)];
+    assert_eq!(lp(p, 1), Some((2, LP_REDIRECT, 0)));
+    let (at, _, len) = lp(p, 2).unwrap();
+    assert_eq!(
+        at,
+        PAGE_SIZE - len.next_multiple_of(8),
+        "compacted to the end"
+    );
+    assert_eq!(&p[at + 24..at + len], b"first tuple");
+    assert_eq!(usize::from(u16_at(p, 14)), at, "pd_upper");
+}
+
+#[test]
+fn delete_and_pages_not_cached_or_with_images() {
+    let mut pages = Pages::default();
+    pages.0.insert(key(1), empty_page());
+    apply(
+        &mut pages,
+        RM_HEAP_ID,
+        0x00,
+        50,
+        &[(0, 1, heap_data(b"x"))],
+        &[1, 0, 0],
+    );
+    // DELETE of (1, 1) by 60.
+    let mut main = 60u32.to_le_bytes().to_vec();
+    main.extend_from_slice(&[1, 0, 0, 0]);
+    apply(&mut pages, RM_HEAP_ID, 0x10, 60, &[(0, 1, vec![])], &main);
+    let p = &pages.0[&key(1)];
+    let at = lp(p, 1).unwrap().0;
+    assert_eq!(u32_at(p, at + 4), 60);
+    assert_eq!(u16_at(p, at + 20) & 0x0800, 0, "HEAP_XMAX_INVALID cleared");
+    // A block not cached: nothing happens (and nothing is added).
+    apply(
+        &mut pages,
+        RM_HEAP_ID,
+        0x00,
+        70,
+        &[(0, 2, heap_data(b"y"))],
+        &[1, 0, 0],
+    );
+    assert_eq!(pages.0.len(), 1);
+}
+
+#[test]
+fn insert_refuses_a_used_slot_and_a_full_page() {
+    let mut p = empty_page();
+    assert!(add_item(&mut p, &[1; 40], 1));
+    assert!(!add_item(&mut p, &[2; 40], 1), "slot 1 is used");
+    assert!(!add_item(&mut p, &[2; 40], 3), "beyond the next slot");
+    assert!(!add_item(&mut p, &[3; 8200], 2), "does not fit");
+    assert_eq!(max_offset(&p), Some(1));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+    /// Any page and any record bytes: no panic, and the page stays 8 KiB.
+    #[test]
+    fn garbage_never_panics(
+        page in proptest::collection::vec(any::<u8>(), PAGE_SIZE),
+        rmid in prop_oneof![Just(RM_HEAP_ID), Just(RM_HEAP2_ID)],
+        info in any::<u8>(),
+        data in proptest::collection::vec(any::<u8>(), 0..64),
+        main in proptest::collection::vec(any::<u8>(), 0..20),
+        lower in 24u16..400,
+        major in 0usize..5,
+    ) {
+        let mut p: Box<PageBuf> = page.try_into().unwrap();
+        p[12..14].copy_from_slice(&(lower & !3).to_le_bytes());
+        let mut pages = Pages::default();
+        pages.0.insert(key(3), p);
+        let (bytes, area) = record(rmid, info, 77, &[(0, 3, data.clone()), (1, 3, data)], &main);
+        let rec = Record { bytes: &bytes, area: &area, end_lsn: 8 };
+        Redo::new(Some(PgMajor::ALL[major])).apply(&rec, &mut pages);
+    }
+}
