@@ -19,6 +19,8 @@ use super::{
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
+mod blocks;
+
 pub struct Decoder {
     magic: Option<u16>,
     max_message: usize,
@@ -271,6 +273,23 @@ impl State {
         if flags & !(OP_REC | REC_KNOWN) != 0 {
             return Err(corrupt(format!("unknown record flags 0x{flags:02x}")));
         }
+        let (xid, tot) = self.record_header(flags, r, raw_len - out.len())?;
+        self.record_body(xid, tot, r)?;
+        self.lay_out(flags, tot, r, out, raw_len)?;
+        if xid != 0 {
+            self.last_xid = xid;
+        }
+        Ok(())
+    }
+
+    /// Starts `self.rec` with the record's header (CRC still zero) and block-header area;
+    /// returns its xid and total length (checked against `room`).
+    fn record_header(
+        &mut self,
+        flags: u8,
+        r: &mut Sections<'_>,
+        room: usize,
+    ) -> Result<(u32, usize), WalCodecError> {
         let prev = if flags & REC_PREV_EXPLICIT != 0 {
             r.ctrl.u64()?
         } else {
@@ -288,7 +307,6 @@ impl State {
         };
         let info = r.ctrl.u8()?;
         let rmid = r.ctrl.u8()?;
-        let room = raw_len - out.len();
         let area_len = r.ctrl.len(room)?;
         let area = r.hdr.bytes(area_len)?;
         parse_area(area, None, self.compressed_mask, &mut self.area)
@@ -298,7 +316,6 @@ impl State {
             return Err(corrupt("a record runs past the message end"));
         }
         let tot = tot as usize;
-
         let rec = &mut self.rec;
         rec.clear();
         rec.reserve(tot);
@@ -307,9 +324,21 @@ impl State {
         rec.extend_from_slice(&prev.to_le_bytes());
         rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
         rec.extend_from_slice(area);
-        // The fixed part of main data first: it says where the record's tuples belong.
+        Ok((xid, tot))
+    }
+
+    /// Appends the record's images, block data and main data to `self.rec` (tuples restored
+    /// from their deltas, main data fields from `mainxf`), then its CRC.
+    fn record_body(
+        &mut self,
+        xid: u32,
+        tot: usize,
+        r: &mut Sections<'_>,
+    ) -> Result<(), WalCodecError> {
+        let (info, rmid) = (self.rec[16], self.rec[17]);
+        // The fixed part of main data first: it says where the record's tuples belong (and
+        // the fields `mainxf` transformed, undone).
         let main_len = self.area.main_len as usize;
-        // (and the fields `mainxf` transformed, undone).
         let head_len = HeapRec::main_fixed(rmid, info)
             .max(MainXf::len(rmid, info))
             .min(main_len);
@@ -322,7 +351,32 @@ impl State {
         self.mainxf.inverse(rmid, info, xid, &mut head[..xl]);
         let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
-        // Every image first (so tuples may refer to any of them), then the blocks in order.
+        let block0 = self.blocks(heap, r)?;
+        let site = heap.and_then(|h| h.main_site(main_len));
+        self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
+        if let Some(h) = heap {
+            h.feed(
+                block0.map(|x| &self.rec[x]),
+                xid,
+                &mut self.tuples,
+                &self.cache,
+            );
+        }
+        if self.rec.len() != tot {
+            return Err(corrupt("record length mismatch"));
+        }
+        let crc = record_crc(&self.rec);
+        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Appends every block's image and data: all images first (so tuples may refer to any of
+    /// them), then the blocks in order. Returns where block 0's data is.
+    fn blocks(
+        &mut self,
+        heap: Option<HeapRec>,
+        r: &mut Sections<'_>,
+    ) -> Result<Option<std::ops::Range<usize>>, WalCodecError> {
         self.imgs.clear();
         self.img_ends.clear();
         for i in 0..self.area.blocks.len() {
@@ -349,23 +403,19 @@ impl State {
                 block0 = Some(at..at + d);
             }
         }
-        let site = heap.and_then(|h| h.main_site(main_len));
-        self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
-        if let Some(h) = heap {
-            h.feed(
-                block0.map(|x| &self.rec[x]),
-                xid,
-                &mut self.tuples,
-                &self.cache,
-            );
-        }
-        if self.rec.len() != tot {
-            return Err(corrupt("record length mismatch"));
-        }
-        let crc = record_crc(&self.rec);
-        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        Ok(block0)
+    }
 
-        // Lay it out with page headers at the boundaries.
+    /// Writes the record out with page headers at the boundaries and its padding, and
+    /// replays it onto the cached pages (`redo`).
+    fn lay_out(
+        &mut self,
+        flags: u8,
+        tot: usize,
+        r: &mut Sections<'_>,
+        out: &mut Vec<u8>,
+        raw_len: usize,
+    ) -> Result<(), WalCodecError> {
         let mut k = 0;
         while k < tot {
             let room = raw_len - out.len();
@@ -393,12 +443,12 @@ impl State {
             self.tracker.feed(&self.rec[k..k + n]);
             k += n;
         }
-        let r = redo::Record {
+        let rr = redo::Record {
             bytes: &self.rec,
             area: &self.area,
             end_lsn: self.tracker.pos.next_multiple_of(8),
         };
-        self.redo.apply(&r, &mut self.cache);
+        self.redo.apply(&rr, &mut self.cache);
         if flags & REC_PAD != 0 {
             let pad = ((8 - self.tracker.pos % 8) % 8) as usize;
             if pad > raw_len - out.len() {
@@ -408,188 +458,6 @@ impl State {
             out.resize(s + pad, 0);
             self.tracker.feed(&out[s..]);
         }
-        if xid != 0 {
-            self.last_xid = xid;
-        }
         Ok(())
     }
-
-    /// Appends `len` bytes of block 0's data or main data to `self.rec` (`head`: what was read
-    /// of them already), restoring a tuple sent as a delta (see [`tuples`]).
-    fn get_site(
-        &mut self,
-        site: Option<tuples::Site>,
-        head: &[u8],
-        src: &mut Reader<'_>,
-        len: usize,
-        ctrl: &mut Reader<'_>,
-    ) -> Result<(), WalCodecError> {
-        self.rec.extend_from_slice(head);
-        let rest = len - head.len();
-        let Some(site) = site else {
-            self.rec.extend_from_slice(src.bytes(rest)?);
-            return Ok(());
-        };
-        let c = ctrl.u8()?;
-        if c == 0 {
-            self.rec.extend_from_slice(src.bytes(rest)?);
-            return Ok(());
-        }
-        let tlen = len - site.skip;
-        let pre = ctrl.len(tlen)?;
-        let suf = ctrl.len(tlen - pre)?;
-        let reference = tuples::candidate(c, &site, &self.tuples, &self.cache)
-            .ok_or_else(|| corrupt(format!("tuple reference {c} is not known here")))?;
-        if pre + suf > reference.len() {
-            return Err(corrupt("a tuple delta longer than its reference"));
-        }
-        self.rec
-            .extend_from_slice(src.bytes(site.skip - head.len())?);
-        self.rec.extend_from_slice(&reference[..pre]);
-        self.rec.extend_from_slice(src.bytes(tlen - pre - suf)?);
-        self.rec
-            .extend_from_slice(&reference[reference.len() - suf..]);
-        Ok(())
-    }
-
-    /// Restores one block image into `self.imgs`.
-    fn image(
-        &mut self,
-        key: &BlockKey,
-        img: &ImageRef,
-        r: &mut Sections<'_>,
-    ) -> Result<(), WalCodecError> {
-        let op = r.ctrl.u8()?;
-        if op == IMG_OPAQUE {
-            self.imgs
-                .extend_from_slice(r.img.bytes(usize::from(img.len))?);
-            return Ok(());
-        }
-        let method = if op & IMG_RECOMPRESS != 0 {
-            Some(
-                self.pg_major
-                    .and_then(|m| fpi::recompressible(m, img))
-                    .ok_or_else(|| {
-                        corrupt(
-                    "a page to recompress for an image that is not compressed or has an odd hole",
-                )
-                    })?,
-            )
-        } else if img.reconstructible() {
-            None
-        } else {
-            return Err(corrupt("a page frame for an image that cannot be rebuilt"));
-        };
-        let plain = op & IMG_PLAIN != 0;
-        let op = op & !(IMG_RECOMPRESS | IMG_PLAIN);
-        if plain && !matches!(op, IMG_NEW | IMG_REF | IMG_NOCACHE) {
-            return Err(corrupt(format!("image op {op} cannot be plain")));
-        }
-        let cap = self.cache.capacity();
-        let slot = |v: u64| -> Result<usize, WalCodecError> {
-            if v >= cap as u64 {
-                Err(WalCodecError::CacheTooSmall {
-                    slot: v,
-                    capacity: cap,
-                })
-            } else {
-                Ok(v as usize)
-            }
-        };
-        // (reference slot, slot to store into, frame)
-        let (reference, store, frame): (Option<usize>, Option<usize>, Option<&[u8]>) = match op {
-            IMG_IDENT => (Some(slot(r.ctrl.varint()?)?), None, None),
-            IMG_NEW => {
-                let k = slot(r.ctrl.varint()?)?;
-                (None, Some(k), Some(read_frame(r)?))
-            }
-            IMG_SAME => {
-                let k = slot(r.ctrl.varint()?)?;
-                (Some(k), Some(k), Some(read_frame(r)?))
-            }
-            IMG_REF => {
-                let j = slot(r.ctrl.varint()?)?;
-                let k = slot(r.ctrl.varint()?)?;
-                (Some(j), Some(k), Some(read_frame(r)?))
-            }
-            IMG_NOCACHE => (None, None, Some(read_frame(r)?)),
-            IMG_STREAM | IMG_STREAM_NOCACHE => {
-                let store = if op == IMG_STREAM {
-                    Some(slot(r.ctrl.varint()?)?)
-                } else {
-                    None
-                };
-                if usize::from(img.len) < MIN_STREAM_IMAGE {
-                    return Err(corrupt("a whole page sent for a small image"));
-                }
-                self.page.copy_from_slice(r.page.bytes(PAGE_SIZE)?);
-                (None, store, None)
-            }
-            op => return Err(corrupt(format!("unknown image op {op}"))),
-        };
-        let ref_page = match reference {
-            Some(j) => Some(
-                self.cache
-                    .get(j)
-                    .ok_or_else(|| corrupt(format!("cache slot {j} is referenced but empty")))?,
-            ),
-            None => None,
-        };
-        if frame.is_some() {
-            tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
-        }
-        let tp = &self.tprefix[..];
-        // Only frames against the previous image of the same block (SAME) and IDENT are not
-        // transformed (see `pagexf`).
-        let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
-        match (frame, ref_page) {
-            (Some(f), Some(p)) if transformed => {
-                self.xf.forward(p, &mut self.xref);
-                self.pd
-                    .decompress(f, &[tp, &self.xref[..]], &mut self.page)?
-            }
-            (Some(f), Some(p)) => self.pd.decompress(f, &[tp, &p[..]], &mut self.page)?,
-            (Some(f), None) => self.pd.decompress(f, &[tp], &mut self.page)?,
-            // IDENT: the reference is the page.
-            (None, Some(p)) => self.page.copy_from_slice(p),
-            // STREAM: already in place.
-            (None, None) => {}
-        }
-        if transformed {
-            self.xf.inverse(&mut self.page);
-        }
-        if let Some(k) = store {
-            self.stored = Some(k);
-            if !self.cache.put(k, &self.page) {
-                return Err(WalCodecError::CacheTooSmall {
-                    slot: k as u64,
-                    capacity: cap,
-                });
-            }
-        }
-        if let Some(m) = method {
-            let start = self.imgs.len();
-            let ok = self.recomp.compress(m, img, &self.page, &mut self.imgs);
-            let got = self.imgs.len() - start;
-            if !ok || got != usize::from(img.len) {
-                return Err(corrupt(format!(
-                    "compressing a {m:?} image again gave {got} bytes where the record has {}: \
-                     both ends must run the same walrelay build (compression libraries)",
-                    img.len
-                )));
-            }
-            return Ok(());
-        }
-        let off = usize::from(img.hole_offset);
-        let hole = usize::from(img.hole_len);
-        self.imgs.extend_from_slice(&self.page[..off]);
-        self.imgs.extend_from_slice(&self.page[off + hole..]);
-        Ok(())
-    }
-}
-
-/// The length (CTRL) and bytes (FPI) of one page frame.
-fn read_frame<'a>(r: &mut Sections<'a>) -> Result<&'a [u8], WalCodecError> {
-    let n = r.ctrl.len(2 * PAGE_SIZE)?;
-    r.fpi.bytes(n)
 }

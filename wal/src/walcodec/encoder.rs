@@ -378,7 +378,6 @@ impl Encoder {
         rec: &[u8],
         span: usize,
     ) -> Result<Result<usize, Skip>, WalCodecError> {
-        let tot = rec.len();
         let (Some(xid), Some(prev), Some(crc)) = (le32(rec, 4), le64(rec, 8), le32(rec, 20)) else {
             return Ok(Err(Skip::Odd));
         };
@@ -407,78 +406,52 @@ impl Encoder {
         };
         self.flush_pending();
         let marks = self.marks();
+        self.record_header(rec, flags, prev, xid);
+        self.record_body(rec, xid)?;
+        let mut j = self.lay_out(rest, rec);
+        if flags & REC_PAD != 0 {
+            self.tracker.feed(&rest[j..j + pad]);
+            self.stats.zeros_in += pad as u64;
+            j += pad;
+        }
+        if xid != 0 {
+            self.last_xid = xid;
+        }
+        self.stats.records += 1;
+        let after = self.marks();
+        self.rmgr
+            .charge(&mut self.stats.by_rmgr, rec[17], j as u64, &marks, &after);
+        Ok(Ok(j))
+    }
+
+    /// The REC op's fields (CTRL) and the block-header area (HDR).
+    fn record_header(&mut self, rec: &[u8], flags: u8, prev: u64, xid: u32) {
         let area_len = self.area.len;
-        {
-            let ctrl = &mut self.streams[S_CTRL].buf;
-            ctrl.push(flags);
-            if flags & REC_PREV_EXPLICIT != 0 {
-                ctrl.extend_from_slice(&prev.to_le_bytes());
-            }
-            if flags & REC_XID_MASK == REC_XID_DELTA {
-                put_varint(
-                    ctrl,
-                    zigzag(i64::from(xid.wrapping_sub(self.last_xid) as i32)),
-                );
-            }
-            ctrl.push(rec[16]);
-            ctrl.push(rec[17]);
-            put_varint(ctrl, area_len as u64);
+        let ctrl = &mut self.streams[S_CTRL].buf;
+        ctrl.push(flags);
+        if flags & REC_PREV_EXPLICIT != 0 {
+            ctrl.extend_from_slice(&prev.to_le_bytes());
         }
-        self.streams[S_HDR].buf.extend_from_slice(&body[..area_len]);
+        if flags & REC_XID_MASK == REC_XID_DELTA {
+            put_varint(
+                ctrl,
+                zigzag(i64::from(xid.wrapping_sub(self.last_xid) as i32)),
+            );
+        }
+        ctrl.push(rec[16]);
+        ctrl.push(rec[17]);
+        put_varint(ctrl, area_len as u64);
+        self.streams[S_HDR]
+            .buf
+            .extend_from_slice(&rec[REC_HDR..REC_HDR + area_len]);
         self.stats.record_header_in += (REC_HDR + area_len) as u64;
+    }
 
-        // Images and data, in block order, then main data.
-        let mut p = REC_HDR + area_len;
-        let main = &rec[tot - self.area.main_len as usize..];
-        let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
-        let blocks = std::mem::take(&mut self.area.blocks);
-        let mut res = Ok(());
-        let mut block0 = None;
-        // Every image first (so tuples may refer to any of them), then the data in order.
-        let mut q = p;
-        for b in &blocks {
-            if let Some(img) = b.image {
-                let bytes = &rec[q..q + usize::from(img.len)];
-                if let Err(e) = self.encode_image(&b.key, &img, bytes) {
-                    res = Err(e);
-                    break;
-                }
-                q += usize::from(img.len);
-            }
-            q += usize::from(b.data_len);
-        }
-        for b in blocks.iter().filter(|_| res.is_ok()) {
-            p += b.image.map_or(0, |img| usize::from(img.len));
-            let d = usize::from(b.data_len);
-            let data = &rec[p..p + d];
-            if b.id == 0 && d > 0 {
-                block0 = Some(p..p + d);
-            }
-            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.put_site(site, S_DATA, data);
-            self.stats.data_in += d as u64;
-            p += d;
-        }
-        self.area.blocks = blocks;
-        res?;
-        let site = heap.and_then(|h| h.main_site(main.len()));
-        let xl = MainXf::len(rec[17], rec[16]).min(main.len());
-        if xl > 0 {
-            let mut xmain = std::mem::take(&mut self.xmain);
-            xmain.clear();
-            xmain.extend_from_slice(main);
-            self.mainxf.forward(rec[17], rec[16], xid, &mut xmain[..xl]);
-            self.put_site(site, S_MAIN, &xmain);
-            self.xmain = xmain;
-        } else {
-            self.put_site(site, S_MAIN, main);
-        }
-        self.stats.data_in += (tot - p) as u64;
-        if let Some(h) = heap {
-            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);
-        }
-
-        // Lay the record out again, feeding the tracker, with a flag per page boundary.
+    /// Lays the record out again as it is in `rest`, feeding the tracker, with a flag per
+    /// page boundary; replays it onto the cached pages (`redo`). Returns the bytes of `rest`
+    /// it spans (without padding).
+    fn lay_out(&mut self, rest: &[u8], rec: &[u8]) -> usize {
+        let tot = rec.len();
         let (mut j, mut k) = (0usize, 0usize);
         while k < tot {
             if self.tracker.pos % WAL_PAGE == 0 {
@@ -510,26 +483,13 @@ impl Encoder {
             j += n;
             k += n;
         }
-        let end_lsn = self.tracker.pos.next_multiple_of(8);
         let r = redo::Record {
             bytes: rec,
             area: &self.area,
-            end_lsn,
+            end_lsn: self.tracker.pos.next_multiple_of(8),
         };
         self.redo.apply(&r, &mut self.cache);
-        if flags & REC_PAD != 0 {
-            self.tracker.feed(&rest[j..j + pad]);
-            self.stats.zeros_in += pad as u64;
-            j += pad;
-        }
-        if xid != 0 {
-            self.last_xid = xid;
-        }
-        self.stats.records += 1;
-        let after = self.marks();
-        self.rmgr
-            .charge(&mut self.stats.by_rmgr, rec[17], j as u64, &marks, &after);
-        Ok(Ok(j))
+        j
     }
 
     /// Where the streams' inputs and the page frames end now.

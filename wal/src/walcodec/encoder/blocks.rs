@@ -5,6 +5,62 @@
 use super::*;
 
 impl Encoder {
+    /// Images and data, in block order, then main data (tuples as deltas, main data fields
+    /// through `mainxf`); then what the record wrote into the tuple cache.
+    pub(super) fn record_body(&mut self, rec: &[u8], xid: u32) -> Result<(), WalCodecError> {
+        let tot = rec.len();
+        let mut p = REC_HDR + self.area.len;
+        let main = &rec[tot - self.area.main_len as usize..];
+        let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
+        let blocks = std::mem::take(&mut self.area.blocks);
+        let mut res = Ok(());
+        let mut block0 = None;
+        // Every image first (so tuples may refer to any of them), then the data in order.
+        let mut q = p;
+        for b in &blocks {
+            if let Some(img) = b.image {
+                let bytes = &rec[q..q + usize::from(img.len)];
+                if let Err(e) = self.encode_image(&b.key, &img, bytes) {
+                    res = Err(e);
+                    break;
+                }
+                q += usize::from(img.len);
+            }
+            q += usize::from(b.data_len);
+        }
+        for b in blocks.iter().filter(|_| res.is_ok()) {
+            p += b.image.map_or(0, |img| usize::from(img.len));
+            let d = usize::from(b.data_len);
+            let data = &rec[p..p + d];
+            if b.id == 0 && d > 0 {
+                block0 = Some(p..p + d);
+            }
+            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+            self.put_site(site, S_DATA, data);
+            self.stats.data_in += d as u64;
+            p += d;
+        }
+        self.area.blocks = blocks;
+        res?;
+        let site = heap.and_then(|h| h.main_site(main.len()));
+        let xl = MainXf::len(rec[17], rec[16]).min(main.len());
+        if xl > 0 {
+            let mut xmain = std::mem::take(&mut self.xmain);
+            xmain.clear();
+            xmain.extend_from_slice(main);
+            self.mainxf.forward(rec[17], rec[16], xid, &mut xmain[..xl]);
+            self.put_site(site, S_MAIN, &xmain);
+            self.xmain = xmain;
+        } else {
+            self.put_site(site, S_MAIN, main);
+        }
+        self.stats.data_in += (tot - p) as u64;
+        if let Some(h) = heap {
+            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);
+        }
+        Ok(())
+    }
+
     /// Writes `bytes` (block 0's data or main data) to `stream`, its tuple as a delta when a
     /// reference both ends hold saves enough (site marker in CTRL, see [`tuples`]).
     pub(super) fn put_site(&mut self, site: Option<tuples::Site>, stream: usize, bytes: &[u8]) {
