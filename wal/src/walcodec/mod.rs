@@ -13,6 +13,8 @@
 //!   not in the cache: the previous block of the relation, else the relation's latest page,
 //!   both pages put through a reversible transform that delta-codes line pointers and item
 //!   heads, [`pagexf`]); the encoder says which slots to read and write, the decoder obeys;
+//!   both ends replay heap records onto the cached pages of the blocks they touch
+//!   (`redo.rs`), so that the next image is framed against the page as it most likely is;
 //! - full-page images the primary compressed (wal_compression pglz, lz4, zstd) are
 //!   decompressed to the page and sent the same way; the decoder compresses the page again
 //!   with the primary's method ([`fpi`]), which gives back the primary's exact bytes: the
@@ -40,9 +42,10 @@
 //! REF, NOCACHE, STREAM, STREAM_NOCACHE) goes through [`pagexf`]'s transform, REF frames
 //! against the transformed reference page, unless [`format::IMG_PLAIN`] says otherwise; known
 //! tuples in page frames carry their on-page header ([`tuples::Head`]); main data fields that
-//! follow from the record header or the previous record go transformed ([`mainxf`]); no
-//! bytes for empty sections, and small messages in one combined zstd context (`payload.rs`).
-//! An older decoder refuses it by the first byte.
+//! follow from the record header or the previous record go transformed ([`mainxf`]); heap
+//! records are replayed onto cached pages (`redo.rs`, part of the format: both ends must do
+//! the same); no bytes for empty sections, and small messages in one combined zstd context
+//! (`payload.rs`). An older decoder refuses it by the first byte.
 //!
 //! ```text
 //! payload  = 0x03 present:u8 clen:varint × (present sections) sections FPI-bytes
@@ -87,8 +90,9 @@
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
-//!   decoded sections, one record, five pages of scratch (two for [`pagexf`]) and its item
-//!   list (at most 2,042 entries of 4 bytes, twice);
+//!   decoded sections, one record, six pages of scratch (two for [`pagexf`], one for the
+//!   page compaction of `redo.rs`), [`pagexf`]'s item list (at most 2,042 entries of 4
+//!   bytes, twice) and one tuple being replayed;
 //! - recompression of compressed images (each end): pglz's history (about 90 KiB), a zstd
 //!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
 //!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
