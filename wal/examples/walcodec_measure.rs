@@ -6,7 +6,9 @@
 //! cargo run --release -p walrelay-wal --example walcodec_measure -- [options]
 //!   --rec pg15-pgbench,pg15-updates   recordings (default: all under <target>/walrec/measure)
 //!   --phase cold,steady                cold: a fresh encoder on the load's first 30 s;
-//!                                      steady: an encoder warmed on 0-120 s, measured 120-160 s
+//!                                      steady: an encoder warmed on 0-120 s, measured 120-160 s;
+//!                                      restart: warmed on 0-120 s, caches saved and restored
+//!                                      into a new pair (`walcodec::persist`), 120-150 s
 //!   --cut walsender,batch,commit       walsender: ≤128 KiB messages ending at multiples of
 //!                                      128 KiB (as `tests/codec_pg.rs`); batch: one message per
 //!                                      20 ms of flushed WAL (sampled while recording), ≤ 1 MiB;
@@ -361,6 +363,13 @@ fn main() {
             let (warm, from, to) = match phase.as_str() {
                 "cold" => (None, begin, rec.lsn_at(30_000)),
                 "steady" => (Some(begin), rec.lsn_at(120_000), rec.lsn_at(160_000)),
+                // As steady, but the warmed pair saves its caches and a new pair restored
+                // from them takes over at a page boundary (a restart with `persist`).
+                "restart" => (
+                    Some(begin),
+                    rec.lsn_at(120_000) / 8192 * 8192,
+                    rec.lsn_at(150_000),
+                ),
                 p => panic!("unknown phase {p}"),
             };
             let zstd = zstd3_offline(rec.slice(from, to));
@@ -371,6 +380,13 @@ fn main() {
                     s.run(&rec, w, &cuts(&rec, cut, w, from));
                     base = s.enc.stats().clone();
                     (s.enc_secs, s.dec_secs, s.payload_bytes, s.messages) = (0.0, 0.0, 0, 0);
+                    if phase == "restart" {
+                        let (se, sd) = (s.enc.save_caches(), s.dec.save_caches().unwrap());
+                        assert_eq!(se.digest, sd.digest, "the two ends saved different caches");
+                        s.enc = Encoder::with_caches(&p, &se.bytes).unwrap();
+                        s.dec = Decoder::with_caches(&p, &sd.bytes).unwrap();
+                        base = CodecStats::default();
+                    }
                 }
                 let ends = cuts(&rec, cut, from, to);
                 s.run(&rec, from, &ends);

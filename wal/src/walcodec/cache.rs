@@ -197,6 +197,51 @@ impl EncCache {
     pub fn bytes(&self) -> usize {
         self.pages.len() * SLOT_BYTES
     }
+
+    /// (key, page) of every slot, by slot number.
+    pub fn slots(&self) -> impl ExactSizeIterator<Item = (&BlockKey, &[u8; PAGE_SIZE])> {
+        self.keys.iter().zip(self.pages.iter().map(|p| &**p))
+    }
+
+    /// Slot numbers from the most to the least recently used.
+    pub fn use_order(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(self.pages.len());
+        let mut s = self.head;
+        while s != NIL && v.len() < self.pages.len() {
+            v.push(s);
+            s = self.next[s as usize];
+        }
+        v
+    }
+
+    /// A cache of `cap` slots holding `slots` (by slot number), used in `order` (most
+    /// recent first; every slot exactly once). `None` if they do not fit or disagree.
+    pub fn restore(cap: usize, slots: Vec<(BlockKey, Page)>, order: &[u32]) -> Option<EncCache> {
+        if slots.len() > cap || order.len() != slots.len() {
+            return None;
+        }
+        let mut c = EncCache::new(cap);
+        for (s, (key, page)) in slots.into_iter().enumerate() {
+            if c.map.insert(key, s as u32).is_some() {
+                return None;
+            }
+            c.pages.push(page);
+            c.keys.push(key);
+            c.prev.push(NIL);
+            c.next.push(NIL);
+        }
+        let mut seen = vec![false; c.pages.len()];
+        for &s in order.iter().rev() {
+            let seen = seen.get_mut(s as usize)?;
+            if std::mem::replace(seen, true) {
+                return None;
+            }
+            c.push_front(s);
+            let k = c.keys[s as usize];
+            c.by_rel.insert(rel_of(&k), s);
+        }
+        Some(c)
+    }
 }
 
 /// The decoder's cache: slots filled as the encoder says.
@@ -240,6 +285,31 @@ impl DecCache {
 
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// (key, page) of every slot, by slot number; `None` where a slot holds nothing (the
+    /// encoder fills slots in order, so only a decoder that disagrees has gaps).
+    pub fn slots(&self) -> impl Iterator<Item = Option<(&BlockKey, &[u8; PAGE_SIZE])>> {
+        self.slots.iter().enumerate().map(|(s, p)| {
+            let key = self.keys.get(s)?.as_ref()?;
+            Some((key, &**p.as_ref()?))
+        })
+    }
+
+    /// A cache of `cap` slots holding `slots` (by slot number).
+    pub fn restore(cap: usize, slots: Vec<(BlockKey, Page)>) -> Option<DecCache> {
+        if slots.len() > cap {
+            return None;
+        }
+        let mut c = DecCache::new(cap);
+        for (s, (key, page)) in slots.into_iter().enumerate() {
+            if c.map.insert(key, s).is_some() {
+                return None;
+            }
+            c.slots.push(Some(page));
+            c.keys.push(Some(key));
+        }
+        Some(c)
     }
 
     pub fn get(&self, slot: usize) -> Option<&[u8; PAGE_SIZE]> {

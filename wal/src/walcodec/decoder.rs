@@ -22,6 +22,10 @@ use crate::pg::PgMajor;
 mod blocks;
 
 pub struct Decoder {
+    /// The parameters it was made with (for `persist`).
+    pub(super) params: CodecParams,
+    /// Keep the caches through the first message's resync (restored by `persist`).
+    pub(super) keep_caches: bool,
     magic: Option<u16>,
     max_message: usize,
     next_pos: Option<u64>,
@@ -30,12 +34,12 @@ pub struct Decoder {
     combined: DStream,
     scratch: Vec<u8>,
     bufs: Vec<Vec<u8>>,
-    st: State,
+    pub(super) st: State,
     poisoned: bool,
 }
 
 /// Everything the ops act on besides the section readers.
-struct State {
+pub(super) struct State {
     compressed_mask: u8,
     pg_major: Option<PgMajor>,
     /// Compresses the pages of images the primary compressed (see [`fpi`]).
@@ -46,8 +50,8 @@ struct State {
     mainxf: MainXf,
     /// Heap records replayed onto cached pages (see [`super::redo`]).
     redo: Redo,
-    cache: DecCache,
-    tuples: TupleCache,
+    pub(super) cache: DecCache,
+    pub(super) tuples: TupleCache,
     /// The cache slot the last image op stored into.
     stored: Option<usize>,
     /// Known tuples of the block of the image being restored.
@@ -87,6 +91,8 @@ impl Decoder {
         check_params(p)?;
         let magic = p.pg_major.map(PgMajor::page_magic);
         Ok(Decoder {
+            params: p.clone(),
+            keep_caches: false,
             magic,
             max_message: p.max_message_bytes,
             next_pos: None,
@@ -174,8 +180,10 @@ impl Decoder {
             })?;
         if self.next_pos != Some(start.0) {
             self.st.tracker = Tracker::new(self.magic, start.0);
-            self.st.cache.clear();
-            self.st.tuples.clear();
+            if !std::mem::take(&mut self.keep_caches) {
+                self.st.cache.clear();
+                self.st.tuples.clear();
+            }
             self.st.last_xid = 0;
             self.st.mainxf = MainXf::new();
         }

@@ -27,6 +27,10 @@ use crate::pg::PgMajor;
 mod blocks;
 
 pub struct Encoder {
+    /// The parameters it was made with (for `persist`).
+    pub(super) params: CodecParams,
+    /// Keep the caches through the first message's resync (restored by `persist`).
+    pub(super) keep_caches: bool,
     magic: Option<u16>,
     compressed_mask: u8,
     pg_major: Option<PgMajor>,
@@ -40,8 +44,8 @@ pub struct Encoder {
     xmain: Vec<u8>,
     /// Heap records replayed onto cached pages (see [`super::redo`]).
     redo: Redo,
-    cache: EncCache,
-    tuples: TupleCache,
+    pub(super) cache: EncCache,
+    pub(super) tuples: TupleCache,
     /// Known tuples of the block of the image being encoded.
     tprefix: Vec<u8>,
     /// Page frames of cache hits (level + 2) and of everything else (level).
@@ -93,6 +97,8 @@ impl Encoder {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Encoder {
+            params: p.clone(),
+            keep_caches: false,
             magic,
             compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
             pg_major: p.pg_major,
@@ -173,8 +179,10 @@ impl Encoder {
                 self.stats.resyncs += 1;
             }
             self.tracker = Tracker::new(self.magic, start.0);
-            self.cache.clear();
-            self.tuples.clear();
+            if !std::mem::take(&mut self.keep_caches) {
+                self.cache.clear();
+                self.tuples.clear();
+            }
             self.last_xid = 0;
             self.mainxf = MainXf::new();
         }

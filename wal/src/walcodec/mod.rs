@@ -29,6 +29,9 @@
 //!   zstd's long-distance matcher, so content that crossed the link before under another
 //!   identity (a TOAST value written again under new chunk ids) is a reference.
 //!
+//! The caches can be saved and restored ([`persist`]), so a new session starts warm when both
+//! ends still hold the same saved state (they compare digests; the runtime keeps the files).
+//!
 //! Anything not understood (unsupported major, no lock on a record boundary yet, a record cut
 //! by the message boundary, a CRC mismatch, an unparsable block header area) passes through as
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
@@ -105,6 +108,7 @@ pub mod fpi;
 pub mod mainxf;
 pub mod pagexf;
 mod payload;
+pub mod persist;
 pub mod pglz;
 mod redo;
 pub mod rmgr;

@@ -195,6 +195,15 @@ impl TupleCache {
         self.map.is_empty()
     }
 
+    /// Live entries, oldest first: putting them in this order into an empty cache of the
+    /// same capacity rebuilds this one (for `persist`).
+    pub fn entries(&self) -> impl Iterator<Item = (Tid, Head, &[u8])> + '_ {
+        self.order.iter().filter_map(|(t, s)| {
+            let e = self.map.get(t).filter(|e| e.seq == *s)?;
+            Some((*t, e.head, e.data.as_slice()))
+        })
+    }
+
     pub fn get(&self, tid: &Tid) -> Option<&[u8]> {
         self.get_full(tid).map(|(_, d)| d)
     }
