@@ -211,7 +211,10 @@ impl DStream {
         loop {
             if out.len() == out.capacity() {
                 // out.len() <= cap here: room for one byte more than cap shows an overrun.
-                let want = out.len().max(16 * 1024).min(cap + 1 - out.len());
+                let want = out
+                    .len()
+                    .max(16 * 1024)
+                    .min(cap.saturating_add(1) - out.len());
                 out.reserve_exact(want);
             }
             let before = (input.pos(), out.len());
