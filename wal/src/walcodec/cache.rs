@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::tuples::FxBuild;
 use super::wal::{BlockKey, PAGE_SIZE};
 
 /// Memory accounted per cache slot: the page plus bookkeeping.
@@ -46,9 +47,9 @@ pub struct EncCache {
     head: u32,
     /// Least recently used slot.
     tail: u32,
-    map: HashMap<BlockKey, u32>,
+    map: HashMap<BlockKey, u32, FxBuild>,
     /// The slot most recently stored for each relation fork (a reference for new blocks).
-    by_rel: HashMap<RelKey, u32>,
+    by_rel: HashMap<RelKey, u32, FxBuild>,
 }
 
 /// What the encoder does with one page image.
@@ -72,8 +73,8 @@ impl EncCache {
             next: Vec::new(),
             head: NIL,
             tail: NIL,
-            map: HashMap::new(),
-            by_rel: HashMap::new(),
+            map: HashMap::default(),
+            by_rel: HashMap::default(),
         }
     }
 
@@ -250,7 +251,7 @@ pub struct DecCache {
     slots: Vec<Option<Page>>,
     /// Which block each slot holds, mirroring the encoder's map (for tuple references).
     keys: Vec<Option<BlockKey>>,
-    map: HashMap<BlockKey, usize>,
+    map: HashMap<BlockKey, usize, FxBuild>,
 }
 
 impl DecCache {
@@ -259,7 +260,7 @@ impl DecCache {
             cap,
             slots: Vec::new(),
             keys: Vec::new(),
-            map: HashMap::new(),
+            map: HashMap::default(),
         }
     }
 

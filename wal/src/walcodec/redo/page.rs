@@ -121,6 +121,12 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
     true
 }
 
+/// Line pointer `off` (1-based, at most the number of line pointers) without checks.
+fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
+    let v = u32_at(p, 24 + 4 * (off - 1));
+    ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
+}
+
 /// PageRepairFragmentation (PostgreSQL 14+: tuples packed from pd_special down in line
 /// pointer order; from 17 on also the trailing unused line pointers cut off when `truncate`).
 pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageBuf) {
@@ -132,10 +138,10 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
     }
     let n = (lower - 24) / 4;
     let (mut nunused, mut final_used, mut total) = (0usize, 0usize, 0usize);
+    let mut presorted = true;
+    let mut last = special;
     for off in 1..=n {
-        let Some((at, flags, len)) = lp(p, off) else {
-            return;
-        };
+        let (at, flags, len) = lp_raw(p, off);
         if flags == LP_UNUSED {
             set_lp(p, off, 0, LP_UNUSED, 0);
             nunused += 1;
@@ -146,26 +152,58 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
             if at < upper || at >= special || at + len > PAGE_SIZE {
                 return;
             }
+            presorted &= at < last;
+            last = at;
             total += len.next_multiple_of(8);
         }
     }
     if total > special - lower {
         return;
     }
-    scratch[upper..].copy_from_slice(&p[upper..]);
+    if !presorted {
+        scratch[upper..].copy_from_slice(&p[upper..]);
+    }
     let mut top = special;
+    // Presorted: runs of adjacent items that move up by the same amount, one copy each (the
+    // runs below have not moved yet, the ones above are in place).
+    let mut run: Option<(usize, usize, usize)> = None;
+    let flush = |p: &mut PageBuf, run: Option<(usize, usize, usize)>| {
+        if let Some((lo, hi, shift)) = run {
+            p.copy_within(lo..hi, lo + shift);
+        }
+    };
     for off in 1..=n {
-        if let Some((at, flags, len)) = lp(p, off) {
-            if flags != LP_UNUSED && len > 0 {
-                let aligned = len.next_multiple_of(8);
-                top -= aligned;
-                let from_end = (at + aligned).min(PAGE_SIZE);
-                let copy = from_end - at;
-                p[top..top + copy].copy_from_slice(&scratch[at..from_end]);
-                set_lp(p, off, top, flags, len);
+        let (at, flags, len) = lp_raw(p, off);
+        if flags == LP_UNUSED || len == 0 {
+            continue;
+        }
+        let aligned = len.next_multiple_of(8);
+        top -= aligned;
+        if top == at {
+            continue;
+        }
+        let end = (at + aligned).min(PAGE_SIZE);
+        if presorted && top > at {
+            let shift = top - at;
+            run = match run {
+                Some((lo, hi, s)) if s == shift && end == lo => Some((at, hi, s)),
+                other => {
+                    flush(p, other);
+                    Some((at, end, shift))
+                }
+            };
+        } else {
+            flush(p, run.take());
+            if presorted {
+                // A damaged page whose items overlap moves down: one item at a time.
+                p.copy_within(at..end, top);
+            } else {
+                p[top..top + (end - at)].copy_from_slice(&scratch[at..end]);
             }
         }
+        set_lp(p, off, top, flags, len);
     }
+    flush(p, run);
     set_u16(p, 14, top as u16);
     if truncate && final_used < n {
         nunused -= n - final_used;
