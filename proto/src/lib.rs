@@ -15,5 +15,7 @@ pub mod link {
     tonic::include_proto!("walrelay.link.v4");
 }
 
-/// Version of the link protocol spoken by this build; both halves must agree.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version of the link protocol spoken by this build; both halves must agree. 5: the frames
+/// and gRPC messages of 4 (package `walrelay.link.v4`), WAL payloads in walcodec format 3,
+/// which a version-4 half cannot decode.
+pub const PROTOCOL_VERSION: u32 = 5;

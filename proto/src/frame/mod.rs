@@ -1,4 +1,4 @@
-//! Link frames (link protocol 4): what one gRPC message of the `Stream` carries after the
+//! Link frames (link protocol 4 and 5): what one gRPC message of the `Stream` carries after the
 //! handshake, in both directions, sans-IO.
 //!
 //! One stream per downstream carries the primary's WAL once, whatever the number of standbys,

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::tuples::FxBuild;
 use super::wal::{BlockKey, PAGE_SIZE};
 
 /// Memory accounted per cache slot: the page plus bookkeeping.
@@ -46,9 +47,9 @@ pub struct EncCache {
     head: u32,
     /// Least recently used slot.
     tail: u32,
-    map: HashMap<BlockKey, u32>,
+    map: HashMap<BlockKey, u32, FxBuild>,
     /// The slot most recently stored for each relation fork (a reference for new blocks).
-    by_rel: HashMap<RelKey, u32>,
+    by_rel: HashMap<RelKey, u32, FxBuild>,
 }
 
 /// What the encoder does with one page image.
@@ -72,8 +73,8 @@ impl EncCache {
             next: Vec::new(),
             head: NIL,
             tail: NIL,
-            map: HashMap::new(),
-            by_rel: HashMap::new(),
+            map: HashMap::default(),
+            by_rel: HashMap::default(),
         }
     }
 
@@ -197,6 +198,51 @@ impl EncCache {
     pub fn bytes(&self) -> usize {
         self.pages.len() * SLOT_BYTES
     }
+
+    /// (key, page) of every slot, by slot number.
+    pub fn slots(&self) -> impl ExactSizeIterator<Item = (&BlockKey, &[u8; PAGE_SIZE])> {
+        self.keys.iter().zip(self.pages.iter().map(|p| &**p))
+    }
+
+    /// Slot numbers from the most to the least recently used.
+    pub fn use_order(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(self.pages.len());
+        let mut s = self.head;
+        while s != NIL && v.len() < self.pages.len() {
+            v.push(s);
+            s = self.next[s as usize];
+        }
+        v
+    }
+
+    /// A cache of `cap` slots holding `slots` (by slot number), used in `order` (most
+    /// recent first; every slot exactly once). `None` if they do not fit or disagree.
+    pub fn restore(cap: usize, slots: Vec<(BlockKey, Page)>, order: &[u32]) -> Option<EncCache> {
+        if slots.len() > cap || order.len() != slots.len() {
+            return None;
+        }
+        let mut c = EncCache::new(cap);
+        for (s, (key, page)) in slots.into_iter().enumerate() {
+            if c.map.insert(key, s as u32).is_some() {
+                return None;
+            }
+            c.pages.push(page);
+            c.keys.push(key);
+            c.prev.push(NIL);
+            c.next.push(NIL);
+        }
+        let mut seen = vec![false; c.pages.len()];
+        for &s in order.iter().rev() {
+            let seen = seen.get_mut(s as usize)?;
+            if std::mem::replace(seen, true) {
+                return None;
+            }
+            c.push_front(s);
+            let k = c.keys[s as usize];
+            c.by_rel.insert(rel_of(&k), s);
+        }
+        Some(c)
+    }
 }
 
 /// The decoder's cache: slots filled as the encoder says.
@@ -205,7 +251,7 @@ pub struct DecCache {
     slots: Vec<Option<Page>>,
     /// Which block each slot holds, mirroring the encoder's map (for tuple references).
     keys: Vec<Option<BlockKey>>,
-    map: HashMap<BlockKey, usize>,
+    map: HashMap<BlockKey, usize, FxBuild>,
 }
 
 impl DecCache {
@@ -214,7 +260,7 @@ impl DecCache {
             cap,
             slots: Vec::new(),
             keys: Vec::new(),
-            map: HashMap::new(),
+            map: HashMap::default(),
         }
     }
 
@@ -240,6 +286,31 @@ impl DecCache {
 
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// (key, page) of every slot, by slot number; `None` where a slot holds nothing (the
+    /// encoder fills slots in order, so only a decoder that disagrees has gaps).
+    pub fn slots(&self) -> impl Iterator<Item = Option<(&BlockKey, &[u8; PAGE_SIZE])>> {
+        self.slots.iter().enumerate().map(|(s, p)| {
+            let key = self.keys.get(s)?.as_ref()?;
+            Some((key, &**p.as_ref()?))
+        })
+    }
+
+    /// A cache of `cap` slots holding `slots` (by slot number).
+    pub fn restore(cap: usize, slots: Vec<(BlockKey, Page)>) -> Option<DecCache> {
+        if slots.len() > cap {
+            return None;
+        }
+        let mut c = DecCache::new(cap);
+        for (s, (key, page)) in slots.into_iter().enumerate() {
+            if c.map.insert(key, s).is_some() {
+                return None;
+            }
+            c.slots.push(Some(page));
+            c.keys.push(Some(key));
+        }
+        Some(c)
     }
 
     pub fn get(&self, slot: usize) -> Option<&[u8; PAGE_SIZE]> {
@@ -271,5 +342,19 @@ impl super::tuples::PageLookup for EncCache {
 impl super::tuples::PageLookup for DecCache {
     fn page_of(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
         self.get(*self.map.get(key)?)
+    }
+}
+
+impl super::redo::PageStore for EncCache {
+    fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
+        let s = *self.map.get(key)?;
+        self.pages.get_mut(s as usize).map(|p| &mut **p)
+    }
+}
+
+impl super::redo::PageStore for DecCache {
+    fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
+        let s = *self.map.get(key)?;
+        self.slots.get_mut(s)?.as_deref_mut()
     }
 }

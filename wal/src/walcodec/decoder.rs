@@ -4,37 +4,54 @@ use super::cache::{new_page, slots_for, DecCache, Page};
 use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::fpi::{self, Recompressor};
-use super::streams::{unzigzag, DStream, PageDecompressor, Reader};
+use super::mainxf::MainXf;
+use super::pagexf::PageXf;
+use super::payload;
+use super::redo::{self, Redo};
+use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
-    check_params, CodecParams, WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL,
-    S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+    check_params, CodecParams, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN,
+    S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
+mod blocks;
+
 pub struct Decoder {
+    /// The parameters it was made with (for `persist`).
+    pub(super) params: CodecParams,
+    /// Keep the caches through the first message's resync (restored by `persist`).
+    pub(super) keep_caches: bool,
     magic: Option<u16>,
     max_message: usize,
     next_pos: Option<u64>,
     streams: Vec<DStream>,
+    /// The context of combined payloads and their decompressed chunk (see [`payload`]).
+    combined: DStream,
+    scratch: Vec<u8>,
     bufs: Vec<Vec<u8>>,
-    st: State,
+    pub(super) st: State,
     poisoned: bool,
 }
 
 /// Everything the ops act on besides the section readers.
-struct State {
+pub(super) struct State {
     compressed_mask: u8,
     pg_major: Option<PgMajor>,
     /// Compresses the pages of images the primary compressed (see [`fpi`]).
     recomp: Recompressor,
     tracker: Tracker,
     last_xid: u32,
-    cache: DecCache,
-    tuples: TupleCache,
+    /// Main data fields derived from what both ends know (see [`super::mainxf`]).
+    mainxf: MainXf,
+    /// Heap records replayed onto cached pages (see [`super::redo`]).
+    redo: Redo,
+    pub(super) cache: DecCache,
+    pub(super) tuples: TupleCache,
     /// The cache slot the last image op stored into.
     stored: Option<usize>,
     /// Known tuples of the block of the image being restored.
@@ -46,6 +63,9 @@ struct State {
     rec: Vec<u8>,
     area: Area,
     page: Page,
+    /// The transform of frames without a same-block reference, and a transformed reference.
+    xf: PageXf,
+    xref: Page,
 }
 
 /// Readers over this message's sections.
@@ -71,12 +91,21 @@ impl Decoder {
         check_params(p)?;
         let magic = p.pg_major.map(PgMajor::page_magic);
         Ok(Decoder {
+            params: p.clone(),
+            keep_caches: false,
             magic,
             max_message: p.max_message_bytes,
             next_pos: None,
             streams: (0..STREAMS)
-                .map(|_| DStream::new())
+                .map(|s| {
+                    DStream::new(match s {
+                        S_DATA => history_log(p.block_cache_bytes),
+                        _ => WINDOW_LOG,
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?,
+            combined: DStream::new(WINDOW_LOG)?,
+            scratch: Vec::new(),
             bufs: vec![Vec::new(); STREAMS],
             st: State {
                 compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
@@ -88,6 +117,8 @@ impl Decoder {
                 })?,
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
+                mainxf: MainXf::new(),
+                redo: Redo::new(p.pg_major),
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
                 tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
                 stored: None,
@@ -98,6 +129,8 @@ impl Decoder {
                 rec: Vec::new(),
                 area: Area::default(),
                 page: new_page(),
+                xf: PageXf::new(),
+                xref: new_page(),
             },
             poisoned: false,
         })
@@ -147,50 +180,22 @@ impl Decoder {
             })?;
         if self.next_pos != Some(start.0) {
             self.st.tracker = Tracker::new(self.magic, start.0);
-            self.st.cache.clear();
-            self.st.tuples.clear();
+            if !std::mem::take(&mut self.keep_caches) {
+                self.st.cache.clear();
+                self.st.tuples.clear();
+            }
             self.st.last_xid = 0;
+            self.st.mainxf = MainXf::new();
         }
 
-        // Header and sections.
-        let mut hdr = Reader::new(payload, "payload header");
-        let version = hdr.u8()?;
-        if version != FORMAT_VERSION {
-            return Err(corrupt(format!(
-                "payload format version {version}, this decoder reads {FORMAT_VERSION}"
-            )));
-        }
-        let mut sizes = [(0usize, 0usize); STREAMS];
-        for (s, size) in sizes.iter_mut().enumerate() {
-            // Caps that the encoder's output always meets (see the encoder).
-            let cap = match s {
-                S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
-                S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
-                _ => raw_len,
-            };
-            let ulen = hdr.len(cap)?;
-            let clen = if ulen > 0 { hdr.len(payload.len())? } else { 0 };
-            *size = (ulen, clen);
-        }
-        let fpi_len = hdr.len(payload.len())?;
-        let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
-        for (s, &(ulen, clen)) in sizes.iter().enumerate() {
-            let chunk = rest
-                .get(..clen)
-                .ok_or_else(|| corrupt(format!("the {} section is cut short", STREAM_NAMES[s])))?;
-            rest = &rest[clen..];
-            if ulen == 0 {
-                self.bufs[s].clear();
-            } else {
-                self.streams[s].decode(chunk, ulen, &mut self.bufs[s], STREAM_NAMES[s])?;
-            }
-        }
-        if rest.len() != fpi_len {
-            return Err(corrupt(format!(
-                "the FPI section has {} bytes where {fpi_len} were announced",
-                rest.len()
-            )));
-        }
+        let rest = payload::read(
+            payload,
+            raw_len,
+            &mut self.streams,
+            &mut self.combined,
+            &mut self.scratch,
+            &mut self.bufs,
+        )?;
         let mut r = Sections {
             ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),
             hdr: Reader::new(&self.bufs[S_HDR], "HDR"),
@@ -276,6 +281,23 @@ impl State {
         if flags & !(OP_REC | REC_KNOWN) != 0 {
             return Err(corrupt(format!("unknown record flags 0x{flags:02x}")));
         }
+        let (xid, tot) = self.record_header(flags, r, raw_len - out.len())?;
+        self.record_body(xid, tot, r)?;
+        self.lay_out(flags, tot, r, out, raw_len)?;
+        if xid != 0 {
+            self.last_xid = xid;
+        }
+        Ok(())
+    }
+
+    /// Starts `self.rec` with the record's header (CRC still zero) and block-header area;
+    /// returns its xid and total length (checked against `room`).
+    fn record_header(
+        &mut self,
+        flags: u8,
+        r: &mut Sections<'_>,
+        room: usize,
+    ) -> Result<(u32, usize), WalCodecError> {
         let prev = if flags & REC_PREV_EXPLICIT != 0 {
             r.ctrl.u64()?
         } else {
@@ -293,7 +315,6 @@ impl State {
         };
         let info = r.ctrl.u8()?;
         let rmid = r.ctrl.u8()?;
-        let room = raw_len - out.len();
         let area_len = r.ctrl.len(room)?;
         let area = r.hdr.bytes(area_len)?;
         parse_area(area, None, self.compressed_mask, &mut self.area)
@@ -303,7 +324,6 @@ impl State {
             return Err(corrupt("a record runs past the message end"));
         }
         let tot = tot as usize;
-
         let rec = &mut self.rec;
         rec.clear();
         rec.reserve(tot);
@@ -312,13 +332,59 @@ impl State {
         rec.extend_from_slice(&prev.to_le_bytes());
         rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
         rec.extend_from_slice(area);
-        // The fixed part of main data first: it says where the record's tuples belong.
+        Ok((xid, tot))
+    }
+
+    /// Appends the record's images, block data and main data to `self.rec` (tuples restored
+    /// from their deltas, main data fields from `mainxf`), then its CRC.
+    fn record_body(
+        &mut self,
+        xid: u32,
+        tot: usize,
+        r: &mut Sections<'_>,
+    ) -> Result<(), WalCodecError> {
+        let (info, rmid) = (self.rec[16], self.rec[17]);
+        // The fixed part of main data first: it says where the record's tuples belong (and
+        // the fields `mainxf` transformed, undone).
         let main_len = self.area.main_len as usize;
-        let main_head = r
-            .main
-            .bytes(HeapRec::main_fixed(rmid, info).min(main_len))?;
+        let head_len = HeapRec::main_fixed(rmid, info)
+            .max(MainXf::len(rmid, info))
+            .min(main_len);
+        let mut head = [0u8; 16];
+        let head = head
+            .get_mut(..head_len)
+            .ok_or_else(|| corrupt("main data head too long"))?;
+        head.copy_from_slice(r.main.bytes(head_len)?);
+        let xl = MainXf::len(rmid, info).min(head_len);
+        self.mainxf.inverse(rmid, info, xid, &mut head[..xl]);
+        let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
-        // Every image first (so tuples may refer to any of them), then the blocks in order.
+        let block0 = self.blocks(heap, r)?;
+        let site = heap.and_then(|h| h.main_site(main_len));
+        self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
+        if let Some(h) = heap {
+            h.feed(
+                block0.map(|x| &self.rec[x]),
+                xid,
+                &mut self.tuples,
+                &self.cache,
+            );
+        }
+        if self.rec.len() != tot {
+            return Err(corrupt("record length mismatch"));
+        }
+        let crc = record_crc(&self.rec);
+        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Appends every block's image and data: all images first (so tuples may refer to any of
+    /// them), then the blocks in order. Returns where block 0's data is.
+    fn blocks(
+        &mut self,
+        heap: Option<HeapRec>,
+        r: &mut Sections<'_>,
+    ) -> Result<Option<std::ops::Range<usize>>, WalCodecError> {
         self.imgs.clear();
         self.img_ends.clear();
         for i in 0..self.area.blocks.len() {
@@ -345,18 +411,19 @@ impl State {
                 block0 = Some(at..at + d);
             }
         }
-        let site = heap.and_then(|h| h.main_site(main_len));
-        self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
-        if let Some(h) = heap {
-            h.feed(block0.map(|x| &self.rec[x]), &mut self.tuples, &self.cache);
-        }
-        if self.rec.len() != tot {
-            return Err(corrupt("record length mismatch"));
-        }
-        let crc = record_crc(&self.rec);
-        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        Ok(block0)
+    }
 
-        // Lay it out with page headers at the boundaries.
+    /// Writes the record out with page headers at the boundaries and its padding, and
+    /// replays it onto the cached pages (`redo`).
+    fn lay_out(
+        &mut self,
+        flags: u8,
+        tot: usize,
+        r: &mut Sections<'_>,
+        out: &mut Vec<u8>,
+        raw_len: usize,
+    ) -> Result<(), WalCodecError> {
         let mut k = 0;
         while k < tot {
             let room = raw_len - out.len();
@@ -384,6 +451,12 @@ impl State {
             self.tracker.feed(&self.rec[k..k + n]);
             k += n;
         }
+        let rr = redo::Record {
+            bytes: &self.rec,
+            area: &self.area,
+            end_lsn: self.tracker.pos.next_multiple_of(8),
+        };
+        self.redo.apply(&rr, &mut self.cache);
         if flags & REC_PAD != 0 {
             let pad = ((8 - self.tracker.pos % 8) % 8) as usize;
             if pad > raw_len - out.len() {
@@ -393,173 +466,6 @@ impl State {
             out.resize(s + pad, 0);
             self.tracker.feed(&out[s..]);
         }
-        if xid != 0 {
-            self.last_xid = xid;
-        }
         Ok(())
     }
-
-    /// Appends `len` bytes of block 0's data or main data to `self.rec` (`head`: what was read
-    /// of them already), restoring a tuple sent as a delta (see [`tuples`]).
-    fn get_site(
-        &mut self,
-        site: Option<tuples::Site>,
-        head: &[u8],
-        src: &mut Reader<'_>,
-        len: usize,
-        ctrl: &mut Reader<'_>,
-    ) -> Result<(), WalCodecError> {
-        self.rec.extend_from_slice(head);
-        let rest = len - head.len();
-        let Some(site) = site else {
-            self.rec.extend_from_slice(src.bytes(rest)?);
-            return Ok(());
-        };
-        let c = ctrl.u8()?;
-        if c == 0 {
-            self.rec.extend_from_slice(src.bytes(rest)?);
-            return Ok(());
-        }
-        let tlen = len - site.skip;
-        let pre = ctrl.len(tlen)?;
-        let suf = ctrl.len(tlen - pre)?;
-        let reference = tuples::candidate(c, &site, &self.tuples, &self.cache)
-            .ok_or_else(|| corrupt(format!("tuple reference {c} is not known here")))?;
-        if pre + suf > reference.len() {
-            return Err(corrupt("a tuple delta longer than its reference"));
-        }
-        self.rec
-            .extend_from_slice(src.bytes(site.skip - head.len())?);
-        self.rec.extend_from_slice(&reference[..pre]);
-        self.rec.extend_from_slice(src.bytes(tlen - pre - suf)?);
-        self.rec
-            .extend_from_slice(&reference[reference.len() - suf..]);
-        Ok(())
-    }
-
-    /// Restores one block image into `self.imgs`.
-    fn image(
-        &mut self,
-        key: &BlockKey,
-        img: &ImageRef,
-        r: &mut Sections<'_>,
-    ) -> Result<(), WalCodecError> {
-        let op = r.ctrl.u8()?;
-        if op == IMG_OPAQUE {
-            self.imgs
-                .extend_from_slice(r.img.bytes(usize::from(img.len))?);
-            return Ok(());
-        }
-        let method = if op & IMG_RECOMPRESS != 0 {
-            Some(
-                self.pg_major
-                    .and_then(|m| fpi::recompressible(m, img))
-                    .ok_or_else(|| {
-                        corrupt(
-                    "a page to recompress for an image that is not compressed or has an odd hole",
-                )
-                    })?,
-            )
-        } else if img.reconstructible() {
-            None
-        } else {
-            return Err(corrupt("a page frame for an image that cannot be rebuilt"));
-        };
-        let op = op & !IMG_RECOMPRESS;
-        let cap = self.cache.capacity();
-        let slot = |v: u64| -> Result<usize, WalCodecError> {
-            if v >= cap as u64 {
-                Err(WalCodecError::CacheTooSmall {
-                    slot: v,
-                    capacity: cap,
-                })
-            } else {
-                Ok(v as usize)
-            }
-        };
-        // (reference slot, slot to store into, frame)
-        let (reference, store, frame): (Option<usize>, Option<usize>, Option<&[u8]>) = match op {
-            IMG_IDENT => (Some(slot(r.ctrl.varint()?)?), None, None),
-            IMG_NEW => {
-                let k = slot(r.ctrl.varint()?)?;
-                (None, Some(k), Some(read_frame(r)?))
-            }
-            IMG_SAME => {
-                let k = slot(r.ctrl.varint()?)?;
-                (Some(k), Some(k), Some(read_frame(r)?))
-            }
-            IMG_REF => {
-                let j = slot(r.ctrl.varint()?)?;
-                let k = slot(r.ctrl.varint()?)?;
-                (Some(j), Some(k), Some(read_frame(r)?))
-            }
-            IMG_NOCACHE => (None, None, Some(read_frame(r)?)),
-            IMG_STREAM | IMG_STREAM_NOCACHE => {
-                let store = if op == IMG_STREAM {
-                    Some(slot(r.ctrl.varint()?)?)
-                } else {
-                    None
-                };
-                if usize::from(img.len) < MIN_STREAM_IMAGE {
-                    return Err(corrupt("a whole page sent for a small image"));
-                }
-                self.page.copy_from_slice(r.page.bytes(PAGE_SIZE)?);
-                (None, store, None)
-            }
-            op => return Err(corrupt(format!("unknown image op {op}"))),
-        };
-        let ref_page = match reference {
-            Some(j) => Some(
-                self.cache
-                    .get(j)
-                    .ok_or_else(|| corrupt(format!("cache slot {j} is referenced but empty")))?,
-            ),
-            None => None,
-        };
-        if frame.is_some() {
-            tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
-        }
-        let tp = &self.tprefix[..];
-        match (frame, ref_page) {
-            (Some(f), Some(p)) => self.pd.decompress(f, &[tp, &p[..]], &mut self.page)?,
-            (Some(f), None) => self.pd.decompress(f, &[tp], &mut self.page)?,
-            // IDENT: the reference is the page.
-            (None, Some(p)) => self.page.copy_from_slice(p),
-            // STREAM: already in place.
-            (None, None) => {}
-        }
-        if let Some(k) = store {
-            self.stored = Some(k);
-            if !self.cache.put(k, &self.page) {
-                return Err(WalCodecError::CacheTooSmall {
-                    slot: k as u64,
-                    capacity: cap,
-                });
-            }
-        }
-        if let Some(m) = method {
-            let start = self.imgs.len();
-            let ok = self.recomp.compress(m, img, &self.page, &mut self.imgs);
-            let got = self.imgs.len() - start;
-            if !ok || got != usize::from(img.len) {
-                return Err(corrupt(format!(
-                    "compressing a {m:?} image again gave {got} bytes where the record has {}: \
-                     both ends must run the same walrelay build (compression libraries)",
-                    img.len
-                )));
-            }
-            return Ok(());
-        }
-        let off = usize::from(img.hole_offset);
-        let hole = usize::from(img.hole_len);
-        self.imgs.extend_from_slice(&self.page[..off]);
-        self.imgs.extend_from_slice(&self.page[off + hole..]);
-        Ok(())
-    }
-}
-
-/// The length (CTRL) and bytes (FPI) of one page frame.
-fn read_frame<'a>(r: &mut Sections<'a>) -> Result<&'a [u8], WalCodecError> {
-    let n = r.ctrl.len(2 * PAGE_SIZE)?;
-    r.fpi.bytes(n)
 }

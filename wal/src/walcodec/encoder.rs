@@ -3,8 +3,14 @@
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
+use super::mainxf::MainXf;
+use super::pagexf::PageXf;
+use super::payload;
+use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
-use super::streams::{put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG};
+use super::streams::{
+    history_log, put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG,
+};
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
@@ -12,8 +18,8 @@ use super::wal::{
     REC_HDR, SHORT_PHD, WAL_PAGE,
 };
 use super::{
-    check_params, CodecParams, CodecStats, WalCodecError, FORMAT_VERSION, STREAMS, S_CTRL, S_DATA,
-    S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+    check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG,
+    S_MAIN, S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -21,6 +27,10 @@ use crate::pg::PgMajor;
 mod blocks;
 
 pub struct Encoder {
+    /// The parameters it was made with (for `persist`).
+    pub(super) params: CodecParams,
+    /// Keep the caches through the first message's resync (restored by `persist`).
+    pub(super) keep_caches: bool,
     magic: Option<u16>,
     compressed_mask: u8,
     pg_major: Option<PgMajor>,
@@ -29,8 +39,13 @@ pub struct Encoder {
     /// Where the next message is expected to start.
     next_pos: Option<u64>,
     last_xid: u32,
-    cache: EncCache,
-    tuples: TupleCache,
+    /// Main data fields derived from what both ends know (see [`super::mainxf`]).
+    mainxf: MainXf,
+    xmain: Vec<u8>,
+    /// Heap records replayed onto cached pages (see [`super::redo`]).
+    redo: Redo,
+    pub(super) cache: EncCache,
+    pub(super) tuples: TupleCache,
     /// Known tuples of the block of the image being encoded.
     tprefix: Vec<u8>,
     /// Page frames of cache hits (level + 2) and of everything else (level).
@@ -44,7 +59,14 @@ pub struct Encoder {
     rec: Vec<u8>,
     area: Area,
     page: Page,
-    sections: Vec<Vec<u8>>,
+    /// Transformed pages of frames without a same-block reference (see [`super::pagexf`]).
+    xf: PageXf,
+    xpage: Page,
+    xref: Page,
+    /// The context of messages whose streams are small (see [`payload`]), and the
+    /// compressed sections of a message.
+    combined: CStream,
+    scratch: Vec<u8>,
     stats: CodecStats,
     rmgr: RmgrTally,
     poisoned: bool,
@@ -67,13 +89,16 @@ impl Encoder {
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
-                    S_DATA | S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
+                    S_DATA => history_log(p.block_cache_bytes),
+                    S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
                 CStream::new(p.zstd_level, wlog)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Encoder {
+            params: p.clone(),
+            keep_caches: false,
             magic,
             compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
             pg_major: p.pg_major,
@@ -81,6 +106,9 @@ impl Encoder {
             tracker: Tracker::new(magic, 0),
             next_pos: None,
             last_xid: 0,
+            mainxf: MainXf::new(),
+            xmain: Vec::new(),
+            redo: Redo::new(p.pg_major),
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
@@ -92,7 +120,11 @@ impl Encoder {
             rec: Vec::new(),
             area: Area::default(),
             page: new_page(),
-            sections: vec![Vec::new(); STREAMS],
+            xf: PageXf::new(),
+            xpage: new_page(),
+            xref: new_page(),
+            combined: CStream::new(p.zstd_level, WINDOW_LOG)?,
+            scratch: Vec::new(),
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
             poisoned: false,
@@ -147,9 +179,12 @@ impl Encoder {
                 self.stats.resyncs += 1;
             }
             self.tracker = Tracker::new(self.magic, start.0);
-            self.cache.clear();
-            self.tuples.clear();
+            if !std::mem::take(&mut self.keep_caches) {
+                self.cache.clear();
+                self.tuples.clear();
+            }
             self.last_xid = 0;
+            self.mainxf = MainXf::new();
         }
         let before = self.tracker.resyncs;
         let res = self.encode_body(raw).and_then(|()| self.finish(out));
@@ -351,7 +386,6 @@ impl Encoder {
         rec: &[u8],
         span: usize,
     ) -> Result<Result<usize, Skip>, WalCodecError> {
-        let tot = rec.len();
         let (Some(xid), Some(prev), Some(crc)) = (le32(rec, 4), le64(rec, 8), le32(rec, 20)) else {
             return Ok(Err(Skip::Odd));
         };
@@ -380,68 +414,52 @@ impl Encoder {
         };
         self.flush_pending();
         let marks = self.marks();
+        self.record_header(rec, flags, prev, xid);
+        self.record_body(rec, xid)?;
+        let mut j = self.lay_out(rest, rec);
+        if flags & REC_PAD != 0 {
+            self.tracker.feed(&rest[j..j + pad]);
+            self.stats.zeros_in += pad as u64;
+            j += pad;
+        }
+        if xid != 0 {
+            self.last_xid = xid;
+        }
+        self.stats.records += 1;
+        let after = self.marks();
+        self.rmgr
+            .charge(&mut self.stats.by_rmgr, rec[17], j as u64, &marks, &after);
+        Ok(Ok(j))
+    }
+
+    /// The REC op's fields (CTRL) and the block-header area (HDR).
+    fn record_header(&mut self, rec: &[u8], flags: u8, prev: u64, xid: u32) {
         let area_len = self.area.len;
-        {
-            let ctrl = &mut self.streams[S_CTRL].buf;
-            ctrl.push(flags);
-            if flags & REC_PREV_EXPLICIT != 0 {
-                ctrl.extend_from_slice(&prev.to_le_bytes());
-            }
-            if flags & REC_XID_MASK == REC_XID_DELTA {
-                put_varint(
-                    ctrl,
-                    zigzag(i64::from(xid.wrapping_sub(self.last_xid) as i32)),
-                );
-            }
-            ctrl.push(rec[16]);
-            ctrl.push(rec[17]);
-            put_varint(ctrl, area_len as u64);
+        let ctrl = &mut self.streams[S_CTRL].buf;
+        ctrl.push(flags);
+        if flags & REC_PREV_EXPLICIT != 0 {
+            ctrl.extend_from_slice(&prev.to_le_bytes());
         }
-        self.streams[S_HDR].buf.extend_from_slice(&body[..area_len]);
+        if flags & REC_XID_MASK == REC_XID_DELTA {
+            put_varint(
+                ctrl,
+                zigzag(i64::from(xid.wrapping_sub(self.last_xid) as i32)),
+            );
+        }
+        ctrl.push(rec[16]);
+        ctrl.push(rec[17]);
+        put_varint(ctrl, area_len as u64);
+        self.streams[S_HDR]
+            .buf
+            .extend_from_slice(&rec[REC_HDR..REC_HDR + area_len]);
         self.stats.record_header_in += (REC_HDR + area_len) as u64;
+    }
 
-        // Images and data, in block order, then main data.
-        let mut p = REC_HDR + area_len;
-        let main = &rec[tot - self.area.main_len as usize..];
-        let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
-        let blocks = std::mem::take(&mut self.area.blocks);
-        let mut res = Ok(());
-        let mut block0 = None;
-        // Every image first (so tuples may refer to any of them), then the data in order.
-        let mut q = p;
-        for b in &blocks {
-            if let Some(img) = b.image {
-                let bytes = &rec[q..q + usize::from(img.len)];
-                if let Err(e) = self.encode_image(&b.key, &img, bytes) {
-                    res = Err(e);
-                    break;
-                }
-                q += usize::from(img.len);
-            }
-            q += usize::from(b.data_len);
-        }
-        for b in blocks.iter().filter(|_| res.is_ok()) {
-            p += b.image.map_or(0, |img| usize::from(img.len));
-            let d = usize::from(b.data_len);
-            let data = &rec[p..p + d];
-            if b.id == 0 && d > 0 {
-                block0 = Some(p..p + d);
-            }
-            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.put_site(site, S_DATA, data);
-            self.stats.data_in += d as u64;
-            p += d;
-        }
-        self.area.blocks = blocks;
-        res?;
-        let site = heap.and_then(|h| h.main_site(main.len()));
-        self.put_site(site, S_MAIN, main);
-        self.stats.data_in += (tot - p) as u64;
-        if let Some(h) = heap {
-            h.feed(block0.map(|r| &rec[r]), &mut self.tuples, &self.cache);
-        }
-
-        // Lay the record out again, feeding the tracker, with a flag per page boundary.
+    /// Lays the record out again as it is in `rest`, feeding the tracker, with a flag per
+    /// page boundary; replays it onto the cached pages (`redo`). Returns the bytes of `rest`
+    /// it spans (without padding).
+    fn lay_out(&mut self, rest: &[u8], rec: &[u8]) -> usize {
+        let tot = rec.len();
         let (mut j, mut k) = (0usize, 0usize);
         while k < tot {
             if self.tracker.pos % WAL_PAGE == 0 {
@@ -473,19 +491,13 @@ impl Encoder {
             j += n;
             k += n;
         }
-        if flags & REC_PAD != 0 {
-            self.tracker.feed(&rest[j..j + pad]);
-            self.stats.zeros_in += pad as u64;
-            j += pad;
-        }
-        if xid != 0 {
-            self.last_xid = xid;
-        }
-        self.stats.records += 1;
-        let after = self.marks();
-        self.rmgr
-            .charge(&mut self.stats.by_rmgr, rec[17], j as u64, &marks, &after);
-        Ok(Ok(j))
+        let r = redo::Record {
+            bytes: rec,
+            area: &self.area,
+            end_lsn: self.tracker.pos.next_multiple_of(8),
+        };
+        self.redo.apply(&r, &mut self.cache);
+        j
     }
 
     /// Where the streams' inputs and the page frames end now.
@@ -498,35 +510,31 @@ impl Encoder {
         m
     }
 
-    /// Compresses the streams and writes the payload.
+    /// Compresses the streams and writes the payload (see [`payload`]).
     fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
         self.flush_pending();
         let mut ulens = [0usize; STREAMS];
-        for (s, (stream, sec)) in self
-            .streams
-            .iter_mut()
-            .zip(self.sections.iter_mut())
-            .enumerate()
-        {
-            sec.clear();
-            ulens[s] = stream.buf.len();
-            stream.flush_into(sec)?;
+        for (u, s) in ulens.iter_mut().zip(&self.streams) {
+            *u = s.buf.len();
         }
-        out.push(FORMAT_VERSION);
-        for (ulen, sec) in ulens.iter().zip(&self.sections) {
-            put_varint(out, *ulen as u64);
-            if *ulen > 0 {
-                put_varint(out, sec.len() as u64);
-            }
+        let mut clens = [0usize; STREAMS];
+        payload::write(
+            &mut self.streams,
+            &mut self.combined,
+            &self.fpi,
+            &mut self.scratch,
+            out,
+            &mut clens,
+        )?;
+        let sections: usize = clens.iter().sum::<usize>() + self.fpi.len();
+        self.stats.header_out += out.len().saturating_sub(sections) as u64;
+        for s in 0..STREAMS {
+            self.stats.section_in[s] += ulens[s] as u64;
+            self.stats.section_out[s] += clens[s] as u64;
         }
-        put_varint(out, self.fpi.len() as u64);
-        for sec in &self.sections {
-            out.extend_from_slice(sec);
-        }
-        out.extend_from_slice(&self.fpi);
-        let clens: Vec<usize> = self.sections.iter().map(Vec::len).collect();
+        self.stats.section_out[STREAMS] += self.fpi.len() as u64;
         self.rmgr.finish(&mut self.stats.by_rmgr, &ulens, &clens);
-        let c = |s: usize| self.sections[s].len() as u64;
+        let c = |s: usize| clens[s] as u64;
         self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
         self.stats.data_out += c(S_DATA) + c(S_MAIN);
         self.stats.raw_out += c(S_RAW);

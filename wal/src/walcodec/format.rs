@@ -30,7 +30,11 @@
 //!                                          (only for images of at least 1024 bytes)
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
-//!          frames are `len` bytes of FPI; the image is the page without its hole, or for
+//!          | 0x40|op (op 1, 3, 5)         as op, page (and reference) not transformed
+//!          frames are `len` bytes of FPI; the page of ops 1, 3, 5, 6 and 7 is sent in the
+//!          form of `super::pagexf` (transformed; REF frames are made against the
+//!          transformed reference page), that of SAME as it is; the image is the page
+//!          without its hole, or for
 //!          0x80|op (IMG_RECOMPRESS) the page without its hole compressed with the method
 //!          that bimg_info names, exactly bimg_len bytes (see `fpi`); the 1024 bytes of
 //!          STREAM are counted in bimg_len, the compressed size
@@ -81,3 +85,8 @@ pub const BND_LONG: u8 = 2;
 /// method): the page is rebuilt as for other images, then compressed without its hole with
 /// that method (see `fpi`) to give the record's bimg_len bytes.
 pub const IMG_RECOMPRESS: u8 = 0x80;
+
+/// Or-ed into NEW, REF and NOCACHE: the page (and REF's reference) went as it is, not
+/// transformed (the encoder tries both when the block has known tuples: they match the page
+/// as it is).
+pub const IMG_PLAIN: u8 = 0x40;

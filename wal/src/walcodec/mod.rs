@@ -10,8 +10,11 @@
 //!   the block headers, padding is zeros;
 //! - full-page images are rebuilt into 8 KiB pages (hole zero filled) and compressed with zstd
 //!   against the last image of the same block held in a block cache on both ends (for a block
-//!   not in the cache: the previous block of the relation, else the relation's latest page);
-//!   the encoder says which slots to read and write, the decoder obeys;
+//!   not in the cache: the previous block of the relation, else the relation's latest page,
+//!   both pages put through a reversible transform that delta-codes line pointers and item
+//!   heads, [`pagexf`]); the encoder says which slots to read and write, the decoder obeys;
+//!   both ends replay heap records onto the cached pages of the blocks they touch
+//!   (`redo.rs`), so that the next image is framed against the page as it most likely is;
 //! - full-page images the primary compressed (wal_compression pglz, lz4, zstd) are
 //!   decompressed to the page and sent the same way; the decoder compresses the page again
 //!   with the primary's method ([`fpi`]), which gives back the primary's exact bytes: the
@@ -21,32 +24,44 @@
 //!   a prefix/suffix delta against a version both ends hold: a tuple cache fed by the records,
 //!   or the tuple's line pointer in a cached page image ([`tuples`]);
 //! - everything else (header fields that are not derivable, block headers, block and main data,
-//!   raw bytes) goes through streaming zstd, one context per kind, flushed every message.
+//!   raw bytes) goes through streaming zstd, one context per kind, flushed every message; the
+//!   block data's context keeps a long history (an eighth of `block_cache_bytes`) searched by
+//!   zstd's long-distance matcher, so content that crossed the link before under another
+//!   identity (a TOAST value written again under new chunk ids) is a reference.
+//!
+//! The caches can be saved and restored ([`persist`], pure functions with a digest both ends
+//! can compare); the runtime does not use them yet, so every new session starts cold.
 //!
 //! Anything not understood (unsupported major, no lock on a record boundary yet, a record cut
 //! by the message boundary, a CRC mismatch, an unparsable block header area) passes through as
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::linkcodec`).
 //!
-//! # Payload format (version 2)
+//! # Payload format (version 3)
 //!
-//! Version 2 adds [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
-//! heap tuples as deltas ([`tuples`]) and all images of a record before its data; a version-1
-//! decoder refuses it by the version byte.
+//! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
+//! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3:
+//! every page that is not framed against the previous image of its own block (image ops NEW,
+//! REF, NOCACHE, STREAM, STREAM_NOCACHE) goes through [`pagexf`]'s transform, REF frames
+//! against the transformed reference page, unless [`format::IMG_PLAIN`] says otherwise; known
+//! tuples in page frames carry their on-page header ([`tuples::Head`]); main data fields that
+//! follow from the record header or the previous record go transformed ([`mainxf`]); heap
+//! records are replayed onto cached pages (`redo.rs`, part of the format: both ends must do
+//! the same); no bytes for empty sections, and small messages in one combined zstd context
+//! (`payload.rs`). An older decoder refuses it by the first byte.
 //!
 //! ```text
-//! payload  = version:u8 (=2)
-//!            7 × section-size          -- CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN, in this order
-//!            fpi_len:varint
-//!            the 7 sections' bytes in the same order, then FPI bytes
-//! section-size = ulen:varint [clen:varint if ulen > 0]
+//! payload  = 0x03 present:u8 clen:varint × (present sections) sections FPI-bytes
+//!          | 0x13 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
-//! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
-//! context for this message, ended with ZSTD_e_flush (`clen` bytes that decompress to `ulen`;
-//! absent when the stream got nothing this message). The streams:
+//! (the framing in detail: `payload.rs`).
 //!
-//! - CTRL: the op sequence ([`format`]) and small record-header fields;
+//! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
+//! context for this message, ended with ZSTD_e_flush (absent when the stream got nothing this
+//! message), or a part of the combined chunk. The streams:
+//!
+//! - CTRL: the op sequence ([`format`](mod@format)) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
 //! - DATA: block data of records (tuples, mostly);
 //! - RAW: bytes passed through as they are;
@@ -62,18 +77,25 @@
 //! block's previous image, `zstd_level` otherwise).
 //!
 //! The decoder replays the ops in CTRL until it has `raw_len` bytes; every section must then be
-//! used up exactly. Decompressed sizes are capped before anything is allocated: CTRL at
-//! 4 × raw_len + 1024, PAGE at 8 × raw_len + 8192, the others at raw_len.
+//! used up exactly. Decompressed sizes are capped as they are allocated: CTRL at
+//! 4 × raw_len + 1024, PAGE at 8 × raw_len + 8192, the others at raw_len, a combined chunk at
+//! their sum and 70.
 //!
 //! # Memory per session (each end)
 //!
-//! - zstd windows: 4 MiB for DATA, RAW, PAGE and MAIN, 1 MiB for CTRL, HDR and IMG (the decoder
-//!   refuses windows above 4 MiB), plus the contexts' tables on the encoder side;
+//! - zstd windows: DATA's is the largest power of two up to `block_cache_bytes / 8`, between
+//!   4 MiB and 1 GiB (128 MiB for the default 1 GiB; `streams::history_log`), with zstd's
+//!   long-distance matcher above 4 MiB (its tables on the encoder: about 1/16 of the window);
+//!   4 MiB for RAW, PAGE, MAIN and the combined context, 1 MiB for CTRL, HDR and IMG; the
+//!   decoder refuses larger windows. zstd allocates a window when the first message uses the
+//!   stream and the system commits its pages as they fill;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
 //! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
-//!   decoded sections, one record, three pages of scratch;
+//!   decoded sections, one record, six pages of scratch (two for [`pagexf`], one for the
+//!   page compaction of `redo.rs`), [`pagexf`]'s item list (at most 2,042 entries of 4
+//!   bytes, twice) and one tuple being replayed;
 //! - recompression of compressed images (each end): pglz's history (about 90 KiB), a zstd
 //!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
 //!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
@@ -83,7 +105,12 @@ mod decoder;
 mod encoder;
 pub mod format;
 pub mod fpi;
+pub mod mainxf;
+pub mod pagexf;
+mod payload;
+pub mod persist;
 pub mod pglz;
+mod redo;
 pub mod rmgr;
 mod streams;
 pub mod tracker;
@@ -181,6 +208,16 @@ pub struct CodecStats {
     pub tuple_misses: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
+    /// Per payload section (the streams in payload order, then the page frames): bytes put
+    /// in before compression and bytes in the payload.
+    pub section_in: [u64; STREAMS + 1],
+    pub section_out: [u64; STREAMS + 1],
+    /// Payload bytes that are not sections (version, section sizes).
+    pub header_out: u64,
+    /// Image ops by kind (`format::IMG_*` without `IMG_RECOMPRESS`), and the page-frame
+    /// bytes of each kind.
+    pub image_ops: [u64; 8],
+    pub image_frame_out: [u64; 8],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +255,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 2;
+pub(crate) const FORMAT_VERSION: u8 = 3;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

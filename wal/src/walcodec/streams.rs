@@ -13,9 +13,21 @@ use super::wal::PAGE_SIZE;
 /// known tuples of the block (see `tuples::page_prefix`).
 pub const MAX_PREFIX: usize = 2 * PAGE_SIZE;
 
-/// Largest window of a streaming context (4 MiB, for DATA, RAW, PAGE and MAIN); the decoder refuses
-/// larger ones. This bounds the decoder's memory per stream.
+/// Window of RAW, PAGE, MAIN and the combined context (4 MiB); the decoder refuses larger
+/// ones. This bounds the decoder's memory per stream.
 pub const WINDOW_LOG: u32 = 22;
+/// Bounds of the DATA stream's window ([`history_log`]): 4 MiB to 1 GiB.
+pub const HISTORY_LOG_MIN: u32 = 22;
+pub const HISTORY_LOG_MAX: u32 = 30;
+
+/// Window of the DATA stream for a `block_cache_bytes` budget: the largest power of two up to
+/// an eighth of it, within [`HISTORY_LOG_MIN`]..=[`HISTORY_LOG_MAX`] (128 MiB for the default
+/// 1 GiB). Above 4 MiB zstd's long-distance matcher finds content written again under another
+/// identity long after (a TOAST value rewritten whole under new chunk ids, a row copied).
+pub fn history_log(block_cache_bytes: usize) -> u32 {
+    let eighth = (block_cache_bytes / 8).max(1);
+    (usize::BITS - 1 - eighth.leading_zeros()).clamp(HISTORY_LOG_MIN, HISTORY_LOG_MAX)
+}
 /// Window of the small streams (CTRL, HDR, IMG): 1 MiB.
 pub const SMALL_WINDOW_LOG: u32 = 20;
 
@@ -119,10 +131,17 @@ pub struct CStream {
 }
 
 impl CStream {
+    /// A context with a window of 2^`window_log` bytes (at most [`HISTORY_LOG_MAX`]), with
+    /// long-distance matching above [`WINDOW_LOG`].
     pub fn new(level: i32, window_log: u32) -> Result<CStream, WalCodecError> {
         let mut ctx = Encoder::new(level).map_err(WalCodecError::zstd)?;
-        ctx.set_parameter(CParameter::WindowLog(window_log.min(WINDOW_LOG)))
+        let window_log = window_log.min(HISTORY_LOG_MAX);
+        ctx.set_parameter(CParameter::WindowLog(window_log))
             .map_err(WalCodecError::zstd)?;
+        if window_log > WINDOW_LOG {
+            ctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
+                .map_err(WalCodecError::zstd)?;
+        }
         Ok(CStream {
             ctx,
             buf: Vec::new(),
@@ -168,51 +187,54 @@ pub struct DStream {
 }
 
 impl DStream {
-    pub fn new() -> Result<DStream, WalCodecError> {
+    /// A context that refuses windows above 2^`window_log_max` bytes.
+    pub fn new(window_log_max: u32) -> Result<DStream, WalCodecError> {
         let mut ctx = Decoder::new().map_err(WalCodecError::zstd)?;
-        ctx.set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
-            .map_err(WalCodecError::zstd)?;
+        ctx.set_parameter(DParameter::WindowLogMax(
+            window_log_max.min(HISTORY_LOG_MAX),
+        ))
+        .map_err(WalCodecError::zstd)?;
         Ok(DStream { ctx })
     }
 
-    /// Decompresses one flushed chunk into `out` (cleared), which must come to exactly `ulen`
-    /// bytes.
-    pub fn decode(
+    /// Decompresses one flushed chunk into `out` (cleared): at most `cap` bytes, allocated as
+    /// they come (the chunk's own sizes are not trusted).
+    pub fn decode_capped(
         &mut self,
         chunk: &[u8],
-        ulen: usize,
+        cap: usize,
         out: &mut Vec<u8>,
         name: &str,
     ) -> Result<(), WalCodecError> {
         out.clear();
-        if ulen == 0 && chunk.is_empty() {
-            return Ok(());
-        }
-        out.reserve(ulen);
         let mut input = InBuffer::around(chunk);
         loop {
+            if out.len() == out.capacity() {
+                // out.len() <= cap here: room for one byte more than cap shows an overrun.
+                let want = out
+                    .len()
+                    .max(16 * 1024)
+                    .min(cap.saturating_add(1) - out.len());
+                out.reserve_exact(want);
+            }
             let before = (input.pos(), out.len());
             let mut o = OutBuffer::around_pos(out, out.len());
             self.ctx
                 .run(&mut input, &mut o)
                 .map_err(WalCodecError::zstd)?;
-            if out.len() > ulen {
-                break;
+            if out.len() > cap {
+                return Err(WalCodecError::Corrupt(format!(
+                    "the {name} section decompresses to more than {cap} bytes"
+                )));
             }
-            if (input.pos(), out.len()) == before
-                || (input.pos() == chunk.len() && out.len() == ulen)
-            {
+            let room = out.len() < out.capacity();
+            if (input.pos() == chunk.len() && room) || (input.pos(), out.len()) == before {
                 break;
-            }
-            if out.len() == out.capacity() {
-                // Room for one more byte, so that too much output shows up as an error.
-                out.reserve(1);
             }
         }
-        if out.len() != ulen || input.pos() != chunk.len() {
+        if input.pos() != chunk.len() {
             return Err(WalCodecError::Corrupt(format!(
-                "the {name} section decompressed to {} bytes where {ulen} were announced",
-                out.len()
+                "the {name} section has bytes that do not decompress"
             )));
         }
         Ok(())

@@ -15,6 +15,9 @@
 //! The tuple cache also helps full-page images: a page frame is compressed against the known
 //! tuples of its block (offset order, at most 8 KiB, [`page_prefix`]) followed by its reference
 //! page, since an image holds the tuples records wrote into the page since its last image.
+//! Each known tuple goes with the 23-byte header PostgreSQL gives it on the page (xmin = the
+//! record's xid, t_ctid = itself, the record's infomask with HEAP_XMIN_COMMITTED, [`Head`]):
+//! steady pgbench image frames 214 → 182 bytes, random-payload updates 975 → 677.
 //!
 //! A *site* is a tuple inside a record that may be sent as a delta: the new tuple of an INSERT
 //! or UPDATE (block 0's data, after the `xl_heap_header`, when PostgreSQL did not already cut a
@@ -111,10 +114,38 @@ impl Hasher for FxHasher {
 
 pub type FxBuild = BuildHasherDefault<FxHasher>;
 
-/// A cached tuple's bytes from `t_bits` on, and its `t_hoff`.
+/// The header fields of a tuple that its record gives: the record's xid (the tuple's xmin)
+/// and `xl_heap_header` (t_infomask2, t_infomask, t_hoff).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    pub xmin: u32,
+    pub infomask2: u16,
+    pub infomask: u16,
+    pub hoff: u8,
+}
+
+impl Head {
+    /// The 23-byte tuple header PostgreSQL most likely has on the page for this tuple at
+    /// `tid`: xmin, no xmax, command id 0, t_ctid pointing at itself, the record's infomask
+    /// with HEAP_XMIN_COMMITTED (set by the first reader after the commit).
+    fn on_page(&self, tid: &Tid, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.xmin.to_le_bytes());
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&((tid.block.blkno >> 16) as u16).to_le_bytes());
+        out.extend_from_slice(&(tid.block.blkno as u16).to_le_bytes());
+        out.extend_from_slice(&tid.off.to_le_bytes());
+        out.extend_from_slice(&self.infomask2.to_le_bytes());
+        out.extend_from_slice(&(self.infomask | HEAP_XMIN_COMMITTED).to_le_bytes());
+        out.push(self.hoff);
+    }
+}
+
+const HEAP_XMIN_COMMITTED: u16 = 0x0100;
+
+/// A cached tuple's bytes from `t_bits` on, and its header fields.
 struct Entry {
     seq: u64,
-    hoff: u8,
+    head: Head,
     data: Vec<u8>,
 }
 
@@ -164,12 +195,21 @@ impl TupleCache {
         self.map.is_empty()
     }
 
+    /// Live entries, oldest first: putting them in this order into an empty cache of the
+    /// same capacity rebuilds this one (for `persist`).
+    pub fn entries(&self) -> impl Iterator<Item = (Tid, Head, &[u8])> + '_ {
+        self.order.iter().filter_map(|(t, s)| {
+            let e = self.map.get(t).filter(|e| e.seq == *s)?;
+            Some((*t, e.head, e.data.as_slice()))
+        })
+    }
+
     pub fn get(&self, tid: &Tid) -> Option<&[u8]> {
         self.get_full(tid).map(|(_, d)| d)
     }
 
     fn get_full(&self, tid: &Tid) -> Option<(u8, &[u8])> {
-        self.map.get(tid).map(|e| (e.hoff, e.data.as_slice()))
+        self.map.get(tid).map(|e| (e.head.hoff, e.data.as_slice()))
     }
 
     fn remove(&mut self, tid: &Tid) {
@@ -190,7 +230,7 @@ impl TupleCache {
     }
 
     /// Stores the tuple at `tid`, replacing an older one; evicts the oldest beyond capacity.
-    pub fn put(&mut self, tid: Tid, hoff: u8, data: &[u8]) {
+    pub fn put(&mut self, tid: Tid, head: Head, data: &[u8]) {
         self.remove(&tid);
         let cost = data.len() + ENTRY_OVERHEAD;
         if cost > self.cap / 4 || data.len() > PAGE_SIZE {
@@ -201,7 +241,7 @@ impl TupleCache {
             tid,
             Entry {
                 seq: self.seq,
-                hoff,
+                head,
                 data: data.to_vec(),
             },
         );
@@ -243,12 +283,14 @@ pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &
         if left == 0 {
             break;
         }
-        if let Some(d) = tuples.get(&Tid { block: *key, off }) {
+        let tid = Tid { block: *key, off };
+        if let Some(e) = tuples.map.get(&tid) {
             left -= 1;
-            if out.len() + d.len() > PAGE_SIZE {
+            if out.len() + TUPLE_HEADER + e.data.len() > PAGE_SIZE {
                 break;
             }
-            out.extend_from_slice(d);
+            e.head.on_page(&tid, out);
+            out.extend_from_slice(&e.data);
         }
     }
 }
@@ -395,7 +437,13 @@ impl HeapRec {
     /// After the whole record (`block0` = block 0's data, restored): what it wrote into the
     /// tuple cache. Updates whose new tuple PostgreSQL cut against the old one are expanded
     /// with the old version when it is known (else the TID is forgotten).
-    pub fn feed(&self, block0: Option<&[u8]>, tuples: &mut TupleCache, pages: &dyn PageLookup) {
+    pub fn feed(
+        &self,
+        block0: Option<&[u8]>,
+        xid: u32,
+        tuples: &mut TupleCache,
+        pages: &dyn PageLookup,
+    ) {
         let Some(new) = self.new else {
             if let Some(old) = self.old {
                 tuples.remove(&old);
@@ -428,9 +476,15 @@ impl HeapRec {
             return;
         };
         let hoff = hdr[4];
+        let head = Head {
+            xmin: xid,
+            infomask2: u16::from_le_bytes([hdr[0], hdr[1]]),
+            infomask: u16::from_le_bytes([hdr[2], hdr[3]]),
+            hoff,
+        };
         let body = &d[p + SIZE_HEAP_HEADER..];
         if prefix == 0 && suffix == 0 {
-            tuples.put(new, hoff, body);
+            tuples.put(new, head, body);
             return;
         }
         // body = bitmap (t_hoff - 23 bytes) ++ user data minus the shared prefix/suffix.
@@ -449,7 +503,7 @@ impl HeapRec {
             Some(t)
         });
         match expanded {
-            Some(t) => tuples.put(new, hoff, &t),
+            Some(t) => tuples.put(new, head, &t),
             None => tuples.remove(&new),
         }
     }

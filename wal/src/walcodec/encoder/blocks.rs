@@ -5,6 +5,62 @@
 use super::*;
 
 impl Encoder {
+    /// Images and data, in block order, then main data (tuples as deltas, main data fields
+    /// through `mainxf`); then what the record wrote into the tuple cache.
+    pub(super) fn record_body(&mut self, rec: &[u8], xid: u32) -> Result<(), WalCodecError> {
+        let tot = rec.len();
+        let mut p = REC_HDR + self.area.len;
+        let main = &rec[tot - self.area.main_len as usize..];
+        let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
+        let blocks = std::mem::take(&mut self.area.blocks);
+        let mut res = Ok(());
+        let mut block0 = None;
+        // Every image first (so tuples may refer to any of them), then the data in order.
+        let mut q = p;
+        for b in &blocks {
+            if let Some(img) = b.image {
+                let bytes = &rec[q..q + usize::from(img.len)];
+                if let Err(e) = self.encode_image(&b.key, &img, bytes) {
+                    res = Err(e);
+                    break;
+                }
+                q += usize::from(img.len);
+            }
+            q += usize::from(b.data_len);
+        }
+        for b in blocks.iter().filter(|_| res.is_ok()) {
+            p += b.image.map_or(0, |img| usize::from(img.len));
+            let d = usize::from(b.data_len);
+            let data = &rec[p..p + d];
+            if b.id == 0 && d > 0 {
+                block0 = Some(p..p + d);
+            }
+            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+            self.put_site(site, S_DATA, data);
+            self.stats.data_in += d as u64;
+            p += d;
+        }
+        self.area.blocks = blocks;
+        res?;
+        let site = heap.and_then(|h| h.main_site(main.len()));
+        let xl = MainXf::len(rec[17], rec[16]).min(main.len());
+        if xl > 0 {
+            let mut xmain = std::mem::take(&mut self.xmain);
+            xmain.clear();
+            xmain.extend_from_slice(main);
+            self.mainxf.forward(rec[17], rec[16], xid, &mut xmain[..xl]);
+            self.put_site(site, S_MAIN, &xmain);
+            self.xmain = xmain;
+        } else {
+            self.put_site(site, S_MAIN, main);
+        }
+        self.stats.data_in += (tot - p) as u64;
+        if let Some(h) = heap {
+            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);
+        }
+        Ok(())
+    }
+
     /// Writes `bytes` (block 0's data or main data) to `stream`, its tuple as a delta when a
     /// reference both ends hold saves enough (site marker in CTRL, see [`tuples`]).
     pub(super) fn put_site(&mut self, site: Option<tuples::Site>, stream: usize, bytes: &[u8]) {
@@ -74,6 +130,7 @@ impl Encoder {
     }
 
     fn opaque_image(&mut self, bytes: &[u8]) {
+        self.stats.image_ops[usize::from(IMG_OPAQUE)] += 1;
         self.streams[S_CTRL].buf.push(IMG_OPAQUE);
         self.streams[S_IMG].buf.extend_from_slice(bytes);
         self.stats.fpi_opaque += 1;
@@ -87,9 +144,23 @@ impl Encoder {
         img: &ImageRef,
         recompress: u8,
     ) -> Result<(), WalCodecError> {
-        let page = &mut self.page;
-        self.stats.fpis += 1;
+        let (op_at, frames_at) = (self.streams[S_CTRL].buf.len(), self.fpi.len());
+        self.encode_page_op(key, img, recompress)?;
+        if let Some(op) = self.streams[S_CTRL].buf.get(op_at) {
+            let k = usize::from(op & 7);
+            self.stats.image_ops[k] += 1;
+            self.stats.image_frame_out[k] += (self.fpi.len() - frames_at) as u64;
+        }
+        Ok(())
+    }
 
+    fn encode_page_op(
+        &mut self,
+        key: &BlockKey,
+        img: &ImageRef,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
+        self.stats.fpis += 1;
         let plan = self.cache.plan(key);
         tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         let tp = &self.tprefix[..];
@@ -98,8 +169,9 @@ impl Encoder {
         let framed =
             usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
         let ctrl = &mut self.streams[S_CTRL].buf;
-        match (plan.reference, plan.store) {
-            (Some(r), Some(s)) if plan.hit && *self.cache.page(r) == **page => {
+        if let (true, Some(r), Some(s)) = (plan.hit, plan.reference, plan.store) {
+            // Against the previous image of the same block, as it is (see `pagexf`).
+            if *self.cache.page(r) == *self.page {
                 ctrl.push(IMG_IDENT | recompress);
                 put_varint(ctrl, u64::from(s));
                 self.cache.touch(s);
@@ -107,50 +179,69 @@ impl Encoder {
                 self.stats.fpi_identical += 1;
                 return Ok(());
             }
-            (Some(r), Some(s)) => {
-                let pc = if plan.hit {
-                    &mut self.pc_hit
+            let len =
+                self.pc_hit
+                    .compress(&self.page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
+            ctrl.push(IMG_SAME | recompress);
+            put_varint(ctrl, u64::from(s));
+            put_varint(ctrl, len as u64);
+            self.stats.fpi_hit_out += len as u64;
+            self.stats.fpi_cache_hits += 1;
+            self.cache.store(s, key, &self.page);
+            return Ok(());
+        }
+        // Any other page goes transformed, against a transformed reference if any; with
+        // known tuples of the block (which match the page as it is) also as it is, and the
+        // smaller frame is sent.
+        self.xf.forward(&self.page, &mut self.xpage);
+        let xpage = &self.xpage;
+        // (A reference comes with a slot to store into: no cache, no reference.)
+        let reference = plan.store.and(plan.reference);
+        if framed || reference.is_some() {
+            let reference = reference.map(|r| {
+                self.xf.forward(self.cache.page(r), &mut self.xref);
+                (r, self.cache.page(r))
+            });
+            let at = self.fpi.len();
+            let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
+            let mut len = self.pc.compress(xpage, &[tp, xr], &mut self.fpi)?;
+            let mut plain = 0;
+            if !tp.is_empty() {
+                let r: &[u8] = reference.map_or(&[], |(_, p)| &p[..]);
+                let n = self.pc.compress(&self.page, &[tp, r], &mut self.fpi)?;
+                if n < len {
+                    self.fpi.drain(at..at + len);
+                    (len, plain) = (n, IMG_PLAIN);
                 } else {
-                    &mut self.pc
-                };
-                let len = pc.compress(page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
-                if plan.hit {
-                    ctrl.push(IMG_SAME | recompress);
-                    put_varint(ctrl, u64::from(s));
-                    self.stats.fpi_hit_out += len as u64;
-                    self.stats.fpi_cache_hits += 1;
-                } else {
-                    ctrl.push(IMG_REF | recompress);
+                    self.fpi.truncate(at + len);
+                }
+            }
+            let flags = recompress | plain;
+            match (reference, plan.store) {
+                (Some((r, _)), Some(s)) => {
+                    ctrl.push(IMG_REF | flags);
                     put_varint(ctrl, u64::from(r));
                     put_varint(ctrl, u64::from(s));
                 }
-                put_varint(ctrl, len as u64);
+                (_, Some(s)) => {
+                    ctrl.push(IMG_NEW | flags);
+                    put_varint(ctrl, u64::from(s));
+                }
+                (_, None) => ctrl.push(IMG_NOCACHE | flags),
             }
-            (None, Some(s)) if framed => {
-                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NEW | recompress);
-                put_varint(ctrl, u64::from(s));
-                put_varint(ctrl, len as u64);
+            put_varint(ctrl, len as u64);
+        } else {
+            match plan.store {
+                Some(s) => {
+                    ctrl.push(IMG_STREAM | recompress);
+                    put_varint(ctrl, u64::from(s));
+                }
+                None => ctrl.push(IMG_STREAM_NOCACHE | recompress),
             }
-            (None, Some(s)) => {
-                ctrl.push(IMG_STREAM | recompress);
-                put_varint(ctrl, u64::from(s));
-                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
-            }
-            (_, None) if framed => {
-                let len = self.pc.compress(page, &[tp], &mut self.fpi)?;
-                ctrl.push(IMG_NOCACHE | recompress);
-                put_varint(ctrl, len as u64);
-                return Ok(());
-            }
-            (_, None) => {
-                ctrl.push(IMG_STREAM_NOCACHE | recompress);
-                self.streams[S_PAGE].buf.extend_from_slice(&page[..]);
-                return Ok(());
-            }
+            self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
         }
         if let Some(s) = plan.store {
-            self.cache.store(s, key, page);
+            self.cache.store(s, key, &self.page);
         }
         Ok(())
     }

@@ -18,6 +18,13 @@ fn tid(blkno: u32, off: u16) -> Tid {
     }
 }
 
+fn head(hoff: u8) -> Head {
+    Head {
+        hoff,
+        ..Head::default()
+    }
+}
+
 struct NoPages;
 impl PageLookup for NoPages {
     fn page_of(&self, _: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
@@ -54,24 +61,24 @@ fn heap_page(tuples: &[&[u8]]) -> Box<[u8; PAGE_SIZE]> {
 fn cache_evicts_oldest_within_its_bytes() {
     let mut c = TupleCache::new(10 * (100 + ENTRY_OVERHEAD));
     for i in 0..25u16 {
-        c.put(tid(1, i + 1), 24, &[i as u8; 100]);
+        c.put(tid(1, i + 1), head(24), &[i as u8; 100]);
         assert!(c.bytes() <= 10 * (100 + ENTRY_OVERHEAD));
     }
     assert_eq!(c.len(), 10);
     assert!(c.get(&tid(1, 15)).is_none());
     assert_eq!(c.get(&tid(1, 16)), Some(&[15u8; 100][..]));
     // Replacing keeps one entry per TID and the accounting exact.
-    c.put(tid(1, 25), 24, &[7; 50]);
+    c.put(tid(1, 25), head(24), &[7; 50]);
     assert_eq!(c.len(), 10);
     assert_eq!(c.bytes(), 9 * (100 + ENTRY_OVERHEAD) + 50 + ENTRY_OVERHEAD);
     // Stale order entries do not grow without bound.
     for _ in 0..10_000 {
-        c.put(tid(2, 1), 24, &[1; 10]);
+        c.put(tid(2, 1), head(24), &[1; 10]);
     }
     assert!(c.order.len() <= 2 * c.len() + 1024 + 1);
     // A zero-capacity cache holds nothing.
     let mut z = TupleCache::new(0);
-    z.put(tid(1, 1), 24, &[1; 10]);
+    z.put(tid(1, 1), head(24), &[1; 10]);
     assert!(z.is_empty());
 }
 
@@ -148,7 +155,7 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
     ins.extend_from_slice(b"hello, this is the user data");
     let blocks = [block(0, 3, ins.len() as u16)];
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_INSERT, &blocks, &[1, 0, 0]).unwrap();
-    h.feed(Some(&ins), &mut tuples, &NoPages);
+    h.feed(Some(&ins), 900, &mut tuples, &NoPages);
     assert_eq!(tuples.get(&tid(3, 1)), Some(&ins[5..]));
     // HOT UPDATE (3,1) -> (3,2) with prefix 7 ("hello, ") and suffix 9 ("user data").
     let mut upd = vec![7u8, 0, 9, 0, 0, 0, 0, 0, 24, 0xAA];
@@ -159,7 +166,7 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
         2,
     );
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_HOT_UPDATE, &blocks, &main).unwrap();
-    h.feed(Some(&upd), &mut tuples, &NoPages);
+    h.feed(Some(&upd), 901, &mut tuples, &NoPages);
     let mut want = vec![0xAA];
     want.extend_from_slice(b"hello, that was the user data");
     assert_eq!(tuples.get(&tid(3, 2)), Some(&want[..]));
@@ -170,12 +177,47 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
         2,
     );
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_HOT_UPDATE, &blocks, &main).unwrap();
-    h.feed(Some(&upd), &mut tuples, &NoPages);
+    h.feed(Some(&upd), 901, &mut tuples, &NoPages);
     assert!(tuples.get(&tid(3, 2)).is_none());
     // A DELETE forgets the tuple.
     let mut del = vec![0u8; SIZE_DELETE];
     del[4] = 1;
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_DELETE, &blocks, &del).unwrap();
-    h.feed(None, &mut tuples, &NoPages);
+    h.feed(None, 902, &mut tuples, &NoPages);
     assert!(tuples.get(&tid(3, 1)).is_none());
+}
+
+/// The known tuples of a block come with the header PostgreSQL puts on the page: xmin from
+/// the record, t_ctid pointing at the tuple itself, the record's infomask with
+/// HEAP_XMIN_COMMITTED, in line pointer order.
+#[test]
+fn page_prefix_rebuilds_tuple_headers() {
+    let mut tuples = TupleCache::new(1 << 20);
+    for (off, xid, data) in [(2u16, 901u32, &b"second"[..]), (1, 900, &b"first"[..])] {
+        let mut ins = vec![0x03, 0x00, 0x02, 0x08, 24, 0xAA];
+        ins.extend_from_slice(data);
+        let blocks = [block(0, 0x1_0003, ins.len() as u16)];
+        let main = [off as u8, 0, 0];
+        let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_INSERT, &blocks, &main).unwrap();
+        h.feed(Some(&ins), xid, &mut tuples, &NoPages);
+    }
+    let mut out = Vec::new();
+    // pd_lower 32: line pointers 1 and 2.
+    page_prefix(&tuples, &key(0x1_0003), 32, &mut out);
+    let header = |xmin: u32, off: u16| {
+        let mut h = xmin.to_le_bytes().to_vec();
+        h.extend_from_slice(&[0; 8]);
+        h.extend_from_slice(&[1, 0, 3, 0]);
+        h.extend_from_slice(&off.to_le_bytes());
+        h.extend_from_slice(&[0x03, 0x00, 0x02, 0x09, 24]);
+        h
+    };
+    let mut want = header(900, 1);
+    want.extend_from_slice(b"\xAAfirst");
+    want.extend(header(901, 2));
+    want.extend_from_slice(b"\xAAsecond");
+    assert_eq!(out, want);
+    // Only the line pointers the image has: pd_lower 28 stops after the first.
+    page_prefix(&tuples, &key(0x1_0003), 28, &mut out);
+    assert_eq!(out.len(), TUPLE_HEADER + 6);
 }

@@ -1,0 +1,265 @@
+//! A reversible transform of data pages that shows zstd their regularity, for page frames
+//! whose reference is not an earlier image of the same block (format version 3).
+//!
+//! A standard PostgreSQL page (heap, btree, and the other access methods built on
+//! `PageHeaderData`) is a header, an array of 4-byte line pointers, free space, items, and
+//! special space. Neighbouring line pointers and neighbouring items differ by small amounts
+//! (offsets step by the item size; btree keys and heap TIDs count up; tuple headers repeat
+//! with another xmin or ctid), which zstd cannot see: it codes a 4-byte field that changed by
+//! one as literals. Measured on the first 30 s of pgbench (scale 10) after a checkpoint, the
+//! page frames of first images went from 7.15 MB to 1.24 MB with this transform (btree leaf
+//! pages 12 ×, heap pages 4 ×); on random-payload rows 11 % smaller.
+//!
+//! ```text
+//! if 24 <= pd_lower <= pd_upper <= pd_special <= 8192 and (pd_lower - 24) % 4 == 0:
+//!   n = (pd_lower - 24) / 4 line pointers; lp[i] = u32le at 24 + 4i
+//!   items: line pointers with flags != 0, length > 0, offset >= pd_lower and
+//!          offset + length <= 8192; each item's head is its first min(32, length) bytes
+//!   if the heads of all items are pairwise disjoint:
+//!     for each item in line pointer order whose head length equals that of the last
+//!     earlier item of the same length (`same`, remembered per length in 64 slots by
+//!     length % 64, a slot overwritten by each item):
+//!       head[k] -= same.head[k] (wrapping, bytewise, in the transformed copy; the original
+//!       bytes on the right)
+//!   lp[i] -= lp[i - 1] (wrapping u32) for i from n - 1 down to 1
+//! anything else: unchanged
+//! ```
+//!
+//! Header fields are not touched, so the inverse makes the same decision; it restores the
+//! line pointers first (in order), then the heads in line pointer order: every head it reads
+//! from is already restored, and no later step writes into it (disjoint heads, all after
+//! the line pointer array). Any 8192 bytes map to 8192 bytes and back; nothing can fail.
+
+use super::wal::PAGE_SIZE;
+
+/// Bytes of an item taken as its head.
+const HEAD: usize = 32;
+/// Slots of the "last item of this length" table.
+const SLOTS: usize = 64;
+
+/// Scratch space for the transform (kept between pages to avoid allocations).
+#[derive(Default)]
+pub struct PageXf {
+    /// (offset, head length) of every item, in line pointer order.
+    items: Vec<(u16, u16)>,
+    sorted: Vec<(u16, u16)>,
+}
+
+fn le16(p: &[u8; PAGE_SIZE], at: usize) -> usize {
+    usize::from(u16::from_le_bytes([p[at], p[at + 1]]))
+}
+
+fn lp(p: &[u8; PAGE_SIZE], i: usize) -> u32 {
+    let at = 24 + 4 * i;
+    u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
+}
+
+fn set_lp(p: &mut [u8; PAGE_SIZE], i: usize, v: u32) {
+    let at = 24 + 4 * i;
+    p[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Number of line pointers if the header describes a standard layout.
+fn line_pointers(p: &[u8; PAGE_SIZE]) -> Option<usize> {
+    let (lower, upper, special) = (le16(p, 12), le16(p, 14), le16(p, 16));
+    let ok = 24 <= lower
+        && lower <= upper
+        && upper <= special
+        && special <= PAGE_SIZE
+        && (lower - 24) % 4 == 0;
+    ok.then(|| (lower - 24) / 4)
+}
+
+impl PageXf {
+    pub fn new() -> PageXf {
+        PageXf::default()
+    }
+
+    /// Fills `self.items` from the (original) line pointers of `p`; false if the heads are
+    /// not pairwise disjoint (then no item is transformed).
+    fn collect_items(&mut self, p: &[u8; PAGE_SIZE], n: usize) -> bool {
+        let lower = 24 + 4 * n;
+        self.items.clear();
+        for i in 0..n {
+            let v = lp(p, i);
+            let (off, flags, len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
+            if flags != 0 && len > 0 && off >= lower && off + len <= PAGE_SIZE {
+                self.items.push((off as u16, len.min(HEAD) as u16));
+            }
+        }
+        self.sorted.clear();
+        self.sorted.extend_from_slice(&self.items);
+        self.sorted.sort_unstable();
+        self.sorted
+            .windows(2)
+            .all(|w| usize::from(w[0].0) + usize::from(w[0].1) <= usize::from(w[1].0))
+    }
+
+    /// Pairs (item, earlier item of the same head length) in line pointer order, as
+    /// `f(offset, reference offset, head length)`.
+    fn pairs(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let mut last = [(0u16, 0u16); SLOTS];
+        for &(off, hl) in &self.items {
+            let slot = &mut last[usize::from(hl) % SLOTS];
+            if slot.1 == hl {
+                f(usize::from(off), usize::from(slot.0), usize::from(hl));
+            }
+            *slot = (off, hl);
+        }
+    }
+
+    /// `out` = the transform of `page`.
+    pub fn forward(&mut self, page: &[u8; PAGE_SIZE], out: &mut [u8; PAGE_SIZE]) {
+        out.copy_from_slice(page);
+        let Some(n) = line_pointers(page) else {
+            return;
+        };
+        if self.collect_items(page, n) {
+            self.pairs(|off, r, hl| {
+                for k in 0..hl {
+                    out[off + k] = page[off + k].wrapping_sub(page[r + k]);
+                }
+            });
+        }
+        for i in (1..n).rev() {
+            set_lp(out, i, lp(page, i).wrapping_sub(lp(page, i - 1)));
+        }
+    }
+
+    /// Undoes [`PageXf::forward`] in place.
+    pub fn inverse(&mut self, page: &mut [u8; PAGE_SIZE]) {
+        let Some(n) = line_pointers(page) else {
+            return;
+        };
+        for i in 1..n {
+            set_lp(page, i, lp(page, i).wrapping_add(lp(page, i - 1)));
+        }
+        if self.collect_items(page, n) {
+            // In line pointer order: each reference head is final before it is read.
+            self.pairs(|off, r, hl| {
+                for k in 0..hl {
+                    page[off + k] = page[off + k].wrapping_add(page[r + k]);
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::walcodec::testgen::{Entropy, Rng};
+    use proptest::prelude::*;
+
+    /// A heap-like page: `n` items of `len` bytes packed from the end, each a header that
+    /// repeats with a counter, then `fill`.
+    fn packed(
+        n: usize,
+        len: usize,
+        special: usize,
+        fill: impl Fn(usize, usize) -> u8,
+    ) -> Box<[u8; PAGE_SIZE]> {
+        let mut p = Box::new([0u8; PAGE_SIZE]);
+        let lower = 24 + 4 * n;
+        let mut off = PAGE_SIZE - special;
+        for i in 0..n {
+            off -= len.next_multiple_of(8);
+            set_lp(&mut p, i, off as u32 | 1 << 15 | (len as u32) << 17);
+            for k in 0..len {
+                p[off + k] = fill(i, k);
+            }
+        }
+        p[12..14].copy_from_slice(&(lower as u16).to_le_bytes());
+        p[14..16].copy_from_slice(&(off as u16).to_le_bytes());
+        p[16..18].copy_from_slice(&((PAGE_SIZE - special) as u16).to_le_bytes());
+        p
+    }
+
+    fn round_trip(p: &[u8; PAGE_SIZE]) -> Box<[u8; PAGE_SIZE]> {
+        let mut xf = PageXf::new();
+        let mut t = Box::new([0u8; PAGE_SIZE]);
+        xf.forward(p, &mut t);
+        let mut back = t.clone();
+        xf.inverse(&mut back);
+        assert!(back[..] == p[..], "the inverse did not restore the page");
+        t
+    }
+
+    #[test]
+    fn counters_become_constant_and_come_back() {
+        // btree-like: 16-byte items whose key counts up.
+        let p = packed(400, 16, 16, |i, k| if k == 8 { i as u8 } else { k as u8 });
+        let t = round_trip(&p);
+        // Line pointers after the first: all the same step.
+        let steps: std::collections::HashSet<u32> = (1..400).map(|i| lp(&t, i)).collect();
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        // Items after the first: the key differs by one, everything else by zero.
+        let off = (lp(&p, 5) & 0x7fff) as usize;
+        let mut want = [0u8; 16];
+        want[8] = 1;
+        assert_eq!(t[off..off + 16], want);
+        // Compresses far better than the page itself.
+        let z = |b: &[u8]| zstd::bulk::compress(b, 3).unwrap().len();
+        assert!(z(&t[..]) * 4 < z(&p[..]), "{} vs {}", z(&t[..]), z(&p[..]));
+    }
+
+    #[test]
+    fn only_heads_are_delta_coded() {
+        let p = packed(60, 120, 0, |i, k| (i * 7 + k * 13) as u8);
+        let t = round_trip(&p);
+        let off = (lp(&p, 3) & 0x7fff) as usize;
+        assert!(t[off..off + HEAD].iter().all(|&b| b == 7));
+        assert_eq!(t[off + HEAD..off + 120], p[off + HEAD..off + 120]);
+    }
+
+    #[test]
+    fn overlapping_items_leave_items_alone() {
+        let mut p = packed(10, 40, 0, |i, k| (i + k) as u8);
+        // Item 4 points into item 3.
+        let off3 = lp(&p, 3) & 0x7fff;
+        set_lp(&mut p, 4, (off3 + 8) | 1 << 15 | 40 << 17);
+        let t = round_trip(&p);
+        let off5 = (lp(&p, 5) & 0x7fff) as usize;
+        assert_eq!(t[off5..off5 + 40], p[off5..off5 + 40]);
+    }
+
+    #[test]
+    fn odd_headers_pass_unchanged() {
+        let mut rng = Rng::new(3);
+        let mut p = Box::new([0u8; PAGE_SIZE]);
+        p.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+        // pd_lower beyond pd_upper.
+        p[12..14].copy_from_slice(&900u16.to_le_bytes());
+        p[14..16].copy_from_slice(&800u16.to_le_bytes());
+        let t = round_trip(&p);
+        assert!(t[..] == p[..]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+        /// Any bytes at all, with headers steered towards the standard layout and line
+        /// pointers towards items that overlap, touch or run off the page.
+        #[test]
+        fn any_page_round_trips(seed in any::<u64>(), lower in 0u16..9000, upper in 0u16..9000,
+                                special in 0u16..9000, structured in any::<bool>()) {
+            let mut rng = Rng::new(seed);
+            let mut p = Box::new([0u8; PAGE_SIZE]);
+            p.iter_mut().for_each(|b| *b = (rng.next_u64() % 7) as u8);
+            let lower = if structured { 24 + (lower % 1000) / 4 * 4 } else { lower };
+            p[12..14].copy_from_slice(&lower.to_le_bytes());
+            p[14..16].copy_from_slice(&upper.max(lower).to_le_bytes());
+            p[16..18].copy_from_slice(&special.max(upper).max(lower).to_le_bytes());
+            if structured {
+                for i in 0..(usize::from(lower).saturating_sub(24) / 4).min(2000) {
+                    let off = usize::from(lower) + (rng.next_u64() % 8000) as usize;
+                    let len = [16, 24, 40, 120][(rng.next_u64() % 4) as usize];
+                    let v = (off as u32 & 0x7fff) | ((rng.next_u64() % 4) as u32) << 15 | (len as u32) << 17;
+                    if 24 + 4 * i + 4 <= PAGE_SIZE {
+                        set_lp(&mut p, i, v);
+                    }
+                }
+            }
+            round_trip(&p);
+        }
+    }
+}

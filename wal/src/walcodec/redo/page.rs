@@ -1,0 +1,227 @@
+//! Standard page primitives as PostgreSQL's `bufpage.c` does them (`PageAddItemExtended` with
+//! an explicit offset, `PageRepairFragmentation`, `PageTruncateLinePointerArray`), on 8 KiB
+//! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
+//! the page as it is or partly changed (the result is only a prediction).
+
+use crate::walcodec::wal::PAGE_SIZE;
+
+pub type PageBuf = [u8; PAGE_SIZE];
+
+pub const LP_UNUSED: u32 = 0;
+pub const LP_NORMAL: u32 = 1;
+pub const LP_REDIRECT: u32 = 2;
+pub const LP_DEAD: u32 = 3;
+
+const PD_HAS_FREE_LINES: u16 = 0x0001;
+pub const PD_PAGE_FULL: u16 = 0x0002;
+pub const PD_ALL_VISIBLE: u16 = 0x0004;
+/// SizeofHeapTupleHeader.
+pub const TUPLE_HEADER: usize = 23;
+/// MaxHeapTuplesPerPage.
+const MAX_TUPLES: usize = 291;
+
+pub fn u16_at(p: &PageBuf, at: usize) -> u16 {
+    u16::from_le_bytes([p[at], p[at + 1]])
+}
+
+pub fn set_u16(p: &mut PageBuf, at: usize, v: u16) {
+    p[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+pub fn set_u32(p: &mut PageBuf, at: usize, v: u32) {
+    p[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
+    u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
+}
+
+/// (pd_lower, pd_upper, pd_special) if they describe a standard layout.
+pub fn bounds(p: &PageBuf) -> Option<(usize, usize, usize)> {
+    let (lower, upper, special) = (
+        usize::from(u16_at(p, 12)),
+        usize::from(u16_at(p, 14)),
+        usize::from(u16_at(p, 16)),
+    );
+    let ok = 24 <= lower
+        && lower <= upper
+        && upper <= special
+        && special <= PAGE_SIZE
+        && (lower - 24) % 4 == 0;
+    ok.then_some((lower, upper, special))
+}
+
+/// Number of line pointers.
+pub fn max_offset(p: &PageBuf) -> Option<usize> {
+    bounds(p).map(|(lower, _, _)| (lower - 24) / 4)
+}
+
+/// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
+pub fn lp(p: &PageBuf, off: usize) -> Option<(usize, u32, usize)> {
+    if off == 0 || off > max_offset(p)? {
+        return None;
+    }
+    let v = u32_at(p, 24 + 4 * (off - 1));
+    Some(((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize))
+}
+
+pub fn set_lp(p: &mut PageBuf, off: usize, lp_off: usize, flags: u32, len: usize) {
+    let v = (lp_off as u32 & 0x7fff) | (flags & 3) << 15 | (len as u32 & 0x7fff) << 17;
+    set_u32(p, 24 + 4 * (off - 1), v);
+}
+
+/// The byte range of the tuple at `off` if it is LP_NORMAL with at least a tuple header.
+pub fn tuple_range(p: &PageBuf, off: usize) -> Option<std::ops::Range<usize>> {
+    let (at, flags, len) = lp(p, off)?;
+    let end = at.checked_add(len)?;
+    (flags == LP_NORMAL && len >= TUPLE_HEADER && end <= PAGE_SIZE && at >= 24).then_some(at..end)
+}
+
+pub fn set_flag(p: &mut PageBuf, flag: u16, on: bool) {
+    let f = u16_at(p, 10);
+    set_u16(p, 10, if on { f | flag } else { f & !flag });
+}
+
+/// PageInit of an 8 KiB page without special space.
+pub fn init(p: &mut PageBuf) {
+    p.fill(0);
+    set_u16(p, 12, 24);
+    set_u16(p, 14, PAGE_SIZE as u16);
+    set_u16(p, 16, PAGE_SIZE as u16);
+    set_u16(p, 18, PAGE_SIZE as u16 | 4);
+}
+
+/// PageAddItem(page, item, size, offnum, overwrite = true, is_heap = true): false (page
+/// unchanged) where PostgreSQL would refuse.
+pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
+    let Some((lower, upper, _)) = bounds(p) else {
+        return false;
+    };
+    let limit = (lower - 24) / 4 + 1;
+    if offnum == 0 || offnum > limit || offnum > MAX_TUPLES {
+        return false;
+    }
+    if offnum < limit {
+        match lp(p, offnum) {
+            Some((_, LP_UNUSED, 0)) => {}
+            _ => return false,
+        }
+    }
+    let new_lower = if offnum == limit { lower + 4 } else { lower };
+    let Some(new_upper) = upper.checked_sub(item.len().next_multiple_of(8)) else {
+        return false;
+    };
+    if new_lower > new_upper {
+        return false;
+    }
+    set_lp(p, offnum, new_upper, LP_NORMAL, item.len());
+    p[new_upper..new_upper + item.len()].copy_from_slice(item);
+    set_u16(p, 12, new_lower as u16);
+    set_u16(p, 14, new_upper as u16);
+    true
+}
+
+/// Line pointer `off` (1-based, at most the number of line pointers) without checks.
+fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
+    let v = u32_at(p, 24 + 4 * (off - 1));
+    ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
+}
+
+/// PageRepairFragmentation (PostgreSQL 14+: tuples packed from pd_special down in line
+/// pointer order; from 17 on also the trailing unused line pointers cut off when `truncate`).
+pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageBuf) {
+    let Some((lower, upper, special)) = bounds(p) else {
+        return;
+    };
+    if special % 8 != 0 {
+        return;
+    }
+    let n = (lower - 24) / 4;
+    let (mut nunused, mut final_used, mut total) = (0usize, 0usize, 0usize);
+    let mut presorted = true;
+    let mut last = special;
+    for off in 1..=n {
+        let (at, flags, len) = lp_raw(p, off);
+        if flags == LP_UNUSED {
+            set_lp(p, off, 0, LP_UNUSED, 0);
+            nunused += 1;
+            continue;
+        }
+        final_used = off;
+        if len > 0 {
+            if at < upper || at >= special || at + len > PAGE_SIZE {
+                return;
+            }
+            presorted &= at < last;
+            last = at;
+            total += len.next_multiple_of(8);
+        }
+    }
+    if total > special - lower {
+        return;
+    }
+    if !presorted {
+        scratch[upper..].copy_from_slice(&p[upper..]);
+    }
+    let mut top = special;
+    // Presorted: runs of adjacent items that move up by the same amount, one copy each (the
+    // runs below have not moved yet, the ones above are in place).
+    let mut run: Option<(usize, usize, usize)> = None;
+    let flush = |p: &mut PageBuf, run: Option<(usize, usize, usize)>| {
+        if let Some((lo, hi, shift)) = run {
+            p.copy_within(lo..hi, lo + shift);
+        }
+    };
+    for off in 1..=n {
+        let (at, flags, len) = lp_raw(p, off);
+        if flags == LP_UNUSED || len == 0 {
+            continue;
+        }
+        let aligned = len.next_multiple_of(8);
+        top -= aligned;
+        if top == at {
+            continue;
+        }
+        let end = (at + aligned).min(PAGE_SIZE);
+        if presorted && top > at {
+            let shift = top - at;
+            run = match run {
+                Some((lo, hi, s)) if s == shift && end == lo => Some((at, hi, s)),
+                other => {
+                    flush(p, other);
+                    Some((at, end, shift))
+                }
+            };
+        } else {
+            flush(p, run.take());
+            if presorted {
+                // A damaged page whose items overlap moves down: one item at a time.
+                p.copy_within(at..end, top);
+            } else {
+                p[top..top + (end - at)].copy_from_slice(&scratch[at..end]);
+            }
+        }
+        set_lp(p, off, top, flags, len);
+    }
+    flush(p, run);
+    set_u16(p, 14, top as u16);
+    if truncate && final_used < n {
+        nunused -= n - final_used;
+        set_u16(p, 12, (24 + 4 * final_used) as u16);
+    }
+    set_flag(p, PD_HAS_FREE_LINES, nunused > 0);
+}
+
+/// PageTruncateLinePointerArray: trailing unused line pointers cut off (one always kept).
+pub fn truncate_line_pointers(p: &mut PageBuf) {
+    let Some(n) = max_offset(p) else {
+        return;
+    };
+    let mut keep = n;
+    while keep > 1 && matches!(lp(p, keep), Some((_, LP_UNUSED, _))) {
+        keep -= 1;
+    }
+    let any_unused = (1..=keep).any(|off| matches!(lp(p, off), Some((_, LP_UNUSED, _))));
+    set_u16(p, 12, (24 + 4 * keep) as u16);
+    set_flag(p, PD_HAS_FREE_LINES, any_unused);
+}
