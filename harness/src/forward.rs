@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cluster::free_port;
+
 /// Starting the forwarder failed.
 #[derive(Debug, thiserror::Error)]
 #[error("starting the link forwarder: {0}")]
@@ -39,9 +41,11 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Listens on a free port of 127.0.0.1 and forwards each connection to `target`.
+    /// Listens on a free port of 127.0.0.1 and forwards each connection to `target`. The port
+    /// comes from [`free_port`], so it is never one handed out (and released) for a process
+    /// that has not started listening yet.
     pub fn start(target: u16) -> Result<Forwarder, ForwardError> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind(("127.0.0.1", free_port()))?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             up: AtomicBool::new(true),
