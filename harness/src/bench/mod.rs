@@ -17,7 +17,7 @@
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
 
-mod micro;
+pub mod micro;
 mod pair;
 mod report;
 mod sample;
