@@ -9,6 +9,7 @@
 //! - [`negotiate`]: protocol version negotiation at startup (NegotiateProtocolVersion);
 //! - [`replcmd`]: the replication commands a standby may send, parsed, validated, re-rendered;
 //! - [`results`]: result sets a walsender sends (IDENTIFY_SYSTEM, TIMELINE_HISTORY, ...);
+//! - [`scan`]: message boundaries in a stream passed on unbuffered (a tunnel's backend side);
 //! - [`scram`]: the server side of SCRAM-SHA-256;
 //! - [`syncrep`]: which standbys `synchronous_standby_names` lets a commit wait for.
 //!
@@ -33,6 +34,7 @@
 pub mod negotiate;
 pub mod replcmd;
 pub mod results;
+pub mod scan;
 pub mod scram;
 pub mod syncrep;
 

@@ -35,11 +35,12 @@ pub fn negotiate(minor: u16, params: &[(String, String)]) -> Option<Negotiation>
         .filter(|(k, _)| is_protocol_option(k))
         .map(|(k, _)| k.clone())
         .collect();
-    if minor <= NEWEST_MINOR && unrecognized.is_empty() {
+    // 3.0 is both the oldest minor and the newest walrelay speaks: any other minor is newer.
+    if minor == NEWEST_MINOR && unrecognized.is_empty() {
         return None;
     }
     Some(Negotiation {
-        version: PROTOCOL_3_0 | u32::from(NEWEST_MINOR.min(minor)),
+        version: PROTOCOL_3_0 | u32::from(NEWEST_MINOR),
         unrecognized,
     })
 }
