@@ -78,3 +78,198 @@ async fn protocol_3_2_and_unknown_options_are_negotiated() {
         "authentication request after negotiation"
     );
 }
+
+/// `pg_basebackup` through the downstream, as an operator in the far datacenter runs it.
+fn basebackup_via(env: &Split, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = env
+        .primary
+        .command("pg_basebackup")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &env.down_port.to_string(),
+            "-U",
+            STANDBY_USER,
+        ])
+        .arg("-D")
+        .arg(dir)
+        .args(args)
+        .args(["-c", "fast", "--no-sync", "--no-password"])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "20")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until the downstream's spool holds the primary's WAL up to now (IDENTIFY_SYSTEM
+/// on the downstream answers with the spool's end), so link bytes counted afterwards are
+/// the backup's.
+async fn wait_spool_caught_up(env: &Split) {
+    let target = env.lsn().await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
+        env.down_port
+    );
+    let primary = &env.primary;
+    walrelay_harness::cluster::wait_until("the spool to catch up", TIMEOUT, || {
+        let conninfo = conninfo.clone();
+        async move {
+            let (ok, out, err) = psql_repl(primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+            if !ok {
+                return Err(walrelay_harness::cluster::ClusterError::Other(err));
+            }
+            let pos = out.trim().split('|').nth(2).unwrap_or("0/0");
+            Ok(parse_lsn(pos) >= target)
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Every file of a tar-format backup directory, concatenated, compressed as `zstd -3` would.
+fn zstd3_of_tar_backup(dir: &std::path::Path) -> (u64, u64) {
+    let mut raw = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    names.sort();
+    for p in names {
+        raw.extend_from_slice(&std::fs::read(p).unwrap());
+    }
+    let z = zstd::bulk::compress(&raw, 3).unwrap();
+    (raw.len() as u64, z.len() as u64)
+}
+
+/// A standby seeded only with `pg_basebackup -h <downstream> -X stream -R` starts, streams
+/// through the relay and ends with the primary's contents; the backup cost the link no more
+/// than `zstd -3` of the same backup in tar format. `-X fetch` (plain, verified with
+/// pg_verifybackup) and tar format work through the downstream too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_basebackup_through_the_relay_seeds_a_standby() {
+    let env = Split::new(SplitOpts::default()).await;
+    pgbench(&env.primary, &["-i", "-s", "3", "-q", "postgres"]);
+    wait_spool_caught_up(&env).await;
+
+    // The reference: a tar-format backup straight from the primary, compressed with zstd -3.
+    let direct = env.root.path().join("direct-tar");
+    let out = env
+        .primary
+        .command("pg_basebackup")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &env.primary.port().to_string(),
+            "-U",
+            "postgres",
+        ])
+        .arg("-D")
+        .arg(&direct)
+        .args([
+            "-Ft",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+            "--no-password",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (tar_bytes, zstd3) = zstd3_of_tar_backup(&direct);
+
+    let link0 = env.link_bytes();
+    let standby = walrelay_harness::cluster::Cluster::standby_from_basebackup(
+        env.primary.install(),
+        &env.root,
+        "seeded",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &env.down_port.to_string(),
+            "-U",
+            STANDBY_USER,
+        ],
+        &["-X", "stream", "-c", "fast"],
+        &[("PGPASSWORD", STANDBY_PASSWORD)],
+    )
+    .unwrap();
+    let link = env.link_bytes() - link0;
+    eprintln!(
+        "backup through the relay: {link} link bytes; the same backup as tar: {tar_bytes} bytes, zstd -3: {zstd3} bytes"
+    );
+    assert!(
+        link <= zstd3,
+        "the backup cost the link {link} bytes, more than zstd -3 of its tar ({zstd3})"
+    );
+    let auto = std::fs::read_to_string(standby.dir().join("postgresql.auto.conf")).unwrap();
+    assert!(auto.contains(&format!("port={}", env.down_port)), "{auto}");
+
+    standby.start().await.unwrap();
+    env.primary
+        .execute("create table after_backup as select g from generate_series(1, 5000) g")
+        .await
+        .unwrap();
+    pgbench(&env.primary, &["-t", "200", "-c", "2", "postgres"]);
+    let port = env.down_port;
+    let s = &standby;
+    walrelay_harness::cluster::wait_until("the seeded standby to stream through the relay", TIMEOUT, || async move {
+        let r = s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await?;
+        Ok(r == format!("streaming:{port}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", standby.log_tail(30)));
+    let target = env.lsn().await;
+    walrelay_harness::cluster::wait_until("the seeded standby to replay", TIMEOUT, || async move {
+        Ok(parse_lsn(
+            &s.query_one_string("select pg_last_wal_replay_lsn()::text")
+                .await?,
+        ) >= target)
+    })
+    .await
+    .unwrap();
+    let mut tables = PGBENCH_TABLES.to_vec();
+    tables.push("after_backup");
+    assert_eq!(
+        tables_digest(&standby, &tables).await,
+        tables_digest(&env.primary, &tables).await
+    );
+
+    // -X fetch, plain: the WAL comes inside the backup stream; pg_verifybackup checks it all.
+    let fetched = env.root.path().join("fetched");
+    let (ok, err) = basebackup_via(&env, &fetched, &["-X", "fetch"]);
+    assert!(ok, "pg_basebackup -X fetch through the relay: {err}");
+    let out = env
+        .primary
+        .command("pg_verifybackup")
+        .arg(&fetched)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_verifybackup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Tar format with -X stream: base.tar and pg_wal.tar.
+    let tar = env.root.path().join("tar");
+    let (ok, err) = basebackup_via(&env, &tar, &["-Ft", "-X", "stream"]);
+    assert!(ok, "pg_basebackup -Ft through the relay: {err}");
+    for f in ["base.tar", "pg_wal.tar"] {
+        assert!(std::fs::metadata(tar.join(f)).unwrap().len() > 0, "{f}");
+    }
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}

@@ -129,15 +129,12 @@ pub(super) async fn accept(
             "no PostgreSQL user name specified in startup packet".into(),
         );
     }
-    match get("replication").map(str::to_ascii_lowercase).as_deref() {
-        Some("true" | "on" | "yes" | "1") => {}
-        Some("database") => {
-            return fail(writer, "0A000", "walrelay relays physical replication only; logical replication connections (replication=database) are not supported".into());
-        }
-        _ => {
-            return fail(writer, "0A000", "walrelay accepts only physical replication connections (replication=true); connect to the primary for SQL".into());
-        }
-    }
+    // Physical replication is served from the spool; anything else goes through a tunnel.
+    let tunnel = crate::tunnel::mode_of(get("replication"));
+    let database = get("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_string();
     let application_name = get("application_name")
         .filter(|s| !s.is_empty())
         .or(get("fallback_application_name"))
@@ -147,6 +144,8 @@ pub(super) async fn accept(
         peer,
         user: user.clone(),
         application_name,
+        tunnel,
+        database,
     };
 
     if ds.cfg.auth == AuthMethod::ScramSha256 {
