@@ -110,10 +110,12 @@ pub(crate) async fn whole(
     if writer.write_all(&b).await.is_err() {
         return End::Quiet;
     }
-    let session = match TunnelSession::new(ds, reader, writer, mode) {
+    let mut session = match TunnelSession::new(ds, reader, writer, mode) {
         Ok(s) => s,
         Err(end) => return end,
     };
+    // The primary's startup reply ends with a ReadyForQuery too: a refusal waits for it.
+    session.outstanding = 1;
     info!(peer = %standby.peer, user = %standby.user, application_name = %standby.application_name, database = %standby.database, ?mode, "session goes through a tunnel to the primary");
     let open = session.open_for(standby, &standby.database, true);
     session.run(open, None).await
