@@ -273,3 +273,150 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
 }
+
+/// A subscriber's connection string to the primary's database through the downstream.
+fn sub_conninfo(env: &Split, app: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} dbname=postgres application_name={app}",
+        env.down_port
+    )
+}
+
+async fn wait_same(
+    what: &str,
+    a: &walrelay_harness::cluster::Cluster,
+    b: &walrelay_harness::cluster::Cluster,
+    sql: &str,
+) {
+    walrelay_harness::cluster::wait_until(what, TIMEOUT, || async move {
+        Ok(a.query_one_string(sql).await? == b.query_one_string(sql).await?)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nsubscriber log:\n{}", b.log_tail(30)));
+}
+
+async fn confirmed_flush(primary: &walrelay_harness::cluster::Cluster, slot: &str) -> u64 {
+    parse_lsn(
+        &primary
+            .query_one_string(&format!(
+                "select coalesce((select confirmed_flush_lsn::text from pg_replication_slots where slot_name = '{slot}'), '0/0')"
+            ))
+            .await
+            .unwrap(),
+    )
+}
+
+/// A PostgreSQL 16 subscriber whose subscriptions connect through the downstream: with
+/// `downstream.allow_slot_commands` off, a subscription that would create its slot is refused
+/// with the reason, and one on a slot made on the primary receives inserts, updates and
+/// deletes while its feedback advances the slot; after a reload with the key on, a
+/// subscription creates its slot, copies the table (table synchronization through the
+/// tunnel), streams, and DROP SUBSCRIPTION drops the slot on the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_subscription_through_the_relay() {
+    let env = Split::new(SplitOpts {
+        primary: walrelay_harness::cluster::PrimaryOpts {
+            wal_level: "logical".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let p = &env.primary;
+    p.execute("create table items(id int primary key, v text); insert into items values (1, 'a'), (2, 'b'), (3, 'c'); create publication pub for table items; grant select on items to replicator").await.unwrap();
+    p.execute("select pg_create_logical_replication_slot('sub_a', 'pgoutput')")
+        .await
+        .unwrap();
+    let pg16 = walrelay_harness::cluster::majors::install_for_major(16)
+        .expect("PostgreSQL 16 (scripts/install-pg-majors.sh)");
+    let sub = walrelay_harness::cluster::Cluster::init_primary(
+        &pg16,
+        &env.root,
+        "subscriber",
+        &Default::default(),
+    )
+    .unwrap();
+    sub.start().await.unwrap();
+    sub.execute("create table items(id int primary key, v text); insert into items values (1, 'a'), (2, 'b'), (3, 'c'); create table more(id int primary key)").await.unwrap();
+
+    // Slot creation is refused while downstream.allow_slot_commands is off, with the reason.
+    let err = sub
+        .execute(&format!(
+            "create subscription sub_x connection '{}' publication pub",
+            sub_conninfo(&env, "sub_x")
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("allow_slot_commands"), "{err}");
+    assert_eq!(
+        confirmed_flush(p, "sub_x").await,
+        0,
+        "the refused slot must not exist"
+    );
+
+    sub.execute(&format!("create subscription sub_a connection '{}' publication pub with (create_slot = false, slot_name = 'sub_a', copy_data = false)", sub_conninfo(&env, "sub_a"))).await.unwrap();
+    let flush0 = confirmed_flush(p, "sub_a").await;
+    p.execute("insert into items values (4, 'd'), (5, 'e'); update items set v = 'A' where id = 1; delete from items where id = 2").await.unwrap();
+    let all = "select string_agg(id || ':' || v, ',' order by id) from items";
+    wait_same(
+        "inserts, updates and deletes at the subscriber",
+        p,
+        &sub,
+        all,
+    )
+    .await;
+    assert_eq!(sub.query_one_string(all).await.unwrap(), "1:A,3:c,4:d,5:e");
+    let target = env.lsn().await;
+    walrelay_harness::cluster::wait_until(
+        "the subscriber's feedback to advance the slot",
+        TIMEOUT,
+        || async move { Ok(confirmed_flush(p, "sub_a").await >= target) },
+    )
+    .await
+    .unwrap();
+    assert!(confirmed_flush(p, "sub_a").await > flush0);
+
+    // allow_slot_commands on (SIGHUP): the subscription creates its slot and copies the table.
+    let toml = std::fs::read_to_string(&env.downstream.config).unwrap();
+    std::fs::write(
+        &env.downstream.config,
+        toml.replace(
+            "[downstream]\n",
+            "[downstream]\nallow_slot_commands = true\n",
+        ),
+    )
+    .unwrap();
+    env.downstream.signal(libc::SIGHUP);
+    walrelay_harness::cluster::wait_until("the reload", TIMEOUT, || async {
+        Ok(env
+            .downstream
+            .log_text()
+            .contains("downstream.allow_slot_commands"))
+    })
+    .await
+    .unwrap();
+    p.execute("create table more(id int primary key); insert into more select generate_series(1, 100); create publication pub2 for table more; grant select on more to replicator").await.unwrap();
+    sub.execute(&format!(
+        "create subscription sub_b connection '{}' publication pub2",
+        sub_conninfo(&env, "sub_b")
+    ))
+    .await
+    .unwrap();
+    let count = "select count(*)::text from more";
+    wait_same("table synchronization through the tunnel", p, &sub, count).await;
+    p.execute("insert into more select generate_series(101, 110)")
+        .await
+        .unwrap();
+    wait_same("streaming after table synchronization", p, &sub, count).await;
+    assert_eq!(sub.query_one_string(count).await.unwrap(), "110");
+    assert!(confirmed_flush(p, "sub_b").await > 0);
+    sub.execute("drop subscription sub_b").await.unwrap();
+    assert_eq!(
+        confirmed_flush(p, "sub_b").await,
+        0,
+        "DROP SUBSCRIPTION dropped the slot"
+    );
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}

@@ -161,6 +161,8 @@ pub fn effective(old: &Resolved, new: &Resolved) -> Resolved {
     if let (Some(e), Some(n)) = (&mut eff.downstream, &new.downstream) {
         e.auth = n.auth;
         e.users = n.users.clone();
+        e.allow_slot_commands = n.allow_slot_commands;
+        e.allow_sql = n.allow_sql;
     }
     eff
 }
@@ -189,6 +191,12 @@ pub fn live_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
         }
         if a.users != b.users {
             keys.push("downstream.users");
+        }
+        if a.allow_slot_commands != b.allow_slot_commands {
+            keys.push("downstream.allow_slot_commands");
+        }
+        if a.allow_sql != b.allow_sql {
+            keys.push("downstream.allow_sql");
         }
     }
     keys

@@ -147,8 +147,9 @@ impl TunnelSession {
                         ),
                     ),
                 })?;
-        if self.open.replication.is_empty() {
-            // An ordinary SQL session through walrelay is read-only on the primary.
+        if self.open.replication != "true" {
+            // SQL through walrelay (an ordinary session, or a logical replication
+            // connection's) is read-only on the primary.
             conn.simple_query("SET default_transaction_read_only = on")
                 .await
                 .map_err(|e| {
