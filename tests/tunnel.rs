@@ -420,3 +420,68 @@ async fn logical_subscription_through_the_relay() {
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
 }
+
+/// Slot synchronization (PostgreSQL 17): a standby behind the relay with
+/// `sync_replication_slots = on` (its slot-sync worker's SQL connection goes through the
+/// downstream, read-only, its queries on the allowlist) shows the primary's failover logical
+/// slot as synced; an SQL session asking for anything else is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_synchronization_through_the_relay() {
+    let env = Split::new(SplitOpts {
+        primary: walrelay_harness::cluster::PrimaryOpts {
+            wal_level: "logical".into(),
+            ..Default::default()
+        },
+        major: Some(17),
+        ..Default::default()
+    })
+    .await;
+    let p = &env.primary;
+    p.create_physical_slot("sb1").await.unwrap();
+    p.execute(
+        "select pg_create_logical_replication_slot('fo_slot', 'pgoutput', false, false, true)",
+    )
+    .await
+    .unwrap();
+    let mut o = walrelay_harness::cluster::StandbyOpts::new(format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=sb1 dbname=postgres",
+        env.down_port
+    ));
+    o.slot = Some("sb1".into());
+    o.hot_standby_feedback = true;
+    o.extra_conf = vec![("sync_replication_slots".into(), "on".into())];
+    let standby = p.basebackup_standby(&env.root, "sb1", &o).unwrap();
+    standby.start().await.unwrap();
+    p.execute("create table t as select generate_series(1, 1000) x")
+        .await
+        .unwrap();
+    let s = &standby;
+    walrelay_harness::cluster::wait_until("the failover slot synced on the standby", TIMEOUT, || async move {
+        p.execute("select pg_log_standby_snapshot()").await?;
+        Ok(s.query_one_string("select coalesce((select synced::text from pg_replication_slots where slot_name = 'fo_slot'), 'absent')").await? == "true")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nstandby log:\n{}", standby.log_tail(30)));
+
+    // Other SQL on such a session is refused by the downstream with the reason.
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres",
+        env.down_port
+    );
+    let (ok, _, err) = psql_repl(
+        p,
+        &conninfo,
+        STANDBY_PASSWORD,
+        "select pg_drop_replication_slot('fo_slot')",
+    );
+    assert!(!ok && err.contains("allow_sql"), "{err}");
+    assert_eq!(
+        p.query_one_string(
+            "select count(*)::text from pg_replication_slots where slot_name = 'fo_slot'"
+        )
+        .await
+        .unwrap(),
+        "1"
+    );
+    env.downstream.assert_no_panic();
+}
