@@ -377,6 +377,40 @@ async fn logical_subscription_through_the_relay() {
     .unwrap();
     assert!(confirmed_flush(p, "sub_a").await > flush0);
 
+    // pg_recvlogical through the downstream, on a slot made on the primary.
+    p.execute("select pg_create_logical_replication_slot('recv', 'test_decoding')")
+        .await
+        .unwrap();
+    p.execute("insert into items values (6, 'recvlogical')")
+        .await
+        .unwrap();
+    let end = p
+        .query_one_string("select pg_current_wal_lsn()::text")
+        .await
+        .unwrap();
+    let out = p
+        .command("pg_recvlogical")
+        .args([
+            "-d",
+            &sub_conninfo(&env, "recv"),
+            "-S",
+            "recv",
+            "--start",
+            "--no-loop",
+            "-f",
+            "-",
+        ])
+        .arg(format!("--endpos={end}"))
+        .env("PGCONNECT_TIMEOUT", "20")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("INSERT: id[integer]:6 v[text]:'recvlogical'"),
+        "pg_recvlogical: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // allow_slot_commands on (SIGHUP): the subscription creates its slot and copies the table.
     let toml = std::fs::read_to_string(&env.downstream.config).unwrap();
     std::fs::write(
