@@ -207,6 +207,7 @@ impl<'a> TunnelSession<'a> {
             greet,
             zstd_level: self.ds.link_cfg.zstd_level,
             zstd_window_log: self.ds.link_cfg.zstd_window_log,
+            max_message_bytes: self.ds.limits.max_message_bytes as u64,
         }
     }
 

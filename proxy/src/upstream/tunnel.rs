@@ -3,7 +3,7 @@
 //! always with the upstream's credentials), and the protocol relayed both ways.
 //!
 //! Memory per tunnel is bounded: the primary is read only when the call's outgoing queue
-//! ([`QUEUE_FRAMES`] frames of at most [`READ_CHUNK`] bytes) has room, and that queue only
+//! ([`QUEUE_FRAMES`] frames of at most [`read_chunk`] bytes) has room, and that queue only
 //! drains as fast as HTTP/2 flow control lets the downstream take it, which it does only as
 //! fast as its client reads.
 
@@ -18,7 +18,7 @@ use tonic::{Status, Streaming};
 use tracing::{info, warn};
 
 use walrelay_pgwire::{encode, ErrorFields};
-use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx};
+use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 
 use super::Upstream;
@@ -26,8 +26,17 @@ use crate::pgclient::{self, BoxIo, PgClientError, PrimaryConn};
 
 /// Frames queued toward the downstream per tunnel.
 pub const QUEUE_FRAMES: usize = 4;
-/// Most bytes read from the primary into one frame.
-pub const READ_CHUNK: usize = walrelay_proto::frame::TUNNEL_DATA_MAX;
+/// Most bytes read from the primary into one frame: [`TUNNEL_DATA_MAX`], and half the
+/// smaller `limits.max_message_bytes` of the two halves (`downstream_max`: the downstream's,
+/// from `TunnelOpen`; 0 if it did not say), so that a frame of incompressible bytes still
+/// fits the largest link message either half accepts.
+pub fn read_chunk(own_max: usize, downstream_max: u64) -> usize {
+    let theirs = match downstream_max {
+        0 => own_max,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    (own_max.min(theirs) / 2).clamp(16 * 1024, TUNNEL_DATA_MAX)
+}
 
 pub type Out = mpsc::Sender<Result<TunnelFrame, Status>>;
 
@@ -118,7 +127,8 @@ impl TunnelSession {
                 return;
             }
         };
-        let why = self.relay(conn).await;
+        let chunk = read_chunk(up.limits.max_message_bytes, self.open.max_message_bytes);
+        let why = self.relay(conn, chunk).await;
         match &why {
             Ok(()) => info!("tunnel ended: the client left"),
             Err(w) => info!("tunnel ended: {w}"),
@@ -167,7 +177,7 @@ impl TunnelSession {
     }
 
     /// Relays until the client leaves (Ok) or something ends the tunnel (Err: why).
-    async fn relay(&mut self, conn: PrimaryConn) -> Result<(), String> {
+    async fn relay(&mut self, conn: PrimaryConn, chunk: usize) -> Result<(), String> {
         let greeting = self.open.greet.then(|| greeting(&conn.params));
         let (mut r, buffered) = conn.reader.into_parts();
         let mut w = conn.writer;
@@ -180,7 +190,7 @@ impl TunnelSession {
         })
         .await?;
         write_primary(&mut w, &first).await?;
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut buf = BytesMut::with_capacity(chunk);
         loop {
             buf.clear();
             tokio::select! {
@@ -189,7 +199,7 @@ impl TunnelSession {
                     Ok(_) => {
                         // What else has arrived goes in the same frame (one flush of the
                         // compressor per frame).
-                        while buf.len() < READ_CHUNK {
+                        while buf.len() < chunk {
                             match r.read_buf(&mut buf).now_or_never() {
                                 Some(Ok(n)) if n > 0 => {}
                                 _ => break,
@@ -270,4 +280,17 @@ fn greeting(params: &[(String, String)]) -> Vec<u8> {
     encode::backend_key_data(&mut out, rand::random(), rand::random());
     encode::ready_for_query(&mut out);
     out.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_chunk;
+
+    #[test]
+    fn a_frame_fits_the_smaller_message_limit_of_the_halves() {
+        assert_eq!(read_chunk(4 << 20, 4 << 20), 1 << 20);
+        assert_eq!(read_chunk(4 << 20, 256 << 10), 128 << 10);
+        assert_eq!(read_chunk(256 << 10, 0), 128 << 10);
+        assert_eq!(read_chunk(1 << 30, u64::MAX), 1 << 20);
+    }
 }
