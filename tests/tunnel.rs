@@ -314,11 +314,13 @@ async fn confirmed_flush(primary: &walrelay_harness::cluster::Cluster, slot: &st
 /// tunnel), streams, and DROP SUBSCRIPTION drops the slot on the primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_subscription_through_the_relay() {
+    let mport = walrelay_harness::cluster::free_port();
     let env = Split::new(SplitOpts {
         primary: walrelay_harness::cluster::PrimaryOpts {
             wal_level: "logical".into(),
             ..Default::default()
         },
+        downstream_extra: format!("\n[metrics]\nlisten = \"127.0.0.1:{mport}\"\n"),
         ..Default::default()
     })
     .await;
@@ -451,6 +453,33 @@ async fn logical_subscription_through_the_relay() {
         0,
         "DROP SUBSCRIPTION dropped the slot"
     );
+
+    // The downstream's metrics: the refusal counted, bytes relayed both ways.
+    let text = walrelay_harness::prom::http_get(mport, "/metrics", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let samples = common::prom::parse_exposition(&text);
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| s.value)
+            .unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{text}"))
+    };
+    assert!(value("walrelay_tunnel_refused_total", &[]) >= 1.0);
+    for dir in ["from_primary", "to_primary"] {
+        assert!(
+            value(
+                "walrelay_tunnel_bytes_total",
+                &[("half", "downstream"), ("direction", dir)]
+            ) > 0.0
+        );
+    }
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
 }

@@ -35,6 +35,7 @@ use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 use walrelay_proto::PROTOCOL_VERSION;
 
 use crate::link;
+use crate::metrics::{GaugeGuard, Metrics};
 use crate::walsender::{shutting_down, Downstream, End, Reader, Standby, Writer};
 pub use policy::{Mode, Policy};
 
@@ -149,7 +150,10 @@ pub(crate) async fn hand_over(
         Ok(s) => s,
         Err(end) => return Ok(end),
     };
-    session.policy.query(q)?;
+    if let Err(e) = session.policy.query(q) {
+        Metrics::add(&ds.metrics.tunnel_refused, 1);
+        return Err(e);
+    }
     info!(peer = %standby.peer, application_name = %standby.application_name, command = %walrelay_pgwire::clip(q.trim(), 80), "physical session continues through a tunnel to the primary");
     let open = session.open_for(standby, "", false);
     let mut body = BytesMut::from(q.as_bytes());
@@ -214,6 +218,8 @@ impl<'a> TunnelSession<'a> {
     /// Opens the tunnel with `first` (a client message already checked, or none) and relays
     /// until either side ends.
     pub async fn run(mut self, open: TunnelOpen, first: Option<RawMsg>) -> End {
+        let metrics = self.ds.metrics.clone();
+        let _gauge = GaugeGuard::inc(&metrics.tunnels_active[1]);
         let Some(channel) = self.ds.spooler.channel() else {
             return End::fatal("08006", "walrelay: the link to the upstream is not set up");
         };
@@ -300,6 +306,7 @@ impl<'a> TunnelSession<'a> {
             }
             Err(e) if e.severity == "FATAL" => Err(End::Fatal(e)),
             Err(e) => {
+                Metrics::add(&self.ds.metrics.tunnel_refused, 1);
                 warn!(tag = %(m.tag as char), "tunnel: refused a client message: {}", e.message);
                 self.held = Some(e);
                 self.answer_held().await
@@ -312,6 +319,7 @@ impl<'a> TunnelSession<'a> {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         self.progress.up += b.len() as u64;
+        Metrics::add(&self.ds.metrics.tunnel_bytes_to_primary[1], b.len() as u64);
         if matches!(m.tag, b'Q' | b'S') {
             self.outstanding = self.outstanding.saturating_add(1);
         }
@@ -370,6 +378,10 @@ impl<'a> TunnelSession<'a> {
                     }
                     self.writer.write_all(&d).await.map_err(|_| End::Quiet)?;
                     self.progress.down += d.len() as u64;
+                    Metrics::add(
+                        &self.ds.metrics.tunnel_bytes_from_primary[1],
+                        d.len() as u64,
+                    );
                     self.progress.tick();
                     self.outstanding = self.outstanding.saturating_sub(ready);
                     self.answer_held().await?;

@@ -22,6 +22,7 @@ use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 
 use super::Upstream;
+use crate::metrics::Metrics;
 use crate::pgclient::{self, BoxIo, PgClientError, PrimaryConn};
 
 /// Frames queued toward the downstream per tunnel.
@@ -115,6 +116,7 @@ pub struct TunnelSession {
 impl TunnelSession {
     /// Connects to the primary and relays until either side ends; the downstream hears why.
     pub async fn run(mut self, up: &Upstream) {
+        let _gauge = crate::metrics::GaugeGuard::inc(&up.metrics.tunnels_active[0]);
         let conn = match self.connect(up).await {
             Ok(c) => c,
             Err(e) => {
@@ -128,7 +130,7 @@ impl TunnelSession {
             }
         };
         let chunk = read_chunk(up.limits.max_message_bytes, self.open.max_message_bytes);
-        let why = self.relay(conn, chunk).await;
+        let why = self.relay(conn, chunk, &up.metrics).await;
         match &why {
             Ok(()) => info!("tunnel ended: the client left"),
             Err(w) => info!("tunnel ended: {w}"),
@@ -177,7 +179,12 @@ impl TunnelSession {
     }
 
     /// Relays until the client leaves (Ok) or something ends the tunnel (Err: why).
-    async fn relay(&mut self, conn: PrimaryConn, chunk: usize) -> Result<(), String> {
+    async fn relay(
+        &mut self,
+        conn: PrimaryConn,
+        chunk: usize,
+        metrics: &Metrics,
+    ) -> Result<(), String> {
         let greeting = self.open.greet.then(|| greeting(&conn.params));
         let (mut r, buffered) = conn.reader.into_parts();
         let mut w = conn.writer;
@@ -205,6 +212,7 @@ impl TunnelSession {
                                 _ => break,
                             }
                         }
+                        Metrics::add(&metrics.tunnel_bytes_from_primary[0], buf.len() as u64);
                         self.send(|tx| tx.data(&buf)).await?
                     }
                     Err(e) => return Err(format!("reading from the primary: {e}")),
@@ -218,7 +226,10 @@ impl TunnelSession {
                     let items = self.rx.parse(&f.frame).map_err(|e| format!("malformed tunnel frame from the downstream: {e}"))?;
                     for it in items {
                         match it {
-                            TunnelItem::Data(d) => write_primary(&mut w, &d).await?,
+                            TunnelItem::Data(d) => {
+                                Metrics::add(&metrics.tunnel_bytes_to_primary[0], d.len() as u64);
+                                write_primary(&mut w, &d).await?
+                            }
                             TunnelItem::End(_) => {
                                 terminate(&mut w, r).await;
                                 return Ok(());
