@@ -379,6 +379,16 @@ async fn logical_subscription_through_the_relay() {
     .unwrap();
     assert!(confirmed_flush(p, "sub_a").await > flush0);
 
+    // A link cut ends the subscription's tunnel; its worker reconnects through the restored
+    // link and the slot resumes where the subscriber confirmed.
+    env.link.cut();
+    p.execute("insert into items values (7, 'after the cut')")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.link.restore();
+    wait_same("changes made while the link was cut", p, &sub, all).await;
+
     // pg_recvlogical through the downstream, on a slot made on the primary.
     p.execute("select pg_create_logical_replication_slot('recv', 'test_decoding')")
         .await
