@@ -94,25 +94,31 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
         "silent client held for {took:?}"
     );
 
-    // Protocol 2, and connections walrelay does not serve.
+    // Protocol 2.
     let (msgs, _) = exchange(port, &[0, 0, 0, 8, 0, 2, 0, 0], false);
     assert!(error_of(&msgs).is_some(), "{msgs:?}");
-    let (msgs, _) = exchange(
-        port,
-        &startup(&[("user", "replicator"), ("database", "postgres")]),
-        false,
-    );
+    // An SQL session goes through a tunnel (#13): the allowlist refuses a write before it
+    // reaches the primary, with a reason; the session goes on.
+    let mut b = startup(&[("user", "replicator"), ("database", "postgres")]);
+    encode::query(&mut b, "DELETE FROM pg_class");
+    encode::terminate(&mut b);
+    let (msgs, _) = exchange(port, &b, false);
+    let tags: String = msgs.iter().map(|(t, _)| *t as char).collect();
+    assert!(tags.ends_with("KZEZ"), "{tags} {msgs:?}");
     assert!(
-        error_of(&msgs).is_some_and(|e| e.message.contains("only physical replication")),
+        error_of(&msgs).is_some_and(|e| e.code == "42501" && e.message.contains("allow_sql")),
         "{msgs:?}"
     );
+    // A logical replication connection to a database that does not exist: the primary's own
+    // error comes back.
     let (msgs, _) = exchange(
         port,
         &startup(&[("user", "replicator"), ("replication", "database")]),
         false,
     );
     assert!(
-        error_of(&msgs).is_some_and(|e| e.message.contains("logical")),
+        error_of(&msgs)
+            .is_some_and(|e| e.message.contains("database \"replicator\" does not exist")),
         "{msgs:?}"
     );
     let (msgs, _) = exchange(port, &startup(&[("replication", "true")]), false);
@@ -121,9 +127,9 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
         "{msgs:?}"
     );
 
-    // After authentication: unsupported and empty commands get answers, the session goes on.
+    // After authentication: refused and empty commands get answers, the session goes on.
     let mut b = startup(REPL);
-    encode::query(&mut b, "BASE_BACKUP");
+    encode::query(&mut b, "DROP_REPLICATION_SLOT some_slot");
     encode::query(&mut b, " ; ");
     encode::query(&mut b, "START_REPLICATION 0/XYZ");
     encode::query(&mut b, "IDENTIFY_SYSTEM");
@@ -132,14 +138,16 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     let tags: String = msgs.iter().map(|(t, _)| *t as char).collect();
     assert!(tags.starts_with('R'), "{tags} {msgs:?}");
     let after_ready = &tags[tags.find('Z').unwrap_or_else(|| panic!("{tags} {msgs:?}")) + 1..];
-    // BASE_BACKUP → E Z; empty → I Z; bad LSN → E Z; IDENTIFY_SYSTEM → T D C Z.
+    // DROP_REPLICATION_SLOT (downstream.allow_slot_commands is off) → E Z; empty → I Z;
+    // bad LSN → E Z; IDENTIFY_SYSTEM → T D C Z.
     assert_eq!(after_ready, "EZIZEZTDCZ", "{tags}");
     let errors: Vec<ErrorFields> = msgs
         .iter()
         .filter(|(t, _)| *t == b'E')
         .map(|(_, b)| ErrorFields::parse(b).unwrap())
         .collect();
-    assert_eq!(errors[0].code, "0A000");
+    assert_eq!(errors[0].code, "42501");
+    assert!(errors[0].message.contains("allow_slot_commands"));
     assert_eq!(errors[1].code, "42601");
 
     // After authentication: an absurd message length, an extended-protocol message, CopyData

@@ -1,7 +1,9 @@
 //! Replication commands from a standby's Query messages.
 //!
 //! Properties: no panic on any text; every accepted command renders (`to_sql`) to text that
-//! parses back to the same command.
+//! parses back to the same command; a command `parse` serves is classified (for a tunnel's
+//! allowlist) as neither SQL nor a slot command; the scanner of a tunnel's backend stream
+//! finds the same tags whatever the chunking.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,8 +11,20 @@ use walrelay_pgwire::replcmd;
 
 fuzz_target!(|data: &[u8]| {
     let sql = String::from_utf8_lossy(data);
+    let class = replcmd::classify(&sql);
+    scan_any_chunking(data);
     match replcmd::parse(&sql) {
         Ok(cmd) => {
+            assert!(
+                !matches!(
+                    class,
+                    Ok(replcmd::TunnelCmd::Sql
+                        | replcmd::TunnelCmd::CreateSlot { .. }
+                        | replcmd::TunnelCmd::DropSlot { .. }
+                        | replcmd::TunnelCmd::AlterSlot { .. })
+                ),
+                "{cmd:?} classified as {class:?}"
+            );
             let text = cmd.to_sql();
             assert_eq!(
                 replcmd::parse(&text),
@@ -29,3 +43,18 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+fn scan_any_chunking(data: &[u8]) {
+    use walrelay_pgwire::scan::Scanner;
+    let mut whole = Vec::new();
+    let r1 = Scanner::default().feed(data, |t| whole.push(t));
+    let cut = data.first().map_or(0, |&b| usize::from(b)).min(data.len());
+    let mut parts = Vec::new();
+    let mut sc = Scanner::default();
+    let r2 = sc
+        .feed(&data[..cut], |t| parts.push(t))
+        .and_then(|_| sc.feed(&data[cut..], |t| parts.push(t)));
+    if r1.is_ok() && r2.is_ok() {
+        assert_eq!(whole, parts, "tags depend on the chunking (cut at {cut})");
+    }
+}

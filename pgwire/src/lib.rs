@@ -6,8 +6,10 @@
 //!
 //! - this module: message framing (startup packets, tagged messages), frontend messages,
 //!   encoders of backend messages ([`encode`]), replication stream messages ([`repl`]);
+//! - [`negotiate`]: protocol version negotiation at startup (NegotiateProtocolVersion);
 //! - [`replcmd`]: the replication commands a standby may send, parsed, validated, re-rendered;
 //! - [`results`]: result sets a walsender sends (IDENTIFY_SYSTEM, TIMELINE_HISTORY, ...);
+//! - [`scan`]: message boundaries in a stream passed on unbuffered (a tunnel's backend side);
 //! - [`scram`]: the server side of SCRAM-SHA-256;
 //! - [`syncrep`]: which standbys `synchronous_standby_names` lets a commit wait for.
 //!
@@ -29,8 +31,10 @@
 //! The one cancellation-safe adapter that owns a socket is `walrelay::pgio`.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod negotiate;
 pub mod replcmd;
 pub mod results;
+pub mod scan;
 pub mod scram;
 pub mod syncrep;
 
@@ -474,15 +478,13 @@ pub mod encode {
     pub fn ready_for_query(out: &mut BytesMut) {
         tagged(out, b'Z', |b| b.put_u8(b'I'));
     }
-    pub fn negotiate_protocol_version(
-        out: &mut BytesMut,
-        newest_minor: u32,
-        unrecognized: &[&str],
-    ) {
+    /// NegotiateProtocolVersion ('v'): the whole version number the server will speak and
+    /// the protocol options it did not recognize (see [`crate::negotiate`]).
+    pub fn negotiate_protocol_version(out: &mut BytesMut, n: &crate::negotiate::Negotiation) {
         tagged(out, b'v', |b| {
-            b.put_u32(newest_minor);
-            b.put_u32(unrecognized.len() as u32);
-            for o in unrecognized {
+            b.put_u32(n.version);
+            b.put_u32(n.unrecognized.len() as u32);
+            for o in &n.unrecognized {
                 cstr(b, o);
             }
         });

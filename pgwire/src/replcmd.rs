@@ -22,9 +22,14 @@
 //! "slot"; [`ReplCommand::to_sql`] always quotes slot names, so the primary sees them unambiguously.
 //!
 //! `START_REPLICATION ... LOGICAL`, `BASE_BACKUP`, the slot-management commands and any SQL are
-//! refused with [`ReplCmdError::Unsupported`].
+//! refused by [`parse`] with [`ReplCmdError::Unsupported`]: the downstream does not serve them
+//! from its spool. [`classify`] sorts every command (and SQL) for the downstream's tunnel
+//! allowlist instead.
 
 use walrelay_wal::lsn::{Lsn, TimeLineId};
+
+mod classify;
+pub use classify::{classify, TunnelCmd};
 
 /// Longest command text accepted, in bytes.
 pub const MAX_COMMAND_LEN: usize = 8192;

@@ -135,6 +135,15 @@ section! {
         /// its own spool and its own slot on the primary, "<upstream.slot>_<name>").
         #[serde(default)]
         restart name: String,
+        /// Let tunnelled clients create and drop (and alter) replication slots on the primary
+        /// (CREATE_REPLICATION_SLOT, DROP_REPLICATION_SLOT, ALTER_REPLICATION_SLOT); temporary
+        /// slots, which go with their connection, are always allowed.
+        #[serde(default)]
+        live allow_slot_commands: bool,
+        /// Let tunnelled clients run any SQL (and the extended query protocol) on the primary,
+        /// not only the read-only queries of subscriptions and slot synchronization.
+        #[serde(default)]
+        live allow_sql: bool,
     }
 }
 
@@ -368,6 +377,8 @@ pub struct ResolvedDownstream {
     pub spool_dir: PathBuf,
     pub spool_bytes: u64,
     pub name: String,
+    pub allow_slot_commands: bool,
+    pub allow_sql: bool,
 }
 
 impl Config {

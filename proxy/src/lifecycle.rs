@@ -161,6 +161,8 @@ pub fn effective(old: &Resolved, new: &Resolved) -> Resolved {
     if let (Some(e), Some(n)) = (&mut eff.downstream, &new.downstream) {
         e.auth = n.auth;
         e.users = n.users.clone();
+        e.allow_slot_commands = n.allow_slot_commands;
+        e.allow_sql = n.allow_sql;
     }
     eff
 }
@@ -189,6 +191,12 @@ pub fn live_keys(old: &Resolved, new: &Resolved) -> Vec<&'static str> {
         }
         if a.users != b.users {
             keys.push("downstream.users");
+        }
+        if a.allow_slot_commands != b.allow_slot_commands {
+            keys.push("downstream.allow_slot_commands");
+        }
+        if a.allow_sql != b.allow_sql {
+            keys.push("downstream.allow_sql");
         }
     }
     keys
@@ -310,6 +318,8 @@ mod tests {
             ("downstream.spool_dir", q("/tmp/spool-a"), q("/tmp/spool-b")),
             ("downstream.spool_bytes", s("1000000000"), s("2000000000")),
             ("downstream.name", q("a"), q("b")),
+            ("downstream.allow_slot_commands", s("false"), s("true")),
+            ("downstream.allow_sql", s("false"), s("true")),
             ("link.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
             ("link.tls_key", f("Cargo.toml"), f("src/lib.rs")),
             ("link.tls_ca", f("Cargo.toml"), f("src/lib.rs")),
@@ -376,6 +386,8 @@ mod tests {
                 "upstream.slot",
                 "downstream.auth",
                 "downstream.users",
+                "downstream.allow_slot_commands",
+                "downstream.allow_sql",
                 "limits.queue_messages",
                 "limits.max_sessions",
                 "limits.auth_timeout_secs",

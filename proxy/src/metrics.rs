@@ -26,6 +26,13 @@ pub struct Metrics {
     pub decode_ns: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Tunnels (`crate::tunnel`), per half ([upstream, downstream]): open now, and protocol
+    /// bytes relayed from and to the primary (uncompressed).
+    pub tunnels_active: [AtomicU64; 2],
+    pub tunnel_bytes_from_primary: [AtomicU64; 2],
+    pub tunnel_bytes_to_primary: [AtomicU64; 2],
+    /// Client messages the downstream's tunnel allowlist refused.
+    pub tunnel_refused: AtomicU64,
     /// Per-standby state, codec totals and session counters (see [`crate::monitor`]).
     pub ops: crate::monitor::Ops,
 }

@@ -131,9 +131,25 @@ pub async fn connect(
     application_name: &str,
     max_message_bytes: usize,
 ) -> Result<PrimaryConn, PgClientError> {
+    let dbname = ci.dbname.clone().unwrap_or_else(|| "replication".into());
+    let startup = [
+        ("database", dbname.as_str()),
+        ("replication", "true"),
+        ("application_name", application_name),
+    ];
+    connect_with(ci, &startup, max_message_bytes).await
+}
+
+/// [`connect`] with other startup parameters than a physical replication connection's
+/// (`user` is always `ci`'s): a tunnel's connection (`replication=database`, none, `options`).
+pub async fn connect_with(
+    ci: &ConnInfo,
+    startup: &[(&str, &str)],
+    max_message_bytes: usize,
+) -> Result<PrimaryConn, PgClientError> {
     let mut failures = Vec::new();
     for (index, host) in ci.hosts.iter().enumerate() {
-        match connect_host(ci, host, application_name, max_message_bytes).await {
+        match connect_host(ci, host, startup, max_message_bytes).await {
             Ok(mut conn) => {
                 conn.server = Server {
                     index,
@@ -166,11 +182,11 @@ pub async fn connect(
 async fn connect_host(
     ci: &ConnInfo,
     host: &HostSpec,
-    application_name: &str,
+    startup: &[(&str, &str)],
     max: usize,
 ) -> Result<PrimaryConn, PgClientError> {
     let attempt = async {
-        let mut conn = connect_inner(ci, host, application_name, max).await?;
+        let mut conn = connect_inner(ci, host, startup, max).await?;
         if let Err(e) = check_target(&mut conn, ci.target_session_attrs).await {
             conn.terminate().await;
             return Err(e);
@@ -225,23 +241,16 @@ async fn open_socket(ci: &ConnInfo, host: &HostSpec) -> Result<BoxIo, PgClientEr
 async fn connect_inner(
     ci: &ConnInfo,
     host: &HostSpec,
-    application_name: &str,
+    startup: &[(&str, &str)],
     max: usize,
 ) -> Result<PrimaryConn, PgClientError> {
     let io = open_socket(ci, host).await?;
     let (r, mut writer) = tokio::io::split(io);
     let mut reader = MsgReader::new(r);
     let mut out = BytesMut::new();
-    let dbname = ci.dbname.clone().unwrap_or_else(|| "replication".into());
-    encode::startup(
-        &mut out,
-        &[
-            ("user", &ci.user),
-            ("database", &dbname),
-            ("replication", "true"),
-            ("application_name", application_name),
-        ],
-    );
+    let mut params = vec![("user", ci.user.as_str())];
+    params.extend_from_slice(startup);
+    encode::startup(&mut out, &params);
     writer.write_all(&out).await.map_err(WireError::Io)?;
     authenticate(&mut reader, &mut writer, ci, max).await?;
     let params = read_until_ready(&mut reader, max).await?;

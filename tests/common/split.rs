@@ -27,12 +27,19 @@ pub struct SplitOpts {
     pub primary: PrimaryOpts,
     /// Extra keys for `[downstream]` (e.g. `spool_bytes = 67108864`).
     pub downstream_extra: String,
+    /// PostgreSQL major of the primary (default: the system's, see `install()`).
+    pub major: Option<u32>,
 }
 
 impl Split {
     pub async fn new(opts: SplitOpts) -> Split {
         let root = TempRoot::new().unwrap();
-        let primary = Cluster::init_primary(&install(), &root, "primary", &opts.primary).unwrap();
+        let install = match opts.major {
+            None => install(),
+            Some(m) => walrelay_harness::cluster::majors::install_for_major(m)
+                .unwrap_or_else(|| panic!("PostgreSQL {m} (scripts/install-pg-majors.sh)")),
+        };
+        let primary = Cluster::init_primary(&install, &root, "primary", &opts.primary).unwrap();
         primary.start().await.unwrap();
         primary
             .create_replication_user(REPL_PASSWORD)

@@ -159,16 +159,7 @@ host  all         all        127.0.0.1/32  scram-sha-256
         cmd.args(["-X", "stream", "-c", "fast", "--no-sync", "--no-password"]);
         run_sync(cmd)?;
 
-        // The copy includes the primary's log and socket lock file; neither belongs to the standby.
-        for entry in std::fs::read_dir(&standby.dir)
-            .map_err(|e| ClusterError::io(format!("reading {}", standby.dir.display()), e))?
-        {
-            let entry = entry.map_err(|e| ClusterError::io("reading directory entry", e))?;
-            let file_name = entry.file_name().to_string_lossy().into_owned();
-            if file_name == "postgres.log" || file_name.starts_with(".s.PGSQL.") {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        remove_primary_leftovers(&standby.dir)?;
         write_file(&standby.dir.join("standby.signal"), "", false)?;
 
         let app_name = opts.application_name.as_deref().unwrap_or(name);
@@ -191,6 +182,37 @@ host  all         all        127.0.0.1/32  scram-sha-256
         for (k, v) in &opts.extra_conf {
             conf.push_str(&conf_line(k, v));
         }
+        write_file(&standby.dir.join("postgresql.auto.conf"), &conf, true)?;
+        Ok(standby)
+    }
+
+    /// A standby made only by `pg_basebackup <source> -D <dir> -R <extra>` from any server
+    /// (e.g. walrelay's downstream), as an operator would: `-R` writes `standby.signal` and a
+    /// `primary_conninfo` pointing at the source; this adds only the instance's own port,
+    /// socket directory and name (`cluster_name`, the walreceiver's application_name) and
+    /// status intervals. `env` goes to pg_basebackup (e.g. PGPASSWORD). Not started.
+    pub fn standby_from_basebackup(
+        install: &PgInstall,
+        root: &TempRoot,
+        name: &str,
+        source: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Cluster, ClusterError> {
+        let standby = Cluster::new(install, root, name, None);
+        let mut cmd = standby.server_tool("pg_basebackup")?;
+        cmd.args(source)
+            .arg("-D")
+            .arg(&standby.dir)
+            .arg("-R")
+            .args(extra);
+        cmd.args(["--no-sync", "--no-password"]);
+        cmd.envs(env.iter().copied());
+        run_sync(cmd)?;
+        remove_primary_leftovers(&standby.dir)?;
+        let mut conf = standby.common_conf();
+        conf.push_str(&conf_line("wal_receiver_status_interval", "1s"));
+        conf.push_str(&conf_line("wal_retrieve_retry_interval", "1s"));
         write_file(&standby.dir.join("postgresql.auto.conf"), &conf, true)?;
         Ok(standby)
     }
@@ -475,6 +497,20 @@ pub(crate) fn pid_alive(pid: libc::pid_t) -> bool {
     // SAFETY: kill with signal 0 sends nothing.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// A base backup includes the primary's log and socket lock file; neither belongs to a standby.
+fn remove_primary_leftovers(dir: &Path) -> Result<(), ClusterError> {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| ClusterError::io(format!("reading {}", dir.display()), e))?
+    {
+        let entry = entry.map_err(|e| ClusterError::io("reading directory entry", e))?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name == "postgres.log" || file_name.starts_with(".s.PGSQL.") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
 }
 
 /// `key = 'value'` with the value quoted for postgresql.conf (any setting may be quoted).

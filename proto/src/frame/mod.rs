@@ -30,6 +30,28 @@
 //!   DURABLE   0x18 tli end                            -- the spool is durable up to end
 //! ```
 //!
+//! A *tunnel* (a client session the downstream does not serve itself: a base backup, a
+//! logical replication or SQL connection, a physical session on a temporary slot) has its own
+//! `Tunnel` call on the link's connection (HTTP/2 flow control per call bounds what either
+//! end buffers for it, and a slow client never holds up the WAL stream); its frames carry:
+//!
+//! ```text
+//! downstream → upstream ([`TunnelTx`]/[`TunnelRx`] with [`Dir::Up`])
+//!   T_OPEN    0x21 len bytes                  -- a protobuf `TunnelOpen`: first item, once
+//!   T_DATA    0x22 raw_len zlen zbytes        -- the client's protocol messages
+//!   T_END     0x23 len reason                 -- the client left (reason empty) or was cut
+//!
+//! upstream → downstream ([`Dir::Down`])
+//!   T_DATA    0x06 raw_len zlen zbytes        -- the primary's protocol messages
+//!   T_END     0x07 len reason                 -- the primary's connection ended, and why
+//! ```
+//!
+//! T_DATA bytes are zstd-compressed in one streaming context per direction of a tunnel
+//! (the window spans frames), flushed at the end of every item, so each frame restores whole;
+//! raw_len ≤ [`TUNNEL_DATA_MAX`] and the restored length must equal it. A tunnel frame's
+//! checksum covers, per item, its kind, channel 0 and its restored bytes (OPEN: the protobuf;
+//! DATA: the uncompressed bytes; END: the reason).
+//!
 //! Numbers are unsigned LEB128 varints (at most 10 bytes), `zz` is zigzag. Differences are
 //! taken modulo 2^64 (any value round-trips) against state both ends keep and update item by
 //! item: "expected" is the end of the previous WAL item, "previous" the previous item of the
@@ -46,9 +68,11 @@
 //! standby or the primary.
 
 mod down;
+mod tunnel;
 mod up;
 
 pub use down::{Down, DownState};
+pub use tunnel::{Dir, TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX, TUNNEL_META_MAX};
 pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, STATUS_LEN};
 
 use xxhash_rust::xxh3::Xxh3;
@@ -66,6 +90,11 @@ pub const ITEM_OPEN: u8 = 0x15;
 pub const ITEM_START: u8 = 0x16;
 pub const ITEM_CLOSE: u8 = 0x17;
 pub const ITEM_DURABLE: u8 = 0x18;
+pub const ITEM_TUNNEL_DATA_DOWN: u8 = 0x06;
+pub const ITEM_TUNNEL_END_DOWN: u8 = 0x07;
+pub const ITEM_TUNNEL_OPEN: u8 = 0x21;
+pub const ITEM_TUNNEL_DATA_UP: u8 = 0x22;
+pub const ITEM_TUNNEL_END_UP: u8 = 0x23;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
@@ -87,6 +116,10 @@ pub enum FrameError {
     BadFeedback(char),
     #[error("link frame names channel {0}, beyond the {MAX_CHANNELS} a stream may have")]
     Channel(u64),
+    #[error("link frame failed verification (checksum of its restored content)")]
+    Checksum,
+    #[error("link frame is corrupt: {0}")]
+    Corrupt(&'static str),
 }
 
 /// XLogData header fields in absolute form.

@@ -212,6 +212,8 @@ fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigE
         spool_dir,
         spool_bytes: d.spool_bytes,
         name: d.name,
+        allow_slot_commands: d.allow_slot_commands,
+        allow_sql: d.allow_sql,
     })
 }
 

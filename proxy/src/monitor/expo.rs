@@ -184,6 +184,7 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     wal_and_link_families(&mut e, m);
     codec_families(&mut e, m);
     session_families(&mut e, m);
+    tunnel_families(&mut e, m);
     standby_families(&mut e, &m.ops.standbys.rows());
     spool_and_slot_families(&mut e, m);
     process_families(&mut e, p);
@@ -192,6 +193,37 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
 
 fn count(a: &AtomicU64) -> f64 {
     a.load(Relaxed) as f64
+}
+
+/// Tunnels: open now, bytes relayed per direction, messages refused.
+fn tunnel_families(e: &mut Expo, m: &Metrics) {
+    let [up, down] = &m.tunnels_active;
+    e.halves(
+        "walrelay_tunnels",
+        "gauge",
+        "Tunnels open now (base backups, logical replication and SQL sessions carried to the primary).",
+        [Some(count(up)), Some(count(down))],
+    );
+    let name = "walrelay_tunnel_bytes_total";
+    e.family(
+        name,
+        "counter",
+        "Protocol bytes tunnels relayed (uncompressed), from or to the primary.",
+    );
+    for (i, half) in ["upstream", "downstream"].into_iter().enumerate() {
+        for (dir, c) in [
+            ("from_primary", &m.tunnel_bytes_from_primary[i]),
+            ("to_primary", &m.tunnel_bytes_to_primary[i]),
+        ] {
+            e.sample(name, &[("half", half), ("direction", dir)], count(c));
+        }
+    }
+    e.one(
+        "walrelay_tunnel_refused_total",
+        "counter",
+        "Client messages the downstream's tunnel allowlist refused (none reached the primary).",
+        count(&m.tunnel_refused),
+    );
 }
 
 /// Build info, WAL in and out, the link's bytes and messages, compression and codec CPU.

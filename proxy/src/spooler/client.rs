@@ -51,6 +51,7 @@ pub(super) async fn run(sp: Arc<Spooler>) {
                 return;
             }
         };
+    let _ = sp.channel.set(channel.clone());
     loop {
         if sp.shutdown.is_cancelled() {
             return;

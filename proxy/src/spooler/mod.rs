@@ -105,6 +105,8 @@ pub struct Spooler {
     last_error: Mutex<Option<String>>,
     /// The primary's WAL end as the stream last stated it (Welcome, WAL, keepalives).
     primary_end: std::sync::atomic::AtomicU64,
+    /// The link's gRPC channel (one HTTP/2 connection, shared with tunnels' calls).
+    channel: std::sync::OnceLock<tonic::transport::Channel>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -143,12 +145,18 @@ impl Spooler {
             fallback_until: Mutex::default(),
             last_error: Mutex::default(),
             primary_end: Default::default(),
+            channel: Default::default(),
         }))
     }
 
     /// Keeps the stream open until shutdown (see [`client`]).
     pub async fn run(self: Arc<Self>) {
         client::run(self).await
+    }
+
+    /// The link's gRPC channel for a tunnel's call (None before the link was set up).
+    pub fn channel(&self) -> Option<tonic::transport::Channel> {
+        self.channel.get().cloned()
     }
 
     /// The primary's WAL end as last stated on the stream (0 before any).

@@ -10,6 +10,10 @@
 //!   per standby its channel, served by an [`identity::Identity`]: the standby's own
 //!   replication connection to the primary (see there for why and how).
 //!
+//! Tunnels ([`tunnel`]): one `Tunnel` call per client session the downstream does not serve
+//! itself (base backups, logical replication, slot synchronization's SQL), each with its own
+//! connection to the primary.
+//!
 //! Batching: a stream has no window while any of its standbys is one the primary's
 //! `synchronous_standby_names` lists (read on the standby's own connection when it opens; an
 //! unreadable setting counts as listed), so a commit never waits for a batch.
@@ -19,6 +23,7 @@ mod from_link;
 mod handshake;
 mod identity;
 mod primary;
+mod tunnel;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -34,9 +39,10 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn, Instrument};
 
 use walrelay_pgwire::syncrep;
+use walrelay_proto::frame::{Dir, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
-    to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, Welcome,
+    to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, TunnelFrame, Welcome,
 };
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
@@ -140,6 +146,7 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
 }
 
 type StreamOut = ReceiverStream<Result<ToDownstream, Status>>;
+type TunnelOut = ReceiverStream<Result<TunnelFrame, Status>>;
 
 /// The gRPC service: one stream per downstream.
 struct LinkService(Arc<Live<Upstream>>);
@@ -147,6 +154,55 @@ struct LinkService(Arc<Live<Upstream>>);
 #[tonic::async_trait]
 impl Link for LinkService {
     type StreamStream = StreamOut;
+    type TunnelStream = TunnelOut;
+
+    async fn tunnel(
+        &self,
+        request: Request<Streaming<TunnelFrame>>,
+    ) -> Result<Response<TunnelOut>, Status> {
+        let this = self.0.get();
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let permit = this
+            .sessions
+            .try_take(this.limits.max_sessions)
+            .ok_or_else(|| {
+                Status::resource_exhausted("the upstream has reached limits.max_sessions")
+            })?;
+        let mut inbound = request.into_inner();
+        let mut rx = TunnelRx::new(Dir::Up).map_err(|e| Status::internal(e.to_string()))?;
+        let (open, pending) = tunnel::first_frame(&mut inbound, &mut rx).await?;
+        if open.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "the downstream speaks link protocol {}, this upstream {PROTOCOL_VERSION}: run the same walrelay version on both halves",
+                open.protocol_version
+            )));
+        }
+        let level = open.zstd_level.clamp(1, 19);
+        let tx = TunnelTx::new(Dir::Down, level, open.zstd_window_log.clamp(10, 27))
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let (out, out_rx) = mpsc::channel(tunnel::QUEUE_FRAMES);
+        let span = tracing::info_span!("tunnel", %peer, application_name = %open.application_name);
+        let session = tunnel::TunnelSession {
+            open,
+            inbound,
+            rx,
+            tx,
+            out,
+            pending,
+        };
+        let up = this.clone();
+        this.tasks.spawn(
+            async move {
+                let _permit = permit;
+                session.run(&up).await;
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(ReceiverStream::new(out_rx)))
+    }
 
     async fn stream(
         &self,

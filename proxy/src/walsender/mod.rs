@@ -8,7 +8,9 @@
 //!    SCRAM-SHA-256 against `downstream.users`, or trust;
 //! 2. the startup reply with the primary's parameters (walrelay speaks with the primary's
 //!    voice; they are kept in the spool so standbys can connect while the link is down);
-//! 3. a session ([`session`], [`commands`]): replication commands, answered from the spool
+//! 3. a tunnel ([`crate::tunnel`]) for logical replication and SQL sessions, and for a
+//!    physical session from its BASE_BACKUP or slot command on; or
+//! 4. a session ([`session`], [`commands`]): replication commands, answered from the spool
 //!    (IDENTIFY_SYSTEM, TIMELINE_HISTORY) or by the standby's own connection to the primary
 //!    through the stream (SHOW, READ_REPLICATION_SLOT); START_REPLICATION serves WAL from the
 //!    spool ([`streamer`]) exactly as a walsender does (timelines, keepalives, errors), while
@@ -96,6 +98,8 @@ impl Downstream {
             cfg: ResolvedDownstream {
                 auth: cfg.auth,
                 users: cfg.users.clone(),
+                allow_slot_commands: cfg.allow_slot_commands,
+                allow_sql: cfg.allow_sql,
                 ..self.cfg.clone()
             },
             link_cfg: self.link_cfg.clone(),
@@ -154,7 +158,7 @@ pub(crate) enum End {
 }
 
 impl End {
-    fn fatal(code: &str, msg: impl Into<String>) -> End {
+    pub(crate) fn fatal(code: &str, msg: impl Into<String>) -> End {
         End::Fatal(ErrorFields::fatal(code, msg))
     }
 }
@@ -192,7 +196,12 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
         }
     };
     let end = tokio::select! {
-        end = commands::run(&ds, &mut reader, &mut writer, &standby) => end,
+        end = async {
+            match standby.tunnel {
+                Some(mode) => crate::tunnel::whole(&ds, &mut reader, &mut writer, &standby, mode).await,
+                None => commands::run(&ds, &mut reader, &mut writer, &standby).await,
+            }
+        } => end,
         // The session ends by itself at shutdown (see the streamer); this cuts one whose
         // standby stopped reading, mid-message, so nothing more is written to it.
         _ = async {
@@ -230,12 +239,16 @@ pub(crate) struct Standby {
     pub peer: SocketAddr,
     pub user: String,
     pub application_name: String,
+    /// Not physical replication: the session goes through a tunnel ([`crate::tunnel`]).
+    pub tunnel: Option<crate::tunnel::Mode>,
+    /// The `database` of the startup packet (its user's name when absent).
+    pub database: String,
 }
 
-type Reader = MsgReader<tokio::io::ReadHalf<BoxIo>>;
-type Writer = tokio::io::WriteHalf<BoxIo>;
+pub(crate) type Reader = MsgReader<tokio::io::ReadHalf<BoxIo>>;
+pub(crate) type Writer = tokio::io::WriteHalf<BoxIo>;
 
-fn shutting_down() -> End {
+pub(crate) fn shutting_down() -> End {
     End::fatal(
         "57P01",
         "terminating connection due to administrator command (walrelay is shutting down)",

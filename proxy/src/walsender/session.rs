@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use walrelay_pgwire::{encode, ErrorFields};
 
-use super::{Downstream, End, Reader, Writer};
+use super::{Downstream, End, Reader, Standby, Writer};
 use crate::monitor::standbys::StandbyHandle;
 use crate::spooler::ChanEvent;
 
@@ -17,6 +17,7 @@ pub(super) struct Session<'a> {
     pub ds: &'a Downstream,
     pub reader: &'a mut Reader,
     pub writer: &'a mut Writer,
+    pub standby: &'a Standby,
     pub chan: u32,
     pub events: mpsc::Receiver<ChanEvent>,
     pub entry: StandbyHandle,

@@ -12,6 +12,7 @@ use crate::config::AuthMethod;
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
+use walrelay_pgwire::negotiate::{is_protocol_option, negotiate};
 use walrelay_pgwire::scram::{ScramError, ScramServer};
 use walrelay_pgwire::{
     encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
@@ -107,19 +108,18 @@ pub(super) async fn accept(
     #[allow(clippy::result_large_err)]
     let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
 
-    // Protocol 3.x with x > 0 or _pq_ options: answer with what we support (3.0, no options).
-    let unknown_opts: Vec<&str> = params
-        .iter()
-        .map(|(k, _)| k.as_str())
-        .filter(|k| k.starts_with("_pq_."))
-        .collect();
-    if minor > 0 || !unknown_opts.is_empty() {
+    // Protocol 3.x with x > 0 or _pq_ options: answer with what we speak (3.0, no options).
+    if let Some(n) = negotiate(minor, &params) {
         let mut out = BytesMut::new();
-        encode::negotiate_protocol_version(&mut out, 0, &unknown_opts);
+        encode::negotiate_protocol_version(&mut out, &n);
         if writer.write_all(&out).await.is_err() {
             return Err((None, End::Quiet));
         }
     }
+    let params: Vec<(String, String)> = params
+        .into_iter()
+        .filter(|(k, _)| !is_protocol_option(k))
+        .collect();
     let get = |k| StartupPacket::param(&params, k);
     let user = get("user").unwrap_or_default().to_string();
     if user.is_empty() {
@@ -129,15 +129,12 @@ pub(super) async fn accept(
             "no PostgreSQL user name specified in startup packet".into(),
         );
     }
-    match get("replication").map(str::to_ascii_lowercase).as_deref() {
-        Some("true" | "on" | "yes" | "1") => {}
-        Some("database") => {
-            return fail(writer, "0A000", "walrelay relays physical replication only; logical replication connections (replication=database) are not supported".into());
-        }
-        _ => {
-            return fail(writer, "0A000", "walrelay accepts only physical replication connections (replication=true); connect to the primary for SQL".into());
-        }
-    }
+    // Physical replication is served from the spool; anything else goes through a tunnel.
+    let tunnel = crate::tunnel::mode_of(get("replication"));
+    let database = get("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_string();
     let application_name = get("application_name")
         .filter(|s| !s.is_empty())
         .or(get("fallback_application_name"))
@@ -147,6 +144,8 @@ pub(super) async fn accept(
         peer,
         user: user.clone(),
         application_name,
+        tunnel,
+        database,
     };
 
     if ds.cfg.auth == AuthMethod::ScramSha256 {

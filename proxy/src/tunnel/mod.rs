@@ -1,0 +1,420 @@
+//! Tunnels, the downstream's end: client sessions the downstream does not serve from its
+//! spool, carried to the primary through the upstream (see `walrelay_proto::frame` for the
+//! items and `crate::upstream` for the other end).
+//!
+//! - a physical replication session hands over when it sends BASE_BACKUP or creates a slot
+//!   (`pg_basebackup`: the backup, and `-X stream`'s temporary slot and its streaming);
+//! - `replication=database` sessions (logical replication: subscriptions, `pg_recvlogical`)
+//!   and ordinary SQL sessions (PostgreSQL 17's slot synchronization) are tunnelled whole.
+//!
+//! The downstream authenticates the client itself; the upstream's connection uses the
+//! upstream's own credentials. Every client message passes [`policy`] first: what it refuses
+//! is answered here (after the primary's answers to everything sent before it) and never
+//! reaches the primary. Memory is bounded per tunnel: one client message or one link frame at
+//! a time, and the link's HTTP/2 flow control holds the upstream back while the client reads
+//! slowly.
+
+pub mod policy;
+pub mod sql;
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use prost::Message;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tracing::{info, warn};
+
+use walrelay_pgwire::scan::Scanner;
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
+use walrelay_proto::frame::{Dir, TunnelItem, TunnelRx, TunnelTx};
+use walrelay_proto::link::link_client::LinkClient;
+use walrelay_proto::link::{TunnelFrame, TunnelOpen};
+use walrelay_proto::PROTOCOL_VERSION;
+
+use crate::link;
+use crate::metrics::{GaugeGuard, Metrics};
+use crate::walsender::{shutting_down, Downstream, End, Reader, Standby, Writer};
+pub use policy::{Mode, Policy};
+
+/// Frames queued toward the upstream per tunnel.
+const QUEUE_FRAMES: usize = 4;
+/// How often a long tunnel logs how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// One tunnelled session.
+pub(crate) struct TunnelSession<'a> {
+    pub ds: &'a Downstream,
+    pub reader: &'a mut Reader,
+    pub writer: &'a mut Writer,
+    pub policy: Policy,
+    scanner: Scanner,
+    /// Queries and Syncs sent whose ReadyForQuery has not come back.
+    outstanding: u32,
+    /// A refusal waiting for the answers to what was sent before it.
+    held: Option<ErrorFields>,
+    /// Transaction status of the primary's last ReadyForQuery (for a refusal's).
+    status: u8,
+    tx: TunnelTx,
+    rx: TunnelRx,
+    progress: Progress,
+}
+
+/// Bytes relayed, logged every [`PROGRESS_EVERY`] while a tunnel is busy.
+struct Progress {
+    started: Instant,
+    last: Instant,
+    down: u64,
+    up: u64,
+}
+
+impl Progress {
+    fn tick(&mut self) {
+        if self.last.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        info!(
+            bytes_from_primary = self.down,
+            bytes_to_primary = self.up,
+            "tunnel progress: {:.1} MB from the primary so far ({:.1} MB/s)",
+            self.down as f64 / 1e6,
+            self.down as f64 / 1e6 / secs
+        );
+    }
+}
+
+/// Which session a startup asks for, from its `replication` parameter; None: physical
+/// replication, served from the spool.
+pub(crate) fn mode_of(replication: Option<&str>) -> Option<Mode> {
+    match replication.map(str::to_ascii_lowercase).as_deref() {
+        Some("true" | "on" | "yes" | "1") => None,
+        Some("database") => Some(Mode::Logical),
+        _ => Some(Mode::Sql),
+    }
+}
+
+/// A session tunnelled whole (logical replication, SQL): authentication succeeded here; the
+/// primary's startup reply comes through the tunnel.
+pub(crate) async fn whole(
+    ds: &Downstream,
+    reader: &mut Reader,
+    writer: &mut Writer,
+    standby: &Standby,
+    mode: Mode,
+) -> End {
+    let mut b = BytesMut::new();
+    encode::auth_ok(&mut b);
+    if writer.write_all(&b).await.is_err() {
+        return End::Quiet;
+    }
+    let mut session = match TunnelSession::new(ds, reader, writer, mode) {
+        Ok(s) => s,
+        Err(end) => return end,
+    };
+    // The primary's startup reply ends with a ReadyForQuery too: a refusal waits for it.
+    session.outstanding = 1;
+    info!(peer = %standby.peer, user = %standby.user, application_name = %standby.application_name, database = %standby.database, ?mode, "session goes through a tunnel to the primary");
+    let open = session.open_for(standby, &standby.database, true);
+    session.run(open, None).await
+}
+
+/// Whether a command a physical session sent, which the spool cannot serve, continues the
+/// session in a tunnel: base backups and slot commands (`pg_basebackup -X stream` creates a
+/// temporary slot and streams from it on the same connection).
+pub(crate) fn hands_over(q: &str) -> bool {
+    use walrelay_pgwire::replcmd::TunnelCmd as C;
+    matches!(
+        walrelay_pgwire::replcmd::classify(q),
+        Ok(C::BaseBackup
+            | C::UploadManifest
+            | C::CreateSlot { .. }
+            | C::DropSlot { .. }
+            | C::AlterSlot { .. })
+    )
+}
+
+/// Continues a physical session in a tunnel from command `q` on. `Err`: the allowlist refused
+/// `q` (the session goes on as it was).
+pub(crate) async fn hand_over(
+    ds: &Downstream,
+    reader: &mut Reader,
+    writer: &mut Writer,
+    standby: &Standby,
+    q: &str,
+) -> Result<End, ErrorFields> {
+    let session = match TunnelSession::new(ds, reader, writer, Mode::Physical) {
+        Ok(s) => s,
+        Err(end) => return Ok(end),
+    };
+    if let Err(e) = session.policy.query(q) {
+        Metrics::add(&ds.metrics.tunnel_refused, 1);
+        return Err(e);
+    }
+    info!(peer = %standby.peer, application_name = %standby.application_name, command = %walrelay_pgwire::clip(q.trim(), 80), "physical session continues through a tunnel to the primary");
+    let open = session.open_for(standby, "", false);
+    let mut body = BytesMut::from(q.as_bytes());
+    body.extend_from_slice(&[0]);
+    let first = RawMsg {
+        tag: b'Q',
+        body: body.freeze(),
+    };
+    Ok(session.run(open, Some(first)).await)
+}
+
+impl<'a> TunnelSession<'a> {
+    pub fn new(
+        ds: &'a Downstream,
+        reader: &'a mut Reader,
+        writer: &'a mut Writer,
+        mode: Mode,
+    ) -> Result<TunnelSession<'a>, End> {
+        let io = |e: std::io::Error| End::fatal("XX000", format!("walrelay: zstd: {e}"));
+        Ok(TunnelSession {
+            policy: Policy {
+                mode,
+                allow_slot_commands: ds.cfg.allow_slot_commands,
+                allow_sql: ds.cfg.allow_sql,
+            },
+            ds,
+            reader,
+            writer,
+            scanner: Scanner::default(),
+            outstanding: 0,
+            held: None,
+            status: b'I',
+            tx: TunnelTx::new(Dir::Up, ds.link_cfg.zstd_level, ds.link_cfg.zstd_window_log)
+                .map_err(io)?,
+            rx: TunnelRx::new(Dir::Down).map_err(io)?,
+            progress: Progress {
+                started: Instant::now(),
+                last: Instant::now(),
+                down: 0,
+                up: 0,
+            },
+        })
+    }
+
+    /// The `TunnelOpen` for a client: `greet` when the downstream has not sent it the
+    /// startup reply (a session tunnelled whole).
+    pub fn open_for(&self, standby: &Standby, database: &str, greet: bool) -> TunnelOpen {
+        TunnelOpen {
+            protocol_version: PROTOCOL_VERSION,
+            replication: self.policy.mode.replication().to_string(),
+            database: database.to_string(),
+            application_name: standby.application_name.clone(),
+            user: standby.user.clone(),
+            addr: standby.peer.to_string(),
+            greet,
+            zstd_level: self.ds.link_cfg.zstd_level,
+            zstd_window_log: self.ds.link_cfg.zstd_window_log,
+            max_message_bytes: self.ds.limits.max_message_bytes as u64,
+        }
+    }
+
+    /// Opens the tunnel with `first` (a client message already checked, or none) and relays
+    /// until either side ends.
+    pub async fn run(mut self, open: TunnelOpen, first: Option<RawMsg>) -> End {
+        let metrics = self.ds.metrics.clone();
+        let _gauge = GaugeGuard::inc(&metrics.tunnels_active[1]);
+        let Some(channel) = self.ds.spooler.channel() else {
+            return End::fatal("08006", "walrelay: the link to the upstream is not set up");
+        };
+        let max = link::max_link_message(&self.ds.limits);
+        let mut client = LinkClient::new(channel)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let (out, out_rx) = mpsc::channel(QUEUE_FRAMES);
+        self.tx.open(&open.encode_to_vec());
+        if let Some(m) = &first {
+            if let Err(end) = self.forward(&out, m).await {
+                return end;
+            }
+        } else if let Err(end) = self.flush(&out).await {
+            return end;
+        }
+        let wait = Duration::from_secs(self.ds.link_cfg.connect_timeout_secs.max(1) + 30);
+        let inbound = match tokio::time::timeout(wait, client.tunnel(ReceiverStream::new(out_rx))).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                return End::fatal("08006", "walrelay: the upstream half runs an older walrelay that carries no tunnels (base backups, logical replication, slot synchronization); upgrade it")
+            }
+            Ok(Err(s)) => {
+                return End::fatal("08006", format!("walrelay cannot open a tunnel to the primary through the upstream at {}: {}", self.ds.cfg.upstream, s.message()))
+            }
+            Err(_) => return End::fatal("08006", format!("walrelay: the upstream at {} did not answer a tunnel in time; check the link", self.ds.cfg.upstream)),
+        };
+        info!(mode = ?self.policy.mode, database = %open.database, "tunnel open through the upstream");
+        let end = self.relay(inbound, &out).await;
+        info!(
+            bytes_from_primary = self.progress.down,
+            bytes_to_primary = self.progress.up,
+            seconds = self.progress.started.elapsed().as_secs(),
+            "tunnel closed"
+        );
+        end
+    }
+
+    async fn relay(
+        &mut self,
+        mut inbound: Streaming<TunnelFrame>,
+        out: &mpsc::Sender<TunnelFrame>,
+    ) -> End {
+        let cap = self.ds.limits.max_message_bytes;
+        loop {
+            tokio::select! {
+                m = self.reader.read(|b| parse_tagged(b, |_| cap)), if self.held.is_none() => {
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(WireError::Closed | WireError::Io(_)) => return self.leave(out, "the client left").await,
+                        Err(e) => return End::fatal("08P01", format!("invalid message from the client: {e}")),
+                    };
+                    if let Err(end) = self.client_message(out, m).await {
+                        return end;
+                    }
+                }
+                f = inbound.message() => match f {
+                    Ok(Some(f)) => if let Err(end) = self.primary_frame(&f.frame).await {
+                        return end;
+                    },
+                    Ok(None) => return End::fatal("08006", "walrelay: the tunnel to the primary ended (the link to the upstream was lost); try again"),
+                    Err(s) => return End::fatal("08006", format!("walrelay: the link to the upstream failed: {}; try again", s.message())),
+                },
+                _ = self.ds.shutdown.cancelled() => {
+                    let _ = self.leave(out, "walrelay is shutting down").await;
+                    return shutting_down();
+                }
+            }
+        }
+    }
+
+    async fn client_message(
+        &mut self,
+        out: &mpsc::Sender<TunnelFrame>,
+        m: RawMsg,
+    ) -> Result<(), End> {
+        match self.policy.check(m.tag, &m.body) {
+            Ok(()) => {
+                self.forward(out, &m).await?;
+                if m.tag == b'X' {
+                    return Err(self.leave(out, "").await);
+                }
+                Ok(())
+            }
+            Err(e) if e.severity == "FATAL" => Err(End::Fatal(e)),
+            Err(e) => {
+                Metrics::add(&self.ds.metrics.tunnel_refused, 1);
+                warn!(tag = %(m.tag as char), "tunnel: refused a client message: {}", e.message);
+                self.held = Some(e);
+                self.answer_held().await
+            }
+        }
+    }
+
+    /// Sends one client message up.
+    async fn forward(&mut self, out: &mpsc::Sender<TunnelFrame>, m: &RawMsg) -> Result<(), End> {
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        self.progress.up += b.len() as u64;
+        Metrics::add(&self.ds.metrics.tunnel_bytes_to_primary[1], b.len() as u64);
+        if matches!(m.tag, b'Q' | b'S') {
+            self.outstanding = self.outstanding.saturating_add(1);
+        }
+        self.tx
+            .data(&b)
+            .map_err(|e| End::fatal("XX000", format!("walrelay: zstd: {e}")))?;
+        self.flush(out).await
+    }
+
+    async fn flush(&mut self, out: &mpsc::Sender<TunnelFrame>) -> Result<(), End> {
+        if self.tx.is_empty() {
+            return Ok(());
+        }
+        let frame = self.tx.finish();
+        out.send(TunnelFrame {
+            frame: frame.into(),
+        })
+        .await
+        .map_err(|_| {
+            End::fatal(
+                "08006",
+                "walrelay: the tunnel to the primary ended; try again",
+            )
+        })
+    }
+
+    /// The client left (`why` empty: it said Terminate): the tunnel's END goes up.
+    async fn leave(&mut self, out: &mpsc::Sender<TunnelFrame>, why: &str) -> End {
+        self.tx.end(why);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.flush(out)).await;
+        End::Quiet
+    }
+
+    /// A frame from the primary: passed on to the client as it is.
+    async fn primary_frame(&mut self, frame: &[u8]) -> Result<(), End> {
+        let items = self.rx.parse(frame).map_err(|e| {
+            End::fatal(
+                "08006",
+                format!("walrelay: a tunnel frame from the upstream failed verification: {e}"),
+            )
+        })?;
+        for it in items {
+            match it {
+                TunnelItem::Data(d) => {
+                    let mut ready = 0u32;
+                    self.scanner
+                        .feed(&d, |t| ready += u32::from(t == b'Z'))
+                        .map_err(|e| {
+                            End::fatal(
+                                "08P01",
+                                format!("walrelay: the primary's messages are malformed: {e}"),
+                            )
+                        })?;
+                    if let [.., b'Z', 0, 0, 0, 5, st] = d[..] {
+                        self.status = st;
+                    }
+                    self.writer.write_all(&d).await.map_err(|_| End::Quiet)?;
+                    self.progress.down += d.len() as u64;
+                    Metrics::add(
+                        &self.ds.metrics.tunnel_bytes_from_primary[1],
+                        d.len() as u64,
+                    );
+                    self.progress.tick();
+                    self.outstanding = self.outstanding.saturating_sub(ready);
+                    self.answer_held().await?;
+                }
+                TunnelItem::End(why) => {
+                    if !why.is_empty() {
+                        info!("tunnel: {why}");
+                    }
+                    return Err(End::Quiet);
+                }
+                TunnelItem::Open(_) => {
+                    return Err(End::fatal(
+                        "08P01",
+                        "walrelay: unexpected T_OPEN from the upstream",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers a held refusal once everything sent before it has been answered.
+    async fn answer_held(&mut self) -> Result<(), End> {
+        if self.outstanding > 0 {
+            return Ok(());
+        }
+        let Some(e) = self.held.take() else {
+            return Ok(());
+        };
+        let mut b = BytesMut::new();
+        encode::error_response(&mut b, &e);
+        let status = self.status;
+        encode::tagged(&mut b, b'Z', |b| b.extend_from_slice(&[status]));
+        self.writer.write_all(&b).await.map_err(|_| End::Quiet)
+    }
+}

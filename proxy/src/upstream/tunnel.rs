@@ -1,0 +1,307 @@
+//! The upstream's end of a tunnel (one `Tunnel` call): its own connection to the primary, as
+//! the `TunnelOpen` item asks (physical or logical replication, or a read-only SQL session,
+//! always with the upstream's credentials), and the protocol relayed both ways.
+//!
+//! Memory per tunnel is bounded: the primary is read only when the call's outgoing queue
+//! ([`QUEUE_FRAMES`] frames of at most [`read_chunk`] bytes) has room, and that queue only
+//! drains as fast as HTTP/2 flow control lets the downstream take it, which it does only as
+//! fast as its client reads.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::FutureExt;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tracing::{info, warn};
+
+use walrelay_pgwire::{encode, ErrorFields};
+use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
+use walrelay_proto::link::{TunnelFrame, TunnelOpen};
+
+use super::Upstream;
+use crate::metrics::Metrics;
+use crate::pgclient::{self, BoxIo, PgClientError, PrimaryConn};
+
+/// Frames queued toward the downstream per tunnel.
+pub const QUEUE_FRAMES: usize = 4;
+/// Most bytes read from the primary into one frame: [`TUNNEL_DATA_MAX`], and half the
+/// smaller `limits.max_message_bytes` of the two halves (`downstream_max`: the downstream's,
+/// from `TunnelOpen`; 0 if it did not say), so that a frame of incompressible bytes still
+/// fits the largest link message either half accepts.
+pub fn read_chunk(own_max: usize, downstream_max: u64) -> usize {
+    let theirs = match downstream_max {
+        0 => own_max,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    (own_max.min(theirs) / 2).clamp(16 * 1024, TUNNEL_DATA_MAX)
+}
+
+pub type Out = mpsc::Sender<Result<TunnelFrame, Status>>;
+
+/// Reads the call's first frame: the `TunnelOpen` and any client bytes that came with it.
+pub async fn first_frame(
+    inbound: &mut Streaming<TunnelFrame>,
+    rx: &mut TunnelRx,
+) -> Result<(TunnelOpen, Vec<u8>), Status> {
+    let first = tokio::time::timeout(Duration::from_secs(30), inbound.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("no TunnelOpen within 30 s"))??
+        .ok_or_else(|| Status::cancelled("the downstream went away"))?;
+    let items = rx
+        .parse(&first.frame)
+        .map_err(|e| Status::invalid_argument(format!("malformed tunnel frame: {e}")))?;
+    let mut items = items.into_iter();
+    let open = match items.next() {
+        Some(TunnelItem::Open(b)) => TunnelOpen::decode(&b[..])
+            .map_err(|e| Status::invalid_argument(format!("malformed TunnelOpen: {e}")))?,
+        _ => return Err(Status::invalid_argument("a tunnel must start with T_OPEN")),
+    };
+    let mut data = Vec::new();
+    for it in items {
+        match it {
+            TunnelItem::Data(d) => data.extend_from_slice(&d),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "unexpected item in a tunnel's first frame",
+                ))
+            }
+        }
+    }
+    Ok((open, data))
+}
+
+/// The startup parameters of the primary connection for `open`.
+fn startup(open: &TunnelOpen) -> Result<Vec<(&str, &str)>, Status> {
+    let mut p = Vec::new();
+    match open.replication.as_str() {
+        "true" => {
+            p.push(("replication", "true"));
+            p.push(("database", "replication"));
+        }
+        "database" | "" => {
+            if open.database.is_empty() {
+                return Err(Status::invalid_argument(
+                    "a tunnel to a database needs its name",
+                ));
+            }
+            if !open.replication.is_empty() {
+                p.push(("replication", "database"));
+            }
+            p.push(("database", open.database.as_str()));
+        }
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "unknown tunnel kind replication={other:?}"
+            )))
+        }
+    }
+    p.push(("application_name", open.application_name.as_str()));
+    Ok(p)
+}
+
+/// One tunnel: the primary connection and both directions.
+pub struct TunnelSession {
+    pub open: TunnelOpen,
+    pub inbound: Streaming<TunnelFrame>,
+    pub rx: TunnelRx,
+    pub tx: TunnelTx,
+    pub out: Out,
+    /// Client bytes that came with the first frame.
+    pub pending: Vec<u8>,
+}
+
+impl TunnelSession {
+    /// Connects to the primary and relays until either side ends; the downstream hears why.
+    pub async fn run(mut self, up: &Upstream) {
+        let _gauge = crate::metrics::GaugeGuard::inc(&up.metrics.tunnels_active[0]);
+        let conn = match self.connect(up).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("tunnel: cannot connect to the primary: {}", e.message);
+                let mut b = BytesMut::new();
+                encode::error_response(&mut b, &e);
+                let _ = self
+                    .send(|tx| tx.data(&b).map(|_| tx.end(&e.message)))
+                    .await;
+                return;
+            }
+        };
+        let chunk = read_chunk(up.limits.max_message_bytes, self.open.max_message_bytes);
+        let why = self.relay(conn, chunk, &up.metrics).await;
+        match &why {
+            Ok(()) => info!("tunnel ended: the client left"),
+            Err(w) => info!("tunnel ended: {w}"),
+        }
+        let reason = why.err().unwrap_or_default();
+        let _ = self
+            .send(|tx| {
+                tx.end(&reason);
+                Ok(())
+            })
+            .await;
+    }
+
+    async fn connect(&self, up: &Upstream) -> Result<PrimaryConn, ErrorFields> {
+        let params = startup(&self.open).map_err(|s| ErrorFields::fatal("08P01", s.message()))?;
+        let mut conn =
+            pgclient::connect_with(&up.cfg.primary, &params, up.limits.max_message_bytes)
+                .await
+                .map_err(|e| match e {
+                    PgClientError::Server(f) => f,
+                    e => ErrorFields::fatal(
+                        "08006",
+                        format!(
+                            "walrelay's upstream cannot connect to the primary: {}",
+                            e.reason()
+                        ),
+                    ),
+                })?;
+        if self.open.replication != "true" {
+            // SQL through walrelay (an ordinary session, or a logical replication
+            // connection's) is read-only on the primary.
+            conn.simple_query("SET default_transaction_read_only = on")
+                .await
+                .map_err(|e| {
+                    ErrorFields::fatal(
+                        "08006",
+                        format!(
+                            "walrelay's upstream cannot make the session read-only: {}",
+                            e.reason()
+                        ),
+                    )
+                })?;
+        }
+        info!(replication = %self.open.replication, database = %self.open.database, application_name = %self.open.application_name, user = %self.open.user, addr = %self.open.addr, "tunnel open to the primary");
+        Ok(conn)
+    }
+
+    /// Relays until the client leaves (Ok) or something ends the tunnel (Err: why).
+    async fn relay(
+        &mut self,
+        conn: PrimaryConn,
+        chunk: usize,
+        metrics: &Metrics,
+    ) -> Result<(), String> {
+        let greeting = self.open.greet.then(|| greeting(&conn.params));
+        let (mut r, buffered) = conn.reader.into_parts();
+        let mut w = conn.writer;
+        let first = std::mem::take(&mut self.pending);
+        self.send(|tx| {
+            if let Some(g) = &greeting {
+                tx.data(g)?;
+            }
+            tx.data(&buffered)
+        })
+        .await?;
+        write_primary(&mut w, &first).await?;
+        let mut buf = BytesMut::with_capacity(chunk);
+        loop {
+            buf.clear();
+            tokio::select! {
+                n = r.read_buf(&mut buf) => match n {
+                    Ok(0) => return Err("the primary closed the connection".into()),
+                    Ok(_) => {
+                        // What else has arrived goes in the same frame (one flush of the
+                        // compressor per frame).
+                        while buf.len() < chunk {
+                            match r.read_buf(&mut buf).now_or_never() {
+                                Some(Ok(n)) if n > 0 => {}
+                                _ => break,
+                            }
+                        }
+                        Metrics::add(&metrics.tunnel_bytes_from_primary[0], buf.len() as u64);
+                        self.send(|tx| tx.data(&buf)).await?
+                    }
+                    Err(e) => return Err(format!("reading from the primary: {e}")),
+                },
+                f = self.inbound.message() => {
+                    let f = match f {
+                        Ok(Some(f)) => f,
+                        Ok(None) => return Err("the downstream closed the tunnel".into()),
+                        Err(s) => return Err(format!("the link: {}", s.message())),
+                    };
+                    let items = self.rx.parse(&f.frame).map_err(|e| format!("malformed tunnel frame from the downstream: {e}"))?;
+                    for it in items {
+                        match it {
+                            TunnelItem::Data(d) => {
+                                Metrics::add(&metrics.tunnel_bytes_to_primary[0], d.len() as u64);
+                                write_primary(&mut w, &d).await?
+                            }
+                            TunnelItem::End(_) => {
+                                terminate(&mut w, r).await;
+                                return Ok(());
+                            }
+                            TunnelItem::Open(_) => return Err("a second T_OPEN in a tunnel".into()),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds one frame with `f` and queues it (waiting while the queue is full).
+    async fn send(
+        &mut self,
+        f: impl FnOnce(&mut TunnelTx) -> std::io::Result<()>,
+    ) -> Result<(), String> {
+        f(&mut self.tx).map_err(|e| format!("compressing tunnel data: {e}"))?;
+        if self.tx.is_empty() {
+            return Ok(());
+        }
+        let frame = self.tx.finish();
+        self.out
+            .send(Ok(TunnelFrame {
+                frame: frame.into(),
+            }))
+            .await
+            .map_err(|_| "the downstream went away".to_string())
+    }
+}
+
+async fn write_primary(w: &mut WriteHalf<BoxIo>, b: &[u8]) -> Result<(), String> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    w.write_all(b)
+        .await
+        .map_err(|e| format!("writing to the primary: {e}"))
+}
+
+/// The client left: the primary connection ends as a client's would (its own Terminate has
+/// usually gone already), without waiting long for the primary.
+async fn terminate(w: &mut WriteHalf<BoxIo>, mut r: ReadHalf<BoxIo>) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = w.shutdown().await;
+        let mut sink = [0u8; 4096];
+        while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// The primary's startup reply for a client that has not been greeted yet: its parameters,
+/// a BackendKeyData (cancel requests are not relayed) and ReadyForQuery.
+fn greeting(params: &[(String, String)]) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    for (k, v) in params {
+        encode::parameter_status(&mut out, k, v);
+    }
+    encode::backend_key_data(&mut out, rand::random(), rand::random());
+    encode::ready_for_query(&mut out);
+    out.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_chunk;
+
+    #[test]
+    fn a_frame_fits_the_smaller_message_limit_of_the_halves() {
+        assert_eq!(read_chunk(4 << 20, 4 << 20), 1 << 20);
+        assert_eq!(read_chunk(4 << 20, 256 << 10), 128 << 10);
+        assert_eq!(read_chunk(256 << 10, 0), 128 << 10);
+        assert_eq!(read_chunk(1 << 30, u64::MAX), 1 << 20);
+    }
+}
