@@ -1,6 +1,7 @@
 //! Startup and authentication of a standby connection (see the parent module's steps 1–2).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -23,6 +24,15 @@ const TLS_HANDSHAKE: u8 = 0x16;
 
 type Failed = (Option<Writer>, End);
 
+/// A connection's startup packet, read (after TLS, if any) within
+/// `limits.startup_timeout_secs`: the reader, whether TLS is on, and the packet.
+struct Started {
+    reader: MsgReader<BoxIo>,
+    encrypted: bool,
+    minor: u16,
+    params: Vec<(String, String)>,
+}
+
 /// Runs startup and authentication. On failure returns the write half (if the connection got
 /// that far) and what to tell the standby.
 pub(super) async fn accept(
@@ -30,74 +40,18 @@ pub(super) async fn accept(
     sock: TcpStream,
     peer: SocketAddr,
 ) -> Result<(Reader, Writer, Standby), Failed> {
-    let mut first = [0u8; 1];
-    let direct_tls = matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE);
-    let mut io: BoxIo = Box::new(sock);
-    let mut encrypted = false;
-    if direct_tls {
-        let Some(tls) = &ds.tls else {
-            warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
+    let deadline = Duration::from_secs(ds.limits.startup_timeout_secs);
+    let Started {
+        reader,
+        encrypted,
+        minor,
+        params,
+    } = match tokio::time::timeout(deadline, read_startup(ds, sock, peer)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
+            warn!(%peer, "no startup packet within limits.startup_timeout_secs; closing");
             return Err((None, End::Quiet));
-        };
-        let stream = tls.accept(io).await.map_err(|e| {
-            warn!(%peer, "TLS handshake failed: {e}");
-            (None, End::Quiet)
-        })?;
-        if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
-            warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
-            return Err((None, End::Quiet));
-        }
-        io = Box::new(stream);
-        encrypted = true;
-    }
-    let mut reader = MsgReader::new(io);
-    let (minor, params) = loop {
-        let pkt = match reader.read(parse_startup).await {
-            Ok(p) => p,
-            Err(e) => {
-                Metrics::add(&ds.metrics.protocol_errors, 1);
-                if !matches!(e, WireError::Closed) {
-                    warn!(%peer, "invalid startup packet: {e}");
-                }
-                return Err(split_fail(
-                    reader,
-                    End::fatal("08P01", format!("invalid startup packet: {e}")),
-                ));
-            }
-        };
-        match pkt {
-            StartupPacket::SslRequest | StartupPacket::GssEncRequest if encrypted => {
-                return Err(split_fail(
-                    reader,
-                    End::fatal("08P01", "encryption requested twice"),
-                ));
-            }
-            StartupPacket::SslRequest if ds.tls.is_some() => {
-                if !reader.buffered().is_empty() {
-                    return Err(split_fail(
-                        reader,
-                        End::fatal("08P01", "received unencrypted data after SSL request"),
-                    ));
-                }
-                let (mut io, _) = reader.into_parts();
-                if io.write_all(b"S").await.is_err() {
-                    return Err((None, End::Quiet));
-                }
-                let tls = ds.tls.as_ref().expect("checked above");
-                let stream = tls.accept(io).await.map_err(|e| {
-                    warn!(%peer, "TLS handshake failed: {e}");
-                    (None, End::Quiet)
-                })?;
-                reader = MsgReader::new(Box::new(stream));
-                encrypted = true;
-            }
-            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
-                if reader.get_mut().write_all(b"N").await.is_err() {
-                    return Err((None, End::Quiet));
-                }
-            }
-            StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
-            StartupPacket::Startup { minor, params } => break (minor, params),
         }
     };
     let (io, buf) = reader.into_parts();
@@ -154,12 +108,102 @@ pub(super) async fn accept(
             if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
                 Metrics::add(&ds.metrics.auth_failures, 1);
                 warn!(%peer, %user, "password authentication failed");
+                // As PostgreSQL's auth_delay: each guess costs the guesser time, while the
+                // connection holds a startup place (bounded per address), not a session.
+                let delay = Duration::from_millis(ds.limits.auth_failure_delay_ms);
+                tokio::time::sleep(delay).await;
             }
             return Err((Some(writer), end));
         }
     }
     info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
     Ok((reader, writer, standby))
+}
+
+/// TLS (direct, or after SSLRequest) and the startup packet; SSLRequest/GSSENCRequest
+/// answered as PostgreSQL does.
+async fn read_startup(
+    ds: &Downstream,
+    sock: TcpStream,
+    peer: SocketAddr,
+) -> Result<Started, Failed> {
+    let mut first = [0u8; 1];
+    let direct_tls = matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE);
+    let mut io: BoxIo = Box::new(sock);
+    let mut encrypted = false;
+    if direct_tls {
+        let Some(tls) = &ds.tls else {
+            warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
+            return Err((None, End::Quiet));
+        };
+        let stream = tls.accept(io).await.map_err(|e| {
+            warn!(%peer, "TLS handshake failed: {e}");
+            (None, End::Quiet)
+        })?;
+        if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
+            warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
+            return Err((None, End::Quiet));
+        }
+        io = Box::new(stream);
+        encrypted = true;
+    }
+    let mut reader = MsgReader::new(io);
+    loop {
+        let pkt = match reader.read(parse_startup).await {
+            Ok(p) => p,
+            Err(e) => {
+                Metrics::add(&ds.metrics.protocol_errors, 1);
+                if !matches!(e, WireError::Closed) {
+                    warn!(%peer, "invalid startup packet: {e}");
+                }
+                return Err(split_fail(
+                    reader,
+                    End::fatal("08P01", format!("invalid startup packet: {e}")),
+                ));
+            }
+        };
+        match pkt {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest if encrypted => {
+                return Err(split_fail(
+                    reader,
+                    End::fatal("08P01", "encryption requested twice"),
+                ));
+            }
+            StartupPacket::SslRequest if ds.tls.is_some() => {
+                if !reader.buffered().is_empty() {
+                    return Err(split_fail(
+                        reader,
+                        End::fatal("08P01", "received unencrypted data after SSL request"),
+                    ));
+                }
+                let (mut io, _) = reader.into_parts();
+                if io.write_all(b"S").await.is_err() {
+                    return Err((None, End::Quiet));
+                }
+                let tls = ds.tls.as_ref().expect("checked above");
+                let stream = tls.accept(io).await.map_err(|e| {
+                    warn!(%peer, "TLS handshake failed: {e}");
+                    (None, End::Quiet)
+                })?;
+                reader = MsgReader::new(Box::new(stream));
+                encrypted = true;
+            }
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                if reader.get_mut().write_all(b"N").await.is_err() {
+                    return Err((None, End::Quiet));
+                }
+            }
+            StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
+            StartupPacket::Startup { minor, params } => {
+                return Ok(Started {
+                    reader,
+                    encrypted,
+                    minor,
+                    params,
+                })
+            }
+        }
+    }
 }
 
 fn split_fail(reader: MsgReader<BoxIo>, end: End) -> Failed {
