@@ -39,6 +39,13 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Syntax { path: PathBuf, message: String },
+    /// A value of the wrong type (or an unknown key) at `key`, the dotted path in the file.
+    #[error("config file {path}: key `{key}`: {message}")]
+    Value {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
     #[error("config key `{key}`: {problem}")]
     Key { key: String, problem: String },
 }
@@ -390,10 +397,24 @@ pub struct ResolvedDownstream {
 }
 
 impl Config {
+    /// Parses the file; a value of the wrong type is named by its dotted key
+    /// (`limits.queue_messages`), an unknown key by its section.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        let syntax = |e: toml::de::Error| ConfigError::Syntax {
             path: path.to_path_buf(),
             message: e.to_string(),
+        };
+        let de = toml::Deserializer::parse(text).map_err(syntax)?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            match key.as_str() {
+                "" | "." => syntax(e.into_inner()),
+                _ => ConfigError::Value {
+                    path: path.to_path_buf(),
+                    key,
+                    message: e.into_inner().to_string(),
+                },
+            }
         })
     }
 
