@@ -26,6 +26,8 @@ pub struct Metrics {
     pub decode_ns: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Standby status updates whose positions went beyond the WAL sent, lowered to it.
+    pub positions_clamped: AtomicU64,
     /// Connections refused or cut before a session, by reason (see [`Refusals`]).
     pub refusals: Refusals,
     /// Per-standby state, codec totals and session counters (see [`crate::monitor`]).

@@ -384,6 +384,12 @@ fn refusal_families(e: &mut Expo, m: &Metrics) {
     ] {
         e.sample(name, &[("reason", reason)], count(c));
     }
+    e.one(
+        "walrelay_standby_positions_clamped_total",
+        "counter",
+        "Standby status updates claiming WAL beyond what the downstream sent that standby, lowered to what it sent before going to the primary.",
+        count(&m.positions_clamped),
+    );
     let name = "walrelay_link_handshake_failures_total";
     e.family(name, "counter", "Link connections that did not complete their TLS handshake, by reason (timeout, tls, peer_name, busy).");
     for (reason, c) in [
