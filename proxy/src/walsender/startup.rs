@@ -74,29 +74,10 @@ pub(super) async fn accept(
             return Err((None, End::Quiet));
         }
     }
-    let get = |k| StartupPacket::param(&params, k);
-    let user = get("user").unwrap_or_default().to_string();
-    if user.is_empty() {
-        return fail(
-            writer,
-            "28000",
-            "no PostgreSQL user name specified in startup packet".into(),
-        );
-    }
-    match get("replication").map(str::to_ascii_lowercase).as_deref() {
-        Some("true" | "on" | "yes" | "1") => {}
-        Some("database") => {
-            return fail(writer, "0A000", "walrelay relays physical replication only; logical replication connections (replication=database) are not supported".into());
-        }
-        _ => {
-            return fail(writer, "0A000", "walrelay accepts only physical replication connections (replication=true); connect to the primary for SQL".into());
-        }
-    }
-    let application_name = get("application_name")
-        .filter(|s| !s.is_empty())
-        .or(get("fallback_application_name"))
-        .unwrap_or("")
-        .to_string();
+    let (user, application_name) = match who(&params) {
+        Ok(w) => w,
+        Err((code, msg)) => return fail(writer, code, msg),
+    };
     let standby = Standby {
         peer,
         user: user.clone(),
@@ -118,6 +99,34 @@ pub(super) async fn accept(
     }
     info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
     Ok((reader, writer, standby))
+}
+
+/// The user and application name of a startup packet, or the error (SQLSTATE, message) for a
+/// connection walrelay does not serve.
+fn who(params: &[(String, String)]) -> Result<(String, String), (&'static str, String)> {
+    let get = |k| StartupPacket::param(params, k);
+    let user = get("user").unwrap_or_default().to_string();
+    if user.is_empty() {
+        return Err((
+            "28000",
+            "no PostgreSQL user name specified in startup packet".into(),
+        ));
+    }
+    match get("replication").map(str::to_ascii_lowercase).as_deref() {
+        Some("true" | "on" | "yes" | "1") => {}
+        Some("database") => {
+            return Err(("0A000", "walrelay relays physical replication only; logical replication connections (replication=database) are not supported".into()));
+        }
+        _ => {
+            return Err(("0A000", "walrelay accepts only physical replication connections (replication=true); connect to the primary for SQL".into()));
+        }
+    }
+    let application_name = get("application_name")
+        .filter(|s| !s.is_empty())
+        .or(get("fallback_application_name"))
+        .unwrap_or("")
+        .to_string();
+    Ok((user, application_name))
 }
 
 /// TLS (direct, or after SSLRequest) and the startup packet; SSLRequest/GSSENCRequest
