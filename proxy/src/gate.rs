@@ -50,6 +50,7 @@ impl StartupGate {
         max_total: usize,
         max_per_addr: usize,
     ) -> Result<StartupPass, Refused> {
+        let addr = source(addr);
         let mut c = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if c.total >= max_total {
             return Err(Refused::Total);
@@ -69,6 +70,21 @@ impl StartupGate {
     /// Connections in startup now.
     pub fn in_startup(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).total
+    }
+}
+
+/// The source a per-address limit counts: an IPv4 address (also written IPv4-mapped), or the
+/// /64 network of an IPv6 address (one host usually has a whole /64 to pick addresses from).
+fn source(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let net = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(net.into())
+            }
+        },
     }
 }
 
@@ -105,5 +121,20 @@ mod tests {
         drop(b1);
         // An address with no pass out leaves the map: memory follows what is in startup.
         assert_eq!(g.0.lock().unwrap().by_addr.len(), 1);
+    }
+
+    #[test]
+    fn ipv6_addresses_count_per_64_and_mapped_ipv4_as_ipv4() {
+        let g = StartupGate::new();
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let _a = g.try_enter(a, 10, 1).unwrap();
+        assert_eq!(g.try_enter(b, 10, 1).unwrap_err(), Refused::PerAddress);
+        let _o = g.try_enter(other, 10, 1).unwrap();
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        let _v = g.try_enter(v4, 10, 1).unwrap();
+        assert_eq!(g.try_enter(mapped, 10, 1).unwrap_err(), Refused::PerAddress);
     }
 }
