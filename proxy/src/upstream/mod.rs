@@ -1,6 +1,9 @@
 //! The upstream half (next to the primary): serves the link; per downstream, one stream that
 //! reads the primary's WAL once and carries it once, whatever the number of standbys.
 //!
+//! Connections reach tonic through [`accept`]: a place in the pre-authentication budget and
+//! `limits.startup_timeout_secs` for the TLS handshake, failures logged and counted.
+//!
 //! A stream opens with the link handshake ([`handshake`]: `Hello` → the feed's connection to
 //! the primary on the downstream's slot → `Welcome`); then its directions run until either
 //! ends, each a struct with a `run()`:

@@ -2,6 +2,10 @@
 //! and pg_receivewal connect to, serving WAL from the spool.
 //!
 //! A connection goes through:
+//! 0. the pre-authentication budget ([`crate::gate`]): a place among `limits.max_startups`
+//!    (`limits.max_startups_per_address` per source) until it has authenticated, and
+//!    `limits.startup_timeout_secs` to send its startup packet; its `limits.max_sessions` slot
+//!    is taken only after authentication;
 //! 1. startup ([`startup`]): SSLRequest answered 'S' (TLS) when `downstream.tls_cert` is set,
 //!    else 'N'; GSSENCRequest 'N'; PG 17+ direct TLS (first byte 0x16, ALPN `postgresql`);
 //!    only physical replication connections (`replication=true`) are served; authentication:
