@@ -8,8 +8,12 @@
 #   scripts/fuzz-smoke.sh                      # every target, FUZZ_SECONDS (20) each
 #   FUZZ_SECONDS=300 scripts/fuzz-smoke.sh scram link_codec
 #
+# scripts/fuzz.sh runs the same for longer (a time or a number of executions per target).
+#
 # Environment:
 #   FUZZ_SECONDS   fuzzing time per target, seconds (default 20)
+#   FUZZ_RUNS      instead of a time: executions per target (libFuzzer -runs=N), bounded by
+#                  FUZZ_MAX_SECONDS (default 86400) per target
 #   FUZZ_JOBS      targets fuzzed at once (default: number of cores)
 #   FUZZ_TARGETS   space-separated targets (default: all [[bin]] of fuzz/Cargo.toml; arguments
 #                  take precedence)
@@ -28,6 +32,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fuzz="$root/fuzz"
 seconds="${FUZZ_SECONDS:-20}"
+runs="${FUZZ_RUNS:-}"
+max_seconds="${FUZZ_MAX_SECONDS:-86400}"
+label="${FUZZ_LABEL:-fuzz-smoke}"
 jobs="${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
@@ -38,7 +45,7 @@ elif [[ -n "${FUZZ_TARGETS:-}" ]]; then
 else
     mapfile -t targets < <(sed -n '/^\[\[bin\]\]/{n;s/^name = "\(.*\)"$/\1/p}' "$fuzz/Cargo.toml")
 fi
-[[ ${#targets[@]} -gt 0 ]] || { echo "fuzz-smoke: no fuzz targets found in $fuzz/Cargo.toml" >&2; exit 1; }
+[[ ${#targets[@]} -gt 0 ]] || { echo "$label: no fuzz targets found in $fuzz/Cargo.toml" >&2; exit 1; }
 
 started=$SECONDS
 
@@ -46,13 +53,13 @@ started=$SECONDS
 # The fuzz project is its own workspace; its lock file starts from the main workspace's so that
 # both resolve the same versions (and share compiled dependencies).
 cp "$root/Cargo.lock" "$fuzz/Cargo.lock"
-echo "fuzz-smoke: building ${#targets[@]} fuzz targets into $target_dir"
+echo "$label: building ${#targets[@]} fuzz targets into $target_dir"
 bin_args=()
 for t in "${targets[@]}"; do bin_args+=(--bin "$t"); done
 RUSTC_WRAPPER="$fuzz/rustc-sancov.sh" cargo build --quiet \
     --manifest-path "$fuzz/Cargo.toml" --target-dir "$target_dir" "${bin_args[@]}"
 bindir="$target_dir/debug"
-echo "fuzz-smoke: built in $((SECONDS - started)) s"
+echo "$label: built in $((SECONDS - started)) s"
 
 # --- seeds -------------------------------------------------------------------------------
 # Written only into an empty corpus directory. Binary helpers (bash strips NULs from command
@@ -147,14 +154,23 @@ run_one() {
     if [[ -z "$(ls -A "$corpus")" ]]; then
         if declare -F "seed_$t" >/dev/null; then "seed_$t" "$corpus"; else seed_generic "$corpus"; fi
     fi
-    local rc=0
-    RUST_BACKTRACE=0 timeout --kill-after=10 $((seconds + 120)) "$bindir/$t" \
-        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    local rc=0 wall=$((seconds + 120))
+    local -a limit=("-max_total_time=$seconds")
+    if [[ -n "$runs" ]]; then
+        limit=("-runs=$runs" "-max_total_time=$max_seconds")
+        wall=$((max_seconds + 120))
+    fi
+    RUST_BACKTRACE=0 timeout --kill-after=10 "$wall" "$bindir/$t" \
+        "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$artifacts/" "$corpus" >"$artifacts/last-run.log" 2>&1 || rc=$?
     echo "$rc" >"$artifacts/last-run.rc"
 }
 
-echo "fuzz-smoke: fuzzing ${targets[*]} for ${seconds} s each, $jobs at a time"
+if [[ -n "$runs" ]]; then
+    echo "$label: fuzzing ${targets[*]} for $runs executions each (at most $max_seconds s), $jobs at a time"
+else
+    echo "$label: fuzzing ${targets[*]} for ${seconds} s each, $jobs at a time"
+fi
 running=0
 for t in "${targets[@]}"; do
     rm -f "$fuzz/artifacts/$t/last-run.rc"
@@ -174,12 +190,19 @@ for t in "${targets[@]}"; do
     rc=$(cat "$fuzz/artifacts/$t/last-run.rc" 2>/dev/null || echo missing)
     stats=$(grep -E '^Done [0-9]+ runs' "$log" | tail -1 || true)
     cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log" | tail -1 || true)
+    execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -1)
+    speed=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log" | tail -1)
+    corpus_files=$(find "$fuzz/corpus/$t" -type f | wc -l)
+    # Findings: inputs libFuzzer saved (crash-, timeout-, oom-, leak-, slow-unit-), this run and
+    # earlier ones not yet removed.
+    findings=$(find "$fuzz/artifacts/$t" -type f -regex '.*/\(crash\|timeout\|oom\|leak\|slow-unit\)-.*' | wc -l)
+    echo "$label: $t: ${execs:-?} executions (${speed:-?}/s), corpus $corpus_files inputs, $findings findings in fuzz/artifacts/$t/"
     if [[ "$rc" == 0 ]]; then
         passed=$((passed + 1))
-        echo "fuzz-smoke: $t ok: ${stats:-no stats} ($cov)"
+        echo "$label: $t ok: ${stats:-no stats} ($cov)"
     else
         failed=$((failed + 1))
-        echo "fuzz-smoke: $t FAILED (exit $rc); log: $log"
+        echo "$label: $t FAILED (exit $rc); log: $log"
         # The panic message (or libFuzzer's own report: timeout, out of memory...).
         { sed -n '/panicked at/,/^note: /p' "$log" | grep -v '^note: ' | head -n 20
           grep -E '^==[0-9]+== ERROR|^SUMMARY' "$log" || tail -n 20 "$log"; } | sed 's/^/    /'
@@ -191,6 +214,6 @@ for t in "${targets[@]}"; do
         done
     fi
 done
-echo "fuzz-smoke: total $((SECONDS - started)) s"
-echo "fuzz-smoke: $passed passed, $failed failed"
+echo "$label: total $((SECONDS - started)) s"
+echo "$label: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -72,6 +72,28 @@ fn check_config(name: &str, toml: &str, root: &Path) -> String {
     text
 }
 
+/// TLS material that check-config accepts (it parses every file and matches each key to its
+/// certificate), for a file the examples name: a CA for `.pem`, a certificate signed by it for
+/// `.crt`, that certificate's key for `.key`; None for other files.
+fn tls_material(name: &str) -> Option<String> {
+    use std::sync::OnceLock;
+    static PEMS: OnceLock<(String, String, String)> = OnceLock::new();
+    let (ca, crt, key) = PEMS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = walrelay_harness::certs::Ca::new("deploy test CA").unwrap();
+        let leaf = ca.issue(dir.path(), "leaf", &["localhost"]).unwrap();
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+        (ca.cert_pem.clone(), read(&leaf.cert), read(&leaf.key))
+    });
+    let ext = Path::new(name).extension()?.to_str()?;
+    match ext {
+        "pem" => Some(ca.clone()),
+        "crt" => Some(crt.clone()),
+        "key" => Some(key.clone()),
+        _ => None,
+    }
+}
+
 fn write(path: &Path, contents: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, contents).unwrap();
@@ -89,7 +111,7 @@ fn example_tomls_pass_check_config() {
             let contents = if orig.ends_with(".scram") {
                 walrelay_pgwire::scram::new_verifier("dummy")
             } else {
-                "dummy".into()
+                tls_material(orig).unwrap_or_else(|| "dummy".into())
             };
             write(path, &contents);
         }
@@ -162,7 +184,8 @@ fn k8s_configs_pass_check_config_with_the_secret_mounted() {
                     .unwrap_or_else(|e| panic!("Secret key {k}: {e}"));
                 v.to_string()
             } else {
-                v.as_str().unwrap().to_string()
+                // The Secret holds placeholders for TLS material; check-config needs real PEM.
+                tls_material(k).unwrap_or_else(|| v.as_str().unwrap().to_string())
             };
             write(path, &contents);
         }

@@ -9,6 +9,7 @@ use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+use walrelay_harness::cluster::wait_until;
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields};
 
 /// Sends `bytes` and collects every message until the server closes (at most 10 s).
@@ -205,4 +206,139 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     let mut relay = env.relay;
     assert!(relay.is_running());
     relay.assert_no_panic();
+}
+
+/// Reads messages from `s` until one with `tag` arrives (at most 30 s); returns it and all
+/// read before it.
+fn read_until(s: &mut TcpStream, buf: &mut BytesMut, tag: u8) -> Vec<(u8, Vec<u8>)> {
+    let started = Instant::now();
+    let mut msgs = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        while let Ok(Some(m)) = parse_tagged(buf, |_| 1 << 20) {
+            msgs.push((m.tag, m.body.to_vec()));
+            if m.tag == tag {
+                return msgs;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no {:?} in {msgs:?}",
+            tag as char
+        );
+        match s.read(&mut chunk) {
+            Ok(0) => panic!("closed before {:?}: {msgs:?}", tag as char),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}: {msgs:?}"),
+        }
+    }
+}
+
+/// As PostgreSQL's walsender: a command during COPY BOTH is not answered with an ERROR while
+/// streaming goes on; the session ends with FATAL "invalid standby message type".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_during_copy_ends_the_session() {
+    let env = env(EnvOpts {
+        trust: true,
+        ..Default::default()
+    })
+    .await;
+    let lsn = env
+        .primary
+        .query_one_string("select pg_current_wal_lsn()::text")
+        .await
+        .unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", env.down_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = startup(&[
+        ("user", "replicator"),
+        ("replication", "true"),
+        ("application_name", "copy_probe"),
+    ]);
+    encode::query(&mut b, &format!("START_REPLICATION PHYSICAL {lsn}"));
+    s.write_all(&b).unwrap();
+    let mut buf = BytesMut::new();
+    read_until(&mut s, &mut buf, b'W');
+    let mut b = BytesMut::new();
+    encode::query(&mut b, "IDENTIFY_SYSTEM");
+    s.write_all(&b).unwrap();
+    let msgs = read_until(&mut s, &mut buf, b'E');
+    let e = error_of(&msgs).unwrap();
+    assert_eq!(
+        (e.severity.as_str(), e.code.as_str()),
+        ("FATAL", "08P01"),
+        "{e:?}"
+    );
+    assert!(e.message.contains("invalid standby message type"), "{e:?}");
+    // And the connection is closed: nothing but WAL or keepalives may still be in flight.
+    let mut rest = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let closed = s.read_to_end(&mut rest).is_ok();
+    assert!(closed, "the session went on after the command");
+    env.relay.assert_no_panic();
+}
+
+/// A standby that claims to have flushed WAL it was never sent: the primary hears at most
+/// what walrelay sent it (a synchronous commit must not return on such a claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_updates_beyond_the_wal_sent_are_clamped() {
+    let env = env(EnvOpts {
+        trust: true,
+        ..Default::default()
+    })
+    .await;
+    let lsn = env
+        .primary
+        .query_one_string("select pg_current_wal_lsn()::text")
+        .await
+        .unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", env.down_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = startup(&[
+        ("user", "replicator"),
+        ("replication", "true"),
+        ("application_name", "clamp_probe"),
+    ]);
+    encode::query(&mut b, &format!("START_REPLICATION PHYSICAL {lsn}"));
+    s.write_all(&b).unwrap();
+    let mut buf = BytesMut::new();
+    read_until(&mut s, &mut buf, b'W');
+    // write, flush and apply far in the future.
+    let far: u64 = 0xFFFF_FFFF_0000_0000;
+    let mut update = vec![b'r'];
+    for v in [far, far, far, 0] {
+        update.extend_from_slice(&v.to_be_bytes());
+    }
+    update.push(0);
+    let mut b = BytesMut::new();
+    encode::copy_data(&mut b, &update);
+    s.write_all(&b).unwrap();
+
+    let p = &env.primary;
+    wait_until(
+        "the probe's status update on the primary",
+        TIMEOUT,
+        || async move {
+            let f = p
+                .query_one_string("select coalesce((select flush_lsn::text from pg_stat_replication where application_name = 'clamp_probe'), '')")
+                .await?;
+            Ok(!f.is_empty())
+        },
+    )
+    .await
+    .unwrap();
+    let ok = env
+        .primary
+        .query_one_string("select (flush_lsn <= pg_current_wal_flush_lsn() and write_lsn <= pg_current_wal_flush_lsn() and replay_lsn <= pg_current_wal_flush_lsn())::text from pg_stat_replication where application_name = 'clamp_probe'")
+        .await
+        .unwrap();
+    let seen = env
+        .primary
+        .query_one_string("select write_lsn || ' ' || flush_lsn || ' ' || replay_lsn from pg_stat_replication where application_name = 'clamp_probe'")
+        .await
+        .unwrap();
+    assert_eq!(ok, "true", "the primary believes the probe has {seen}");
+    drop(s);
+    env.relay.assert_no_panic();
 }

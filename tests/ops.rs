@@ -360,3 +360,59 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
     );
     relay.assert_no_panic();
 }
+
+/// What check-config refuses (issue #14), `run` refuses too, before starting anything, with
+/// exit status 64 and the dotted key: numbers that would overflow, TLS files that are not
+/// what they claim, values of the wrong type.
+#[test]
+fn check_config_and_run_refuse_what_would_break_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("garbage.pem"), "not a certificate\n").unwrap();
+    let base = format!(
+        "[upstream]\nprimary = \"host=127.0.0.1 port=1 user=u\"\nlisten = \"127.0.0.1:{}\"\n",
+        walrelay_harness::cluster::free_port()
+    );
+    let cases = [
+        (
+            "[link]\nplaintext = true\n[limits]\nqueue_messages = 9223372036854775807\n",
+            "limits.queue_messages",
+        ),
+        (
+            "[link]\nplaintext = true\nkeepalive_secs = 9223372036854775807\n",
+            "link.keepalive_secs",
+        ),
+        (
+            "[link]\nplaintext = true\n[limits]\nmax_sessions = \"lots\"\n",
+            "limits.max_sessions",
+        ),
+        (
+            &format!(
+                "[link]\ntls_cert = \"{0}/garbage.pem\"\ntls_key = \"{0}/garbage.pem\"\n",
+                d.display()
+            ),
+            "link.tls_cert",
+        ),
+        (
+            &format!(
+                "[link]\ntls_cert = \"{0}\"\ntls_key = \"{0}\"\n",
+                d.display()
+            ),
+            "link.tls_cert",
+        ),
+    ];
+    for (i, (tail, key)) in cases.iter().enumerate() {
+        let path = d.join(format!("case{i}.toml"));
+        std::fs::write(&path, format!("{base}{tail}")).unwrap();
+        for cmd in ["check-config", "run"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_walrelay"))
+                .args([cmd, "--config"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{cmd} case {i}: {err}");
+            assert!(err.contains(&format!("`{key}`")), "{cmd} case {i}: {err}");
+        }
+    }
+}

@@ -286,3 +286,77 @@ fn postgres_uid() -> u32 {
         .parse()
         .unwrap_or(0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_peer_names_refuse_a_certificate_with_another_name() {
+    let root = TempRoot::new().unwrap();
+    let dir = root.path();
+    let p = primary(&root, vec![]).await;
+    let ca = Ca::new("walrelay test CA").unwrap();
+    let ca_pem = ca.write_ca(dir, "ca").unwrap();
+    let server = ca
+        .issue(dir, "upstream", &["localhost", "relay-up.example"])
+        .unwrap();
+    let dc2 = ca.issue(dir, "dc2", &["relay-down-dc2.example"]).unwrap();
+    let other = ca.issue(dir, "other", &["someone-else.example"]).unwrap();
+
+    let up = free_port();
+    let upstream = Relay::start(
+        dir,
+        "upstream",
+        &upstream_only(
+            &p,
+            up,
+            "sslmode=disable",
+            &format!(
+                "{}\npeer_names = [\"relay-down-dc2.example\", \"relay-down-dc3.example\"]",
+                tls_link(&ca_pem, &server)
+            ),
+        ),
+        None,
+        Some(up),
+    );
+    // (downstream name, its certificate, peer_names it expects of the upstream, served?)
+    let cases = [
+        ("dc2", &dc2, "[\"relay-up.example\"]", true),
+        ("other", &other, "[]", false),
+        ("strict", &dc2, "[\"relay-up-elsewhere.example\"]", false),
+    ];
+    for (name, cert, expects, should_work) in cases {
+        let down = free_port();
+        let link = format!("{}\npeer_names = {expects}", tls_link(&ca_pem, cert));
+        let relay = Relay::start(
+            dir,
+            &format!("downstream-{name}"),
+            &downstream_only(dir, down, up, &link, ""),
+            Some(down),
+            None,
+        );
+        let (ok, out, err) = psql_repl(
+            &p,
+            &repl_conninfo(down, STANDBY_USER),
+            STANDBY_PASSWORD,
+            "IDENTIFY_SYSTEM",
+        );
+        assert_eq!(ok, should_work, "{name}: {out} {err}\n{}", relay.log_text());
+        if should_work {
+            continue;
+        }
+        assert!(
+            err.contains("cannot reach the primary through the upstream"),
+            "{name}: {err}"
+        );
+        // The refusing end says why, naming the key.
+        let refuser = match name {
+            "other" => &upstream,
+            _ => &relay,
+        };
+        let text = refuser.log_text();
+        wait_until("the refusal in the log", TIMEOUT, || {
+            let t = refuser.log_text();
+            async move { Ok(t.contains("carries none of link.peer_names")) }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no peer_names refusal logged:\n{text}"));
+    }
+}

@@ -655,6 +655,24 @@ pub mod repl {
         Some((rd(1), rd(9), rd(17)))
     }
 
+    /// A status update ('r') whose write, flush and apply positions are each at most `max`:
+    /// a standby cannot have WAL it was not sent, and the primary (synchronous replication,
+    /// the slot) must not hear otherwise. Returns the update (clamped or as it was) and
+    /// whether a position was lowered; any other message comes back as it is.
+    pub fn clamp_status_update(payload: &[u8], max: Lsn) -> (std::borrow::Cow<'_, [u8]>, bool) {
+        let Some((w, f, a)) = status_positions(payload) else {
+            return (std::borrow::Cow::Borrowed(payload), false);
+        };
+        if w <= max && f <= max && a <= max {
+            return (std::borrow::Cow::Borrowed(payload), false);
+        }
+        let mut out = payload.to_vec();
+        for (i, v) in [(1, w), (9, f), (17, a)] {
+            out[i..i + 8].copy_from_slice(&v.min(max).0.to_be_bytes());
+        }
+        (std::borrow::Cow::Owned(out), true)
+    }
+
     /// Length of a primary keepalive ('k'): walEnd, sendTime, replyRequested.
     pub const KEEPALIVE_LEN: usize = 1 + 8 + 8 + 1;
 

@@ -231,3 +231,34 @@ fn data_rows_are_read_within_their_body() {
     .data_row()
     .is_err());
 }
+
+#[test]
+fn status_updates_are_clamped_to_what_was_sent() {
+    use crate::repl::{clamp_status_update, status_positions, STATUS_UPDATE_LEN};
+    use walrelay_wal::lsn::Lsn;
+    let update = |w: u64, f: u64, a: u64| {
+        let mut m = vec![b'r'];
+        for v in [w, f, a, 12345] {
+            m.extend_from_slice(&v.to_be_bytes());
+        }
+        m.push(1);
+        assert_eq!(m.len(), STATUS_UPDATE_LEN);
+        m
+    };
+    let honest = update(0x500, 0x400, 0x300);
+    let (out, clamped) = clamp_status_update(&honest, Lsn(0x500));
+    assert!(!clamped);
+    assert_eq!(&out[..], &honest[..]);
+    let liar = update(u64::MAX, 0x900, 0x200);
+    let (out, clamped) = clamp_status_update(&liar, Lsn(0x500));
+    assert!(clamped);
+    assert_eq!(
+        status_positions(&out),
+        Some((Lsn(0x500), Lsn(0x500), Lsn(0x200)))
+    );
+    // The time and the reply flag stay.
+    assert_eq!(&out[25..], &liar[25..]);
+    // Hot-standby feedback and anything else pass as they are.
+    let hs = [b'h'; 25];
+    assert!(!clamp_status_update(&hs, Lsn(0)).1);
+}

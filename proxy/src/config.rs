@@ -39,6 +39,13 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Syntax { path: PathBuf, message: String },
+    /// A value of the wrong type (or an unknown key) at `key`, the dotted path in the file.
+    #[error("config file {path}: key `{key}`: {message}")]
+    Value {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
     #[error("config key `{key}`: {problem}")]
     Key { key: String, problem: String },
 }
@@ -206,6 +213,10 @@ section! {
         /// Name expected in the upstream's certificate (default: the host of each address
         /// of `downstream.upstream`).
         restart tls_server_name: Option<String>,
+        /// Names (DNS subject alternative names) of which the peer's link certificate must
+        /// carry at least one, checked on both ends; empty: any certificate signed by
+        /// `tls_ca` is accepted.
+        restart peer_names: Vec<String>,
         /// The link runs without TLS only when this is true.
         restart plaintext: bool,
         restart codec: CodecKind,
@@ -235,6 +246,7 @@ impl Default for LinkConfig {
             tls_key: None,
             tls_ca: None,
             tls_server_name: None,
+            peer_names: Vec::new(),
             plaintext: false,
             codec: CodecKind::Wal,
             zstd_level: 3,
@@ -257,10 +269,20 @@ section! {
         live queue_messages: usize,
         /// Largest message accepted from the primary (XLogData is at most 128 kB plus header).
         restart max_message_bytes: usize,
-        /// Concurrent standby sessions per process.
+        /// Concurrent standby sessions per process (taken once a standby has authenticated).
         live max_sessions: usize,
+        /// Connections in startup or authentication at once (the pre-authentication budget,
+        /// separate from `max_sessions`).
+        live max_startups: usize,
+        /// Connections in startup or authentication at once from one source address.
+        live max_startups_per_address: usize,
+        /// Time a new connection gets to send its startup packet (TLS included), seconds.
+        live startup_timeout_secs: u64,
         /// Time allowed for startup and authentication of a standby, seconds.
         live auth_timeout_secs: u64,
+        /// Wait before telling a client its authentication failed, milliseconds (throttles
+        /// password guessing; the connection holds a startup slot, not a session, meanwhile).
+        live auth_failure_delay_ms: u64,
         /// On SIGTERM/SIGINT, time allowed for sessions to end before they are cut, seconds.
         live drain_timeout_secs: u64,
     }
@@ -272,7 +294,11 @@ impl Default for Limits {
             queue_messages: 64,
             max_message_bytes: 4 << 20,
             max_sessions: 64,
+            max_startups: 32,
+            max_startups_per_address: 8,
+            startup_timeout_secs: 10,
             auth_timeout_secs: 60,
+            auth_failure_delay_ms: 1000,
             drain_timeout_secs: 10,
         }
     }
@@ -382,10 +408,24 @@ pub struct ResolvedDownstream {
 }
 
 impl Config {
+    /// Parses the file; a value of the wrong type is named by its dotted key
+    /// (`limits.queue_messages`), an unknown key by its section.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        let syntax = |e: toml::de::Error| ConfigError::Syntax {
             path: path.to_path_buf(),
             message: e.to_string(),
+        };
+        let de = toml::Deserializer::parse(text).map_err(syntax)?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            match key.as_str() {
+                "" | "." => syntax(e.into_inner()),
+                _ => ConfigError::Value {
+                    path: path.to_path_buf(),
+                    key,
+                    message: e.into_inner().to_string(),
+                },
+            }
         })
     }
 

@@ -21,6 +21,7 @@
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
 //!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
+//! - [`gate`]: the standby listener's pre-authentication budget (in all and per address).
 //!
 //! The other crates of the workspace:
 //!
@@ -35,6 +36,7 @@
 
 pub mod config;
 pub mod conninfo;
+pub mod gate;
 pub mod lifecycle;
 pub mod link;
 pub mod live;

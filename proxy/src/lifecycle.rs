@@ -313,17 +313,18 @@ mod tests {
             ("downstream.upstream", q("h:7433"), q("h2:7433")),
             ("downstream.auth", q("scram-sha-256"), q("trust")),
             ("downstream.users", users("a"), users("b")),
-            ("downstream.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
-            ("downstream.tls_key", f("Cargo.toml"), f("src/lib.rs")),
+            ("downstream.tls_cert", f("a.crt"), f("b.crt")),
+            ("downstream.tls_key", f("a.key"), f("b.key")),
             ("downstream.spool_dir", q("/tmp/spool-a"), q("/tmp/spool-b")),
             ("downstream.spool_bytes", s("1000000000"), s("2000000000")),
             ("downstream.name", q("a"), q("b")),
             ("downstream.allow_slot_commands", s("false"), s("true")),
             ("downstream.allow_sql", s("false"), s("true")),
-            ("link.tls_cert", f("Cargo.toml"), f("src/lib.rs")),
-            ("link.tls_key", f("Cargo.toml"), f("src/lib.rs")),
-            ("link.tls_ca", f("Cargo.toml"), f("src/lib.rs")),
+            ("link.tls_cert", f("a.crt"), f("b.crt")),
+            ("link.tls_key", f("a.key"), f("b.key")),
+            ("link.tls_ca", f("a.crt"), f("b.crt")),
             ("link.tls_server_name", q("relay"), q("other")),
+            ("link.peer_names", s("[]"), s("[\"relay-b\"]")),
             ("link.plaintext", s("true"), s("false")),
             ("link.codec", q("wal"), q("zstd")),
             ("link.zstd_level", s("3"), s("5")),
@@ -335,7 +336,11 @@ mod tests {
             ("limits.queue_messages", s("64"), s("7")),
             ("limits.max_message_bytes", s("4194304"), s("300000")),
             ("limits.max_sessions", s("64"), s("3")),
+            ("limits.max_startups", s("32"), s("5")),
+            ("limits.max_startups_per_address", s("8"), s("2")),
+            ("limits.startup_timeout_secs", s("10"), s("3")),
             ("limits.auth_timeout_secs", s("60"), s("9")),
+            ("limits.auth_failure_delay_ms", s("1000"), s("0")),
             ("limits.drain_timeout_secs", s("10"), s("9")),
             ("log.level", q("info"), q("debug")),
             ("log.format", q("text"), q("json")),
@@ -344,6 +349,22 @@ mod tests {
     }
 
     type Row = (&'static str, String, String);
+
+    /// a.crt and b.crt: two self-signed certificates of one key, which a.key and b.key both
+    /// hold (so that each TLS key can change alone and the pair still matches).
+    fn tls_files() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        for name in ["a", "b"] {
+            let cert = rcgen::CertificateParams::new(vec![format!("{name}.example")])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap();
+            std::fs::write(dir.path().join(format!("{name}.crt")), cert.pem()).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.key")), key.serialize_pem()).unwrap();
+        }
+        dir
+    }
 
     /// A file of sections with `values` (key, TOML value), in order.
     fn render<'a>(values: impl Iterator<Item = (&'a str, &'a String)>) -> String {
@@ -366,7 +387,8 @@ mod tests {
             let v = walrelay_pgwire::scram::new_verifier(pw);
             format!("{{ r = \"{v}\" }}")
         };
-        let f = |name: &str| format!("\"{}/{name}\"", env!("CARGO_MANIFEST_DIR"));
+        let dir = tls_files();
+        let f = |name: &str| format!("\"{}\"", dir.path().join(name).display());
         let rows = key_values(&users, &f);
         let declared: Vec<&str> = Config::keys().map(|k| k.name).collect();
         let tested: Vec<&str> = rows.iter().map(|r| r.0).collect();
@@ -390,7 +412,11 @@ mod tests {
                 "downstream.allow_sql",
                 "limits.queue_messages",
                 "limits.max_sessions",
+                "limits.max_startups",
+                "limits.max_startups_per_address",
+                "limits.startup_timeout_secs",
                 "limits.auth_timeout_secs",
+                "limits.auth_failure_delay_ms",
                 "limits.drain_timeout_secs",
                 "log.level",
             ],

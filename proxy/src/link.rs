@@ -16,12 +16,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tonic::transport::{Certificate, Channel, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Limits, LinkConfig, UpstreamAddrs};
 use crate::metrics::Metrics;
 
 pub mod dial;
+pub mod tls;
 
 pub use dial::DialError;
 
@@ -36,22 +37,10 @@ const FRAMING_SLACK: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
     #[error("link TLS configuration: {0}")]
     Tls(String),
     #[error("invalid upstream address {0:?}: {1}")]
     Address(String, String),
-}
-
-fn read(p: &std::path::Path) -> Result<Vec<u8>, LinkError> {
-    std::fs::read(p).map_err(|source| LinkError::Read {
-        path: p.display().to_string(),
-        source,
-    })
 }
 
 /// Largest link message either side accepts.
@@ -59,21 +48,12 @@ pub fn max_link_message(limits: &Limits) -> usize {
     limits.max_message_bytes + FRAMING_SLACK
 }
 
-/// TLS for the upstream's gRPC server; None when the link is plaintext.
-pub fn server_tls(link: &LinkConfig) -> Result<Option<ServerTlsConfig>, LinkError> {
-    if link.plaintext {
-        return Ok(None);
+/// TLS for the upstream's link listener; None when the link is plaintext.
+pub fn server_tls(link: &LinkConfig) -> Result<Option<Arc<rustls::ServerConfig>>, LinkError> {
+    match link.plaintext {
+        true => Ok(None),
+        false => tls::server_config(link).map(Some),
     }
-    let (Some(cert), Some(key)) = (&link.tls_cert, &link.tls_key) else {
-        return Err(LinkError::Tls(
-            "link.tls_cert and link.tls_key are required unless link.plaintext = true".into(),
-        ));
-    };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-    if let Some(ca) = &link.tls_ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    Ok(Some(tls))
 }
 
 /// A lazily connecting channel from the downstream to the upstream half, trying the

@@ -110,7 +110,13 @@ fn main() -> ExitCode {
             });
             // Whatever is still stuck (a peer that stopped reading) is dropped, not waited for.
             rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
-            exit(r)
+            match r {
+                Err(e) if is_config_error(&e) => {
+                    eprintln!("walrelay: bad configuration: {e:#}");
+                    ExitCode::from(EXIT_CONFIG as u8)
+                }
+                r => exit(r),
+            }
         }
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");
@@ -244,6 +250,16 @@ fn run_tool(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow:
     // Copies of WAL still running on blocking threads are not waited for.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     r
+}
+
+/// An error `run` met building what the configuration describes (TLS files that changed
+/// after the check, say): exit 64 like any other configuration error.
+fn is_config_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<ConfigError>()
+            || c.is::<walrelay::tls::TlsError>()
+            || c.is::<walrelay::link::LinkError>()
+    })
 }
 
 fn config_error(e: &ConfigError) -> ExitCode {

@@ -33,8 +33,31 @@ pub struct Metrics {
     pub tunnel_bytes_to_primary: [AtomicU64; 2],
     /// Client messages the downstream's tunnel allowlist refused.
     pub tunnel_refused: AtomicU64,
+    /// Standby status updates whose positions went beyond the WAL sent, lowered to it.
+    pub positions_clamped: AtomicU64,
+    /// Connections refused or cut before a session, by reason (see [`Refusals`]).
+    pub refusals: Refusals,
     /// Per-standby state, codec totals and session counters (see [`crate::monitor`]).
     pub ops: crate::monitor::Ops,
+}
+
+/// Connections the standby listener and the link listener refused or cut before a session.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// Standby listener: `limits.max_startups` reached.
+    pub max_startups: AtomicU64,
+    /// Standby listener: `limits.max_startups_per_address` reached.
+    pub max_startups_per_address: AtomicU64,
+    /// Standby listener: authenticated, but `limits.max_sessions` reached.
+    pub max_sessions: AtomicU64,
+    /// Standby listener: no startup packet within `limits.startup_timeout_secs`, or startup
+    /// and authentication not done within `limits.auth_timeout_secs`.
+    pub startup_timeout: AtomicU64,
+    /// Link listener: TLS handshakes that failed, by reason.
+    pub link_handshake_timeout: AtomicU64,
+    pub link_handshake_tls: AtomicU64,
+    pub link_handshake_busy: AtomicU64,
+    pub link_handshake_peer_name: AtomicU64,
 }
 
 /// A snapshot of the counters.

@@ -65,6 +65,36 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         .ok_or(TlsError::NoKey { path: p })
 }
 
+/// Which file of a certificate and key pair is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    #[error("{0}")]
+    Cert(TlsError),
+    #[error("{0}")]
+    Key(TlsError),
+}
+
+/// Reads and parses a certificate chain and its private key, and checks that the key is the
+/// certificate's (what a TLS configuration built from them would refuse at run time).
+pub fn check_pair(cert: &Path, key: &Path) -> Result<(), PairError> {
+    let certs = load_certs(cert).map_err(PairError::Cert)?;
+    let k = load_key(key).map_err(PairError::Key)?;
+    rustls::sign::CertifiedKey::from_der(certs, k, &provider())
+        .map(|_| ())
+        .map_err(|e| match e {
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                PairError::Cert(TlsError::Rustls(e))
+            }
+            // The key does not parse, or is not the certificate's.
+            e => PairError::Key(TlsError::Rustls(e)),
+        })
+}
+
+/// Reads and parses a file of CA certificates.
+pub fn check_ca(path: &Path) -> Result<(), TlsError> {
+    root_store(path).map(|_| ())
+}
+
 fn root_store(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for c in load_certs(path)? {

@@ -23,8 +23,12 @@ impl Config {
                 "neither [upstream] nor [downstream] is configured: this process would do nothing",
             ));
         }
-        check_link(&self.link, self.downstream.is_some())?;
-        check_limits(&self.limits)?;
+        check_ranges(&self.link, &self.limits)?;
+        check_link(
+            &self.link,
+            self.upstream.is_some(),
+            self.downstream.is_some(),
+        )?;
         check_log(&self.log)?;
         let as_written = AsWritten {
             upstream: self.upstream.clone(),
@@ -46,66 +50,144 @@ impl Config {
     }
 }
 
-/// `[link]`: ranges, and TLS files unless the link is plaintext (a downstream also needs the
-/// CA that signed the upstream's certificate).
-fn check_link(link: &LinkConfig, has_downstream: bool) -> Result<(), ConfigError> {
-    if !(1..=19).contains(&link.zstd_level) {
-        return Err(key_err("link.zstd_level", "must be between 1 and 19"));
-    }
-    if !(10..=27).contains(&link.zstd_window_log) {
-        return Err(key_err("link.zstd_window_log", "must be between 10 and 27"));
-    }
-    if link.block_cache_bytes > 64 << 30 {
-        return Err(key_err("link.block_cache_bytes", "must be at most 64 GiB"));
-    }
-    if link.keepalive_secs == 0 {
-        return Err(key_err("link.keepalive_secs", "must be at least 1"));
-    }
-    if link.batch_window_ms > 1000 {
-        return Err(key_err(
-            "link.batch_window_ms",
-            "must be at most 1000 (milliseconds)",
-        ));
-    }
-    if link.plaintext {
-        return Ok(());
-    }
-    if link.tls_cert.is_none() || link.tls_key.is_none() {
-        return Err(key_err("link.tls_cert", "the link needs TLS: set link.tls_cert and link.tls_key (and link.tls_ca for mutual TLS), or set link.plaintext = true on a trusted network"));
-    }
-    for (k, p) in [
-        ("link.tls_cert", &link.tls_cert),
-        ("link.tls_key", &link.tls_key),
-        ("link.tls_ca", &link.tls_ca),
-    ] {
-        if let Some(p) = p {
-            check_readable(k, p)?;
+/// Every numeric key of `[link]` and `[limits]` with its smallest and largest value. The
+/// maxima keep each value where the code that uses it cannot overflow or panic (tokio
+/// semaphores, `Instant` arithmetic) and far above any sensible setting.
+fn ranges(link: &LinkConfig, limits: &Limits) -> [(&'static str, i128, i128, i128); 15] {
+    const HOUR: i128 = 3600;
+    let n = |v: usize| v as i128;
+    [
+        ("link.zstd_level", link.zstd_level.into(), 1, 19),
+        ("link.zstd_window_log", link.zstd_window_log.into(), 10, 27),
+        (
+            "link.block_cache_bytes",
+            link.block_cache_bytes.into(),
+            0,
+            64 << 30,
+        ),
+        ("link.keepalive_secs", link.keepalive_secs.into(), 1, HOUR),
+        (
+            "link.connect_timeout_secs",
+            link.connect_timeout_secs.into(),
+            1,
+            HOUR,
+        ),
+        ("link.batch_window_ms", link.batch_window_ms.into(), 0, 1000),
+        (
+            "limits.queue_messages",
+            n(limits.queue_messages),
+            1,
+            1 << 16,
+        ),
+        (
+            "limits.max_message_bytes",
+            n(limits.max_message_bytes),
+            256 << 10,
+            1 << 30,
+        ),
+        ("limits.max_sessions", n(limits.max_sessions), 1, 100_000),
+        ("limits.max_startups", n(limits.max_startups), 1, 100_000),
+        (
+            "limits.max_startups_per_address",
+            n(limits.max_startups_per_address),
+            1,
+            100_000,
+        ),
+        (
+            "limits.startup_timeout_secs",
+            limits.startup_timeout_secs.into(),
+            1,
+            HOUR,
+        ),
+        (
+            "limits.auth_timeout_secs",
+            limits.auth_timeout_secs.into(),
+            1,
+            HOUR,
+        ),
+        (
+            "limits.auth_failure_delay_ms",
+            limits.auth_failure_delay_ms.into(),
+            0,
+            60_000,
+        ),
+        (
+            "limits.drain_timeout_secs",
+            limits.drain_timeout_secs.into(),
+            0,
+            HOUR,
+        ),
+    ]
+}
+
+fn check_ranges(link: &LinkConfig, limits: &Limits) -> Result<(), ConfigError> {
+    for (key, v, min, max) in ranges(link, limits) {
+        if v < min || v > max {
+            return Err(key_err(
+                key,
+                format!("{v} is out of range: must be between {min} and {max}"),
+            ));
         }
-    }
-    if has_downstream && link.tls_ca.is_none() {
-        return Err(key_err("link.tls_ca", "the downstream must verify the upstream's certificate: set link.tls_ca to the CA that signed it"));
     }
     Ok(())
 }
 
-fn check_limits(limits: &Limits) -> Result<(), ConfigError> {
-    for (k, v, min) in [
-        ("limits.queue_messages", limits.queue_messages, 1),
-        (
-            "limits.max_message_bytes",
-            limits.max_message_bytes,
-            256 * 1024,
-        ),
-        ("limits.max_sessions", limits.max_sessions, 1),
-    ] {
-        if v < min {
-            return Err(key_err(k, format!("must be at least {min}")));
+/// `[link]`: TLS files unless the link is plaintext (a downstream also needs the CA that
+/// signed the upstream's certificate), each parsed, the key matched to its certificate, and
+/// the configurations each half builds from them built once.
+fn check_link(link: &LinkConfig, upstream: bool, downstream: bool) -> Result<(), ConfigError> {
+    for n in &link.peer_names {
+        if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
+            return Err(key_err(
+                "link.peer_names",
+                format!("{n:?} is not a DNS name"),
+            ));
         }
     }
-    if limits.max_message_bytes > 1 << 30 {
-        return Err(key_err("limits.max_message_bytes", "must be at most 1 GiB"));
+    if let Some(n) = &link.tls_server_name {
+        if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
+            return Err(key_err(
+                "link.tls_server_name",
+                format!("{n:?} is not a DNS name or IP address"),
+            ));
+        }
+    }
+    if link.plaintext {
+        return Ok(());
+    }
+    let (Some(cert), Some(key)) = (&link.tls_cert, &link.tls_key) else {
+        return Err(key_err("link.tls_cert", "the link needs TLS: set link.tls_cert and link.tls_key (and link.tls_ca for mutual TLS), or set link.plaintext = true on a trusted network"));
+    };
+    check_pair(("link.tls_cert", cert), ("link.tls_key", key))?;
+    if let Some(ca) = &link.tls_ca {
+        crate::tls::check_ca(ca).map_err(|e| key_err("link.tls_ca", e.to_string()))?;
+    }
+    if downstream && link.tls_ca.is_none() {
+        return Err(key_err("link.tls_ca", "the downstream must verify the upstream's certificate: set link.tls_ca to the CA that signed it"));
+    }
+    let built = |e: crate::link::LinkError| key_err("link.tls_cert", e.to_string());
+    if upstream {
+        crate::link::tls::server_config(link).map_err(built)?;
+    }
+    if downstream {
+        crate::link::tls::client_config(link).map_err(built)?;
     }
     Ok(())
+}
+
+/// A certificate file and its key: both parse, and the key is the certificate's.
+fn check_pair(cert: (&str, &Path), key: (&str, &Path)) -> Result<(), ConfigError> {
+    use crate::tls::{PairError, TlsError};
+    crate::tls::check_pair(cert.1, key.1).map_err(|e| match e {
+        PairError::Cert(e) => key_err(cert.0, e.to_string()),
+        PairError::Key(e @ (TlsError::Read { .. } | TlsError::NoKey { .. })) => {
+            key_err(key.0, e.to_string())
+        }
+        PairError::Key(e) => key_err(
+            key.0,
+            format!("{e} (is it the key of {}?)", cert.1.display()),
+        ),
+    })
 }
 
 fn check_log(log: &LogConfig) -> Result<(), ConfigError> {
@@ -136,6 +218,9 @@ fn resolve_upstream(u: UpstreamConfig) -> Result<ResolvedUpstream, ConfigError> 
             ));
         }
     }
+    // sslrootcert, sslcert and sslkey are read and parsed as a connection would.
+    crate::tls::primary_client_config(&primary)
+        .map_err(|e| key_err("upstream.primary", e.to_string()))?;
     let listen = parse_addr("upstream.listen", &u.listen)?;
     Ok(ResolvedUpstream {
         primary,
@@ -169,8 +254,7 @@ fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigE
     let tls = match (d.tls_cert, d.tls_key) {
         (None, None) => None,
         (Some(c), Some(k)) => {
-            check_readable("downstream.tls_cert", &c)?;
-            check_readable("downstream.tls_key", &k)?;
+            check_pair(("downstream.tls_cert", &c), ("downstream.tls_key", &k))?;
             Some((c, k))
         }
         _ => {
@@ -191,6 +275,9 @@ fn resolve_downstream(d: DownstreamConfig) -> Result<ResolvedDownstream, ConfigE
             "downstream.spool_bytes",
             "must be at least 64 MiB (four 16 MiB segments)",
         ));
+    }
+    if d.spool_bytes > 1 << 50 {
+        return Err(key_err("downstream.spool_bytes", "must be at most 1 PiB"));
     }
     if !d
         .name
@@ -224,10 +311,4 @@ fn resolve_metrics(m: &MetricsConfig) -> Result<SocketAddr, ConfigError> {
 fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
     s.parse()
         .map_err(|_| key_err(key, format!("{s:?} is not an address like 0.0.0.0:5433")))
-}
-
-fn check_readable(key: &str, p: &Path) -> Result<(), ConfigError> {
-    std::fs::metadata(p)
-        .map(|_| ())
-        .map_err(|e| key_err(key, format!("cannot read {}: {e}", p.display())))
 }

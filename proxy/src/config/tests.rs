@@ -28,7 +28,7 @@ fn minimal_plaintext_config_resolves() {
 
 fn key_of(e: ConfigError) -> String {
     match e {
-        ConfigError::Key { key, .. } => key,
+        ConfigError::Key { key, .. } | ConfigError::Value { key, .. } => key,
         other => panic!("expected a key error, got {other}"),
     }
 }
@@ -154,4 +154,138 @@ fn upstream_primary_takes_host_lists() {
     let msg = e.to_string();
     assert_eq!(key_of(e), "upstream.primary");
     assert!(msg.contains("port lists 2 ports but host lists 1"), "{msg}");
+}
+
+#[test]
+fn every_number_has_a_maximum() {
+    let huge = "9223372036854775807";
+    for (section, key) in [
+        ("limits", "queue_messages"),
+        ("limits", "max_sessions"),
+        ("limits", "max_startups"),
+        ("limits", "max_startups_per_address"),
+        ("limits", "startup_timeout_secs"),
+        ("limits", "auth_timeout_secs"),
+        ("limits", "auth_failure_delay_ms"),
+        ("limits", "drain_timeout_secs"),
+        ("limits", "max_message_bytes"),
+        ("link", "keepalive_secs"),
+        ("link", "connect_timeout_secs"),
+        ("link", "batch_window_ms"),
+        ("link", "block_cache_bytes"),
+        ("link", "zstd_window_log"),
+    ] {
+        let text = if section == "link" {
+            BOTH.replace("[link]\n", &format!("[link]\n{key} = {huge}\n"))
+        } else {
+            format!("{BOTH}\n[{section}]\n{key} = {huge}\n")
+        };
+        let e = load(&text).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(key_of(e), format!("{section}.{key}"), "{msg}");
+        // (A u32 key refuses it as a type error, naming the key all the same.)
+        assert!(
+            msg.contains("must be between") || msg.contains("expected u32"),
+            "{msg}"
+        );
+    }
+    let e = load(&BOTH.replace("[link]\n", "[link]\nzstd_level = -3\n")).unwrap_err();
+    assert_eq!(key_of(e), "link.zstd_level");
+    let e = load(&format!("{BOTH}\n[downstream.x]\n")).unwrap_err();
+    assert!(e.to_string().contains("downstream"), "{e}");
+}
+
+#[test]
+fn type_errors_name_the_dotted_key() {
+    let e = load(&format!("{BOTH}\n[limits]\nqueue_messages = \"many\"\n")).unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(key_of(e), "limits.queue_messages", "{msg}");
+    assert!(msg.contains("key `limits.queue_messages`"), "{msg}");
+    let e = load(&BOTH.replace("plaintext = true", "plaintext = \"yes\"")).unwrap_err();
+    assert_eq!(key_of(e), "link.plaintext");
+    let e = load(&format!("{BOTH}\n[limits]\nmax_sessions = -1\n")).unwrap_err();
+    assert_eq!(key_of(e), "limits.max_sessions");
+}
+
+/// A CA, a certificate for "up.example" with its key, another key, in `dir`.
+fn tls_files(dir: &Path) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["up.example".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let w = |name: &str, text: String| std::fs::write(dir.join(name), text).unwrap();
+    w("ca.pem", ca_cert.pem());
+    w("up.crt", cert.pem());
+    w("up.key", key.serialize_pem());
+    w(
+        "other.key",
+        rcgen::KeyPair::generate().unwrap().serialize_pem(),
+    );
+    w(
+        "garbage.pem",
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n".into(),
+    );
+    w("text.pem", "hello\n".into());
+}
+
+#[test]
+fn tls_files_are_parsed_and_the_key_matched() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tls_files(d);
+    let tls = |cert: &str, key: &str, ca: &str| {
+        BOTH.replace(
+            "plaintext = true",
+            &format!(
+                "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"",
+                d.join(cert).display(),
+                d.join(key).display(),
+                d.join(ca).display()
+            ),
+        )
+    };
+    load(&tls("up.crt", "up.key", "ca.pem")).unwrap();
+    for (cert, key, ca, bad) in [
+        ("garbage.pem", "up.key", "ca.pem", "link.tls_cert"),
+        ("text.pem", "up.key", "ca.pem", "link.tls_cert"),
+        (".", "up.key", "ca.pem", "link.tls_cert"),
+        ("up.crt", "text.pem", "ca.pem", "link.tls_key"),
+        ("up.crt", "other.key", "ca.pem", "link.tls_key"),
+        ("up.crt", "up.key", "garbage.pem", "link.tls_ca"),
+        ("up.crt", "up.key", ".", "link.tls_ca"),
+    ] {
+        let e = load(&tls(cert, key, ca)).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(key_of(e), bad, "{cert} {key} {ca}: {msg}");
+    }
+    // The standby-facing pair too.
+    let standby = |cert: &str, key: &str| {
+        BOTH.replace(
+            "auth = \"trust\"",
+            &format!(
+                "auth = \"trust\"\ntls_cert = \"{}\"\ntls_key = \"{}\"",
+                d.join(cert).display(),
+                d.join(key).display()
+            ),
+        )
+    };
+    load(&standby("up.crt", "up.key")).unwrap();
+    let e = load(&standby("up.crt", "other.key")).unwrap_err();
+    assert!(e.to_string().contains("up.crt"), "{e}");
+    assert_eq!(key_of(e), "downstream.tls_key");
+    let e = load(&standby("garbage.pem", "up.key")).unwrap_err();
+    assert_eq!(key_of(e), "downstream.tls_cert");
+    // Names in link.peer_names must be DNS names.
+    let e = load(&BOTH.replace(
+        "plaintext = true",
+        "plaintext = true\npeer_names = [\"not a name\"]",
+    ))
+    .unwrap_err();
+    assert_eq!(key_of(e), "link.peer_names");
 }

@@ -48,7 +48,7 @@ impl Dialer {
     ) -> Result<Dialer, LinkError> {
         let tls = match link.plaintext {
             true => None,
-            false => Some(client_tls(link)?),
+            false => Some(super::tls::client_config(link)?),
         };
         Ok(Dialer {
             addrs: Arc::new(addrs.clone()),
@@ -125,35 +125,6 @@ impl tonic::codegen::Service<http::Uri> for Dialer {
     fn call(&mut self, _uri: http::Uri) -> Self::Future {
         Box::pin(self.clone().dial_all())
     }
-}
-
-/// The downstream's TLS: the upstream's certificate must chain to `link.tls_ca`; our own
-/// certificate (`link.tls_cert`/`tls_key`) is presented for mutual TLS.
-fn client_tls(link: &LinkConfig) -> Result<Arc<rustls::ClientConfig>, LinkError> {
-    let tls_err = |e: &dyn std::fmt::Display| LinkError::Tls(e.to_string());
-    let ca = link.tls_ca.as_ref().ok_or_else(|| {
-        LinkError::Tls("link.tls_ca is required to verify the upstream's certificate".into())
-    })?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in crate::tls::load_certs(ca).map_err(|e| tls_err(&e))? {
-        roots.add(c).map_err(|e| tls_err(&e))?;
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls_err(&e))?
-        .with_root_certificates(roots);
-    let mut cfg = match (&link.tls_cert, &link.tls_key) {
-        (Some(c), Some(k)) => {
-            let certs = crate::tls::load_certs(c).map_err(|e| tls_err(&e))?;
-            let key = crate::tls::load_key(k).map_err(|e| tls_err(&e))?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| tls_err(&e))?
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
 }
 
 #[cfg(test)]

@@ -185,6 +185,7 @@ pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     codec_families(&mut e, m);
     session_families(&mut e, m);
     tunnel_families(&mut e, m);
+    refusal_families(&mut e, m);
     standby_families(&mut e, &m.ops.standbys.rows());
     spool_and_slot_families(&mut e, m);
     process_families(&mut e, p);
@@ -399,6 +400,38 @@ fn session_families(e: &mut Expo, m: &Metrics) {
         "Standby connections refused for protocol errors at the downstream.",
         count(&m.protocol_errors),
     );
+}
+
+/// Connections refused or cut before a session: the standby listener's pre-authentication
+/// budget and the link listener's handshakes.
+fn refusal_families(e: &mut Expo, m: &Metrics) {
+    let r = &m.refusals;
+    let name = "walrelay_connections_refused_total";
+    e.family(name, "counter", "Standby connections refused or cut before a session, by reason (max_startups, max_startups_per_address, max_sessions, startup_timeout).");
+    for (reason, c) in [
+        ("max_startups", &r.max_startups),
+        ("max_startups_per_address", &r.max_startups_per_address),
+        ("max_sessions", &r.max_sessions),
+        ("startup_timeout", &r.startup_timeout),
+    ] {
+        e.sample(name, &[("reason", reason)], count(c));
+    }
+    e.one(
+        "walrelay_standby_positions_clamped_total",
+        "counter",
+        "Standby status updates claiming WAL beyond what the downstream sent that standby, lowered to what it sent before going to the primary.",
+        count(&m.positions_clamped),
+    );
+    let name = "walrelay_link_handshake_failures_total";
+    e.family(name, "counter", "Link connections that did not complete their TLS handshake, by reason (timeout, tls, peer_name, busy).");
+    for (reason, c) in [
+        ("timeout", &r.link_handshake_timeout),
+        ("tls", &r.link_handshake_tls),
+        ("peer_name", &r.link_handshake_peer_name),
+        ("busy", &r.link_handshake_busy),
+    ] {
+        e.sample(name, &[("reason", reason)], count(c));
+    }
 }
 
 /// The downstream's spool and the upstream's slots on the primary.

@@ -2,9 +2,12 @@
 //! `GET /` (the status page, one self-contained HTML file) and `GET /status.json`.
 //!
 //! HTTP/1.1 (hyper), GET and HEAD only, no request bodies read. Bounds: at most
-//! [`MAX_CONNECTIONS`] connections at once (more are closed at once), request heads of at most
-//! [`MAX_HEAD_BYTES`], [`HEAD_TIMEOUT`] to send a request head and [`CONNECTION_TIMEOUT`] for a
-//! whole connection. A sampler records the chart's bandwidth once a second into a ring of
+//! [`MAX_CONNECTIONS`] connections at once, request heads of at most [`MAX_HEAD_BYTES`],
+//! [`HEAD_TIMEOUT`] to send a request head and [`CONNECTION_TIMEOUT`] for a whole connection.
+//! Probes are served even when those connections are all taken: a connection beyond them
+//! goes to the probe lane ([`probe_lane`], at most [`PROBE_LANE`] at once, more are closed at
+//! once), which reads one small request head within [`PROBE_TIMEOUT`], answers `/healthz`
+//! and tells anything else to come back later (503). A sampler records the chart's bandwidth once a second into a ring of
 //! [`HISTORY`] samples (10 minutes).
 
 use std::collections::VecDeque;
@@ -29,6 +32,12 @@ pub const MAX_CONNECTIONS: usize = 32;
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections served by the probe lane at once.
+pub const PROBE_LANE: usize = 16;
+/// Time a connection in the probe lane gets to send its request head.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest request head the probe lane reads.
+const PROBE_HEAD_BYTES: usize = 2048;
 /// Samples kept for the chart (one per second).
 pub const HISTORY: usize = 600;
 
@@ -147,10 +156,43 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
     r
 }
 
+/// A connection beyond [`MAX_CONNECTIONS`]: one request head within [`PROBE_TIMEOUT`];
+/// `GET /healthz` gets `200 ok`, anything else `503` (the port is busy), then the connection
+/// closes. Cheap on purpose: no metrics rendered, one small buffer.
+async fn probe_lane(mut sock: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; PROBE_HEAD_BYTES];
+    let mut n = 0;
+    let head = tokio::time::timeout(PROBE_TIMEOUT, async {
+        while n < buf.len() {
+            match sock.read(&mut buf[n..]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(k) => n += k,
+            }
+            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    if head != Ok(true) {
+        return;
+    }
+    let line = buf[..n].split(|&b| b == b'\r').next().unwrap_or_default();
+    let healthz = line.starts_with(b"GET /healthz ");
+    let reply: &[u8] = match healthz {
+        true => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n",
+        false => b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\ncontent-length: 38\r\nconnection: close\r\n\r\nbusy: too many connections, try again\n",
+    };
+    let _ = tokio::time::timeout(PROBE_TIMEOUT, sock.write_all(reply)).await;
+}
+
 /// Serves `listener` until `shutdown`, and runs the sampler.
 pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: CancellationToken) {
     tokio::spawn(server.clone().sample(shutdown.clone()));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let lane = Arc::new(Semaphore::new(PROBE_LANE));
     loop {
         let (sock, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -164,7 +206,15 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: Cancell
             },
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "metrics listener: too many connections, closing this one");
+            match lane.clone().try_acquire_owned() {
+                Ok(p) => {
+                    tokio::spawn(async move {
+                        let _p = p;
+                        probe_lane(sock).await
+                    });
+                }
+                Err(_) => debug!(%peer, "metrics listener: too many connections, closing this one"),
+            }
             continue;
         };
         let server = server.clone();

@@ -1,6 +1,9 @@
 //! The upstream half (next to the primary): serves the link; per downstream, one stream that
 //! reads the primary's WAL once and carries it once, whatever the number of standbys.
 //!
+//! Connections reach tonic through [`accept`]: a place in the pre-authentication budget and
+//! `limits.startup_timeout_secs` for the TLS handshake, failures logged and counted.
+//!
 //! A stream opens with the link handshake ([`handshake`]: `Hello` → the feed's connection to
 //! the primary on the downstream's slot → `Welcome`); then its directions run until either
 //! ends, each a struct with a `run()`:
@@ -18,6 +21,7 @@
 //! `synchronous_standby_names` lists (read on the standby's own connection when it opens; an
 //! unreadable setting counts as listed), so a commit never waits for a batch.
 
+mod accept;
 mod feed;
 mod from_link;
 mod handshake;
@@ -31,7 +35,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -51,7 +55,7 @@ use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec;
 
 use crate::config::{Limits, LinkConfig, ResolvedUpstream};
-use crate::link::{self, CountingIo};
+use crate::link;
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
@@ -110,22 +114,16 @@ impl Upstream {
 pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::Result<()> {
     use anyhow::Context;
     let up = live.get();
-    let metrics = up.metrics.clone();
-    let incoming = TcpListenerStream::new(listener).map(move |s| {
-        s.map(|s| {
-            let _ = s.set_nodelay(true);
-            CountingIo::new(s, metrics.clone())
-        })
-    });
+    let tls = link::server_tls(&up.link)
+        .context("link TLS configuration")?
+        .map(tokio_rustls::TlsAcceptor::from);
+    let incoming = accept::incoming(live.clone(), listener, tls, up.shutdown.clone());
     let max = link::max_link_message(&up.limits);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(up.link.keepalive_secs)))
         .initial_stream_window_size(Some(link::STREAM_WINDOW))
         .initial_connection_window_size(Some(link::CONNECTION_WINDOW))
         .http2_keepalive_timeout(Some(Duration::from_secs(up.link.keepalive_secs)));
-    if let Some(tls) = link::server_tls(&up.link)? {
-        builder = builder.tls_config(tls).context("link TLS configuration")?;
-    }
     let shutdown = up.shutdown.clone();
     let tasks = up.tasks.clone();
     let svc = LinkServer::new(LinkService(live.clone()))

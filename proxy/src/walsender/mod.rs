@@ -2,6 +2,10 @@
 //! and pg_receivewal connect to, serving WAL from the spool.
 //!
 //! A connection goes through:
+//! 0. the pre-authentication budget ([`crate::gate`]): a place among `limits.max_startups`
+//!    (`limits.max_startups_per_address` per source) until it has authenticated, and
+//!    `limits.startup_timeout_secs` to send its startup packet; its `limits.max_sessions` slot
+//!    is taken only after authentication;
 //! 1. startup ([`startup`]): SSLRequest answered 'S' (TLS) when `downstream.tls_cert` is set,
 //!    else 'N'; GSSENCRequest 'N'; PG 17+ direct TLS (first byte 0x16, ALPN `postgresql`);
 //!    only physical replication connections (`replication=true`) are served; authentication:
@@ -38,6 +42,7 @@ use tracing::{info, warn, Instrument};
 use walrelay_pgwire::{encode, ErrorFields};
 
 use crate::config::{Limits, LinkConfig, ResolvedDownstream};
+use crate::gate::{Refused, StartupGate};
 use crate::live::{Live, SessionSlots};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::BoxIo;
@@ -54,6 +59,8 @@ pub struct Downstream {
     pub spooler: Arc<Spooler>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     sessions: Arc<SessionSlots>,
+    /// Connections in startup and authentication (they hold no session slot yet).
+    startups: Arc<StartupGate>,
 }
 
 impl Downstream {
@@ -87,6 +94,7 @@ impl Downstream {
             spooler,
             tls,
             sessions: SessionSlots::new(),
+            startups: StartupGate::new(),
         }))
     }
 
@@ -109,6 +117,7 @@ impl Downstream {
             spooler: self.spooler.clone(),
             tls: self.tls.clone(),
             sessions: self.sessions.clone(),
+            startups: self.startups.clone(),
         })
     }
 }
@@ -163,24 +172,20 @@ impl End {
     }
 }
 
+/// A connection's way to a session: a place in the pre-authentication budget
+/// (`limits.max_startups`, per address too), startup and authentication within their
+/// deadlines, and only then a session slot (`limits.max_sessions`).
 async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAddr) {
     let _ = sock.set_nodelay(true);
-    let Some(_slot) = ds.sessions.try_take(ds.limits.max_sessions) else {
-        warn!(%peer, "refusing standby connection: limits.max_sessions reached");
-        let mut sock = sock;
-        let mut out = BytesMut::new();
-        encode::error_response(
-            &mut out,
-            &ErrorFields::fatal(
-                "53300",
-                "sorry, too many clients already (walrelay limits.max_sessions)",
-            ),
-        );
-        let _ = sock.write_all(&out).await;
-        return;
+    let l = &ds.limits;
+    let pass = match ds
+        .startups
+        .try_enter(peer.ip(), l.max_startups, l.max_startups_per_address)
+    {
+        Ok(p) => p,
+        Err(why) => return refuse_startup(&ds, sock, peer, why).await,
     };
-    let _gauge = GaugeGuard::inc(&ds.metrics.sessions_active_downstream);
-    let auth_timeout = Duration::from_secs(ds.limits.auth_timeout_secs);
+    let auth_timeout = Duration::from_secs(l.auth_timeout_secs);
     let started = tokio::time::timeout(auth_timeout, startup::accept(&ds, sock, peer)).await;
     let (mut reader, mut writer, standby) = match started {
         Ok(Ok(s)) => s,
@@ -191,10 +196,23 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
             return;
         }
         Err(_) => {
+            Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
             warn!(%peer, "standby did not complete startup within limits.auth_timeout_secs");
             return;
         }
     };
+    drop(pass);
+    let Some(_slot) = ds.sessions.try_take(l.max_sessions) else {
+        Metrics::add(&ds.metrics.refusals.max_sessions, 1);
+        warn!(%peer, "refusing standby session: limits.max_sessions reached");
+        let e = ErrorFields::fatal(
+            "53300",
+            "sorry, too many clients already (walrelay limits.max_sessions)",
+        );
+        send_error(&mut writer, &e).await;
+        return;
+    };
+    let _gauge = GaugeGuard::inc(&ds.metrics.sessions_active_downstream);
     let end = tokio::select! {
         end = async {
             match standby.tunnel {
@@ -222,6 +240,24 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
             send_error(&mut writer, e).await;
         }
     }
+}
+
+/// Refuses a connection the pre-authentication budget has no room for: the FATAL
+/// PostgreSQL sends for too many connections, written without waiting on the peer.
+async fn refuse_startup(ds: &Downstream, mut sock: TcpStream, peer: SocketAddr, why: Refused) {
+    let (counter, key) = match why {
+        Refused::Total => (&ds.metrics.refusals.max_startups, "limits.max_startups"),
+        Refused::PerAddress => (
+            &ds.metrics.refusals.max_startups_per_address,
+            "limits.max_startups_per_address",
+        ),
+    };
+    Metrics::add(counter, 1);
+    warn!(%peer, "refusing connection: {key} reached (connections in startup and authentication)");
+    let mut out = BytesMut::new();
+    let msg = format!("sorry, too many clients already (walrelay {key}: too many connections are in startup or authentication)");
+    encode::error_response(&mut out, &ErrorFields::fatal("53300", msg));
+    let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&out)).await;
 }
 
 async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, e: &ErrorFields) {

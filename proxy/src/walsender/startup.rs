@@ -1,6 +1,7 @@
 //! Startup and authentication of a standby connection (see the parent module's steps 1–2).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -24,6 +25,15 @@ const TLS_HANDSHAKE: u8 = 0x16;
 
 type Failed = (Option<Writer>, End);
 
+/// A connection's startup packet, read (after TLS, if any) within
+/// `limits.startup_timeout_secs`: the reader, whether TLS is on, and the packet.
+struct Started {
+    reader: MsgReader<BoxIo>,
+    encrypted: bool,
+    minor: u16,
+    params: Vec<(String, String)>,
+}
+
 /// Runs startup and authentication. On failure returns the write half (if the connection got
 /// that far) and what to tell the standby.
 pub(super) async fn accept(
@@ -31,6 +41,100 @@ pub(super) async fn accept(
     sock: TcpStream,
     peer: SocketAddr,
 ) -> Result<(Reader, Writer, Standby), Failed> {
+    let deadline = Duration::from_secs(ds.limits.startup_timeout_secs);
+    let Started {
+        reader,
+        encrypted,
+        minor,
+        params,
+    } = match tokio::time::timeout(deadline, read_startup(ds, sock, peer)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
+            warn!(%peer, "no startup packet within limits.startup_timeout_secs; closing");
+            return Err((None, End::Quiet));
+        }
+    };
+    let (io, buf) = reader.into_parts();
+    let (r, mut writer) = tokio::io::split(io);
+    let mut reader = MsgReader::with_buffer(r, buf);
+    // The Err hands the writer back for the FATAL message: large, but once per connection.
+    #[allow(clippy::result_large_err)]
+    let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
+
+    // Protocol 3.x with x > 0 or _pq_ options: answer with what we speak (3.0, no options).
+    if let Some(n) = negotiate(minor, &params) {
+        let mut out = BytesMut::new();
+        encode::negotiate_protocol_version(&mut out, &n);
+        if writer.write_all(&out).await.is_err() {
+            return Err((None, End::Quiet));
+        }
+    }
+    let params: Vec<(String, String)> = params
+        .into_iter()
+        .filter(|(k, _)| !is_protocol_option(k))
+        .collect();
+    let standby = match who(&params, peer) {
+        Ok(s) => s,
+        Err((code, msg)) => return fail(writer, code, msg),
+    };
+    let user = standby.user.clone();
+
+    if ds.cfg.auth == AuthMethod::ScramSha256 {
+        if let Err(end) = scram(ds, &mut reader, &mut writer, &user).await {
+            if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
+                Metrics::add(&ds.metrics.auth_failures, 1);
+                warn!(%peer, %user, "password authentication failed");
+                // As PostgreSQL's auth_delay: each guess costs the guesser time, while the
+                // connection holds a startup place (bounded per address), not a session.
+                let delay = Duration::from_millis(ds.limits.auth_failure_delay_ms);
+                tokio::time::sleep(delay).await;
+            }
+            return Err((Some(writer), end));
+        }
+    }
+    info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
+    Ok((reader, writer, standby))
+}
+
+/// Who connects and for what (physical replication, or a tunnel: logical replication or SQL),
+/// or the error (SQLSTATE, message) for a startup packet walrelay does not serve.
+fn who(params: &[(String, String)], peer: SocketAddr) -> Result<Standby, (&'static str, String)> {
+    let get = |k| StartupPacket::param(params, k);
+    let user = get("user").unwrap_or_default().to_string();
+    if user.is_empty() {
+        return Err((
+            "28000",
+            "no PostgreSQL user name specified in startup packet".into(),
+        ));
+    }
+    // Physical replication is served from the spool; anything else goes through a tunnel.
+    let tunnel = crate::tunnel::mode_of(get("replication"));
+    let database = get("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_string();
+    let application_name = get("application_name")
+        .filter(|s| !s.is_empty())
+        .or(get("fallback_application_name"))
+        .unwrap_or("")
+        .to_string();
+    Ok(Standby {
+        peer,
+        user,
+        application_name,
+        tunnel,
+        database,
+    })
+}
+
+/// TLS (direct, or after SSLRequest) and the startup packet; SSLRequest/GSSENCRequest
+/// answered as PostgreSQL does.
+async fn read_startup(
+    ds: &Downstream,
+    sock: TcpStream,
+    peer: SocketAddr,
+) -> Result<Started, Failed> {
     let mut first = [0u8; 1];
     let direct_tls = matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE);
     let mut io: BoxIo = Box::new(sock);
@@ -52,7 +156,7 @@ pub(super) async fn accept(
         encrypted = true;
     }
     let mut reader = MsgReader::new(io);
-    let (minor, params) = loop {
+    loop {
         let pkt = match reader.read(parse_startup).await {
             Ok(p) => p,
             Err(e) => {
@@ -98,67 +202,16 @@ pub(super) async fn accept(
                 }
             }
             StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
-            StartupPacket::Startup { minor, params } => break (minor, params),
-        }
-    };
-    let (io, buf) = reader.into_parts();
-    let (r, mut writer) = tokio::io::split(io);
-    let mut reader = MsgReader::with_buffer(r, buf);
-    // The Err hands the writer back for the FATAL message: large, but once per connection.
-    #[allow(clippy::result_large_err)]
-    let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
-
-    // Protocol 3.x with x > 0 or _pq_ options: answer with what we speak (3.0, no options).
-    if let Some(n) = negotiate(minor, &params) {
-        let mut out = BytesMut::new();
-        encode::negotiate_protocol_version(&mut out, &n);
-        if writer.write_all(&out).await.is_err() {
-            return Err((None, End::Quiet));
-        }
-    }
-    let params: Vec<(String, String)> = params
-        .into_iter()
-        .filter(|(k, _)| !is_protocol_option(k))
-        .collect();
-    let get = |k| StartupPacket::param(&params, k);
-    let user = get("user").unwrap_or_default().to_string();
-    if user.is_empty() {
-        return fail(
-            writer,
-            "28000",
-            "no PostgreSQL user name specified in startup packet".into(),
-        );
-    }
-    // Physical replication is served from the spool; anything else goes through a tunnel.
-    let tunnel = crate::tunnel::mode_of(get("replication"));
-    let database = get("database")
-        .filter(|d| !d.is_empty())
-        .unwrap_or(&user)
-        .to_string();
-    let application_name = get("application_name")
-        .filter(|s| !s.is_empty())
-        .or(get("fallback_application_name"))
-        .unwrap_or("")
-        .to_string();
-    let standby = Standby {
-        peer,
-        user: user.clone(),
-        application_name,
-        tunnel,
-        database,
-    };
-
-    if ds.cfg.auth == AuthMethod::ScramSha256 {
-        if let Err(end) = scram(ds, &mut reader, &mut writer, &user).await {
-            if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
-                Metrics::add(&ds.metrics.auth_failures, 1);
-                warn!(%peer, %user, "password authentication failed");
+            StartupPacket::Startup { minor, params } => {
+                return Ok(Started {
+                    reader,
+                    encrypted,
+                    minor,
+                    params,
+                })
             }
-            return Err((Some(writer), end));
         }
     }
-    info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
-    Ok((reader, writer, standby))
 }
 
 fn split_fail(reader: MsgReader<BoxIo>, end: End) -> Failed {

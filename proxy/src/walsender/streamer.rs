@@ -21,7 +21,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use walrelay_pgwire::repl::{check_feedback, pg_now, status_positions, XLogData};
+use walrelay_pgwire::repl::{
+    check_feedback, clamp_status_update, pg_now, status_positions, XLogData,
+};
 use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
 use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::StartReplication;
@@ -228,7 +230,7 @@ async fn copy(
                 let mut out = BytesMut::new();
                 encode::copy_done(&mut out);
                 s.write(&out).await?;
-                drain_until_copy_done(s).await?;
+                drain_until_copy_done(s, pos).await?;
                 return Ok(CopyEnd::TimelineEnd(h));
             }
         }
@@ -236,7 +238,7 @@ async fn copy(
         tokio::select! {
             biased;
             m = s.reader.read(walrelay_pgwire::parse_frontend) => {
-                match standby_message(s, m, limit).await? {
+                match standby_message(s, m, limit, pos).await? {
                     Some(end) => return Ok(end),
                     None => continue,
                 }
@@ -312,17 +314,34 @@ async fn keepalive(s: &mut Session<'_>, end: Lsn, reply: bool) -> Result<(), End
     s.write(&out).await
 }
 
-/// A message of the standby during COPY; Some when COPY ends.
+/// A status update with no position beyond `sent`, the end of the WAL this session sent the
+/// standby (its start before any): a standby cannot have more from us, and the primary must
+/// not believe it has (a synchronous commit would return on its word). A standby that
+/// reconnects reports where it had got to, up to a segment ahead of where it asks to start:
+/// lowered until it has been sent that far again, moments later.
+fn clamp(s: &Session<'_>, d: &[u8], sent: Lsn) -> Bytes {
+    let (d, clamped) = clamp_status_update(d, sent);
+    if clamped {
+        crate::metrics::Metrics::add(&s.ds.metrics.positions_clamped, 1);
+        tracing::debug!("status update beyond the WAL sent ({sent}) lowered to it");
+    }
+    Bytes::copy_from_slice(&d)
+}
+
+/// A message of the standby during COPY; Some when COPY ends. `sent`: the end of what this
+/// session has sent.
 async fn standby_message(
     s: &mut Session<'_>,
     m: Result<FrontendMsg, WireError>,
     end: Lsn,
+    sent: Lsn,
 ) -> Result<Option<CopyEnd>, End> {
     match m {
         Ok(FrontendMsg::CopyData(d)) => {
             if let Err(e) = check_feedback(&d) {
                 return Err(End::fatal("08P01", format!("invalid standby message: {e}")));
             }
+            let d = clamp(s, &d, sent);
             if let Some((w, f, r)) = status_positions(&d) {
                 s.entry.reply(w, f, r);
             }
@@ -359,7 +378,7 @@ async fn standby_message(
 }
 
 /// After our CopyDone at the end of a timeline: feedback until the standby's CopyDone.
-async fn drain_until_copy_done(s: &mut Session<'_>) -> Result<(), End> {
+async fn drain_until_copy_done(s: &mut Session<'_>, sent: Lsn) -> Result<(), End> {
     loop {
         let m = tokio::select! {
             m = s.reader.read(walrelay_pgwire::parse_frontend) => m,
@@ -368,6 +387,7 @@ async fn drain_until_copy_done(s: &mut Session<'_>) -> Result<(), End> {
         match m {
             Ok(FrontendMsg::CopyDone) => return Ok(()),
             Ok(FrontendMsg::CopyData(d)) => {
+                let d = clamp(s, &d, sent);
                 if let Ok(fb) = Feedback::new(&d) {
                     if let Some((w, f, r)) = status_positions(&d) {
                         s.entry.reply(w, f, r);

@@ -1,0 +1,186 @@
+//! The link listener's accept loop, in front of tonic: each connection gets a place in the
+//! pre-authentication budget (`limits.max_startups`, and `limits.max_startups_per_address`
+//! per source address) and `limits.startup_timeout_secs` to complete its TLS handshake (mutual
+//! TLS when `link.tls_ca` is set); only then is it handed to the gRPC server. Connections
+//! refused, timed out or failing TLS are logged with the peer's address and the reason, and
+//! counted in `walrelay_link_handshake_failures_total{reason}`.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::Upstream;
+use crate::gate::{Refused, StartupGate};
+use crate::link::CountingIo;
+use crate::live::Live;
+use crate::metrics::Metrics;
+
+/// A link connection that has completed its handshake: TLS, or plaintext with
+/// `link.plaintext`.
+pub(super) enum LinkIo {
+    Plain(CountingIo),
+    Tls(Box<TlsStream<CountingIo>>),
+}
+
+/// Connections ready for the gRPC server; the stream ends at shutdown.
+pub(super) type Incoming = ReceiverStream<Result<LinkIo, std::io::Error>>;
+
+/// Starts the accept loop on `listener` and returns what it hands to tonic.
+pub(super) fn incoming(
+    live: Arc<Live<Upstream>>,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shutdown: CancellationToken,
+) -> Incoming {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(accept_loop(live, listener, tls, shutdown, tx));
+    ReceiverStream::new(rx)
+}
+
+async fn accept_loop(
+    live: Arc<Live<Upstream>>,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    shutdown: CancellationToken,
+    tx: mpsc::Sender<Result<LinkIo, std::io::Error>>,
+) {
+    let gate = StartupGate::new();
+    loop {
+        let (sock, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!("accept on the link listener failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let up = live.get();
+        let l = &up.limits;
+        let pass = match gate.try_enter(peer.ip(), l.max_startups, l.max_startups_per_address) {
+            Ok(p) => p,
+            Err(why) => {
+                let key = match why {
+                    Refused::Total => "limits.max_startups",
+                    Refused::PerAddress => "limits.max_startups_per_address",
+                };
+                failed(&up.metrics, peer, Reason::Busy, &format!("{key} reached"));
+                continue;
+            }
+        };
+        let _ = sock.set_nodelay(true);
+        let io = CountingIo::new(sock, up.metrics.clone());
+        let Some(acceptor) = tls.clone() else {
+            drop(pass);
+            if tx.send(Ok(LinkIo::Plain(io))).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let tx = tx.clone();
+        let deadline = Duration::from_secs(l.startup_timeout_secs);
+        tokio::spawn(async move {
+            let r = tokio::time::timeout(deadline, acceptor.accept(io)).await;
+            drop(pass);
+            match r {
+                Ok(Ok(stream)) => {
+                    let _ = tx.send(Ok(LinkIo::Tls(Box::new(stream)))).await;
+                }
+                Ok(Err(e)) => {
+                    let e = e.to_string();
+                    let reason = match e.contains(crate::link::tls::PEER_NAMES_ERROR) {
+                        true => Reason::PeerName,
+                        false => Reason::Tls,
+                    };
+                    failed(&up.metrics, peer, reason, &e);
+                }
+                Err(_) => failed(
+                    &up.metrics,
+                    peer,
+                    Reason::Timeout,
+                    "no TLS handshake within limits.startup_timeout_secs",
+                ),
+            }
+        });
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reason {
+    Timeout,
+    Tls,
+    Busy,
+    PeerName,
+}
+
+fn failed(m: &Metrics, peer: SocketAddr, reason: Reason, why: &str) {
+    let (counter, label) = match reason {
+        Reason::Timeout => (&m.refusals.link_handshake_timeout, "timeout"),
+        Reason::Tls => (&m.refusals.link_handshake_tls, "tls"),
+        Reason::Busy => (&m.refusals.link_handshake_busy, "busy"),
+        Reason::PeerName => (&m.refusals.link_handshake_peer_name, "peer_name"),
+    };
+    Metrics::add(counter, 1);
+    warn!(%peer, reason = label, "link connection refused: {why}");
+}
+
+impl AsyncRead for LinkIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LinkIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for LinkIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            LinkIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LinkIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            LinkIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for LinkIo {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            LinkIo::Plain(s) => s.connect_info(),
+            LinkIo::Tls(s) => s.get_ref().0.connect_info(),
+        }
+    }
+}
