@@ -20,20 +20,24 @@ async fn a_killed_downstream_resumes_from_its_spool_and_refetches_a_torn_segment
     let load = pgbench_background(&env.primary, &["-c", "4", "-T", "10", "-n", "postgres"]);
     pause(4).await;
     env.downstream.kill();
-    // A crash that left the segment being written shorter than what was synced.
-    let partial = std::fs::read_dir(&env.spool)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "partial"))
-        .expect("a partial segment in the spool");
-    let len = std::fs::metadata(&partial).unwrap().len();
-    assert!(len > 8192, "partial segment of {len} bytes");
+    // A crash that left the segment being written shorter than what was synced: cut it below
+    // the synced end recorded in spool.state (the writer may be far ahead of it under load,
+    // so half the file's length could still cover everything synced).
+    let synced = spool_end(&env.spool);
+    let partial = env
+        .spool
+        .join(format!("{}.partial", segment_name(1, synced)));
+    let need = synced % (16 << 20);
+    assert!(
+        need > 0 && partial.exists(),
+        "the synced end {synced:X} should lie inside {}",
+        partial.display()
+    );
     std::fs::OpenOptions::new()
         .write(true)
         .open(&partial)
         .unwrap()
-        .set_len(len / 2)
+        .set_len(need / 2)
         .unwrap();
     env.downstream.restart();
     let _ = load.wait_with_output();
@@ -50,19 +54,19 @@ async fn a_killed_downstream_resumes_from_its_spool_and_refetches_a_torn_segment
         assert!(n >= 1);
     }
     // The spool's files are the primary's: every complete segment byte for byte.
-    let state = std::fs::read_to_string(env.spool.join("spool.state")).unwrap();
+    let end = spool_end(&env.spool);
+    assert!(compare_segments(&env.primary.wal_dir(), &env.spool, &segment_name(1, end)) >= 1);
+    env.downstream.assert_no_panic();
+}
+
+/// The synced end the spool's state file records (`end=X/Y`).
+fn spool_end(spool: &std::path::Path) -> u64 {
+    let state = std::fs::read_to_string(spool.join("spool.state")).unwrap();
     let end = state
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("end="))
-        .unwrap();
-    assert!(
-        compare_segments(
-            &env.primary.wal_dir(),
-            &env.spool,
-            &segment_name(1, parse_lsn(end))
-        ) >= 1
-    );
-    env.downstream.assert_no_panic();
+        .unwrap_or_else(|| panic!("no end= in spool.state: {state}"));
+    parse_lsn(end)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

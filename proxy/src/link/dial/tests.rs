@@ -30,9 +30,10 @@ fn dialed(l: &tokio::net::TcpListener) -> bool {
 
 #[tokio::test]
 async fn each_connection_tries_the_addresses_from_the_first() {
-    let closed = closed_port();
     let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // After a and b are bound, so that the port released here cannot be one of theirs.
+    let closed = closed_port();
     let (pa, pb) = (
         a.local_addr().unwrap().port(),
         b.local_addr().unwrap().port(),
