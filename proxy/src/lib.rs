@@ -13,9 +13,10 @@
 //! - [`pgio`]: the one cancellation-safe adapter that owns a PostgreSQL socket's read side.
 //! - [`upstream`]: the half next to the primary: serves the link, one primary connection per standby session.
 //! - [`link`]: gRPC channel/server setup, socket byte counting, delta-encoded WAL headers.
-//! - [`walsender`]: the half next to the standbys: startup, authentication, relaying.
-//! - [`tunnel`]: client sessions the spool does not serve (base backups, logical replication,
-//!   slot synchronization), carried to the primary through the upstream, behind an allowlist.
+//! - [`walsender`]: the half next to the standbys: startup, authentication, relaying; its
+//!   `tunnel` carries the client sessions the spool does not serve (base backups, logical
+//!   replication, slot synchronization) to the primary through the upstream, behind an
+//!   allowlist.
 //! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
 //! - [`metrics`]: process counters; [`monitor`]: per-standby state, codec totals, the
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
@@ -49,6 +50,5 @@ pub mod relay;
 pub mod spool;
 pub mod spooler;
 pub mod tls;
-pub mod tunnel;
 pub mod upstream;
 pub mod walsender;

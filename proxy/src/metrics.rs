@@ -26,7 +26,7 @@ pub struct Metrics {
     pub decode_ns: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
-    /// Tunnels (`crate::tunnel`), per half ([upstream, downstream]): open now, and protocol
+    /// Tunnels (`crate::walsender::tunnel`), per half ([upstream, downstream]): open now, and protocol
     /// bytes relayed from and to the primary (uncompressed).
     pub tunnels_active: [AtomicU64; 2],
     pub tunnel_bytes_from_primary: [AtomicU64; 2],

@@ -8,7 +8,7 @@
 //! | SHOW wal_segment_size | the downstream when the link is down, else as below |
 //! | SHOW, READ_REPLICATION_SLOT | the standby's own connection to the primary (needs the link) |
 //! | START_REPLICATION | the downstream, from the spool ([`super::streamer`]) |
-//! | BASE_BACKUP, slot commands | the primary: the session continues in a tunnel ([`crate::tunnel`]) |
+//! | BASE_BACKUP, slot commands | the primary: the session continues in a tunnel ([`super::tunnel`]) |
 
 use std::time::Duration;
 
@@ -148,8 +148,8 @@ impl Session<'_> {
     async fn query(&mut self, q: &str) -> Result<(), End> {
         let cmd = match replcmd::parse(q) {
             Ok(c) => c,
-            Err(replcmd::ReplCmdError::Unsupported(_)) if crate::tunnel::hands_over(q) => {
-                return match crate::tunnel::hand_over(
+            Err(replcmd::ReplCmdError::Unsupported(_)) if super::tunnel::hands_over(q) => {
+                return match super::tunnel::hand_over(
                     self.ds,
                     self.reader,
                     self.writer,

@@ -8,11 +8,12 @@
 //!    is taken only after authentication;
 //! 1. startup ([`startup`]): SSLRequest answered 'S' (TLS) when `downstream.tls_cert` is set,
 //!    else 'N'; GSSENCRequest 'N'; PG 17+ direct TLS (first byte 0x16, ALPN `postgresql`);
-//!    only physical replication connections (`replication=true`) are served; authentication:
+//!    physical replication connections (`replication=true`) are served from the spool, the
+//!    others go to a tunnel; authentication:
 //!    SCRAM-SHA-256 against `downstream.users`, or trust;
 //! 2. the startup reply with the primary's parameters (walrelay speaks with the primary's
 //!    voice; they are kept in the spool so standbys can connect while the link is down);
-//! 3. a tunnel ([`crate::tunnel`]) for logical replication and SQL sessions, and for a
+//! 3. a tunnel ([`tunnel`]) for logical replication and SQL sessions, and for a
 //!    physical session from its BASE_BACKUP or slot command on; or
 //! 4. a session ([`session`], [`commands`]): replication commands, answered from the spool
 //!    (IDENTIFY_SYSTEM, TIMELINE_HISTORY) or by the standby's own connection to the primary
@@ -27,6 +28,7 @@ mod commands;
 mod session;
 mod startup;
 mod streamer;
+pub(crate) mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -216,7 +218,7 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
     let end = tokio::select! {
         end = async {
             match standby.tunnel {
-                Some(mode) => crate::tunnel::whole(&ds, &mut reader, &mut writer, &standby, mode).await,
+                Some(mode) => tunnel::whole(&ds, &mut reader, &mut writer, &standby, mode).await,
                 None => commands::run(&ds, &mut reader, &mut writer, &standby).await,
             }
         } => end,
@@ -275,8 +277,8 @@ pub(crate) struct Standby {
     pub peer: SocketAddr,
     pub user: String,
     pub application_name: String,
-    /// Not physical replication: the session goes through a tunnel ([`crate::tunnel`]).
-    pub tunnel: Option<crate::tunnel::Mode>,
+    /// Not physical replication: the session goes through a tunnel ([`tunnel`]).
+    pub tunnel: Option<tunnel::Mode>,
     /// The `database` of the startup packet (its user's name when absent).
     pub database: String,
 }

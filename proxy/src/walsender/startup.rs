@@ -109,7 +109,7 @@ fn who(params: &[(String, String)], peer: SocketAddr) -> Result<Standby, (&'stat
         ));
     }
     // Physical replication is served from the spool; anything else goes through a tunnel.
-    let tunnel = crate::tunnel::mode_of(get("replication"));
+    let tunnel = super::tunnel::mode_of(get("replication"));
     let database = get("database")
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)

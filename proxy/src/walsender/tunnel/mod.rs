@@ -34,9 +34,9 @@ use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 use walrelay_proto::PROTOCOL_VERSION;
 
+use super::{shutting_down, Downstream, End, Reader, Standby, Writer};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
-use crate::walsender::{shutting_down, Downstream, End, Reader, Standby, Writer};
 pub use policy::{Mode, Policy};
 
 /// Frames queued toward the upstream per tunnel.
