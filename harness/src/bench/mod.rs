@@ -267,19 +267,8 @@ async fn setup(
         .await
         .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
     let down_ports = [free_port(), free_port()];
-    let mut standbys = Vec::new();
-    for (i, app) in APPS.iter().enumerate() {
-        let mut so = StandbyOpts::new(pair::standby_conninfo(down_ports[i], app));
-        so.application_name = Some(app.to_string());
-        standbys.push(
-            primary
-                .basebackup_standby(&root, &format!("standby_{}", CODECS[i]), &so)
-                .context("pg_basebackup of a standby")?,
-        );
-    }
-    let standbys: [Cluster; 2] = standbys
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("two standbys"))?;
+    // The pairs first: a downstream's spool starts at the segment the primary is writing when
+    // its stream opens, so standbys backed up after that find all they need in it.
     let mut pairs = Vec::new();
     for (i, codec) in CODECS.into_iter().enumerate() {
         let tag = ["w", "z"][i];
@@ -294,6 +283,22 @@ async fn setup(
         )?);
     }
     let pairs: [RelayPair; 2] = pairs.try_into().map_err(|_| anyhow::anyhow!("two pairs"))?;
+    for p in &pairs {
+        p.wait_stream_open().await?;
+    }
+    let mut standbys = Vec::new();
+    for (i, app) in APPS.iter().enumerate() {
+        let mut so = StandbyOpts::new(pair::standby_conninfo(down_ports[i], app));
+        so.application_name = Some(app.to_string());
+        standbys.push(
+            primary
+                .basebackup_standby(&root, &format!("standby_{}", CODECS[i]), &so)
+                .context("pg_basebackup of a standby")?,
+        );
+    }
+    let standbys: [Cluster; 2] = standbys
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("two standbys"))?;
     for s in &standbys {
         s.start().await?;
     }

@@ -57,6 +57,16 @@ pub struct RelayPair {
 }
 
 impl RelayPair {
+    /// Waits until the downstream's link stream is open (its spool has a start position).
+    pub async fn wait_stream_open(&self) -> Result<(), crate::cluster::ClusterError> {
+        crate::cluster::wait_until(
+            "the downstream's link stream open",
+            Duration::from_secs(60),
+            || async { Ok(self.downstream.log_text().contains("link stream open")) },
+        )
+        .await
+    }
+
     /// Starts the upstream (dialing `primary`), the forwarder and the downstream with link
     /// codec `codec`, standbys served on `down_port`; files go to `dir` (`<tag>-upstream.toml`,
     /// `.log`, ...).
