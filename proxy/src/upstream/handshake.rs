@@ -21,14 +21,20 @@ pub struct Agreed {
     pub slot: String,
 }
 
-/// Checks a `Hello` against this upstream's link settings.
-pub fn agree(hello: &Hello, link: &LinkConfig, slot: Option<&str>) -> Result<Agreed, Status> {
-    if hello.protocol_version != PROTOCOL_VERSION {
+/// Refuses a link protocol version other than this build's (a stream's `Hello`, a tunnel's
+/// `TunnelOpen`).
+pub fn check_version(requested: u32) -> Result<(), Status> {
+    if requested != PROTOCOL_VERSION {
         return Err(Status::failed_precondition(format!(
-            "link protocol {} requested, this upstream speaks {PROTOCOL_VERSION}: run the same walrelay version on both halves",
-            hello.protocol_version
+            "link protocol {requested} requested, this upstream speaks {PROTOCOL_VERSION}: run the same walrelay version on both halves"
         )));
     }
+    Ok(())
+}
+
+/// Checks a `Hello` against this upstream's link settings.
+pub fn agree(hello: &Hello, link: &LinkConfig, slot: Option<&str>) -> Result<Agreed, Status> {
+    check_version(hello.protocol_version)?;
     let codec = CodecKind::from_name(&hello.codec)
         .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
     let name_ok = hello.downstream_name.len() <= 40

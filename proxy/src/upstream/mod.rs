@@ -56,7 +56,7 @@ use walrelay_wal::walcodec;
 
 use crate::config::{Limits, LinkConfig, ResolvedUpstream};
 use crate::link;
-use crate::live::{Live, SessionSlots};
+use crate::live::{Live, SessionSlots, Slot};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
 use feed::{FeedToLink, BATCH_MAX};
@@ -149,6 +149,22 @@ type TunnelOut = ReceiverStream<Result<TunnelFrame, Status>>;
 /// The gRPC service: one stream per downstream.
 struct LinkService(Arc<Live<Upstream>>);
 
+/// A link call's peer (for logs) and its place among `limits.max_sessions`: a stream and a
+/// tunnel each take one.
+fn admit<T>(up: &Upstream, request: &Request<T>) -> Result<(String, Slot), Status> {
+    let peer = request
+        .remote_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let permit = up
+        .sessions
+        .try_take(up.limits.max_sessions)
+        .ok_or_else(|| {
+            Status::resource_exhausted("the upstream has reached limits.max_sessions")
+        })?;
+    Ok((peer, permit))
+}
+
 #[tonic::async_trait]
 impl Link for LinkService {
     type StreamStream = StreamOut;
@@ -159,25 +175,11 @@ impl Link for LinkService {
         request: Request<Streaming<TunnelFrame>>,
     ) -> Result<Response<TunnelOut>, Status> {
         let this = self.0.get();
-        let peer = request
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let permit = this
-            .sessions
-            .try_take(this.limits.max_sessions)
-            .ok_or_else(|| {
-                Status::resource_exhausted("the upstream has reached limits.max_sessions")
-            })?;
+        let (peer, permit) = admit(&this, &request)?;
         let mut inbound = request.into_inner();
         let mut rx = TunnelRx::new(Dir::Up).map_err(|e| Status::internal(e.to_string()))?;
         let (open, pending) = tunnel::first_frame(&mut inbound, &mut rx).await?;
-        if open.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "the downstream speaks link protocol {}, this upstream {PROTOCOL_VERSION}: run the same walrelay version on both halves",
-                open.protocol_version
-            )));
-        }
+        handshake::check_version(open.protocol_version)?;
         let level = open.zstd_level.clamp(1, 19);
         let tx = TunnelTx::new(Dir::Down, level, open.zstd_window_log.clamp(10, 27))
             .map_err(|e| Status::internal(e.to_string()))?;
@@ -207,16 +209,7 @@ impl Link for LinkService {
         request: Request<Streaming<ToUpstream>>,
     ) -> Result<Response<StreamOut>, Status> {
         let this = self.0.get();
-        let peer = request
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let permit = this
-            .sessions
-            .try_take(this.limits.max_sessions)
-            .ok_or_else(|| {
-                Status::resource_exhausted("the upstream has reached limits.max_sessions")
-            })?;
+        let (peer, permit) = admit(&this, &request)?;
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(Duration::from_secs(30), inbound.next()).await {
             Ok(Some(Ok(ToUpstream {
