@@ -33,7 +33,8 @@ mod tests;
 
 use page::*;
 
-use super::wal::{Area, BlockKey, PAGE_SIZE, REC_HDR};
+use super::tuples::LoggedTuple;
+use super::wal::{le16, le32, Area, BlockKey, PAGE_SIZE, REC_HDR};
 use crate::pg::PgMajor;
 
 const RM_HEAP2_ID: u8 = 9;
@@ -108,19 +109,6 @@ impl Record<'_> {
     fn has_block(&self, id: u8) -> bool {
         self.area.blocks.iter().any(|b| b.id == id)
     }
-}
-
-fn le16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes([*b.get(at)?, *b.get(at + 1)?]))
-}
-
-fn le32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes([
-        *b.get(at)?,
-        *b.get(at + 1)?,
-        *b.get(at + 2)?,
-        *b.get(at + 3)?,
-    ]))
 }
 
 impl Redo {
@@ -237,36 +225,20 @@ impl Redo {
         let Some((_, data)) = rec.block(0) else {
             return;
         };
-        let mut at = 0;
-        let mut take = |on: bool| -> Option<usize> {
-            if !on {
-                return Some(0);
-            }
-            let v = le16(data, at)?;
-            at += 2;
-            Some(usize::from(v))
-        };
-        let (Some(prefix), Some(suffix)) = (take(flags & 0x20 != 0), take(flags & 0x40 != 0))
-        else {
+        let Some(logged) = LoggedTuple::parse(data, flags & 0x20 != 0, flags & 0x40 != 0) else {
             return;
         };
-        let Some(hdr) = data.get(at..at + 5) else {
+        let Some(full) = logged.expand(&old_user) else {
             return;
         };
-        let hoff = usize::from(hdr[4]);
-        let body = &data[at + 5..];
-        let Some(bitmap) = hoff.checked_sub(TUPLE_HEADER).filter(|&b| b <= body.len()) else {
-            return;
-        };
-        if prefix + suffix > old_user.len() {
-            return;
-        }
-        let mut full = Vec::with_capacity(body.len() + prefix + suffix);
-        full.extend_from_slice(&body[..bitmap]);
-        full.extend_from_slice(&old_user[..prefix]);
-        full.extend_from_slice(&body[bitmap..]);
-        full.extend_from_slice(&old_user[old_user.len() - suffix..]);
-        self.build_tuple(rec.xid(), new_xmax, hdr, &full, new_key.blkno, new_off);
+        self.build_tuple(
+            rec.xid(),
+            new_xmax,
+            logged.hdr,
+            &full,
+            new_key.blkno,
+            new_off,
+        );
         let Some(p) = pages.page_mut(&new_key) else {
             return;
         };

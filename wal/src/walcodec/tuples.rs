@@ -455,6 +455,53 @@ impl HeapRec {
             tuples.remove(&new);
             return;
         };
+        let Some(logged) = LoggedTuple::parse(
+            d,
+            self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0 && self.is_update(),
+            self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0 && self.is_update(),
+        ) else {
+            tuples.remove(&new);
+            return;
+        };
+        let (hdr, body) = (logged.hdr, logged.body);
+        let hoff = hdr[4];
+        let head = Head {
+            xmin: xid,
+            infomask2: u16::from_le_bytes([hdr[0], hdr[1]]),
+            infomask: u16::from_le_bytes([hdr[2], hdr[3]]),
+            hoff,
+        };
+        if logged.prefix == 0 && logged.suffix == 0 {
+            tuples.put(new, head, body);
+            return;
+        }
+        let expanded = self.old.and_then(|old| {
+            let (ohoff, odata) = lookup(tuples, pages, &old)?;
+            let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
+            logged.expand(ouser)
+        });
+        match expanded {
+            Some(t) => tuples.put(new, head, &t),
+            None => tuples.remove(&new),
+        }
+    }
+}
+
+/// The new tuple of a heap INSERT or UPDATE as its block data carries it: PostgreSQL's
+/// prefix and suffix lengths (each there when its flag is set), the xl_heap_header
+/// (infomask2, infomask, t_hoff), then from t_bits on without the user data the tuple shares
+/// with the old one. The encoder's tuple cache and both ends' page replay (`redo.rs`) read it
+/// the same way.
+pub(super) struct LoggedTuple<'a> {
+    pub prefix: usize,
+    pub suffix: usize,
+    /// The xl_heap_header, SIZE_HEAP_HEADER bytes.
+    pub hdr: &'a [u8],
+    pub body: &'a [u8],
+}
+
+impl<'a> LoggedTuple<'a> {
+    pub fn parse(d: &'a [u8], has_prefix: bool, has_suffix: bool) -> Option<LoggedTuple<'a>> {
         let mut p = 0;
         let mut field = |on: bool| -> Option<usize> {
             if !on {
@@ -464,48 +511,35 @@ impl HeapRec {
             p += 2;
             Some(usize::from(v))
         };
-        let (Some(prefix), Some(suffix)) = (
-            field(self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0 && self.is_update()),
-            field(self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0 && self.is_update()),
-        ) else {
-            tuples.remove(&new);
-            return;
-        };
-        let Some(hdr) = d.get(p..p + SIZE_HEAP_HEADER) else {
-            tuples.remove(&new);
-            return;
-        };
-        let hoff = hdr[4];
-        let head = Head {
-            xmin: xid,
-            infomask2: u16::from_le_bytes([hdr[0], hdr[1]]),
-            infomask: u16::from_le_bytes([hdr[2], hdr[3]]),
-            hoff,
-        };
-        let body = &d[p + SIZE_HEAP_HEADER..];
-        if prefix == 0 && suffix == 0 {
-            tuples.put(new, head, body);
-            return;
+        let prefix = field(has_prefix)?;
+        let suffix = field(has_suffix)?;
+        let hdr = d.get(p..p + SIZE_HEAP_HEADER)?;
+        Some(LoggedTuple {
+            prefix,
+            suffix,
+            hdr,
+            body: &d[p + SIZE_HEAP_HEADER..],
+        })
+    }
+
+    /// The tuple from t_bits on with the shared prefix and suffix taken from the old tuple's
+    /// user data: bitmap (t_hoff - 23 bytes) ++ prefix ++ the logged rest ++ suffix. None when
+    /// the lengths do not fit.
+    pub fn expand(&self, old_user: &[u8]) -> Option<Vec<u8>> {
+        let body = self.body;
+        let bitmap = usize::from(self.hdr[4])
+            .checked_sub(TUPLE_HEADER)
+            .filter(|&b| b <= body.len())?;
+        let (prefix, suffix) = (self.prefix, self.suffix);
+        if prefix + suffix > old_user.len() {
+            return None;
         }
-        // body = bitmap (t_hoff - 23 bytes) ++ user data minus the shared prefix/suffix.
-        let expanded = self.old.and_then(|old| {
-            let (ohoff, odata) = lookup(tuples, pages, &old)?;
-            let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
-            let bitmap = usize::from(hoff).checked_sub(TUPLE_HEADER)?;
-            if prefix + suffix > ouser.len() || bitmap > body.len() {
-                return None;
-            }
-            let mut t = Vec::with_capacity(body.len() + prefix + suffix);
-            t.extend_from_slice(&body[..bitmap]);
-            t.extend_from_slice(&ouser[..prefix]);
-            t.extend_from_slice(&body[bitmap..]);
-            t.extend_from_slice(&ouser[ouser.len() - suffix..]);
-            Some(t)
-        });
-        match expanded {
-            Some(t) => tuples.put(new, head, &t),
-            None => tuples.remove(&new),
-        }
+        let mut t = Vec::with_capacity(body.len() + prefix + suffix);
+        t.extend_from_slice(&body[..bitmap]);
+        t.extend_from_slice(&old_user[..prefix]);
+        t.extend_from_slice(&body[bitmap..]);
+        t.extend_from_slice(&old_user[old_user.len() - suffix..]);
+        Some(t)
     }
 }
 
