@@ -29,14 +29,12 @@ use tonic::Status;
 
 use walrelay_pgwire::repl::{keepalive_end, keepalive_wants_reply, XLogData};
 use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
-use walrelay_proto::frame::{self, Digest, Down, DownState, WalHeader};
-use walrelay_proto::link::{to_downstream, ToDownstream};
-use walrelay_wal::linkcodec::WalEncoder;
+use walrelay_proto::frame::WalHeader;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 
+use super::encode::{EncodeStage, Job, Part};
 use super::primary;
-use crate::metrics::{timed, Metrics};
-use crate::monitor::codec_totals::SessionCodecStats;
+use crate::metrics::Metrics;
 use crate::pgclient::PrimaryConn;
 
 /// Most bytes (WAL and other messages) in one batch: within the smallest allowed
@@ -53,13 +51,6 @@ pub enum Event {
     Backend { chan: u32, bytes: Vec<u8> },
     /// The standby's connection streams as it; `synchronous`: a commit may wait for it.
     Started { chan: u32, synchronous: bool },
-}
-
-/// One run of contiguous WAL, or another item, waiting to be framed.
-enum Part {
-    Wal { header: WalHeader, data: BytesMut },
-    Keepalive { end: u64, send_time: i64 },
-    Event(Event),
 }
 
 #[derive(Default)]
@@ -118,19 +109,15 @@ impl Batch {
 /// The primary → link direction of a stream, with the feed's connection.
 pub struct FeedToLink<'a> {
     pub conn: PrimaryConn,
-    pub tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    /// Frames the batches, in order, on the stream's encode thread.
+    pub stage: EncodeStage,
     pub events: mpsc::Receiver<Event>,
-    pub encoder: WalEncoder,
     pub metrics: &'a Metrics,
     pub window: Duration,
     /// Standbys of this stream that a commit may wait on (no window while any).
     pub synchronous: &'a AtomicUsize,
     /// Where the downstream's spool is durable (written by the link → upstream direction).
     pub durable: watch::Receiver<Lsn>,
-    /// The end of the WAL sent down, for the standbys' entries.
-    pub sent: watch::Sender<Lsn>,
-    pub codec_stats: SessionCodecStats,
-    pub state: DownState,
     pub slot: String,
     pub tli: TimeLineId,
     pub pending: Option<RawMsg>,
@@ -149,20 +136,15 @@ impl FeedToLink<'_> {
     pub async fn run(&mut self) -> Result<(), Status> {
         loop {
             let batch = self.gather().await?;
+            let timeline_end = batch.timeline_end;
             if !batch.parts.is_empty() {
-                let frame = self.frame(batch.parts)?;
-                Metrics::add(&self.metrics.link_messages_out, 1);
-                self.tx
-                    .send(Ok(ToDownstream {
-                        msg: Some(to_downstream::Msg::Frame(frame.into())),
-                    }))
-                    .await
-                    .map_err(|_| Status::cancelled("the downstream went away"))?;
-                if let Some(end) = batch.wal_end {
-                    self.sent.send_replace(end);
-                }
+                let job = Job {
+                    parts: batch.parts,
+                    wal_end: batch.wal_end,
+                };
+                self.stage.send(job).await?;
             }
-            if batch.timeline_end {
+            if timeline_end {
                 self.next_timeline().await?;
             }
         }
@@ -329,58 +311,6 @@ impl FeedToLink<'_> {
         f(slots.entry(self.slot.clone()).or_default());
     }
 
-    /// Encodes the batch's WAL runs and builds its frame.
-    fn frame(&mut self, parts: Vec<Part>) -> Result<Vec<u8>, Status> {
-        let (mut out, mut digest, mut encoded) = (Vec::new(), Digest::default(), Vec::new());
-        for part in &parts {
-            match part {
-                Part::Wal { header, data } => {
-                    let header = WalHeader {
-                        raw_len: u32::try_from(data.len())
-                            .map_err(|_| Status::internal("a WAL run longer than 4 GiB"))?,
-                        ..*header
-                    };
-                    let start = Lsn(header.start);
-                    timed(&self.metrics.encode_ns, || {
-                        self.encoder.encode(start, data, &mut encoded)
-                    })
-                    .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
-                    Metrics::add(&self.metrics.wal_payload_bytes_out, encoded.len() as u64);
-                    self.codec_stats
-                        .observe(&self.encoder, &self.metrics.ops.codec);
-                    self.state.put_wal(&mut out, &header, &encoded);
-                    digest.wal(&header, data);
-                }
-                Part::Keepalive { end, send_time } => put(
-                    &mut self.state,
-                    &mut out,
-                    &mut digest,
-                    Down::Keepalive {
-                        end: *end,
-                        send_time: *send_time,
-                    },
-                ),
-                Part::Event(Event::Backend { chan, bytes }) => put(
-                    &mut self.state,
-                    &mut out,
-                    &mut digest,
-                    Down::Backend { chan: *chan, bytes },
-                ),
-                Part::Event(Event::Started { chan, synchronous }) => put(
-                    &mut self.state,
-                    &mut out,
-                    &mut digest,
-                    Down::Started {
-                        chan: *chan,
-                        synchronous: *synchronous,
-                    },
-                ),
-            }
-        }
-        frame::finish(&mut out, &digest);
-        Ok(out)
-    }
-
     /// The primary ended the timeline the spool was on: finish the copy, read where the next
     /// timeline starts, send its history down, stream on.
     async fn next_timeline(&mut self) -> Result<(), Status> {
@@ -417,11 +347,15 @@ impl FeedToLink<'_> {
         loop {
             let history = self.conn.timeline_history(next).await.map_err(err)?.content;
             tracing::info!(from = %self.tli, to = %next, at = %at, "the primary is on a new timeline: following it");
-            self.events_now(Down::Timeline {
+            let timeline = Part::Timeline {
                 tli: next.0,
-                history: &history,
-            })
-            .await?;
+                history: history.to_vec(),
+            };
+            let job = Job {
+                parts: vec![timeline],
+                wal_end: None,
+            };
+            self.stage.send(job).await?;
             self.tli = next;
             match primary::start_replication(&mut self.conn, Some(&self.slot), at, next)
                 .await
@@ -433,22 +367,4 @@ impl FeedToLink<'_> {
             }
         }
     }
-
-    /// Sends one item at once in a frame of its own.
-    async fn events_now(&mut self, item: Down<'_>) -> Result<(), Status> {
-        let (mut out, mut digest) = (Vec::new(), Digest::default());
-        put(&mut self.state, &mut out, &mut digest, item);
-        frame::finish(&mut out, &digest);
-        self.tx
-            .send(Ok(ToDownstream {
-                msg: Some(to_downstream::Msg::Frame(out.into())),
-            }))
-            .await
-            .map_err(|_| Status::cancelled("the downstream went away"))
-    }
-}
-
-fn put(state: &mut DownState, out: &mut Vec<u8>, digest: &mut Digest, item: Down<'_>) {
-    state.put(out, &item);
-    item.digest(digest, &[]);
 }

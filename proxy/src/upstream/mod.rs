@@ -22,6 +22,7 @@
 //! unreadable setting counts as listed), so a commit never waits for a batch.
 
 mod accept;
+mod encode;
 mod feed;
 mod from_link;
 mod handshake;
@@ -439,18 +440,20 @@ async fn run_stream(
         synchronous.clone(),
         sent_rx,
     );
+    let framer = encode::Framer {
+        encoder,
+        state: Default::default(),
+        codec_stats: up.metrics.ops.codec.session(),
+        metrics: up.metrics.clone(),
+    };
     let mut to_link = FeedToLink {
         conn,
-        tx,
+        stage: encode::EncodeStage::spawn(framer, tx, sent)?,
         events,
-        encoder,
         metrics: &up.metrics,
         window: Duration::from_millis(up.link.batch_window_ms),
         synchronous: &synchronous,
         durable,
-        sent,
-        codec_stats: up.metrics.ops.codec.session(),
-        state: Default::default(),
         slot: agreed.slot.clone(),
         tli: welcome
             .switches

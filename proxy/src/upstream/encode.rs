@@ -1,0 +1,199 @@
+//! The encode stage: the feed's batches become link frames on a thread of the stream's own.
+//!
+//! The feed ([`super::feed`]) reads the primary and gathers batches on the runtime; encoding a
+//! batch's WAL is CPU work of up to milliseconds per 256 kB, which on the runtime would stop
+//! the feed from reading the primary meanwhile and hold a worker thread other sessions need.
+//! So each stream has one `walrelay-encode` thread that owns the WAL encoder and the frame
+//! state: the feed hands it batches over a channel of [`QUEUE`] batches (bounded memory:
+//! at most `QUEUE + 1` batches of [`super::feed::BATCH_MAX`] bytes wait or are being encoded),
+//! the thread frames them in the order they came and sends the frames to the link stream,
+//! then tells the standbys' entries how far the WAL sent down reaches. Reading the primary,
+//! TLS and HTTP/2 run on the runtime while the thread encodes: two cores at work per stream
+//! when the primary writes faster than one encodes.
+//!
+//! Order is the channel's: everything that goes down the stream (WAL, keepalives, command
+//! results, timeline switches) passes through the stage. When the link cannot take frames,
+//! the thread blocks on the stream's queue, the batch channel fills and the feed stops
+//! reading from the primary, as before. The thread ends when the feed drops its side (the
+//! stream ended), when the link stream is gone, or on an encoding error, which the feed
+//! then reports as the stream's end.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+
+use walrelay_proto::frame::{self, Digest, Down, DownState, WalHeader};
+use walrelay_proto::link::{to_downstream, ToDownstream};
+use walrelay_wal::linkcodec::WalEncoder;
+use walrelay_wal::lsn::Lsn;
+
+use super::feed::Event;
+use crate::metrics::{timed, Metrics};
+use crate::monitor::codec_totals::SessionCodecStats;
+
+/// Batches waiting for the encode thread.
+pub const QUEUE: usize = 2;
+
+/// One run of contiguous WAL, or another item, waiting to be framed.
+pub enum Part {
+    Wal {
+        header: WalHeader,
+        data: BytesMut,
+    },
+    Keepalive {
+        end: u64,
+        send_time: i64,
+    },
+    Event(Event),
+    /// The primary moved to timeline `tli`, whose history file this is.
+    Timeline {
+        tli: u32,
+        history: Vec<u8>,
+    },
+}
+
+/// One frame's worth of items; `wal_end`: where its WAL ends, if it has any.
+pub struct Job {
+    pub parts: Vec<Part>,
+    pub wal_end: Option<Lsn>,
+}
+
+/// What the thread owns: the encoder and the frame state, in stream order.
+pub struct Framer {
+    pub encoder: WalEncoder,
+    pub state: DownState,
+    pub codec_stats: SessionCodecStats,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The feed's handle on its encode thread.
+pub struct EncodeStage {
+    jobs: mpsc::Sender<Job>,
+    /// Why the thread stopped, if it failed.
+    failed: Arc<Mutex<Option<Status>>>,
+}
+
+impl EncodeStage {
+    /// Starts the thread. Frames go to `tx`; `sent` learns where the WAL sent down ends.
+    pub fn spawn(
+        framer: Framer,
+        tx: mpsc::Sender<Result<ToDownstream, Status>>,
+        sent: watch::Sender<Lsn>,
+    ) -> Result<EncodeStage, Status> {
+        let (jobs, rx) = mpsc::channel(QUEUE);
+        let failed = Arc::new(Mutex::new(None));
+        let thread = EncodeThread {
+            framer,
+            jobs: rx,
+            tx,
+            sent,
+            failed: failed.clone(),
+        };
+        std::thread::Builder::new()
+            .name("walrelay-encode".into())
+            .spawn(move || thread.run())
+            .map_err(|e| {
+                Status::internal(format!("cannot start the stream's encode thread: {e}"))
+            })?;
+        Ok(EncodeStage { jobs, failed })
+    }
+
+    /// Hands a batch to the thread, waiting while [`QUEUE`] batches wait already.
+    pub async fn send(&self, job: Job) -> Result<(), Status> {
+        if self.jobs.send(job).await.is_ok() {
+            return Ok(());
+        }
+        let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Err(failed.unwrap_or_else(|| Status::cancelled("the downstream went away")))
+    }
+}
+
+struct EncodeThread {
+    framer: Framer,
+    jobs: mpsc::Receiver<Job>,
+    tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    sent: watch::Sender<Lsn>,
+    failed: Arc<Mutex<Option<Status>>>,
+}
+
+impl EncodeThread {
+    fn run(mut self) {
+        while let Some(job) = self.jobs.blocking_recv() {
+            let frame = match self.framer.frame(&job.parts) {
+                Ok(f) => f,
+                Err(status) => {
+                    *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+                    return;
+                }
+            };
+            Metrics::add(&self.framer.metrics.link_messages_out, 1);
+            let msg = ToDownstream {
+                msg: Some(to_downstream::Msg::Frame(frame.into())),
+            };
+            if self.tx.blocking_send(Ok(msg)).is_err() {
+                return;
+            }
+            if let Some(end) = job.wal_end {
+                self.sent.send_replace(end);
+            }
+        }
+    }
+}
+
+impl Framer {
+    /// Encodes the parts' WAL runs and builds their frame.
+    pub fn frame(&mut self, parts: &[Part]) -> Result<Vec<u8>, Status> {
+        let (mut out, mut digest, mut encoded) = (Vec::new(), Digest::default(), Vec::new());
+        for part in parts {
+            let item = match part {
+                Part::Wal { header, data } => {
+                    self.wal(header, data, &mut encoded, &mut out, &mut digest)?;
+                    continue;
+                }
+                Part::Keepalive { end, send_time } => Down::Keepalive {
+                    end: *end,
+                    send_time: *send_time,
+                },
+                Part::Event(Event::Backend { chan, bytes }) => Down::Backend { chan: *chan, bytes },
+                Part::Event(Event::Started { chan, synchronous }) => Down::Started {
+                    chan: *chan,
+                    synchronous: *synchronous,
+                },
+                Part::Timeline { tli, history } => Down::Timeline { tli: *tli, history },
+            };
+            self.state.put(&mut out, &item);
+            item.digest(&mut digest, &[]);
+        }
+        frame::finish(&mut out, &digest);
+        Ok(out)
+    }
+
+    /// One WAL run: encoded, counted, put in the frame.
+    fn wal(
+        &mut self,
+        header: &WalHeader,
+        data: &[u8],
+        encoded: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+        digest: &mut Digest,
+    ) -> Result<(), Status> {
+        let header = WalHeader {
+            raw_len: u32::try_from(data.len())
+                .map_err(|_| Status::internal("a WAL run longer than 4 GiB"))?,
+            ..*header
+        };
+        let start = Lsn(header.start);
+        let metrics = &*self.metrics;
+        timed(&metrics.encode_ns, || {
+            self.encoder.encode(start, data, encoded)
+        })
+        .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+        Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
+        self.codec_stats.observe(&self.encoder, &metrics.ops.codec);
+        self.state.put_wal(out, &header, encoded);
+        digest.wal(&header, data);
+        Ok(())
+    }
+}
