@@ -10,17 +10,18 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
-use walrelay_proto::frame::{self, Digest, Down, DownState, Up, UpState};
+use walrelay_proto::frame::{self, Digest, Up, UpState};
 use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, ToDownstream, ToUpstream, Welcome};
 use walrelay_wal::linkcodec::{CodecKind, WalDecoder};
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 
+use super::decode::{self, DecodeStage, Failure, Item};
 use super::handshake;
 use super::writer::Op;
 use super::{lock, ChanEvent, Out, Spooler};
 use crate::link;
-use crate::metrics::{timed, Metrics};
+use crate::metrics::Metrics;
 
 /// Why a stream ended.
 #[derive(Debug)]
@@ -128,7 +129,7 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
         ))) => (i, w),
         Ok(Ok(_)) => return other("the upstream did not answer with Welcome"),
     };
-    let mut rx = match Receiver::new(sp, &welcome, empty) {
+    let (mut rx, stage) = match Receiver::new(sp, &welcome, empty) {
         Ok(r) => r,
         Err(e) => return e,
     };
@@ -137,24 +138,38 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     sp.set_welcome(Some(Arc::new(welcome)));
     sp.set_error(None);
     reopen_channels(sp);
-    let recv = async {
+    let DecodeStage {
+        frames,
+        mut verified,
+    } = stage;
+    // Frames in to the decode stage as they arrive; when the stream ends, what the stage
+    // already verified is still applied (it was received whole), then the stream's end counts.
+    let recv = async move {
         loop {
-            match inbound.next().await {
+            let f = match inbound.next().await {
                 None => return other("the upstream closed the stream"),
                 Some(Err(s)) => return other(s.message()),
                 Some(Ok(ToDownstream {
                     msg: Some(to_downstream::Msg::Frame(f)),
-                })) => {
-                    if let Err(e) = rx.frame(sp, &f).await {
-                        return e;
-                    }
-                }
+                })) => f,
                 Some(Ok(_)) => return other("unexpected message from the upstream"),
+            };
+            if frames.send(f).await.is_err() {
+                return other("the decode stage stopped");
             }
         }
     };
+    let pipeline = async {
+        let apply = rx.apply_all(sp, &mut verified);
+        tokio::pin!(recv, apply);
+        tokio::select! {
+            failed = &mut apply => failed.unwrap_or_else(|| other("the decode stage stopped")),
+            // The stage's input is closed with `recv`: it drains, then its output closes.
+            received = &mut recv => apply.await.unwrap_or(received),
+        }
+    };
     tokio::select! {
-        e = recv => e,
+        e = pipeline => e,
         e = send_loop(sp, ltx) => e,
     }
 }
@@ -189,16 +204,15 @@ fn reopen_channels(sp: &Spooler) {
     sp.wake.notify_one();
 }
 
-/// The upstream → downstream direction: frames restored, verified, spooled, routed.
+/// The upstream → downstream direction: frames restored and verified by the decode stage
+/// ([`decode`]), then spooled and routed here, in order.
 struct Receiver {
-    state: DownState,
-    decoder: WalDecoder,
     tli: TimeLineId,
-    restored: Vec<u8>,
 }
 
 impl Receiver {
-    fn new(sp: &Spooler, w: &Welcome, empty: bool) -> Result<Receiver, Ended> {
+    /// Agrees on the stream's parameters and starts its decode stage.
+    fn new(sp: &Spooler, w: &Welcome, empty: bool) -> Result<(Receiver, DecodeStage), Ended> {
         let agreed = handshake::agree(w, &sp.link_cfg, &sp.limits, empty).map_err(other)?;
         let decoder = WalDecoder::new(&agreed.setup).map_err(|e| {
             other(format!(
@@ -212,94 +226,68 @@ impl Receiver {
                 .send(op)
                 .map_err(|_| other("the spool's writer stopped"))?;
         }
-        Ok(Receiver {
-            state: DownState::default(),
-            decoder,
-            tli,
-            restored: Vec::new(),
-        })
+        let caps = decode::Caps {
+            max_raw: sp.limits.max_message_bytes,
+            max_frame: link::max_link_message(&sp.limits),
+        };
+        let stage = DecodeStage::spawn(decoder, caps, sp.metrics.clone())
+            .map_err(|e| other(format!("cannot start the stream's decode thread: {e}")))?;
+        Ok((Receiver { tli }, stage))
     }
 
-    /// One frame: restored and verified whole, then applied in order.
-    async fn frame(&mut self, sp: &Spooler, frame: &[u8]) -> Result<(), Ended> {
-        let metrics = &*sp.metrics;
-        let max = sp.limits.max_message_bytes;
-        let (items, sum) = self
-            .state
-            .parse(frame, max, link::max_link_message(&sp.limits))
-            .map_err(|e| other(format!("malformed frame from the upstream: {e}")))?;
-        let mut digest = Digest::default();
-        let mut wal: Vec<(Lsn, Vec<u8>)> = Vec::new();
-        for item in &items {
-            if let Down::Wal { header: h, payload } = item {
-                let start = Lsn(h.start);
-                Metrics::add(
-                    &metrics.ops.link_payload_bytes_received,
-                    payload.len() as u64,
-                );
-                timed(&metrics.decode_ns, || {
-                    self.decoder.restore(
-                        start,
-                        payload,
-                        h.raw_len as usize,
-                        max,
-                        &mut self.restored,
-                    )
-                })
-                .map_err(|e| {
-                    Ended::Integrity(format!("WAL from {start} failed to restore: {e}"))
-                })?;
-                item.digest(&mut digest, &self.restored);
-                wal.push((start, std::mem::take(&mut self.restored)));
-            } else {
-                item.digest(&mut digest, &[]);
+    /// Applies verified frames until the stage ends: `None` when it ran out of frames.
+    async fn apply_all(
+        &mut self,
+        sp: &Spooler,
+        verified: &mut mpsc::Receiver<Result<Vec<Item>, Failure>>,
+    ) -> Option<Ended> {
+        while let Some(r) = verified.recv().await {
+            let items = match r {
+                Ok(items) => items,
+                Err(Failure::Integrity(why)) => return Some(Ended::Integrity(why)),
+                Err(Failure::Malformed(why)) => return Some(Ended::Other(why)),
+            };
+            if let Err(e) = self.apply(sp, items).await {
+                return Some(e);
             }
         }
-        if digest.finish() != sum {
-            return Err(Ended::Integrity(
-                "a link message failed verification".into(),
-            ));
-        }
-        let mut wal = wal.into_iter();
+        None
+    }
+
+    /// One verified frame's items, in order.
+    async fn apply(&mut self, sp: &Spooler, items: Vec<Item>) -> Result<(), Ended> {
+        let metrics = &*sp.metrics;
         for item in items {
             match item {
-                Down::Wal { header, .. } => {
-                    sp.saw_primary_end(header.end);
-                    let Some((start, bytes)) = wal.next() else {
-                        continue;
-                    };
+                Item::Wal {
+                    start,
+                    primary_end,
+                    bytes,
+                } => {
+                    sp.saw_primary_end(primary_end);
                     Metrics::add(&metrics.wal_bytes_delivered, bytes.len() as u64);
-                    send_op(
-                        sp,
-                        Op::Append {
-                            tli: self.tli,
-                            start,
-                            bytes,
-                        },
-                    )
-                    .await?;
+                    let tli = self.tli;
+                    send_op(sp, Op::Append { tli, start, bytes }).await?;
                 }
-                Down::Timeline { tli, history } => {
+                Item::Timeline { tli, history } => {
                     self.tli = TimeLineId(tli);
                     send_op(
                         sp,
                         Op::Switch {
                             tli: self.tli,
-                            history: history.to_vec(),
+                            history,
                         },
                     )
                     .await?;
                 }
-                Down::Backend { chan, bytes } => {
-                    route(sp, chan, ChanEvent::Backend(bytes.to_vec()))
-                }
-                Down::Started { chan, synchronous } => {
+                Item::Backend { chan, bytes } => route(sp, chan, ChanEvent::Backend(bytes)),
+                Item::Started { chan, synchronous } => {
                     if let Some(c) = lock(&sp.channels).open.get_mut(&chan) {
                         c.synchronous = synchronous;
                     }
                     route(sp, chan, ChanEvent::Started { synchronous });
                 }
-                Down::Keepalive { end, .. } => sp.saw_primary_end(end),
+                Item::Keepalive { end } => sp.saw_primary_end(end),
             }
         }
         Ok(())

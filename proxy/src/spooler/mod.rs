@@ -13,6 +13,7 @@
 //! closes go at once.
 
 mod client;
+mod decode;
 pub mod handshake;
 pub mod writer;
 

@@ -1,0 +1,177 @@
+//! The decode stage: the upstream's frames restored and verified on a thread of the stream's
+//! own, while the runtime receives the next frames and the spool writer writes the last.
+//!
+//! The stream ([`super::client`]) hands each frame as it arrives to the `walrelay-decode`
+//! thread, which owns the frame state and the WAL decoder: it parses the frame, restores
+//! every WAL run, checks the frame's digest over the restored bytes, and only then passes the
+//! frame's items on, owned, in arrival order. Nothing of a frame that fails verification is
+//! passed on: the thread sends the failure instead and stops. Both channels hold [`QUEUE`]
+//! frames, so at most `2 × QUEUE + 1` frames (each within `limits.max_message_bytes`) are in
+//! the stage; when the spool writer is slow, the output fills, the thread waits, the input
+//! fills and the stream stops reading from the link (HTTP/2 flow control then holds the
+//! upstream back).
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use walrelay_proto::frame::{Digest, Down, DownState};
+use walrelay_wal::linkcodec::WalDecoder;
+use walrelay_wal::lsn::Lsn;
+
+use std::sync::Arc;
+
+use crate::metrics::{timed, Metrics};
+
+/// Frames waiting for the thread, and verified frames waiting to be applied.
+pub const QUEUE: usize = 2;
+
+/// A verified frame's item, owning its bytes.
+#[derive(Debug)]
+pub enum Item {
+    /// Restored WAL from `start`; `primary_end`: the primary's end of WAL when it was sent.
+    Wal {
+        start: Lsn,
+        primary_end: u64,
+        bytes: Vec<u8>,
+    },
+    Timeline {
+        tli: u32,
+        history: Vec<u8>,
+    },
+    Backend {
+        chan: u32,
+        bytes: Vec<u8>,
+    },
+    Started {
+        chan: u32,
+        synchronous: bool,
+    },
+    Keepalive {
+        end: u64,
+    },
+}
+
+/// Why the stage stopped.
+#[derive(Debug)]
+pub enum Failure {
+    /// WAL failed to restore or the frame failed verification.
+    Integrity(String),
+    /// The frame could not be parsed.
+    Malformed(String),
+}
+
+/// Limits of what a frame may hold (`limits.max_message_bytes` and the link's).
+#[derive(Clone, Copy)]
+pub struct Caps {
+    pub max_raw: usize,
+    pub max_frame: usize,
+}
+
+/// The stream's handle on its decode thread.
+pub struct DecodeStage {
+    pub frames: mpsc::Sender<Bytes>,
+    pub verified: mpsc::Receiver<Result<Vec<Item>, Failure>>,
+}
+
+impl DecodeStage {
+    pub fn spawn(
+        decoder: WalDecoder,
+        caps: Caps,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<DecodeStage> {
+        let (frames, frames_rx) = mpsc::channel(QUEUE);
+        let (verified_tx, verified) = mpsc::channel(QUEUE);
+        let mut thread = DecodeThread {
+            state: DownState::default(),
+            decoder,
+            caps,
+            metrics,
+            restored: Vec::new(),
+        };
+        std::thread::Builder::new()
+            .name("walrelay-decode".into())
+            .spawn(move || thread.run(frames_rx, verified_tx))?;
+        Ok(DecodeStage { frames, verified })
+    }
+}
+
+struct DecodeThread {
+    state: DownState,
+    decoder: WalDecoder,
+    caps: Caps,
+    metrics: Arc<Metrics>,
+    restored: Vec<u8>,
+}
+
+impl DecodeThread {
+    fn run(
+        &mut self,
+        mut frames: mpsc::Receiver<Bytes>,
+        out: mpsc::Sender<Result<Vec<Item>, Failure>>,
+    ) {
+        while let Some(frame) = frames.blocking_recv() {
+            let r = self.frame(&frame);
+            let failed = r.is_err();
+            if out.blocking_send(r).is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    /// One frame: restored and verified whole, or a failure.
+    fn frame(&mut self, frame: &[u8]) -> Result<Vec<Item>, Failure> {
+        let (items, sum) = self
+            .state
+            .parse(frame, self.caps.max_raw, self.caps.max_frame)
+            .map_err(|e| Failure::Malformed(format!("malformed frame from the upstream: {e}")))?;
+        let mut digest = Digest::default();
+        let mut out = Vec::with_capacity(items.len());
+        for item in &items {
+            let owned = match *item {
+                Down::Wal { header: h, payload } => {
+                    let start = Lsn(h.start);
+                    self.restore(start, payload, h.raw_len as usize)?;
+                    item.digest(&mut digest, &self.restored);
+                    out.push(Item::Wal {
+                        start,
+                        primary_end: h.end,
+                        bytes: std::mem::take(&mut self.restored),
+                    });
+                    continue;
+                }
+                Down::Timeline { tli, history } => Item::Timeline {
+                    tli,
+                    history: history.to_vec(),
+                },
+                Down::Backend { chan, bytes } => Item::Backend {
+                    chan,
+                    bytes: bytes.to_vec(),
+                },
+                Down::Started { chan, synchronous } => Item::Started { chan, synchronous },
+                Down::Keepalive { end, .. } => Item::Keepalive { end },
+            };
+            item.digest(&mut digest, &[]);
+            out.push(owned);
+        }
+        if digest.finish() != sum {
+            return Err(Failure::Integrity(
+                "a link message failed verification".into(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, start: Lsn, payload: &[u8], raw_len: usize) -> Result<(), Failure> {
+        let metrics = &*self.metrics;
+        Metrics::add(
+            &metrics.ops.link_payload_bytes_received,
+            payload.len() as u64,
+        );
+        let max = self.caps.max_raw;
+        timed(&metrics.decode_ns, || {
+            self.decoder
+                .restore(start, payload, raw_len, max, &mut self.restored)
+        })
+        .map_err(|e| Failure::Integrity(format!("WAL from {start} failed to restore: {e}")))
+    }
+}
