@@ -15,6 +15,9 @@
 #   FUZZ_RUNS      instead of a time: executions per target (libFuzzer -runs=N), bounded by
 #                  FUZZ_MAX_SECONDS (default 86400) per target
 #   FUZZ_JOBS      targets fuzzed at once (default: number of cores)
+#   FUZZ_PROFILE   cargo profile of the build: dev (default here; shares the test suite's
+#                  compiled dependencies) or fuzz-opt (optimised, with debug assertions and
+#                  overflow checks; scripts/fuzz.sh's default)
 #   FUZZ_TARGETS   space-separated targets (default: all [[bin]] of fuzz/Cargo.toml; arguments
 #                  take precedence)
 #   CARGO_TARGET_DIR  where to build (default: the workspace's target/)
@@ -37,6 +40,11 @@ max_seconds="${FUZZ_MAX_SECONDS:-86400}"
 label="${FUZZ_LABEL:-fuzz-smoke}"
 jobs="${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
+profile="${FUZZ_PROFILE:-dev}"
+case "$profile" in
+    dev | fuzz-opt) ;;
+    *) echo "$label: FUZZ_PROFILE must be dev or fuzz-opt, got '$profile'" >&2; exit 2 ;;
+esac
 
 if [[ $# -gt 0 ]]; then
     targets=("$@")
@@ -53,12 +61,13 @@ started=$SECONDS
 # The fuzz project is its own workspace; its lock file starts from the main workspace's so that
 # both resolve the same versions (and share compiled dependencies).
 cp "$root/Cargo.lock" "$fuzz/Cargo.lock"
-echo "$label: building ${#targets[@]} fuzz targets into $target_dir"
+echo "$label: building ${#targets[@]} fuzz targets ($profile profile) into $target_dir"
 bin_args=()
 for t in "${targets[@]}"; do bin_args+=(--bin "$t"); done
-RUSTC_WRAPPER="$fuzz/rustc-sancov.sh" cargo build --quiet \
+RUSTC_WRAPPER="$fuzz/rustc-sancov.sh" cargo build --quiet --profile "$profile" \
     --manifest-path "$fuzz/Cargo.toml" --target-dir "$target_dir" "${bin_args[@]}"
 bindir="$target_dir/debug"
+[[ "$profile" == dev ]] || bindir="$target_dir/$profile"
 echo "$label: built in $((SECONDS - started)) s"
 
 # --- seeds -------------------------------------------------------------------------------

@@ -16,6 +16,10 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export FUZZ_LABEL=fuzz
+# Optimised build with debug assertions and overflow checks (fuzz/Cargo.toml [profile.fuzz-opt]):
+# about 20x the executions of the smoke run's dev build. FUZZ_PROFILE=dev to share the test
+# suite's build instead.
+export FUZZ_PROFILE="${FUZZ_PROFILE:-fuzz-opt}"
 case "${1:-}" in
     -runs=*)
         export FUZZ_RUNS="${1#-runs=}"
