@@ -58,6 +58,8 @@ pub struct BenchOpts {
 
 const CODECS: [&str; 2] = ["wal", "zstd"];
 const APPS: [&str; 2] = ["bench_w", "bench_z"];
+/// application_name of the standby connected to the primary without a relay.
+const DIRECT_APP: &str = "bench_direct";
 /// Catching up, replaying, copying: every wait of a run is bounded by this.
 const LONG_WAIT: Duration = Duration::from_secs(600);
 
@@ -137,6 +139,8 @@ fn installs(majors: &[u32]) -> Result<Vec<PgInstall>> {
 struct Rig {
     pairs: [RelayPair; 2],
     standbys: [Cluster; 2],
+    /// A standby streaming from the primary itself, for the replay lag without a relay.
+    direct: Cluster,
     primary: Cluster,
     root: TempRoot,
 }
@@ -159,6 +163,7 @@ async fn run_one(
     for s in &rig.standbys {
         s.stop().await?;
     }
+    rig.direct.stop().await?;
     for p in &mut rig.pairs {
         p.stop();
     }
@@ -305,9 +310,21 @@ async fn setup(
     for (s, port) in standbys.iter().zip(down_ports) {
         wait_streaming(&primary, s, port).await?;
     }
+    let mut so = StandbyOpts::new(format!(
+        "host=127.0.0.1 port={} user={} password={PRIMARY_PASSWORD} application_name={DIRECT_APP}",
+        primary.port(),
+        pair::USER
+    ));
+    so.application_name = Some(DIRECT_APP.to_string());
+    let direct = primary
+        .basebackup_standby(&root, "standby_direct", &so)
+        .context("pg_basebackup of the direct standby")?;
+    direct.start().await?;
+    wait_streaming(&primary, &direct, primary.port()).await?;
     Ok(Rig {
         pairs,
         standbys,
+        direct,
         primary,
         root,
     })
@@ -353,6 +370,7 @@ async fn measure(
     let sampler = Sampler::connect(
         &rig.primary,
         [&rig.standbys[0], &rig.standbys[1]],
+        &rig.direct,
         Instant::now(),
     )
     .await?;

@@ -58,6 +58,8 @@ pub struct Window {
     /// Pair W (`codec = "wal"`) and pair Z (`codec = "zstd"`).
     pub w: PairWindow,
     pub z: PairWindow,
+    /// Largest replay lag of the standby streaming from the primary directly (no relay).
+    pub direct_max_replay_lag_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,6 +77,9 @@ pub struct PairWindow {
     pub framing_feedback_share: Option<f64>,
     pub upstream_cpu_s_per_gb: f64,
     pub downstream_cpu_s_per_gb: f64,
+    /// CPU seconds per second of the window: the cores each half kept busy.
+    pub upstream_cores: f64,
+    pub downstream_cores: f64,
     pub max_replay_lag_bytes: u64,
     /// How much later than the window's first and last sample the standby had received the
     /// window's start and end (the larger of both), seconds. Above [`LATE_SECS`] the figures
@@ -121,6 +126,8 @@ impl Window {
                 framing_feedback_share: overhead.map(|o| ratio(o, link as f64)),
                 upstream_cpu_s_per_gb: ratio(p.cpu_up_s, gb),
                 downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
+                upstream_cores: ratio(p.cpu_up_s, p.t1 - p.t0),
+                downstream_cores: ratio(p.cpu_down_s, p.t1 - p.t0),
                 max_replay_lag_bytes: p.max_replay_lag,
                 receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
                 raw: p.clone(),
@@ -137,6 +144,7 @@ impl Window {
             zstd19_long_bytes: zstd19,
             w: pair(&cut.pairs[0], codecs[0]),
             z: pair(&cut.pairs[1], codecs[1]),
+            direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
         }
     }
 }
@@ -184,7 +192,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | max replay lag W / Z MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | max replay lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -201,7 +209,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -218,8 +226,11 @@ impl Report {
                 pw.downstream_cpu_s_per_gb,
                 pz.upstream_cpu_s_per_gb,
                 pz.downstream_cpu_s_per_gb,
+                pw.upstream_cores,
+                pw.downstream_cores,
                 mb(pw.max_replay_lag_bytes),
                 mb(pz.max_replay_lag_bytes),
+                mb(w.direct_max_replay_lag_bytes),
             ));
         }
         if late {

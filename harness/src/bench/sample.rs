@@ -23,13 +23,16 @@ pub struct Sample {
     pub primary_lsn: u64,
     pub received: [u64; 2],
     pub replayed: [u64; 2],
+    /// Replay position of the standby connected to the primary directly.
+    pub direct_replayed: u64,
     pub pairs: [PairCounters; 2],
 }
 
-/// Persistent connections to the primary and both standbys.
+/// Persistent connections to the primary, both standbys behind relays and the direct one.
 pub struct Sampler {
     primary: Client,
     standbys: [Client; 2],
+    direct: Client,
     t0: Instant,
 }
 
@@ -53,10 +56,16 @@ async fn lsns(c: &Client, sql: &str) -> Result<Vec<u64>> {
 }
 
 impl Sampler {
-    pub async fn connect(primary: &Cluster, standbys: [&Cluster; 2], t0: Instant) -> Result<Self> {
+    pub async fn connect(
+        primary: &Cluster,
+        standbys: [&Cluster; 2],
+        direct: &Cluster,
+        t0: Instant,
+    ) -> Result<Self> {
         Ok(Sampler {
             primary: primary.connect().await?,
             standbys: [standbys[0].connect().await?, standbys[1].connect().await?],
+            direct: direct.connect().await?,
             t0,
         })
     }
@@ -65,10 +74,11 @@ impl Sampler {
     pub async fn sample(&self, pairs: &[RelayPair; 2], scrape: bool) -> Result<Sample> {
         let standby_sql = "select pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text";
         let take = async {
-            let (p, s0, s1, c0, c1) = tokio::try_join!(
+            let (p, s0, s1, d, c0, c1) = tokio::try_join!(
                 lsns(&self.primary, "select pg_current_wal_lsn()::text"),
                 lsns(&self.standbys[0], standby_sql),
                 lsns(&self.standbys[1], standby_sql),
+                lsns(&self.direct, standby_sql),
                 pairs[0].counters(scrape),
                 pairs[1].counters(false),
             )?;
@@ -77,6 +87,7 @@ impl Sampler {
                 primary_lsn: p[0],
                 received: [s0[0], s1[0]],
                 replayed: [s0[1], s1[1]],
+                direct_replayed: d[1],
                 pairs: [c0, c1],
             })
         };
@@ -111,6 +122,8 @@ pub struct Cut {
     pub lsn_start: u64,
     pub lsn_end: u64,
     pub pairs: [PairCut; 2],
+    /// Largest primary position − direct standby's replay position over the window.
+    pub direct_max_replay_lag: u64,
 }
 
 fn first(samples: &[Sample], pred: impl Fn(&Sample) -> bool) -> Option<usize> {
@@ -157,6 +170,11 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         lsn_start: l0,
         lsn_end: l1,
         pairs: [pair(0)?, pair(1)?],
+        direct_max_replay_lag: samples[i0..=i1]
+            .iter()
+            .map(|s| s.primary_lsn.saturating_sub(s.direct_replayed))
+            .max()
+            .unwrap_or(0),
     })
 }
 
@@ -178,6 +196,7 @@ mod tests {
             primary_lsn: primary,
             received: recv,
             replayed: recv,
+            direct_replayed: primary,
             pairs: [c(bytes[0]), c(bytes[1])],
         }
     }
