@@ -66,7 +66,7 @@ pub struct Encoder {
     /// The context of messages whose streams are small (see [`payload`]), and the
     /// compressed sections of a message.
     combined: CStream,
-    scratch: Vec<u8>,
+    scratch: [Vec<u8>; STREAMS],
     stats: CodecStats,
     rmgr: RmgrTally,
     poisoned: bool,
@@ -124,7 +124,7 @@ impl Encoder {
             xpage: new_page(),
             xref: new_page(),
             combined: CStream::new(p.zstd_level, WINDOW_LOG)?,
-            scratch: Vec::new(),
+            scratch: Default::default(),
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
             poisoned: false,

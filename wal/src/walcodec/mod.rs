@@ -29,6 +29,10 @@
 //!   zstd's long-distance matcher, so content that crossed the link before under another
 //!   identity (a TOAST value written again under new chunk ids) is a reference.
 //!
+//! The sections of a large message (64 kB of input or more) are compressed, and decompressed,
+//! on several threads at once when the machine has more than one core (`payload.rs`): each is
+//! its own zstd context, so the bytes do not depend on it.
+//!
 //! The caches can be saved and restored ([`persist`], pure functions with a digest both ends
 //! can compare); the runtime does not use them yet, so every new session starts cold.
 //!

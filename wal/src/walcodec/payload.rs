@@ -32,6 +32,63 @@ pub const COMBINED: u8 = 0x10 | FORMAT_VERSION;
 /// Messages whose streams' input is below this go combined.
 pub const COMBINED_MAX: usize = 4 * 1024;
 
+/// A separate payload whose sections hold at least this many bytes (input when encoding,
+/// compressed when decoding) has them (de)compressed on several threads at once, when the
+/// machine has more than one core: each section is its own zstd context, so the bytes are the
+/// same either way. Below it, starting threads would cost more than it saves.
+pub const PARALLEL_MIN: usize = 64 * 1024;
+/// ... and only sections of at least this many bytes get a thread of their own.
+const PARALLEL_SECTION_MIN: usize = 8 * 1024;
+
+/// Whether this machine has more than one core (asked once).
+fn multi_core() -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) > 1
+}
+
+/// Runs `f` on every `(index, item)`: the items of at least [`PARALLEL_SECTION_MIN`] by
+/// `size` but the largest on threads of their own when `parallel`, the rest on this thread.
+/// Returns the first error by index.
+fn each_section<T: Send>(
+    items: Vec<(usize, T)>,
+    size: impl Fn(&T) -> usize,
+    parallel: bool,
+    f: impl Fn(usize, T) -> Result<(), WalCodecError> + Sync,
+) -> Result<(), WalCodecError> {
+    if !parallel {
+        return items.into_iter().try_for_each(|(i, t)| f(i, t));
+    }
+    let largest = items.iter().map(|(_, t)| size(t)).max().unwrap_or(0);
+    let (mut here, mut away) = (Vec::new(), Vec::new());
+    let mut kept_largest = false;
+    for (i, t) in items {
+        let n = size(&t);
+        if n < PARALLEL_SECTION_MIN || (n == largest && !kept_largest) {
+            kept_largest |= n == largest;
+            here.push((i, t));
+        } else {
+            away.push((i, t));
+        }
+    }
+    std::thread::scope(|sc| {
+        let f = &f;
+        let spawned: Vec<_> = away
+            .into_iter()
+            .map(|(i, t)| (i, sc.spawn(move || f(i, t))))
+            .collect();
+        let mut results: Vec<(usize, Result<(), WalCodecError>)> =
+            here.into_iter().map(|(i, t)| (i, f(i, t))).collect();
+        for (i, h) in spawned {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(WalCodecError::Corrupt("a section's thread panicked".into()))
+            });
+            results.push((i, r));
+        }
+        results.sort_by_key(|(i, _)| *i);
+        results.into_iter().try_for_each(|(_, r)| r)
+    })
+}
+
 /// The largest number of bytes stream `s` may restore to for a message of `raw_len` bytes.
 pub fn cap(s: usize, raw_len: usize) -> usize {
     match s {
@@ -44,17 +101,19 @@ pub fn cap(s: usize, raw_len: usize) -> usize {
 /// Writes the payload of one message: the streams' gathered bytes (cleared), then `fpi`.
 /// `clens` gets each stream's share of the payload (the combined chunk is shared out by
 /// input bytes), for the counters.
+/// `scratch` holds a buffer per stream for the compressed sections.
 pub fn write(
     streams: &mut [CStream],
     combined: &mut CStream,
     fpi: &[u8],
-    scratch: &mut Vec<u8>,
+    scratch: &mut [Vec<u8>; STREAMS],
     out: &mut Vec<u8>,
     clens: &mut [usize; STREAMS],
 ) -> Result<(), WalCodecError> {
     let ulens: Vec<usize> = streams.iter().map(|s| s.buf.len()).collect();
     let total: usize = ulens.iter().sum();
     if total < COMBINED_MAX {
+        let scratch = &mut scratch[0];
         out.push(COMBINED);
         let buf = &mut combined.buf;
         buf.clear();
@@ -79,16 +138,33 @@ pub fn write(
             present |= u8::from(*u > 0) << s;
         }
         out.push(present);
-        scratch.clear();
-        for (s, stream) in streams.iter_mut().enumerate() {
-            let before = scratch.len();
-            stream.flush_into(scratch)?;
-            clens[s] = scratch.len() - before;
+        let items: Vec<(usize, (&mut CStream, &mut Vec<u8>))> = streams
+            .iter_mut()
+            .zip(scratch.iter_mut())
+            .enumerate()
+            .filter(|(_, (stream, _))| !stream.buf.is_empty())
+            .collect();
+        let parallel = total >= PARALLEL_MIN && multi_core();
+        each_section(
+            items,
+            |(stream, _)| stream.buf.len(),
+            parallel,
+            |_, (stream, section)| {
+                section.clear();
+                stream.flush_into(section)
+            },
+        )?;
+        for (s, section) in scratch.iter().enumerate() {
+            clens[s] = if ulens[s] > 0 { section.len() } else { 0 };
             if ulens[s] > 0 {
                 put_varint(out, clens[s] as u64);
             }
         }
-        out.extend_from_slice(scratch);
+        for (s, section) in scratch.iter().enumerate() {
+            if ulens[s] > 0 {
+                out.extend_from_slice(section);
+            }
+        }
     }
     out.extend_from_slice(fpi);
     Ok(())
@@ -115,8 +191,14 @@ pub fn read<'a>(
                 }
             }
             let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
-            for (s, &clen) in clens.iter().enumerate() {
-                bufs[s].clear();
+            let mut items = Vec::with_capacity(STREAMS);
+            for ((s, (stream, buf)), &clen) in streams
+                .iter_mut()
+                .zip(bufs.iter_mut())
+                .enumerate()
+                .zip(&clens)
+            {
+                buf.clear();
                 if present & (1 << s) == 0 {
                     continue;
                 }
@@ -124,9 +206,17 @@ pub fn read<'a>(
                     corrupt(format!("the {} section is cut short", STREAM_NAMES[s]))
                 })?;
                 rest = &rest[clen..];
-                let (name, cap) = (STREAM_NAMES[s], cap(s, raw_len));
-                streams[s].decode_capped(chunk, cap, &mut bufs[s], name)?;
+                items.push((s, (stream, buf, chunk)));
             }
+            let parallel = clens.iter().sum::<usize>() >= PARALLEL_MIN && multi_core();
+            each_section(
+                items,
+                |(_, _, chunk)| chunk.len(),
+                parallel,
+                |s, (stream, buf, chunk)| {
+                    stream.decode_capped(chunk, cap(s, raw_len), buf, STREAM_NAMES[s])
+                },
+            )?;
             if (present & 0x80 != 0) == rest.is_empty() {
                 return Err(corrupt("page frames present or absent against the header"));
             }
@@ -165,4 +255,56 @@ pub fn read<'a>(
 
 fn corrupt(msg: impl Into<String>) -> WalCodecError {
     WalCodecError::Corrupt(msg.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sections compressed on threads are the bytes one thread makes, and the first error by
+    /// index is the one returned.
+    #[test]
+    fn sections_on_threads_are_the_same_bytes() {
+        let inputs: Vec<Vec<u8>> = (0..5u8)
+            .map(|s| {
+                (0..20_000u32 * u32::from(s + 1))
+                    .map(|i| (i.wrapping_mul(2_654_435_761) >> 27) as u8 ^ s)
+                    .collect()
+            })
+            .collect();
+        let run = |parallel: bool| -> Vec<Vec<u8>> {
+            let mut streams: Vec<CStream> = (0..5).map(|_| CStream::new(3, 22).unwrap()).collect();
+            let mut outs = vec![Vec::new(); 5];
+            for round in 0..2 {
+                for (s, i) in streams.iter_mut().zip(&inputs) {
+                    s.buf.extend_from_slice(&i[round * 100..]);
+                }
+                let items: Vec<_> = streams
+                    .iter_mut()
+                    .zip(outs.iter_mut())
+                    .enumerate()
+                    .collect();
+                each_section(
+                    items,
+                    |(s, _)| s.buf.len(),
+                    parallel,
+                    |_, (s, o)| s.flush_into(o),
+                )
+                .unwrap();
+            }
+            outs
+        };
+        assert_eq!(run(true), run(false));
+        let items: Vec<(usize, usize)> = (0..4).map(|i| (i, 10_000 * i)).collect();
+        let err = each_section(
+            items,
+            |n| *n,
+            true,
+            |i, _| match i {
+                0 => Ok(()),
+                _ => Err(WalCodecError::Corrupt(format!("section {i}"))),
+            },
+        );
+        assert!(matches!(err, Err(WalCodecError::Corrupt(m)) if m == "section 1"));
+    }
 }

@@ -1,0 +1,68 @@
+//! Encodes (and with `decode`, also decodes) a WAL file with the `wal` link codec only, in
+//! 128 kB messages on this thread, for profiling one side without the baselines:
+//!
+//! ```sh
+//! cargo build --release -p walrelay-harness --example codec_profile
+//! perf record -g target/release/examples/codec_profile <file.wal> <start-lsn> <major> [decode]
+//! ```
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::CodecParams;
+
+const MESSAGE: usize = 128 * 1024;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (file, start, major, decode) = match &args[..] {
+        [f, s, m] => (f, s, m, false),
+        [f, s, m, d] if d == "decode" => (f, s, m, true),
+        _ => anyhow::bail!("usage: codec_profile <file.wal> <start-lsn X/Y> <major> [decode]"),
+    };
+    let start: Lsn = start.parse().context("the start LSN, as X/Y")?;
+    let major: u32 = major.parse().context("the PostgreSQL major, e.g. 15")?;
+    let wal = std::fs::read(file).with_context(|| format!("reading {file}"))?;
+    let setup = Setup {
+        kind: CodecKind::Wal,
+        zstd_level: 3,
+        window_log: 23,
+        wal: CodecParams {
+            pg_major: walrelay_wal::pg::PgMajor::from_number(major),
+            block_cache_bytes: 1 << 30,
+            zstd_level: 3,
+            max_message_bytes: MESSAGE,
+        },
+    };
+    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
+    let mut enc = WalEncoder::new(&setup)?;
+    let (mut encoded, mut out) = (Vec::new(), Vec::new());
+    let t = Instant::now();
+    for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
+        enc.encode(at(i), chunk, &mut out)?;
+        encoded.push(out.clone());
+    }
+    let mb = wal.len() as f64 / 1e6;
+    let bytes: usize = encoded.iter().map(Vec::len).sum();
+    println!(
+        "encode {:.0} MB/s, {bytes} B",
+        mb / t.elapsed().as_secs_f64()
+    );
+    if decode {
+        let mut dec = WalDecoder::new(&setup)?;
+        let t = Instant::now();
+        for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
+            dec.decode(
+                at(i),
+                payload,
+                chunk.len(),
+                MESSAGE,
+                checksum(chunk),
+                &mut out,
+            )?;
+        }
+        println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
