@@ -49,6 +49,12 @@ fn main() -> Result<()> {
         "encode {:.0} MB/s, {bytes} B",
         mb / t.elapsed().as_secs_f64()
     );
+    if let Some(st) = enc.wal_stats() {
+        println!(
+            "images: {} recompressed, {} did not reproduce, {} undecodable, {} opaque",
+            st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
+        );
+    }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
         let t = Instant::now();
