@@ -15,7 +15,8 @@ use common::*;
 use walrelay_pgwire::{encode, parse_tagged};
 
 /// psql 18 asking for protocol 3.2 gets NegotiateProtocolVersion (3.0) and works; a startup
-/// packet with an unknown `_pq_.` option gets the option listed back, and the session goes on.
+/// packet with an unknown `_pq_.` option gets the option listed back, and the session goes on;
+/// a `replication` value PostgreSQL refuses is refused with the same FATAL and hint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_3_2_and_unknown_options_are_negotiated() {
     let env = Split::new(SplitOpts::default()).await;
@@ -77,6 +78,23 @@ async fn protocol_3_2_and_unknown_options_are_negotiated() {
         msgs[1].tag, b'R',
         "authentication request after negotiation"
     );
+
+    // A `replication` value PostgreSQL does not accept: the downstream refuses it with the
+    // primary's own words (message and hint), before authentication.
+    let refusal = |port: u16, password: &str| {
+        let conninfo =
+            format!("host=127.0.0.1 port={port} user={STANDBY_USER} replication=Database");
+        let (ok, _, err) = psql_repl(&env.primary, &conninfo, password, "IDENTIFY_SYSTEM");
+        assert!(!ok, "replication=Database was accepted on port {port}");
+        err.split_once("failed: ")
+            .map_or(err.clone(), |(_, e)| e.trim().to_string())
+    };
+    let from_primary = refusal(env.primary.port(), REPL_PASSWORD);
+    assert!(
+        from_primary.starts_with("FATAL:  invalid value for parameter \"replication\""),
+        "{from_primary}"
+    );
+    assert_eq!(refusal(env.down_port, "not-even-asked"), from_primary);
 }
 
 /// `pg_basebackup` through the downstream, as an operator in the far datacenter runs it.

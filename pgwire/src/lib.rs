@@ -33,6 +33,7 @@
 
 pub mod negotiate;
 pub mod replcmd;
+pub mod replparam;
 pub mod results;
 pub mod scan;
 pub mod scram;

@@ -87,14 +87,16 @@ impl Progress {
     }
 }
 
-/// Which session a startup asks for, from its `replication` parameter; None: physical
-/// replication, served from the spool.
-pub(crate) fn mode_of(replication: Option<&str>) -> Option<Mode> {
-    match replication.map(str::to_ascii_lowercase).as_deref() {
-        Some("true" | "on" | "yes" | "1") => None,
-        Some("database") => Some(Mode::Logical),
-        _ => Some(Mode::Sql),
-    }
+/// Which session a startup asks for, from its `replication` parameter; `Ok(None)`: physical
+/// replication, served from the spool. A value PostgreSQL would refuse is refused the same
+/// way (FATAL 22023, before authentication).
+pub(crate) fn mode_of(replication: Option<&str>) -> Result<Option<Mode>, ErrorFields> {
+    use walrelay_pgwire::replparam::{parse_replication, Replication};
+    Ok(match parse_replication(replication)? {
+        Replication::Physical => None,
+        Replication::Database => Some(Mode::Logical),
+        Replication::Off => Some(Mode::Sql),
+    })
 }
 
 /// A session tunnelled whole (logical replication, SQL): authentication succeeded here; the
