@@ -97,33 +97,6 @@ async fn protocol_3_2_and_unknown_options_are_negotiated() {
     assert_eq!(refusal(env.down_port, "not-even-asked"), from_primary);
 }
 
-/// `pg_basebackup` through the downstream, as an operator in the far datacenter runs it.
-fn basebackup_via(env: &Split, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = env
-        .primary
-        .command("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.down_port.to_string(),
-            "-U",
-            STANDBY_USER,
-        ])
-        .arg("-D")
-        .arg(dir)
-        .args(args)
-        .args(["-c", "fast", "--no-sync", "--no-password"])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .env("PGCONNECT_TIMEOUT", "20")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Waits until the downstream's spool holds the primary's WAL up to now (IDENTIFY_SYSTEM
 /// on the downstream answers with the spool's end), so link bytes counted afterwards are
 /// the backup's.
@@ -268,7 +241,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
 
     // -X fetch, plain: the WAL comes inside the backup stream; pg_verifybackup checks it all.
     let fetched = env.root.path().join("fetched");
-    let (ok, err) = basebackup_via(&env, &fetched, &["-X", "fetch"]);
+    let (ok, err) = env.basebackup(&fetched, &["-X", "fetch"]);
     assert!(ok, "pg_basebackup -X fetch through the relay: {err}");
     let out = env
         .primary
@@ -283,7 +256,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     );
     // Tar format with -X stream: base.tar and pg_wal.tar.
     let tar = env.root.path().join("tar");
-    let (ok, err) = basebackup_via(&env, &tar, &["-Ft", "-X", "stream"]);
+    let (ok, err) = env.basebackup(&tar, &["-Ft", "-X", "stream"]);
     assert!(ok, "pg_basebackup -Ft through the relay: {err}");
     for f in ["base.tar", "pg_wal.tar"] {
         assert!(std::fs::metadata(tar.join(f)).unwrap().len() > 0, "{f}");
