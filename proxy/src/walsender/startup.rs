@@ -136,6 +136,7 @@ fn who(
         application_name,
         tunnel,
         database,
+        cancel_key: crate::cancelkeys::new_key(),
     })
 }
 
@@ -212,7 +213,11 @@ async fn read_startup(
                     return Err((None, End::Quiet));
                 }
             }
-            StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
+            StartupPacket::Cancel { pid, key } => {
+                // As PostgreSQL: no answer, the connection closes.
+                super::tunnel::cancel::forward(ds, peer, (pid, key)).await;
+                return Err((None, End::Quiet));
+            }
             StartupPacket::Startup { minor, params } => {
                 return Ok(Started {
                     reader,
