@@ -71,22 +71,15 @@ async fn primary_and_syncing_standby() -> (Split, Cluster) {
     (env, standby)
 }
 
-/// Changes flow to a PG 17 subscriber through the relay on a failover slot, which the standby
-/// behind the relay synchronizes; changes written while the subscription is disabled reach
-/// the standby but not the subscriber. The primary stops, the standby is promoted, the
-/// subscription is pointed at it and enabled, more changes are written there: the subscriber
-/// then has every row exactly once — those it had, those written before the failover that it
-/// had not received (so the synchronized slot was not ahead of the subscriber), and those
-/// written on the promoted standby.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscription_continues_on_the_promoted_standby_from_the_synced_slot() {
-    let (env, standby) = primary_and_syncing_standby().await;
+/// A PG 17 subscriber with a subscription through the downstream on publication `pub` of
+/// table `items`, its slot a failover slot on the primary, the table copy finished.
+async fn subscribe_through_the_relay(env: &Split) -> Cluster {
     let p = &env.primary;
     // No primary key: a change delivered twice would show as a second row.
     p.execute("create table items(id int, v text); create publication pub for table items; grant select on items to replicator").await.unwrap();
     insert(p, 1, 3).await;
-    let pg17 = p.install().clone();
-    let sub = Cluster::init_primary(&pg17, &env.root, "subscriber", &Default::default()).unwrap();
+    let sub =
+        Cluster::init_primary(p.install(), &env.root, "subscriber", &Default::default()).unwrap();
     sub.start().await.unwrap();
     sub.execute("create table items(id int, v text)")
         .await
@@ -100,34 +93,40 @@ async fn a_subscription_continues_on_the_promoted_standby_from_the_synced_slot()
     ))
     .await
     .unwrap();
-    assert_eq!(
-        p.query_one_string(
-            "select failover::text from pg_replication_slots where slot_name = 'sub'"
-        )
-        .await
-        .unwrap(),
-        "true"
-    );
+    let failover = "select failover::text from pg_replication_slots where slot_name = 'sub'";
+    assert_eq!(p.query_one_string(failover).await.unwrap(), "true");
+    let copying = "select count(*)::text from pg_subscription_rel where srsubstate <> 'r'";
     let s = &sub;
     wait_until("the table copy to finish", TIMEOUT, || async move {
-        Ok(s.query_one_string(
-            "select count(*)::text from pg_subscription_rel where srsubstate <> 'r'",
-        )
-        .await?
-            == "0")
+        Ok(s.query_one_string(copying).await? == "0")
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", sub.log_tail(30)));
-    insert(p, 4, 10).await;
-    let all10 = rows(1..=10);
-    wait_until("changes to reach the subscriber", TIMEOUT, || async {
-        Ok(sub.query_one_string(ROWS).await? == all10)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", sub.log_tail(30)));
+    sub
+}
 
-    // The subscriber confirmed everything so far, and the standby's copy of the slot has
-    // caught up with that and is ready for failover.
+/// Waits until `sub` has exactly the rows `want` ([`ROWS`]); on timeout panics with what it
+/// has and the logs of `sub` and `publisher`.
+async fn wait_rows(what: &str, sub: &Cluster, publisher: &Cluster, want: &str) {
+    let r = wait_until(what, TIMEOUT, || async {
+        Ok(sub.query_one_string(ROWS).await? == want)
+    })
+    .await;
+    if let Err(e) = r {
+        let got = sub.query_one_string(ROWS).await.unwrap_or_default();
+        panic!(
+            "{e}\nsubscriber has {got}\nsubscriber log:\n{}\npublisher log:\n{}",
+            sub.log_tail(30),
+            publisher.log_tail(30)
+        );
+    }
+}
+
+/// Waits until the primary's slot `sub` confirmed the primary's WAL up to now and the
+/// standby's synchronized copy of it is ready for failover at that position or later;
+/// returns the confirmed position.
+async fn wait_ready_for_failover(env: &Split, standby: &Cluster) -> u64 {
+    let p = &env.primary;
     let target = env.lsn().await;
     wait_until(
         "the primary's slot to be confirmed",
@@ -137,42 +136,66 @@ async fn a_subscription_continues_on_the_promoted_standby_from_the_synced_slot()
     .await
     .unwrap();
     let confirmed = slot_state(p).await.unwrap().0;
-    let sb = &standby;
     wait_until(
         "the synced slot to be ready for failover",
         TIMEOUT,
         || async move {
             p.execute("select pg_log_standby_snapshot()").await?;
-            let (lsn, ready) = slot_state(sb).await?;
+            let (lsn, ready) = slot_state(standby).await?;
             Ok(ready && lsn >= confirmed)
         },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nstandby log:\n{}", standby.log_tail(30)));
+    confirmed
+}
 
-    // Changes the subscriber has not received when the primary goes: they are in the WAL the
-    // standby replayed, after the synced slot's position.
+/// With the subscription disabled, writes rows 11..=15 on the primary and waits until the
+/// standby replayed them: changes in the WAL after the synced slot's position that the
+/// subscriber has not received. Returns the primary's WAL end.
+async fn changes_the_subscriber_misses(env: &Split, sub: &Cluster, standby: &Cluster) -> u64 {
+    let p = &env.primary;
     sub.execute("alter subscription sub disable").await.unwrap();
-    wait_until("the subscription's walsender to end", TIMEOUT, || async {
-        Ok(p.query_one_string(
-            "select active::text from pg_replication_slots where slot_name = 'sub'",
-        )
-        .await?
-            == "false")
-    })
+    let active = "select active::text from pg_replication_slots where slot_name = 'sub'";
+    wait_until(
+        "the subscription's walsender to end",
+        TIMEOUT,
+        || async move { Ok(p.query_one_string(active).await? == "false") },
+    )
     .await
     .unwrap();
     insert(p, 11, 15).await;
     let end = lsn_of(p, "select pg_current_wal_flush_lsn()::text").await;
+    let replayed = "select pg_last_wal_replay_lsn()::text";
     wait_until(
         "the standby to replay the last changes",
         TIMEOUT,
-        || async move { Ok(lsn_of(sb, "select pg_last_wal_replay_lsn()::text").await >= end) },
+        || async move { Ok(lsn_of(standby, replayed).await >= end) },
     )
     .await
     .unwrap();
+    end
+}
+
+/// Changes flow to a PG 17 subscriber through the relay on a failover slot, which the standby
+/// behind the relay synchronizes; changes written while the subscription is disabled reach
+/// the standby but not the subscriber. The primary stops, the standby is promoted, the
+/// subscription is pointed at it and enabled, more changes are written there: the subscriber
+/// then has every row exactly once — those it had, those written before the failover that it
+/// had not received (so the synchronized slot was not ahead of the subscriber), and those
+/// written on the promoted standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_continues_on_the_promoted_standby_from_the_synced_slot() {
+    let (env, standby) = primary_and_syncing_standby().await;
+    let p = &env.primary;
+    let sub = subscribe_through_the_relay(&env).await;
+    insert(p, 4, 10).await;
+    let all10 = rows(1..=10);
+    wait_rows("changes to reach the subscriber", &sub, p, &all10).await;
+    let confirmed = wait_ready_for_failover(&env, &standby).await;
+    let end = changes_the_subscriber_misses(&env, &sub, &standby).await;
     assert_eq!(sub.query_one_string(ROWS).await.unwrap(), all10);
-    let synced_at = slot_state(sb).await.unwrap().0;
+    let synced_at = slot_state(&standby).await.unwrap().0;
     eprintln!("subscriber confirmed {confirmed:X}; synced slot at {synced_at:X}; WAL end before the failover {end:X}");
     assert!(
         synced_at < end,
@@ -195,25 +218,7 @@ async fn a_subscription_continues_on_the_promoted_standby_from_the_synced_slot()
         .unwrap();
     sub.execute("alter subscription sub enable").await.unwrap();
     let all20 = rows(1..=20);
-    let caught_up = wait_until(
-        "every change at the subscriber after the failover",
-        TIMEOUT,
-        || async { Ok(sub.query_one_string(ROWS).await? == all20) },
-    )
-    .await;
-    if let Err(e) = caught_up {
-        let got = sub.query_one_string(ROWS).await.unwrap_or_default();
-        panic!(
-            "{e}
-subscriber has {got}
-subscriber log:
-{}
-promoted standby log:
-{}",
-            sub.log_tail(30),
-            standby.log_tail(30)
-        );
-    }
+    wait_rows("every change after the failover", &sub, &standby, &all20).await;
     assert_eq!(
         standby.query_one_string(ROWS).await.unwrap(),
         all20,
