@@ -33,7 +33,12 @@ fn send_cancel(port: u16, pid: u32, key: u32) {
 /// no tunnel is dropped and the query runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
-    let env = Split::new(SplitOpts::default()).await;
+    let mport = walrelay_harness::cluster::free_port();
+    let env = Split::new(SplitOpts {
+        downstream_extra: format!("\n[metrics]\nlisten = \"127.0.0.1:{mport}\"\n"),
+        ..Default::default()
+    })
+    .await;
     let conninfo = format!(
         "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres replication=database",
         env.down_port
@@ -106,6 +111,26 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
         .log_text()
         .contains("relayed a tunnelled client's cancel request"));
     assert_eq!(p.query_one_string(running).await.unwrap(), "0");
+    let text = walrelay_harness::prom::http_get(mport, "/metrics", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let samples = common::prom::parse_exposition(&text);
+    let cancels = |result: &str| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == "walrelay_tunnel_cancels_total"
+                    && s.labels.get("result").map(String::as_str) == Some(result)
+            })
+            .map(|s| s.value)
+            .unwrap_or_else(|| {
+                panic!("no walrelay_tunnel_cancels_total{{result={result}}} in:\n{text}")
+            })
+    };
+    assert_eq!(
+        (cancels("relayed"), cancels("no_tunnel"), cancels("failed")),
+        (1.0, 1.0, 0.0)
+    );
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
 }

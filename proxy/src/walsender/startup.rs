@@ -107,7 +107,8 @@ pub(super) async fn accept(
 }
 
 /// Who connects and for what (`tunnel` None: physical replication, served from the spool;
-/// else a tunnel for logical replication or SQL), or the error (SQLSTATE, message) for a startup packet walrelay does not serve.
+/// else a tunnel for logical replication or SQL), or the error (SQLSTATE, message) for a
+/// startup packet walrelay does not serve.
 fn who(
     params: &[(String, String)],
     peer: SocketAddr,

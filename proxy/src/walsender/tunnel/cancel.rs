@@ -14,33 +14,49 @@ use walrelay_proto::link::TunnelCancel;
 
 use super::super::Downstream;
 use crate::cancelkeys::Key;
+use crate::metrics::Metrics;
 
 /// Relays the cancel request `key` from `peer` if it names a live tunnel.
 pub(crate) async fn forward(ds: &Downstream, peer: SocketAddr, key: Key) {
+    let [relayed, no_tunnel, failed] = &ds.metrics.tunnel_cancels;
     if ds.cancels.get(key).is_none() {
+        Metrics::add(no_tunnel, 1);
         info!(%peer, "cancel request that names no live tunnel of this downstream: dropped (sessions served from the spool have nothing to cancel)");
         return;
     }
+    match ask_upstream(ds, key).await {
+        Ok(true) => {
+            Metrics::add(relayed, 1);
+            info!(%peer, "relayed a cancel request to the primary through the upstream")
+        }
+        Ok(false) => {
+            Metrics::add(no_tunnel, 1);
+            info!(%peer, "cancel request dropped: the upstream's end of the tunnel has ended")
+        }
+        Err(why) => {
+            Metrics::add(failed, 1);
+            warn!(%peer, "cannot relay a cancel request: {why}")
+        }
+    }
+}
+
+/// The upstream's `Cancel` call: whether it found the tunnel (and sent the primary a cancel
+/// request), or why it could not be asked.
+async fn ask_upstream(ds: &Downstream, (pid, key): Key) -> Result<bool, String> {
     let Some(channel) = ds.spooler.channel() else {
-        warn!(%peer, "cannot relay a cancel request: the link to the upstream is not set up");
-        return;
+        return Err("the link to the upstream is not set up".into());
     };
     let mut client = LinkClient::new(channel);
     let wait = Duration::from_secs(ds.link_cfg.connect_timeout_secs.max(1) + 10);
-    let (pid, key) = key;
     match tokio::time::timeout(wait, client.cancel(TunnelCancel { pid, key })).await {
-        Ok(Ok(r)) if r.get_ref().found => {
-            info!(%peer, "relayed a cancel request to the primary through the upstream")
-        }
-        Ok(Ok(_)) => {
-            info!(%peer, "cancel request dropped: the upstream's end of the tunnel has ended")
-        }
-        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-            warn!(%peer, "cannot relay a cancel request: the upstream half runs an older walrelay without cancel requests; upgrade it")
-        }
-        Ok(Err(s)) => warn!(%peer, "cannot relay a cancel request: {}", s.message()),
-        Err(_) => {
-            warn!(%peer, "cannot relay a cancel request: the upstream at {} did not answer in time; check the link", ds.cfg.upstream)
-        }
+        Ok(Ok(r)) => Ok(r.get_ref().found),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Err(
+            "the upstream half runs an older walrelay without cancel requests; upgrade it".into(),
+        ),
+        Ok(Err(s)) => Err(s.message().to_string()),
+        Err(_) => Err(format!(
+            "the upstream at {} did not answer in time; check the link",
+            ds.cfg.upstream
+        )),
     }
 }
