@@ -65,6 +65,26 @@ pub fn parse_bool(value: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any value is read or refused, never a panic; a boolean is a short ASCII word read
+        /// the same in any case, and a refusal quotes the value.
+        #[test]
+        fn any_value_is_read_or_refused(v in "\\PC{0,8}|[tTfFyYnNoO01][a-zA-Z]{0,5}") {
+            match parse_replication(Some(&v)) {
+                Ok(Replication::Database) => prop_assert_eq!(v.as_str(), "database"),
+                Ok(_) => {
+                    prop_assert!(v.is_ascii() && (1..=5).contains(&v.len()));
+                    prop_assert_eq!(parse_bool(&v), parse_bool(&v.to_ascii_uppercase()));
+                }
+                Err(e) => {
+                    let quoted = format!("\"{}\"", v);
+                    prop_assert!(e.message.contains(&quoted), "{}", e.message);
+                }
+            }
+        }
+    }
 
     #[test]
     fn booleans_as_postgresql_reads_them() {
