@@ -15,7 +15,8 @@ use common::*;
 use walrelay_pgwire::{encode, parse_tagged};
 
 /// psql 18 asking for protocol 3.2 gets NegotiateProtocolVersion (3.0) and works; a startup
-/// packet with an unknown `_pq_.` option gets the option listed back, and the session goes on.
+/// packet with an unknown `_pq_.` option gets the option listed back, and the session goes on;
+/// a `replication` value PostgreSQL refuses is refused with the same FATAL and hint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_3_2_and_unknown_options_are_negotiated() {
     let env = Split::new(SplitOpts::default()).await;
@@ -77,33 +78,23 @@ async fn protocol_3_2_and_unknown_options_are_negotiated() {
         msgs[1].tag, b'R',
         "authentication request after negotiation"
     );
-}
 
-/// `pg_basebackup` through the downstream, as an operator in the far datacenter runs it.
-fn basebackup_via(env: &Split, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let out = env
-        .primary
-        .command("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.down_port.to_string(),
-            "-U",
-            STANDBY_USER,
-        ])
-        .arg("-D")
-        .arg(dir)
-        .args(args)
-        .args(["-c", "fast", "--no-sync", "--no-password"])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .env("PGCONNECT_TIMEOUT", "20")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    // A `replication` value PostgreSQL does not accept: the downstream refuses it with the
+    // primary's own words (message and hint), before authentication.
+    let refusal = |port: u16, password: &str| {
+        let conninfo =
+            format!("host=127.0.0.1 port={port} user={STANDBY_USER} replication=Database");
+        let (ok, _, err) = psql_repl(&env.primary, &conninfo, password, "IDENTIFY_SYSTEM");
+        assert!(!ok, "replication=Database was accepted on port {port}");
+        err.split_once("failed: ")
+            .map_or(err.clone(), |(_, e)| e.trim().to_string())
+    };
+    let from_primary = refusal(env.primary.port(), REPL_PASSWORD);
+    assert!(
+        from_primary.starts_with("FATAL:  invalid value for parameter \"replication\""),
+        "{from_primary}"
+    );
+    assert_eq!(refusal(env.down_port, "not-even-asked"), from_primary);
 }
 
 /// Waits until the downstream's spool holds the primary's WAL up to now (IDENTIFY_SYSTEM
@@ -250,7 +241,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
 
     // -X fetch, plain: the WAL comes inside the backup stream; pg_verifybackup checks it all.
     let fetched = env.root.path().join("fetched");
-    let (ok, err) = basebackup_via(&env, &fetched, &["-X", "fetch"]);
+    let (ok, err) = env.basebackup(&fetched, &["-X", "fetch"]);
     assert!(ok, "pg_basebackup -X fetch through the relay: {err}");
     let out = env
         .primary
@@ -265,7 +256,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     );
     // Tar format with -X stream: base.tar and pg_wal.tar.
     let tar = env.root.path().join("tar");
-    let (ok, err) = basebackup_via(&env, &tar, &["-Ft", "-X", "stream"]);
+    let (ok, err) = env.basebackup(&tar, &["-Ft", "-X", "stream"]);
     assert!(ok, "pg_basebackup -Ft through the relay: {err}");
     for f in ["base.tar", "pg_wal.tar"] {
         assert!(std::fs::metadata(tar.join(f)).unwrap().len() > 0, "{f}");

@@ -33,6 +33,7 @@
 
 pub mod negotiate;
 pub mod replcmd;
+pub mod replparam;
 pub mod results;
 pub mod scan;
 pub mod scram;
@@ -548,6 +549,13 @@ pub mod encode {
     pub fn ssl_request(out: &mut BytesMut) {
         out.put_u32(8);
         out.put_u32(SSL_REQUEST);
+    }
+    /// A CancelRequest for the backend whose BackendKeyData was (`pid`, `key`).
+    pub fn cancel_request(out: &mut BytesMut, pid: u32, key: u32) {
+        out.put_u32(16);
+        out.put_u32(CANCEL_REQUEST);
+        out.put_u32(pid);
+        out.put_u32(key);
     }
 }
 

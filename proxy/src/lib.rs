@@ -27,6 +27,7 @@
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
 //!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
 //! - [`gate`]: the standby listener's pre-authentication budget (in all and per address).
+//! - [`cancelkeys`]: the BackendKeyData of live tunnels, for relaying cancel requests.
 //!
 //! The other crates of the workspace:
 //!
@@ -39,6 +40,7 @@
 //!   `main.rs` uses it, never this library).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod cancelkeys;
 pub mod config;
 pub mod conninfo;
 pub mod gate;

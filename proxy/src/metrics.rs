@@ -33,6 +33,9 @@ pub struct Metrics {
     pub tunnel_bytes_to_primary: [AtomicU64; 2],
     /// Client messages the downstream's tunnel allowlist refused.
     pub tunnel_refused: AtomicU64,
+    /// Cancel requests at the downstream, by outcome: [relayed to the primary, naming no
+    /// live tunnel, failed on the way (link, upstream, primary)].
+    pub tunnel_cancels: [AtomicU64; 3],
     /// Standby status updates whose positions went beyond the WAL sent, lowered to it.
     pub positions_clamped: AtomicU64,
     /// Connections refused or cut before a session, by reason (see [`Refusals`]).

@@ -119,6 +119,8 @@ pub struct PrimaryConn {
     pub max_message_bytes: usize,
     /// The host this connection went to.
     pub server: Server,
+    /// The primary backend's BackendKeyData (pid, key), for [`cancel`].
+    pub backend_key: Option<(u32, u32)>,
 }
 
 /// Tries the hosts of `ci` in order: connects, negotiates TLS, authenticates, waits for
@@ -253,7 +255,7 @@ async fn connect_inner(
     encode::startup(&mut out, &params);
     writer.write_all(&out).await.map_err(WireError::Io)?;
     authenticate(&mut reader, &mut writer, ci, max).await?;
-    let params = read_until_ready(&mut reader, max).await?;
+    let (params, backend_key) = read_until_ready(&mut reader, max).await?;
     Ok(PrimaryConn {
         reader,
         writer,
@@ -263,15 +265,19 @@ async fn connect_inner(
             index: 0,
             host: host.clone(),
         },
+        backend_key,
     })
 }
 
-/// ParameterStatus messages up to ReadyForQuery after authentication.
+type Greeting = (Vec<(String, String)>, Option<(u32, u32)>);
+
+/// ParameterStatus messages and BackendKeyData up to ReadyForQuery after authentication.
 async fn read_until_ready<R: AsyncRead + Unpin>(
     reader: &mut MsgReader<R>,
     max: usize,
-) -> Result<Vec<(String, String)>, PgClientError> {
+) -> Result<Greeting, PgClientError> {
     let mut params = Vec::new();
+    let mut key = None;
     loop {
         let m = read_msg(reader, max).await?;
         match m.tag {
@@ -281,8 +287,13 @@ async fn read_until_ready<R: AsyncRead + Unpin>(
                     params.push((k, v));
                 }
             }
+            // Protocol 3.0: a 4-byte key (this client asks for no newer protocol).
+            b'K' if m.body.len() == 8 => {
+                let mut b = m.body.clone();
+                key = Some((b.get_u32(), b.get_u32()));
+            }
             b'K' | b'N' => {}
-            b'Z' => return Ok(params),
+            b'Z' => return Ok((params, key)),
             b'E' => return Err(PgClientError::Server(ErrorFields::parse(&m.body)?)),
             t => return Err(PgClientError::Unexpected(t as char, "startup")),
         }
@@ -324,6 +335,29 @@ async fn negotiate_tls(
             "TLS negotiation",
         )),
     }
+}
+
+/// Asks the primary at `host` to cancel what backend `pid` (BackendKeyData `pid`, `key`)
+/// runs, as libpq's PQcancel does: a CancelRequest on a new connection (TLS as `ci.sslmode`
+/// asks), which the server closes without an answer. Bounded by `connect_timeout`.
+pub async fn cancel(
+    ci: &ConnInfo,
+    host: &HostSpec,
+    pid: u32,
+    key: u32,
+) -> Result<(), PgClientError> {
+    let attempt = async {
+        let mut io = open_socket(ci, host).await?;
+        let mut out = BytesMut::new();
+        encode::cancel_request(&mut out, pid, key);
+        io.write_all(&out).await.map_err(WireError::Io)?;
+        let mut sink = [0u8; 64];
+        while matches!(tokio::io::AsyncReadExt::read(&mut io, &mut sink).await, Ok(n) if n > 0) {}
+        Ok(())
+    };
+    tokio::time::timeout(ci.connect_timeout(), attempt)
+        .await
+        .map_err(|_| PgClientError::Timeout(host.to_string()))?
 }
 
 pub(crate) async fn read_msg<R: AsyncRead + Unpin>(

@@ -99,6 +99,34 @@ impl Split {
         self.standbys.len() - 1
     }
 
+    /// `pg_basebackup` (the primary's major) through the downstream into `dir`, as an
+    /// operator in the far datacenter runs it: whether it succeeded, and its stderr.
+    pub fn basebackup(&self, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+        let out = self
+            .primary
+            .command("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.down_port.to_string(),
+                "-U",
+                STANDBY_USER,
+            ])
+            .arg("-D")
+            .arg(dir)
+            .args(args)
+            .args(["-c", "fast", "--no-sync", "--no-password"])
+            .env("PGPASSWORD", STANDBY_PASSWORD)
+            .env("PGCONNECT_TIMEOUT", "20")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Bytes the link carried so far, both directions.
     pub fn link_bytes(&self) -> u64 {
         self.link.bytes_toward_target() + self.link.bytes_from_target()

@@ -1,13 +1,15 @@
 //! One throw-away PostgreSQL instance.
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    as_pg_user, chown_to_pg, free_port, run_async, run_sync, ClusterError, PgInstall, TempRoot,
+    as_pg_user, chown_to_pg, chown_tree_to_pg, free_port, run_async, run_sync, ClusterError,
+    PgInstall, TempRoot,
 };
 
 /// Settings for [`Cluster::init_primary`]. `Default` gives wal_level 'replica', checkpoint_timeout
@@ -215,6 +217,31 @@ host  all         all        127.0.0.1/32  scram-sha-256
         conf.push_str(&conf_line("wal_retrieve_retry_interval", "1s"));
         write_file(&standby.dir.join("postgresql.auto.conf"), &conf, true)?;
         Ok(standby)
+    }
+
+    /// An instance on a data directory that already exists at `<root>/<name>` (a restored
+    /// backup, e.g. the output of `pg_combinebackup`): given to the `postgres` user when root,
+    /// with its own port, socket directory and name appended to `postgresql.auto.conf`. Not
+    /// started; starting it recovers from the backup's WAL.
+    pub fn from_data_dir(
+        install: &PgInstall,
+        root: &TempRoot,
+        name: &str,
+    ) -> Result<Cluster, ClusterError> {
+        let cluster = Cluster::new(install, root, name, None);
+        if !cluster.dir.join("PG_VERSION").is_file() {
+            return Err(ClusterError::Other(format!(
+                "{} is not a PostgreSQL data directory (no PG_VERSION)",
+                cluster.dir.display()
+            )));
+        }
+        chown_tree_to_pg(&cluster.dir)?;
+        std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| ClusterError::io(format!("chmod {}", cluster.dir.display()), e))?;
+        remove_primary_leftovers(&cluster.dir)?;
+        let conf = cluster.common_conf();
+        write_file(&cluster.dir.join("postgresql.auto.conf"), &conf, true)?;
+        Ok(cluster)
     }
 
     fn new(install: &PgInstall, root: &TempRoot, name: &str, port: Option<u16>) -> Cluster {

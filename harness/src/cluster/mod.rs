@@ -207,6 +207,32 @@ pub(crate) fn chown_to_pg(path: &Path) -> Result<(), ClusterError> {
     Ok(())
 }
 
+/// [`chown_to_pg`] for `path` and everything under it (symbolic links themselves, not
+/// what they point to).
+pub(crate) fn chown_tree_to_pg(path: &Path) -> Result<(), ClusterError> {
+    let Some((uid, gid)) = pg_owner()? else {
+        return Ok(());
+    };
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
+            .map_err(|e| ClusterError::io(format!("chown postgres {}", p.display()), e))?;
+        let meta = std::fs::symlink_metadata(&p)
+            .map_err(|e| ClusterError::io(format!("stat {}", p.display()), e))?;
+        if meta.is_dir() {
+            let entries = std::fs::read_dir(&p)
+                .map_err(|e| ClusterError::io(format!("reading {}", p.display()), e))?;
+            for e in entries {
+                todo.push(
+                    e.map_err(|e| ClusterError::io("reading directory entry", e))?
+                        .path(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Short form of a command line for error messages: program file name and arguments.
 pub(crate) fn describe(cmd: &Command) -> String {
     let prog = Path::new(cmd.get_program());

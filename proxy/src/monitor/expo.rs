@@ -196,7 +196,7 @@ fn count(a: &AtomicU64) -> f64 {
     a.load(Relaxed) as f64
 }
 
-/// Tunnels: open now, bytes relayed per direction, messages refused.
+/// Tunnels: open now, bytes relayed per direction, messages refused, cancel requests.
 fn tunnel_families(e: &mut Expo, m: &Metrics) {
     let [up, down] = &m.tunnels_active;
     e.halves(
@@ -225,6 +225,18 @@ fn tunnel_families(e: &mut Expo, m: &Metrics) {
         "Client messages the downstream's tunnel allowlist refused (none reached the primary).",
         count(&m.tunnel_refused),
     );
+    let name = "walrelay_tunnel_cancels_total";
+    e.family(
+        name,
+        "counter",
+        "Cancel requests the downstream received, by outcome: relayed to the primary, naming no live tunnel, failed on the way.",
+    );
+    for (result, c) in ["relayed", "no_tunnel", "failed"]
+        .into_iter()
+        .zip(&m.tunnel_cancels)
+    {
+        e.sample(name, &[("result", result)], count(c));
+    }
 }
 
 /// Build info, WAL in and out, the link's bytes and messages, compression and codec CPU.

@@ -15,7 +15,8 @@
 //!
 //! Tunnels ([`tunnel`]): one `Tunnel` call per client session the downstream does not serve
 //! itself (base backups, logical replication, slot synchronization's SQL), each with its own
-//! connection to the primary.
+//! connection to the primary; a `Cancel` call relays a tunnelled client's cancel request to
+//! that connection's backend.
 //!
 //! Batching: a stream has no window while any of its standbys is one the primary's
 //! `synchronous_standby_names` lists (read on the standby's own connection when it opens; an
@@ -47,7 +48,8 @@ use walrelay_pgwire::syncrep;
 use walrelay_proto::frame::{Dir, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
-    to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, TunnelFrame, Welcome,
+    to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, TunnelCancel,
+    TunnelCancelled, TunnelFrame, Welcome,
 };
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
@@ -55,6 +57,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec;
 
+use crate::cancelkeys::CancelKeys;
 use crate::config::{Limits, LinkConfig, ResolvedUpstream};
 use crate::link;
 use crate::live::{Live, SessionSlots, Slot};
@@ -74,6 +77,8 @@ pub struct Upstream {
     sessions: Arc<SessionSlots>,
     /// The stream and identity tasks, waited for (bounded) at shutdown.
     tasks: TaskTracker,
+    /// Live tunnels by their client's cancel key: the primary backend to cancel.
+    cancels: Arc<CancelKeys<tunnel::CancelTarget>>,
 }
 
 impl Upstream {
@@ -92,6 +97,7 @@ impl Upstream {
             shutdown,
             sessions: SessionSlots::new(),
             tasks: TaskTracker::new(),
+            cancels: CancelKeys::new(),
         })
     }
 
@@ -106,6 +112,7 @@ impl Upstream {
             shutdown: self.shutdown.clone(),
             sessions: self.sessions.clone(),
             tasks: self.tasks.clone(),
+            cancels: self.cancels.clone(),
         })
     }
 }
@@ -203,6 +210,28 @@ impl Link for LinkService {
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(out_rx)))
+    }
+
+    /// A client's cancel request for a tunnel: sent to the primary with the key of the
+    /// tunnel's own backend. Takes no session slot: it is one short connection to the primary,
+    /// and only for a key of a live tunnel.
+    async fn cancel(
+        &self,
+        request: Request<TunnelCancel>,
+    ) -> Result<Response<TunnelCancelled>, Status> {
+        let this = self.0.get();
+        let c = request.into_inner();
+        let Some(t) = this.cancels.get((c.pid, c.key)) else {
+            return Ok(Response::new(TunnelCancelled { found: false }));
+        };
+        pgclient::cancel(&this.cfg.primary, &t.host, t.pid, t.key)
+            .await
+            .map_err(|e| {
+                warn!(primary = %t.host, "cannot relay a cancel request to the primary: {e}");
+                Status::unavailable(format!("cannot send the primary a cancel request: {e}"))
+            })?;
+        info!(primary = %t.host, backend_pid = t.pid, "relayed a tunnelled client's cancel request to the primary");
+        Ok(Response::new(TunnelCancelled { found: true }))
     }
 
     async fn stream(

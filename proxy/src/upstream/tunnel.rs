@@ -22,6 +22,7 @@ use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 
 use super::Upstream;
+use crate::conninfo::HostSpec;
 use crate::metrics::Metrics;
 use crate::pgclient::{self, BoxIo, PgClientError, PrimaryConn};
 
@@ -102,6 +103,14 @@ fn startup(open: &TunnelOpen) -> Result<Vec<(&str, &str)>, Status> {
     Ok(p)
 }
 
+/// Where a cancel request for a tunnel goes: its primary backend.
+#[derive(Debug, Clone)]
+pub struct CancelTarget {
+    pub host: HostSpec,
+    pub pid: u32,
+    pub key: u32,
+}
+
 /// One tunnel: the primary connection and both directions.
 pub struct TunnelSession {
     pub open: TunnelOpen,
@@ -129,6 +138,16 @@ impl TunnelSession {
                 return;
             }
         };
+        // Cancel requests naming the client's key reach this tunnel's backend while it lives.
+        let _cancel = conn.backend_key.and_then(|(pid, key)| {
+            let target = CancelTarget {
+                host: conn.server.host.clone(),
+                pid,
+                key,
+            };
+            up.cancels
+                .register((self.open.cancel_pid, self.open.cancel_key), target)
+        });
         let chunk = read_chunk(up.limits.max_message_bytes, self.open.max_message_bytes);
         let why = self.relay(conn, chunk, &up.metrics).await;
         match &why {
@@ -185,7 +204,8 @@ impl TunnelSession {
         chunk: usize,
         metrics: &Metrics,
     ) -> Result<(), String> {
-        let greeting = self.open.greet.then(|| greeting(&conn.params));
+        let key = (self.open.cancel_pid, self.open.cancel_key);
+        let greeting = self.open.greet.then(|| greeting(&conn.params, key));
         let (mut r, buffered) = conn.reader.into_parts();
         let mut w = conn.writer;
         let first = std::mem::take(&mut self.pending);
@@ -282,13 +302,18 @@ async fn terminate(w: &mut WriteHalf<BoxIo>, mut r: ReadHalf<BoxIo>) {
 }
 
 /// The primary's startup reply for a client that has not been greeted yet: its parameters,
-/// a BackendKeyData (cancel requests are not relayed) and ReadyForQuery.
-fn greeting(params: &[(String, String)]) -> Vec<u8> {
+/// the BackendKeyData the downstream chose for the client (`key`; the cancel requests it
+/// relays name the tunnel by it; made up when it chose none) and ReadyForQuery.
+fn greeting(params: &[(String, String)], key: (u32, u32)) -> Vec<u8> {
     let mut out = BytesMut::new();
     for (k, v) in params {
         encode::parameter_status(&mut out, k, v);
     }
-    encode::backend_key_data(&mut out, rand::random(), rand::random());
+    let (pid, key) = match key {
+        (0, 0) => crate::cancelkeys::new_key(),
+        k => k,
+    };
+    encode::backend_key_data(&mut out, pid, key);
     encode::ready_for_query(&mut out);
     out.to_vec()
 }

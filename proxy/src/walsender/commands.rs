@@ -47,7 +47,9 @@ pub(super) async fn run(
     for (k, v) in &params {
         encode::parameter_status(&mut out, k, v);
     }
-    encode::backend_key_data(&mut out, rand::random(), rand::random());
+    // Its cancel requests reach the primary once the session continues in a tunnel.
+    let (pid, key) = standby.cancel_key;
+    encode::backend_key_data(&mut out, pid, key);
     encode::ready_for_query(&mut out);
     if writer.write_all(&out).await.is_err() {
         return End::Quiet;

@@ -43,6 +43,7 @@ use tracing::{info, warn, Instrument};
 
 use walrelay_pgwire::{encode, ErrorFields};
 
+use crate::cancelkeys::{self, CancelKeys};
 use crate::config::{Limits, LinkConfig, ResolvedDownstream};
 use crate::gate::{Refused, StartupGate};
 use crate::live::{Live, SessionSlots};
@@ -63,6 +64,8 @@ pub struct Downstream {
     sessions: Arc<SessionSlots>,
     /// Connections in startup and authentication (they hold no session slot yet).
     startups: Arc<StartupGate>,
+    /// Cancel keys of the live tunnels (cancel requests for others are dropped).
+    cancels: Arc<CancelKeys<()>>,
 }
 
 impl Downstream {
@@ -97,6 +100,7 @@ impl Downstream {
             tls,
             sessions: SessionSlots::new(),
             startups: StartupGate::new(),
+            cancels: CancelKeys::new(),
         }))
     }
 
@@ -120,6 +124,7 @@ impl Downstream {
             tls: self.tls.clone(),
             sessions: self.sessions.clone(),
             startups: self.startups.clone(),
+            cancels: self.cancels.clone(),
         })
     }
 }
@@ -281,6 +286,9 @@ pub(crate) struct Standby {
     pub tunnel: Option<tunnel::Mode>,
     /// The `database` of the startup packet (its user's name when absent).
     pub database: String,
+    /// The BackendKeyData the client is given (by the downstream's startup reply, or for a
+    /// session tunnelled whole by the upstream's), which its cancel requests name.
+    pub cancel_key: cancelkeys::Key,
 }
 
 pub(crate) type Reader = MsgReader<tokio::io::ReadHalf<BoxIo>>;

@@ -62,6 +62,15 @@ pub(super) async fn accept(
     #[allow(clippy::result_large_err)]
     let fail = |w, code: &str, msg: String| Err((Some(w), End::fatal(code, msg)));
 
+    // As PostgreSQL: a `replication` value it does not accept ends the connection before
+    // protocol negotiation and authentication.
+    let tunnel = match super::tunnel::mode_of(StartupPacket::param(&params, "replication")) {
+        Ok(t) => t,
+        Err(e) => {
+            warn!(%peer, "refused a startup packet: {}", e.message);
+            return Err((Some(writer), End::Fatal(e)));
+        }
+    };
     // Protocol 3.x with x > 0 or _pq_ options: answer with what we speak (3.0, no options).
     if let Some(n) = negotiate(minor, &params) {
         let mut out = BytesMut::new();
@@ -74,7 +83,7 @@ pub(super) async fn accept(
         .into_iter()
         .filter(|(k, _)| !is_protocol_option(k))
         .collect();
-    let standby = match who(&params, peer) {
+    let standby = match who(&params, peer, tunnel) {
         Ok(s) => s,
         Err((code, msg)) => return fail(writer, code, msg),
     };
@@ -97,9 +106,14 @@ pub(super) async fn accept(
     Ok((reader, writer, standby))
 }
 
-/// Who connects and for what (physical replication, or a tunnel: logical replication or SQL),
-/// or the error (SQLSTATE, message) for a startup packet walrelay does not serve.
-fn who(params: &[(String, String)], peer: SocketAddr) -> Result<Standby, (&'static str, String)> {
+/// Who connects and for what (`tunnel` None: physical replication, served from the spool;
+/// else a tunnel for logical replication or SQL), or the error (SQLSTATE, message) for a
+/// startup packet walrelay does not serve.
+fn who(
+    params: &[(String, String)],
+    peer: SocketAddr,
+    tunnel: Option<super::tunnel::Mode>,
+) -> Result<Standby, (&'static str, String)> {
     let get = |k| StartupPacket::param(params, k);
     let user = get("user").unwrap_or_default().to_string();
     if user.is_empty() {
@@ -108,8 +122,6 @@ fn who(params: &[(String, String)], peer: SocketAddr) -> Result<Standby, (&'stat
             "no PostgreSQL user name specified in startup packet".into(),
         ));
     }
-    // Physical replication is served from the spool; anything else goes through a tunnel.
-    let tunnel = super::tunnel::mode_of(get("replication"));
     let database = get("database")
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)
@@ -125,6 +137,7 @@ fn who(params: &[(String, String)], peer: SocketAddr) -> Result<Standby, (&'stat
         application_name,
         tunnel,
         database,
+        cancel_key: crate::cancelkeys::new_key(),
     })
 }
 
@@ -201,7 +214,11 @@ async fn read_startup(
                     return Err((None, End::Quiet));
                 }
             }
-            StartupPacket::Cancel { .. } => return Err((None, End::Quiet)),
+            StartupPacket::Cancel { pid, key } => {
+                // As PostgreSQL: no answer, the connection closes.
+                super::tunnel::cancel::forward(ds, peer, (pid, key)).await;
+                return Err((None, End::Quiet));
+            }
             StartupPacket::Startup { minor, params } => {
                 return Ok(Started {
                     reader,

@@ -10,10 +10,13 @@
 //! The downstream authenticates the client itself; the upstream's connection uses the
 //! upstream's own credentials. Every client message passes [`policy`] first: what it refuses
 //! is answered here (after the primary's answers to everything sent before it) and never
-//! reaches the primary. Memory is bounded per tunnel: one client message or one link frame at
+//! reaches the primary. The client's BackendKeyData names its tunnel while it lives: cancel
+//! requests with it are relayed to the tunnel's backend on the primary ([`cancel`]). Memory
+//! is bounded per tunnel: one client message or one link frame at
 //! a time, and the link's HTTP/2 flow control holds the upstream back while the client reads
 //! slowly.
 
+pub mod cancel;
 pub mod policy;
 pub mod sql;
 
@@ -87,14 +90,16 @@ impl Progress {
     }
 }
 
-/// Which session a startup asks for, from its `replication` parameter; None: physical
-/// replication, served from the spool.
-pub(crate) fn mode_of(replication: Option<&str>) -> Option<Mode> {
-    match replication.map(str::to_ascii_lowercase).as_deref() {
-        Some("true" | "on" | "yes" | "1") => None,
-        Some("database") => Some(Mode::Logical),
-        _ => Some(Mode::Sql),
-    }
+/// Which session a startup asks for, from its `replication` parameter; `Ok(None)`: physical
+/// replication, served from the spool. A value PostgreSQL would refuse is refused the same
+/// way (FATAL 22023, before authentication).
+pub(crate) fn mode_of(replication: Option<&str>) -> Result<Option<Mode>, ErrorFields> {
+    use walrelay_pgwire::replparam::{parse_replication, Replication};
+    Ok(match parse_replication(replication)? {
+        Replication::Physical => None,
+        Replication::Database => Some(Mode::Logical),
+        Replication::Off => Some(Mode::Sql),
+    })
 }
 
 /// A session tunnelled whole (logical replication, SQL): authentication succeeded here; the
@@ -212,6 +217,8 @@ impl<'a> TunnelSession<'a> {
             zstd_level: self.ds.link_cfg.zstd_level,
             zstd_window_log: self.ds.link_cfg.zstd_window_log,
             max_message_bytes: self.ds.limits.max_message_bytes as u64,
+            cancel_pid: standby.cancel_key.0,
+            cancel_key: standby.cancel_key.1,
         }
     }
 
@@ -220,6 +227,11 @@ impl<'a> TunnelSession<'a> {
     pub async fn run(mut self, open: TunnelOpen, first: Option<RawMsg>) -> End {
         let metrics = self.ds.metrics.clone();
         let _gauge = GaugeGuard::inc(&metrics.tunnels_active[1]);
+        // The client's cancel requests are relayed while the tunnel lives.
+        let _cancel = self
+            .ds
+            .cancels
+            .register((open.cancel_pid, open.cancel_key), ());
         let Some(channel) = self.ds.spooler.channel() else {
             return End::fatal("08006", "walrelay: the link to the upstream is not set up");
         };
