@@ -5,6 +5,8 @@
 //! cargo build --release -p walrelay-harness --example codec_profile
 //! perf record -g target/release/examples/codec_profile <file.wal> <start-lsn> <major> [decode]
 //! ```
+//!
+//! `WALRELAY_ZSTD_LEVEL` sets the codec's zstd level (`link.zstd_level`, default 3).
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -24,6 +26,10 @@ fn main() -> Result<()> {
     let start: Lsn = start.parse().context("the start LSN, as X/Y")?;
     let major: u32 = major.parse().context("the PostgreSQL major, e.g. 15")?;
     let wal = std::fs::read(file).with_context(|| format!("reading {file}"))?;
+    let level: i32 = match std::env::var("WALRELAY_ZSTD_LEVEL") {
+        Ok(l) => l.parse().context("WALRELAY_ZSTD_LEVEL")?,
+        Err(_) => 3,
+    };
     let setup = Setup {
         kind: CodecKind::Wal,
         zstd_level: 3,
@@ -31,7 +37,7 @@ fn main() -> Result<()> {
         wal: CodecParams {
             pg_major: walrelay_wal::pg::PgMajor::from_number(major),
             block_cache_bytes: 1 << 30,
-            zstd_level: 3,
+            zstd_level: level,
             max_message_bytes: MESSAGE,
         },
     };
