@@ -1,7 +1,8 @@
 //! The link listener's accept loop, in front of tonic: each connection gets a place in the
 //! pre-authentication budget (`limits.max_startups`, and `limits.max_startups_per_address`
 //! per source address) and `limits.startup_timeout_secs` to complete its TLS handshake (mutual
-//! TLS when `link.tls_ca` is set); only then is it handed to the gRPC server. Connections
+//! TLS when `link.tls_ca` is set) or, on a `link.plaintext` link, to send HTTP/2's client
+//! preface; only then is it handed to the gRPC server. Connections
 //! refused, timed out or failing TLS are logged with the peer's address and the reason, and
 //! counted in `walrelay_link_handshake_failures_total{reason}`.
 
@@ -12,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
@@ -82,16 +83,35 @@ async fn accept_loop(
             }
         };
         let _ = sock.set_nodelay(true);
-        let io = CountingIo::new(sock, up.metrics.clone());
-        let Some(acceptor) = tls.clone() else {
-            drop(pass);
-            if tx.send(Ok(LinkIo::Plain(io))).await.is_err() {
-                return;
-            }
-            continue;
-        };
         let tx = tx.clone();
         let deadline = Duration::from_secs(l.startup_timeout_secs);
+        let Some(acceptor) = tls.clone() else {
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(deadline, preface(&sock)).await;
+                drop(pass);
+                match r {
+                    Ok(Ok(true)) => {
+                        let io = CountingIo::new(sock, up.metrics.clone());
+                        let _ = tx.send(Ok(LinkIo::Plain(io))).await;
+                    }
+                    Ok(Ok(false)) => failed(
+                        &up.metrics,
+                        peer,
+                        Reason::Tls,
+                        "not an HTTP/2 client (link.plaintext is set: the peer must not use TLS)",
+                    ),
+                    Ok(Err(e)) => failed(&up.metrics, peer, Reason::Tls, &e.to_string()),
+                    Err(_) => failed(
+                        &up.metrics,
+                        peer,
+                        Reason::Timeout,
+                        "no HTTP/2 preface within limits.startup_timeout_secs",
+                    ),
+                }
+            });
+            continue;
+        };
+        let io = CountingIo::new(sock, up.metrics.clone());
         tokio::spawn(async move {
             let r = tokio::time::timeout(deadline, acceptor.accept(io)).await;
             drop(pass);
@@ -115,6 +135,26 @@ async fn accept_loop(
                 ),
             }
         });
+    }
+}
+
+/// HTTP/2's client connection preface: the first bytes of every plaintext link connection.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits until the peer has sent HTTP/2's client preface (left in the socket for tonic):
+/// false when it sent something else or closed.
+async fn preface(sock: &TcpStream) -> std::io::Result<bool> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = sock.peek(&mut buf).await?;
+        if n == 0 || buf[..n] != H2_PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(true);
+        }
+        // Part of it: peek again once more may have come.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -182,5 +222,40 @@ impl tonic::transport::server::Connected for LinkIo {
             LinkIo::Plain(s) => s.connect_info(),
             LinkIo::Tls(s) => s.get_ref().0.connect_info(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn the_preface_is_awaited_and_left_for_tonic() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = |bytes: &'static [u8]| async move {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            for part in bytes.chunks(7) {
+                c.write_all(part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            c
+        };
+        let (c, (s, _)) = tokio::join!(peer(H2_PREFACE), async { l.accept().await.unwrap() });
+        assert!(preface(&s).await.unwrap());
+        let mut got = [0u8; 24];
+        assert_eq!(s.peek(&mut got).await.unwrap(), 24, "still there for tonic");
+        drop(c);
+        let (_c, (s, _)) = tokio::join!(peer(b"\x16\x03\x01 a TLS hello"), async {
+            l.accept().await.unwrap()
+        });
+        assert!(!preface(&s).await.unwrap());
+        let (_c, (s, _)) = tokio::join!(peer(b"PRI * HT"), async { l.accept().await.unwrap() });
+        let stalled = tokio::time::timeout(Duration::from_millis(300), preface(&s)).await;
+        assert!(
+            stalled.is_err(),
+            "a partial preface waits (the deadline cuts it)"
+        );
     }
 }
