@@ -58,8 +58,9 @@ pub struct BenchOpts {
 
 const CODECS: [&str; 2] = ["wal", "zstd"];
 const APPS: [&str; 2] = ["bench_w", "bench_z"];
-/// application_name of the standby connected to the primary without a relay.
-const DIRECT_APP: &str = "bench_direct";
+/// application_name of the standby connected to the primary without a relay, the reference
+/// for replay lag (the sync-latency run makes its own, `synclat::DIRECT`).
+const DIRECT_APP: &str = "bench_lag_ref";
 /// Catching up, replaying, copying: every wait of a run is bounded by this.
 const LONG_WAIT: Duration = Duration::from_secs(600);
 
@@ -317,7 +318,7 @@ async fn setup(
     ));
     so.application_name = Some(DIRECT_APP.to_string());
     let direct = primary
-        .basebackup_standby(&root, "standby_direct", &so)
+        .basebackup_standby(&root, "standby_lag_ref", &so)
         .context("pg_basebackup of the direct standby")?;
     direct.start().await?;
     wait_streaming(&primary, &direct, primary.port()).await?;
