@@ -150,35 +150,8 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
 
     // The reference: a tar-format backup straight from the primary, compressed with zstd -3.
     let direct = env.root.path().join("direct-tar");
-    let out = env
-        .primary
-        .command("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.primary.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .arg("-D")
-        .arg(&direct)
-        .args([
-            "-Ft",
-            "-X",
-            "stream",
-            "-c",
-            "fast",
-            "--no-sync",
-            "--no-password",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, err) = env.basebackup_direct(&direct, &["-Ft", "-X", "stream"]);
+    assert!(ok, "{err}");
     let (tar_bytes, zstd3) = zstd3_of_tar_backup(&direct);
 
     let link0 = env.link_bytes();
@@ -507,15 +480,7 @@ async fn slot_synchronization_through_the_relay() {
     )
     .await
     .unwrap();
-    let mut o = walrelay_harness::cluster::StandbyOpts::new(format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=sb1 dbname=postgres",
-        env.down_port
-    ));
-    o.slot = Some("sb1".into());
-    o.hot_standby_feedback = true;
-    o.extra_conf = vec![("sync_replication_slots".into(), "on".into())];
-    let standby = p.basebackup_standby(&env.root, "sb1", &o).unwrap();
-    standby.start().await.unwrap();
+    let standby = env.slot_sync_standby("sb1").await;
     p.execute("create table t as select generate_series(1, 1000) x")
         .await
         .unwrap();

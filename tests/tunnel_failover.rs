@@ -9,7 +9,7 @@ mod common;
 
 use common::split::{Split, SplitOpts};
 use common::*;
-use walrelay_harness::cluster::{wait_until, Cluster, StandbyOpts};
+use walrelay_harness::cluster::{wait_until, Cluster};
 
 const ROWS: &str = "select coalesce(string_agg(id || ':' || v, ',' order by id, v), '') from items";
 
@@ -55,15 +55,7 @@ async fn primary_and_syncing_standby() -> (Split, Cluster) {
     .await;
     let p = &env.primary;
     p.create_physical_slot("sb1").await.unwrap();
-    let mut o = StandbyOpts::new(format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=sb1 dbname=postgres",
-        env.down_port
-    ));
-    o.slot = Some("sb1".into());
-    o.hot_standby_feedback = true;
-    o.extra_conf = vec![("sync_replication_slots".into(), "on".into())];
-    let standby = p.basebackup_standby(&env.root, "sb1", &o).unwrap();
-    standby.start().await.unwrap();
+    let standby = env.slot_sync_standby("sb1").await;
     p.execute("alter system set synchronized_standby_slots = 'sb1'")
         .await
         .unwrap();

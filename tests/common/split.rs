@@ -102,22 +102,32 @@ impl Split {
     /// `pg_basebackup` (the primary's major) through the downstream into `dir`, as an
     /// operator in the far datacenter runs it: whether it succeeded, and its stderr.
     pub fn basebackup(&self, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+        let port = self.down_port;
+        self.pg_basebackup(port, (STANDBY_USER, STANDBY_PASSWORD), dir, args)
+    }
+
+    /// The same straight from the primary (as its superuser), for a reference.
+    pub fn basebackup_direct(&self, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+        let port = self.primary.port();
+        self.pg_basebackup(port, ("postgres", ""), dir, args)
+    }
+
+    fn pg_basebackup(
+        &self,
+        port: u16,
+        (user, password): (&str, &str),
+        dir: &std::path::Path,
+        args: &[&str],
+    ) -> (bool, String) {
         let out = self
             .primary
             .command("pg_basebackup")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.down_port.to_string(),
-                "-U",
-                STANDBY_USER,
-            ])
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
             .arg("-D")
             .arg(dir)
             .args(args)
             .args(["-c", "fast", "--no-sync", "--no-password"])
-            .env("PGPASSWORD", STANDBY_PASSWORD)
+            .env("PGPASSWORD", password)
             .env("PGCONNECT_TIMEOUT", "20")
             .output()
             .unwrap();
@@ -125,6 +135,25 @@ impl Split {
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// A PG 17+ standby `name` through the downstream that synchronizes failover slots
+    /// (`sync_replication_slots`, `hot_standby_feedback`, its own physical slot `name` on the
+    /// primary, `dbname` in its conninfo), started.
+    pub async fn slot_sync_standby(&self, name: &str) -> Cluster {
+        let mut o = StandbyOpts::new(format!(
+            "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name={name} dbname=postgres",
+            self.down_port
+        ));
+        o.slot = Some(name.into());
+        o.hot_standby_feedback = true;
+        o.extra_conf = vec![("sync_replication_slots".into(), "on".into())];
+        let standby = self
+            .primary
+            .basebackup_standby(&self.root, name, &o)
+            .unwrap();
+        standby.start().await.unwrap();
+        standby
     }
 
     /// Bytes the link carried so far, both directions.

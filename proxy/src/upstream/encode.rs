@@ -29,9 +29,17 @@ use walrelay_proto::link::{to_downstream, ToDownstream};
 use walrelay_wal::linkcodec::WalEncoder;
 use walrelay_wal::lsn::Lsn;
 
-use super::feed::Event;
 use crate::metrics::{timed, Metrics};
 use crate::monitor::codec_totals::SessionCodecStats;
+
+/// What a standby's own connection sends down the stream (through the feed's batches).
+#[derive(Debug)]
+pub enum Event {
+    /// The primary's answer to a command of the standby (whole backend messages).
+    Backend { chan: u32, bytes: Vec<u8> },
+    /// The standby's connection streams as it; `synchronous`: a commit may wait for it.
+    Started { chan: u32, synchronous: bool },
+}
 
 /// Batches waiting for the encode thread.
 pub const QUEUE: usize = 2;

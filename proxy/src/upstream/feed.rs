@@ -32,7 +32,7 @@ use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
 use walrelay_proto::frame::WalHeader;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 
-use super::encode::{EncodeStage, Job, Part};
+use super::encode::{EncodeStage, Event, Job, Part};
 use super::primary;
 use crate::metrics::Metrics;
 use crate::pgclient::PrimaryConn;
@@ -43,15 +43,6 @@ pub const BATCH_MAX: usize = 256 * 1024;
 
 /// The feed tells the primary where the spool is at least this often.
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
-
-/// What a standby's own connection sends down the stream.
-#[derive(Debug)]
-pub enum Event {
-    /// The primary's answer to a command of the standby (whole backend messages).
-    Backend { chan: u32, bytes: Vec<u8> },
-    /// The standby's connection streams as it; `synchronous`: a commit may wait for it.
-    Started { chan: u32, synchronous: bool },
-}
 
 #[derive(Default)]
 struct Batch {

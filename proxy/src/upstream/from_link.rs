@@ -16,7 +16,7 @@ use walrelay_proto::frame::{Digest, Feedback, Up, UpState};
 use walrelay_proto::link::{to_upstream, Command, StandbyInfo, StartReplication, ToUpstream};
 use walrelay_wal::lsn::Lsn;
 
-use super::feed::Event;
+use super::encode::Event;
 use super::identity::{Identity, ToIdentity};
 use super::Upstream;
 

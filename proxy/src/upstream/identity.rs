@@ -32,7 +32,7 @@ use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::{Command, StandbyInfo, StartReplication};
 use walrelay_wal::lsn::Lsn;
 
-use super::feed::Event;
+use super::encode::Event;
 use super::{primary, Upstream};
 use crate::link;
 use crate::monitor::{standbys::StandbyHandle, Half};
