@@ -165,6 +165,9 @@ fn check_link(link: &LinkConfig, upstream: bool, downstream: bool) -> Result<(),
     if downstream && link.tls_ca.is_none() {
         return Err(key_err("link.tls_ca", "the downstream must verify the upstream's certificate: set link.tls_ca to the CA that signed it"));
     }
+    if upstream && link.tls_ca.is_none() {
+        return Err(key_err("link.tls_ca", "the upstream must verify the downstreams' certificates (mutual TLS): set link.tls_ca to the CA that signed them; without it anyone who reaches upstream.listen could stream the primary's WAL (link.plaintext = true is the explicit choice of an unauthenticated link, for trusted networks)"));
+    }
     let built = |e: crate::link::LinkError| key_err("link.tls_cert", e.to_string());
     if upstream {
         crate::link::tls::server_config(link).map_err(built)?;

@@ -264,6 +264,21 @@ fn tls_files_are_parsed_and_the_key_matched() {
         let msg = e.to_string();
         assert_eq!(key_of(e), bad, "{cert} {key} {ca}: {msg}");
     }
+    // An upstream alone needs tls_ca too: without it any TLS client could stream the WAL.
+    let up_only = |with_ca: bool| {
+        let mut t = tls("up.crt", "up.key", "ca.pem");
+        let down = t.find("[downstream]").unwrap();
+        let link = t.find("[link]").unwrap();
+        t.replace_range(down..link, "");
+        if !with_ca {
+            t = t.replace(&format!("tls_ca = \"{}\"", d.join("ca.pem").display()), "");
+        }
+        t
+    };
+    load(&up_only(true)).unwrap();
+    let e = load(&up_only(false)).unwrap_err();
+    assert!(e.to_string().contains("stream the primary's WAL"), "{e}");
+    assert_eq!(key_of(e), "link.tls_ca");
     // The standby-facing pair too.
     let standby = |cert: &str, key: &str| {
         BOTH.replace(
