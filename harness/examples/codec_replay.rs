@@ -19,11 +19,13 @@ fn main() -> Result<()> {
     let major: u32 = major.parse().context("the PostgreSQL major, e.g. 15")?;
     let r = micro::run(file.as_ref(), start, major)?;
     println!(
-        "{} MB: walrelay {} B, enc {:.0} MB/s dec {:.0} MB/s; zstd-1 enc {:.0} dec {:.0}; zstd-3 {} B enc {:.0} dec {:.0}",
+        "{} MB: walrelay {} B, enc {:.0} MB/s dec {:.0} MB/s per CPU-second (wall {:.0} / {:.0}); zstd-1 enc {:.0} dec {:.0}; zstd-3 {} B enc {:.0} dec {:.0}",
         r.wal_bytes >> 20,
         r.walrelay.encoded_bytes,
         r.walrelay.encode_mb_s,
         r.walrelay.decode_mb_s,
+        r.walrelay.encode_wall_mb_s,
+        r.walrelay.decode_wall_mb_s,
         r.zstd1.encode_mb_s,
         r.zstd1.decode_mb_s,
         r.zstd3.encoded_bytes,

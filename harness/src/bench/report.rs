@@ -241,12 +241,12 @@ impl Report {
 
     fn replay_table(&self) -> String {
         let mut s = String::from(
-            "\nOne-core replay of the cold window's WAL (128 kB messages; MB/s per CPU-second)\n\n| workload | PG | WAL MB | walrelay encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|\n",
+            "\nReplay of the cold window's WAL on one thread (128 kB messages; MB/s per CPU-second of all threads: walrelay's sections of large messages go to other cores too; walrelay wall: MB/s per second of wall-clock time)\n\n| workload | PG | WAL MB | walrelay encode / decode | walrelay wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.runs {
             let Some(m) = &r.replay else {
                 s.push_str(&format!(
-                    "| {} | {} | {} | | | | |\n",
+                    "| {} | {} | {} | | | | | |\n",
                     r.workload.name(),
                     r.pg_major,
                     r.replay_error.as_deref().unwrap_or("-")
@@ -254,12 +254,16 @@ impl Report {
                 continue;
             };
             let p = |x: &super::micro::Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
+            let wall = |x: &super::micro::Pass| {
+                format!("{:.0} / {:.0}", x.encode_wall_mb_s, x.decode_wall_mb_s)
+            };
             s.push_str(&format!(
-                "| {} | {} | {:.1} | {} | {} | {} | {:.2} |\n",
+                "| {} | {} | {:.1} | {} | {} | {} | {} | {:.2} |\n",
                 r.workload.name(),
                 r.pg_major,
                 mb(m.wal_bytes),
                 p(&m.walrelay),
+                wall(&m.walrelay),
                 p(&m.zstd1),
                 p(&m.zstd3),
                 ratio(
