@@ -312,6 +312,13 @@ mod tests {
         }
     }
 
+    /// `page()` without its hole: the bytes PostgreSQL compresses.
+    fn without_hole(p: &[u8; PAGE_SIZE]) -> Vec<u8> {
+        let mut src = p[..200].to_vec();
+        src.extend_from_slice(&p[6000..]);
+        src
+    }
+
     /// A heap-like page with a hole between 200 and 6000.
     fn page() -> Box<[u8; PAGE_SIZE]> {
         let mut p = Box::new([0u8; PAGE_SIZE]);
@@ -377,8 +384,7 @@ mod tests {
     fn other_compressor_settings_are_refused() {
         let p = page();
         let mut r = Recompressor::new().unwrap();
-        let mut src = p[..200].to_vec();
-        src.extend_from_slice(&p[6000..]);
+        let src = without_hole(&p);
         // lz4 with another acceleration, zstd at another level: valid, but not our bytes.
         let mut fast = Vec::new();
         lz4_compress_fast(&src, &mut fast, 50).unwrap();
@@ -419,8 +425,7 @@ mod tests {
     fn trust_is_earned_sampled_and_lost() {
         let p = page();
         let mut r = Recompressor::new().unwrap();
-        let mut src = p[..200].to_vec();
-        src.extend_from_slice(&p[6000..]);
+        let src = without_hole(&p);
         let mut good = Vec::new();
         assert!(r.compress(Method::Lz4, &img(0, 200, 5800, 0x08), &p, &mut good));
         let good_im = img(good.len(), 200, 5800, 0x08);
