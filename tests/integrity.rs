@@ -5,7 +5,9 @@
 
 mod common;
 
+use common::split::{Split, SplitOpts};
 use common::*;
+use std::time::Duration;
 use walrelay_harness::cluster::wait_until;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,4 +86,45 @@ async fn corrupted_link(upward: bool) {
     let n = env.assert_identical().await;
     assert!(n >= 1, "no complete segment to compare");
     assert!(!relay_log.contains("panicked"));
+}
+
+/// A standby trusts that the WAL it has received ends at a record's end or at a page boundary:
+/// its WAL reader takes the part of a record on the record's first page without waiting for
+/// it. So walrelay must cut XLogData where PostgreSQL's walsender cuts them. Cut anywhere (as
+/// it once was, every 128 KiB), a standby on a line slower than the primary's WAL read stale
+/// bytes, failed a record's CRC ("incorrect resource manager data checksum") and restarted
+/// its walreceiver again and again; the WAL still ended identical, so only the logs showed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_on_a_slow_line_never_reads_a_record_walrelay_cut() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    // The standby's line carries 4 MB/s: walrelay has more to send than one XLogData holds,
+    // and the standby replays each XLogData before the next one is in.
+    let line = CutProxy::start(env.down_port).unwrap();
+    let i = env.add_standby_at("slow", line.port);
+    env.standbys[i].start().await.unwrap();
+    wait_until("the standby streaming", Duration::from_secs(60), || async {
+        Ok(env.standbys[i]
+            .query_one_string("select coalesce((select status from pg_stat_wal_receiver), '')")
+            .await?
+            == "streaming")
+    })
+    .await
+    .unwrap();
+    env.wait_caught_up(i).await;
+    let pid = || env.standbys[i].query_one_string("select pid::text from pg_stat_wal_receiver");
+    let before = pid().await.unwrap();
+    line.limit_from_target(4 << 20);
+    // Multi-insert records of ~6.5 kB, most of them crossing a page boundary.
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    env.wait_caught_up(i).await;
+    let s = &env.standbys[i];
+    let log = std::fs::read_to_string(s.log_path()).unwrap_or_default();
+    assert!(
+        !log.contains("incorrect resource manager data checksum"),
+        "the standby read a record before walrelay had sent all of its first page:\n{}",
+        s.log_tail(30)
+    );
+    assert_eq!(pid().await.unwrap(), before, "the walreceiver restarted");
+    line.limit_from_target(0);
+    env.assert_all_identical().await;
 }

@@ -31,6 +31,8 @@ struct Shared {
     corrupt_from: AtomicI64,
     toward_target: AtomicU64,
     from_target: AtomicU64,
+    /// Bytes per second from the target (0: as fast as it goes).
+    rate_from: AtomicU64,
 }
 
 /// A forwarder from `127.0.0.1:port` to a target port on 127.0.0.1. Dropping it closes the
@@ -105,6 +107,12 @@ impl Forwarder {
         self.shared.frozen.store(false, SeqCst);
     }
 
+    /// Passes at most `bytes_per_sec` from the target (a slow line to the client; 0 lifts the
+    /// limit), in pieces of a hundredth of a second's worth.
+    pub fn limit_from_target(&self, bytes_per_sec: u64) {
+        self.shared.rate_from.store(bytes_per_sec, SeqCst);
+    }
+
     fn close_all(&self) {
         let mut conns = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner());
         for c in conns.drain(..) {
@@ -170,7 +178,12 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
     };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buf) {
+        let rate = if toward { 0 } else { sh.rate_from.load(SeqCst) };
+        let cap = match rate {
+            0 => buf.len(),
+            r => ((r / 100) as usize).clamp(1, buf.len()),
+        };
+        let n = match from.read(&mut buf[..cap]) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -188,6 +201,9 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
             break;
         }
         count.fetch_add(n as u64, SeqCst);
+        if rate > 0 {
+            std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
+        }
     }
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);

@@ -86,9 +86,13 @@ impl Split {
     /// A standby from a base backup of the primary, streaming through the downstream under
     /// `name` (its application_name); returns its index.
     pub fn add_standby(&mut self, name: &str) -> usize {
+        self.add_standby_at(name, self.down_port)
+    }
+
+    /// [`Split::add_standby`] connecting to `port` (a forwarder in front of the downstream).
+    pub fn add_standby_at(&mut self, name: &str, port: u16) -> usize {
         let mut o = StandbyOpts::new(format!(
-            "host=127.0.0.1 port={} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name={name}",
-            self.down_port
+            "host=127.0.0.1 port={port} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name={name}"
         ));
         o.application_name = Some(name.into());
         let s = self

@@ -29,6 +29,7 @@ use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::StartReplication;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::timeline;
+use walrelay_wal::walcodec::wal::WAL_PAGE;
 
 use super::session::Session;
 use super::{shutting_down, End};
@@ -264,6 +265,27 @@ async fn copy(
     }
 }
 
+/// Where one XLogData starting at `pos` ends, cut as PostgreSQL's walsender cuts them
+/// (`XLogSendPhysical`): at `limit` when that is within [`MAX_SEND`], otherwise at the last WAL
+/// page boundary within it.
+///
+/// This is a contract with the standby, not a matter of taste: a standby's WAL reader copies
+/// the part of a record that lies on the record's first page without waiting for it
+/// (`xlogreader.c`, "Copy the first fragment of the record from the first page"), trusting
+/// that what it has received ends at a record's end or at a page boundary, as the primary's
+/// flush position always does. `limit` is such a place (the end of what the primary sent, or
+/// a timeline's switchpoint); a cut anywhere else, inside a page-crossing record's first
+/// fragment, made standbys read stale bytes from their recycled segment, fail the record's
+/// CRC ("incorrect resource manager data checksum") and restart their walreceiver.
+fn send_end(pos: Lsn, limit: Lsn) -> Lsn {
+    let max = MAX_SEND as u64;
+    if limit.0.saturating_sub(pos.0) <= max {
+        return limit;
+    }
+    let end = pos.0 + max;
+    Lsn(end - end % WAL_PAGE)
+}
+
 /// One XLogData from the spool.
 async fn send_wal(
     s: &mut Session<'_>,
@@ -273,7 +295,8 @@ async fn send_wal(
     end: Lsn,
 ) -> Result<Lsn, End> {
     let files = s.ds.spooler.view.borrow().files.clone();
-    let read = tokio::task::spawn_blocking(move || files.read(tli, pos, limit, MAX_SEND))
+    let to = send_end(pos, limit);
+    let read = tokio::task::spawn_blocking(move || files.read(tli, pos, to, MAX_SEND))
         .await
         .map_err(|_| End::fatal("XX000", "walrelay: reading the spool failed"))?;
     let data = match read {
@@ -400,5 +423,28 @@ async fn drain_until_copy_done(s: &mut Session<'_>, sent: Lsn) -> Result<(), End
             }
             _ => return Err(End::fatal("08P01", "invalid standby message type")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xlogdata_ends_where_the_primary_ended_or_on_a_page_boundary() {
+        let max = MAX_SEND as u64;
+        // Within one message: up to the limit, wherever it is.
+        assert_eq!(send_end(Lsn(0x100), Lsn(0x2345)), Lsn(0x2345));
+        assert_eq!(send_end(Lsn(0x100), Lsn(0x100 + max)), Lsn(0x100 + max));
+        // Further: the last page boundary within MAX_SEND, never an arbitrary cut.
+        assert_eq!(send_end(Lsn(0x403_BD48), Lsn(0x500_0000)), Lsn(0x405_A000));
+        assert_eq!(send_end(Lsn(0x2000), Lsn(0x100_0000)), Lsn(0x2000 + max));
+        // Every cut is past the start, page-aligned, and at most MAX_SEND long.
+        for pos in [0, 1, 0x1fff, 0x2000, 0x2001, 0x403_BD48, u64::MAX / 2] {
+            let end = send_end(Lsn(pos), Lsn(pos + 3 * max));
+            assert!(end.0 > pos && end.0 - pos <= max, "{pos:#x} -> {end}");
+            assert_eq!(end.0 % WAL_PAGE, 0, "{pos:#x} -> {end}");
+        }
+        assert_eq!(send_end(Lsn(7), Lsn(7)), Lsn(7));
     }
 }
