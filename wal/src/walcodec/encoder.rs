@@ -86,6 +86,7 @@ impl Encoder {
     pub fn new(p: &CodecParams) -> Result<Encoder, WalCodecError> {
         check_params(p)?;
         let magic = p.pg_major.map(PgMajor::page_magic);
+        let (level, hit_level) = levels(p.zstd_level);
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
@@ -93,7 +94,7 @@ impl Encoder {
                     S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
-                CStream::new(p.zstd_level, wlog)
+                CStream::new(level, wlog)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Encoder {
@@ -112,8 +113,8 @@ impl Encoder {
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
-            pc_hit: PageCompressor::new(hit_frame_level(p.zstd_level))?,
-            pc: PageCompressor::new(p.zstd_level)?,
+            pc_hit: PageCompressor::new(hit_level)?,
+            pc: PageCompressor::new(level)?,
             streams,
             fpi: Vec::new(),
             pending: None,
@@ -123,7 +124,7 @@ impl Encoder {
             xf: PageXf::new(),
             xpage: new_page(),
             xref: new_page(),
-            combined: CStream::new(p.zstd_level, WINDOW_LOG)?,
+            combined: CStream::new(level, WINDOW_LOG)?,
             scratch: Default::default(),
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
@@ -544,12 +545,22 @@ impl Encoder {
     }
 }
 
-/// zstd level of the page frames of cache hits: two above the configured level. Against the
-/// previous image of the same block, the lazy matchers of levels 5+ find the few changes much
-/// better (measured on pgbench WAL: hit frames 57% smaller than at level 3); for other pages
-/// the gain was small and not worth the CPU, so they use the configured level.
-pub(crate) fn hit_frame_level(level: i32) -> i32 {
-    level.saturating_add(2).min(zstd_safe::max_c_level())
+/// zstd levels the codec uses for a configured `link.zstd_level`: (the streams and the page
+/// frames without a reference, the page frames of cache hits).
+///
+/// The configured level is the effort asked for; the codec spends it where it pays. Against
+/// the previous image of the same block the lazy matchers of levels 5+ find the few changes
+/// much better (hit frames 57 % smaller than at level 3 on pgbench WAL), while the streams
+/// and the other page frames, whose repeats the codec has mostly taken out already, gain
+/// little above level 1. Measured on recorded WAL (`harness/examples/codec_profile.rs`, best
+/// of three; PG 15 pgbench, bulk load, lz4 and zstd images, PG 14 pglz images): (1, 6) gives
+/// 1–5 % fewer bytes for 9–18 % less encoding CPU than (3, 5), the levels before, on every
+/// one of them.
+pub(crate) fn levels(level: i32) -> (i32, i32) {
+    (
+        level.saturating_sub(2).max(1),
+        level.saturating_add(3).min(zstd_safe::max_c_level()),
+    )
 }
 
 /// Smallest image sent as a whole page through PAGE: bounds PAGE to 8 × the message size.

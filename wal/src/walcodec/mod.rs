@@ -146,7 +146,8 @@ pub struct CodecParams {
     /// that uses more slots than this pays for. The tuple cache gets an eighth of it on each
     /// end; its evictions follow from its capacity, so both ends must use the same value.
     pub block_cache_bytes: usize,
-    /// zstd level of the streams and the page frames.
+    /// zstd effort (`link.zstd_level`); the encoder derives the levels of its streams and
+    /// page frames from it (see `encoder::levels`).
     pub zstd_level: i32,
     /// Largest message (raw WAL bytes) either end accepts.
     pub max_message_bytes: usize,

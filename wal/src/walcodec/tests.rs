@@ -341,8 +341,10 @@ fn corrupted_payloads_are_errors_or_differ() {
         }
     }
     println!("bit flips: {errors} errors, {differ} different bytes, {same} harmless");
+    // Streams at zstd level 1 leave a few more bits that change nothing (about 1 flip in 10
+    // here); the caller's checksum is what guarantees the bytes.
     assert!(
-        errors + differ >= 270,
+        errors + differ >= 255,
         "{errors} errors, {differ} differ, {same} same"
     );
 }
@@ -715,4 +717,22 @@ fn content_seen_long_ago_is_a_reference() {
     let (small, big) = (cost_of_last(64 * SLOT_BYTES), cost_of_last(1 << 30));
     assert!(small > 5000, "{small}");
     assert!(big < 300, "{big} (small cache: {small})");
+}
+
+#[test]
+fn the_configured_level_maps_to_cheap_streams_and_strong_hit_frames() {
+    use super::encoder::levels;
+    assert_eq!(levels(3), (1, 6), "the default");
+    assert_eq!(levels(1), (1, 4));
+    assert_eq!(levels(5), (3, 8));
+    let max = zstd_safe::max_c_level();
+    assert_eq!(levels(19), (17, max.min(22)));
+    // Every configurable level gives levels zstd accepts, rising with the configured one.
+    let mut prev = (0, 0);
+    for l in 1..=19 {
+        let (s, h) = levels(l);
+        assert!((1..=max).contains(&s) && (1..=max).contains(&h) && s < h, "{l}: {s}, {h}");
+        assert!(s >= prev.0 && h >= prev.1, "{l}");
+        prev = (s, h);
+    }
 }
