@@ -110,6 +110,22 @@ fn hist_idx(s: &[u8], p: usize, mask: i32) -> usize {
     (h & mask) as usize
 }
 
+/// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at
+/// least as long): the C code's byte loop, eight bytes at a time.
+#[inline]
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let mut n = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let d = u64::from_le_bytes(x.try_into().unwrap_or_default())
+            ^ u64::from_le_bytes(y.try_into().unwrap_or_default());
+        if d != 0 {
+            return n + (d.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + a[n..].iter().zip(&b[n..]).take_while(|(x, y)| x == y).count()
+}
+
 impl Pglz {
     pub fn new() -> Pglz {
         Pglz {
@@ -177,10 +193,8 @@ impl Pglz {
                 if len >= 16 {
                     thislen = len;
                 }
-                while p + thislen < end && s[p + thislen] == s[hp + thislen] && thislen < MAX_MATCH
-                {
-                    thislen += 1;
-                }
+                let limit = MAX_MATCH.min(end - p);
+                thislen += common_prefix(&s[p + thislen..p + limit], &s[hp + thislen..]);
             }
             if thislen > len {
                 len = thislen;
@@ -340,7 +354,9 @@ pub fn decompress(src: &[u8], out: &mut [u8]) -> Result<(), PglzError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decompress, Pglz, PglzError, Strategy, STRATEGY_ALWAYS, STRATEGY_DEFAULT};
+    use super::{
+        common_prefix, decompress, Pglz, PglzError, Strategy, STRATEGY_ALWAYS, STRATEGY_DEFAULT,
+    };
     use proptest::prelude::{
         any, prop_assert, prop_assert_eq, prop_oneof, proptest, ProptestConfig,
     };
@@ -454,6 +470,21 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn common_prefix_is_the_byte_loop(
+            a in proptest::collection::vec(0u8..3, 0..300),
+            b in proptest::collection::vec(0u8..3, 0..40),
+        ) {
+            // b = a's start, maybe changed, then more: as a candidate earlier in the input.
+            let mut b2 = a.clone();
+            for (i, x) in b.iter().enumerate().take(a.len()) {
+                if *x == 0 { b2[i * 7 % a.len()] ^= 1; }
+            }
+            b2.extend_from_slice(&b);
+            let naive = a.iter().zip(&b2).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(common_prefix(&a, &b2), naive);
+        }
 
         #[test]
         fn decompress_inverts_compress(
