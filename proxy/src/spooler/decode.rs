@@ -10,6 +10,10 @@
 //! the stage; when the spool writer is slow, the output fills, the thread waits, the input
 //! fills and the stream stops reading from the link (HTTP/2 flow control then holds the
 //! upstream back).
+//!
+//! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle is restored and verified
+//! by the stream itself, under the same lock, and its result goes to the same output: a
+//! synchronous commit then waits for no thread to wake up.
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -18,7 +22,8 @@ use walrelay_proto::frame::{Digest, Down, DownState};
 use walrelay_wal::linkcodec::WalDecoder;
 use walrelay_wal::lsn::Lsn;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::metrics::{timed, Metrics};
 
@@ -67,10 +72,44 @@ pub struct Caps {
     pub max_frame: usize,
 }
 
+/// Largest frame the stream restores itself when the thread is idle (see
+/// [`FrameInput::send`]).
+pub const INLINE_MAX: usize = 8 * 1024;
+
 /// The stream's handle on its decode thread.
 pub struct DecodeStage {
-    pub frames: mpsc::Sender<Bytes>,
+    pub frames: FrameInput,
     pub verified: mpsc::Receiver<Result<Vec<Item>, Failure>>,
+}
+
+/// Where the stream hands frames to the stage, in arrival order. Dropping it closes the
+/// stage's input: the thread drains what it has, then the output closes.
+pub struct FrameInput {
+    frames: mpsc::Sender<Bytes>,
+    decoding: Arc<Mutex<Decoding>>,
+    /// Frames handed to the thread whose result is not yet in `out`.
+    in_flight: Arc<AtomicUsize>,
+    out: mpsc::Sender<Result<Vec<Item>, Failure>>,
+}
+
+impl FrameInput {
+    /// Hands a frame on; `Err` when the stage stopped.
+    ///
+    /// A small frame that finds the thread idle is restored and verified here instead: a
+    /// synchronous commit then waits for no thread to wake up. Order is kept: with nothing in
+    /// flight, every earlier frame's result is already in the output.
+    pub async fn send(&self, frame: Bytes) -> Result<(), ()> {
+        if self.in_flight.load(Ordering::Acquire) == 0 && frame.len() <= INLINE_MAX {
+            let r = lock(&self.decoding).frame(&frame);
+            return self.out.send(r).await.map_err(|_| ());
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.frames.send(frame).await.map_err(|_| ())
+    }
+}
+
+fn lock(d: &Mutex<Decoding>) -> std::sync::MutexGuard<'_, Decoding> {
+    d.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DecodeStage {
@@ -80,22 +119,58 @@ impl DecodeStage {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<DecodeStage> {
         let (frames, frames_rx) = mpsc::channel(QUEUE);
-        let (verified_tx, verified) = mpsc::channel(QUEUE);
-        let mut thread = DecodeThread {
+        let (out, verified) = mpsc::channel(QUEUE);
+        let decoding = Arc::new(Mutex::new(Decoding {
             state: DownState::default(),
             decoder,
             caps,
             metrics,
             restored: Vec::new(),
+        }));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let thread = DecodeThread {
+            decoding: decoding.clone(),
+            in_flight: in_flight.clone(),
         };
+        let thread_out = out.clone();
         std::thread::Builder::new()
             .name("walrelay-decode".into())
-            .spawn(move || thread.run(frames_rx, verified_tx))?;
+            .spawn(move || thread.run(frames_rx, thread_out))?;
+        let frames = FrameInput {
+            frames,
+            decoding,
+            in_flight,
+            out,
+        };
         Ok(DecodeStage { frames, verified })
     }
 }
 
 struct DecodeThread {
+    decoding: Arc<Mutex<Decoding>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl DecodeThread {
+    fn run(
+        &self,
+        mut frames: mpsc::Receiver<Bytes>,
+        out: mpsc::Sender<Result<Vec<Item>, Failure>>,
+    ) {
+        while let Some(frame) = frames.blocking_recv() {
+            let r = lock(&self.decoding).frame(&frame);
+            let failed = r.is_err();
+            if out.blocking_send(r).is_err() || failed {
+                return;
+            }
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The frame state and the WAL decoder of the stream, used by one of the thread and the
+/// inline path at a time.
+struct Decoding {
     state: DownState,
     decoder: WalDecoder,
     caps: Caps,
@@ -103,21 +178,7 @@ struct DecodeThread {
     restored: Vec<u8>,
 }
 
-impl DecodeThread {
-    fn run(
-        &mut self,
-        mut frames: mpsc::Receiver<Bytes>,
-        out: mpsc::Sender<Result<Vec<Item>, Failure>>,
-    ) {
-        while let Some(frame) = frames.blocking_recv() {
-            let r = self.frame(&frame);
-            let failed = r.is_err();
-            if out.blocking_send(r).is_err() || failed {
-                return;
-            }
-        }
-    }
-
+impl Decoding {
     /// One frame: restored and verified whole, or a failure.
     fn frame(&mut self, frame: &[u8]) -> Result<Vec<Item>, Failure> {
         let (items, sum) = self

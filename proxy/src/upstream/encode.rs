@@ -11,13 +11,19 @@
 //! TLS and HTTP/2 run on the runtime while the thread encodes: two cores at work per stream
 //! when the primary writes faster than one encodes.
 //!
+//! A small batch (≤ [`INLINE_MAX`] bytes of WAL) that finds the thread idle is framed by the
+//! feed itself, under the same lock: a synchronous commit's few hundred bytes then wait for
+//! no thread to wake up, which on a busy machine means waiting for a core.
+//!
 //! Order is the channel's: everything that goes down the stream (WAL, keepalives, command
-//! results, timeline switches) passes through the stage. When the link cannot take frames,
+//! results, timeline switches) passes through the stage, and the inline path runs only when
+//! every earlier batch is already in the stream's queue. When the link cannot take frames,
 //! the thread blocks on the stream's queue, the batch channel fills and the feed stops
 //! reading from the primary, as before. The thread ends when the feed drops its side (the
 //! stream ended), when the link stream is gone, or on an encoding error, which the feed
 //! then reports as the stream's end.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
@@ -76,11 +82,44 @@ pub struct Framer {
     pub metrics: Arc<Metrics>,
 }
 
+/// Most WAL bytes in a batch the feed encodes itself when the thread is idle (see
+/// [`EncodeStage::send`]): tens of microseconds of work.
+pub const INLINE_MAX: usize = 16 * 1024;
+
 /// The feed's handle on its encode thread.
 pub struct EncodeStage {
     jobs: mpsc::Sender<Job>,
     /// Why the thread stopped, if it failed.
     failed: Arc<Mutex<Option<Status>>>,
+    out: Output,
+}
+
+/// The framer and where its frames go, shared by the thread and the feed's inline path.
+#[derive(Clone)]
+struct Output {
+    framer: Arc<Mutex<Framer>>,
+    /// Batches handed to the thread and not yet sent down by it.
+    in_flight: Arc<AtomicUsize>,
+    tx: mpsc::Sender<Result<ToDownstream, Status>>,
+    sent: Arc<watch::Sender<Lsn>>,
+}
+
+impl Output {
+    /// The batch's frame, encoded under the framer's lock.
+    fn frame(&self, job: &Job) -> Result<ToDownstream, Status> {
+        let mut framer = self.framer.lock().unwrap_or_else(|e| e.into_inner());
+        let frame = framer.frame(&job.parts)?;
+        Metrics::add(&framer.metrics.link_messages_out, 1);
+        Ok(ToDownstream {
+            msg: Some(to_downstream::Msg::Frame(frame.into())),
+        })
+    }
+
+    fn sent_down(&self, job: &Job) {
+        if let Some(end) = job.wal_end {
+            self.sent.send_replace(end);
+        }
+    }
 }
 
 impl EncodeStage {
@@ -92,11 +131,15 @@ impl EncodeStage {
     ) -> Result<EncodeStage, Status> {
         let (jobs, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
-        let thread = EncodeThread {
-            framer,
-            jobs: rx,
+        let out = Output {
+            framer: Arc::new(Mutex::new(framer)),
+            in_flight: Arc::new(AtomicUsize::new(0)),
             tx,
-            sent,
+            sent: Arc::new(sent),
+        };
+        let thread = EncodeThread {
+            out: out.clone(),
+            jobs: rx,
             failed: failed.clone(),
         };
         std::thread::Builder::new()
@@ -105,11 +148,24 @@ impl EncodeStage {
             .map_err(|e| {
                 Status::internal(format!("cannot start the stream's encode thread: {e}"))
             })?;
-        Ok(EncodeStage { jobs, failed })
+        Ok(EncodeStage { jobs, failed, out })
     }
 
     /// Hands a batch to the thread, waiting while [`QUEUE`] batches wait already.
+    ///
+    /// A small batch while the thread has nothing to do is encoded here instead: a
+    /// synchronous commit then waits for no thread to wake up. Order is kept: the feed is the
+    /// only sender, and with nothing in flight every earlier frame is already in `tx`.
     pub async fn send(&self, job: Job) -> Result<(), Status> {
+        if self.out.in_flight.load(Ordering::Acquire) == 0 && job.wal_bytes() <= INLINE_MAX {
+            let msg = self.out.frame(&job)?;
+            if self.out.tx.send(Ok(msg)).await.is_err() {
+                return Err(Status::cancelled("the downstream went away"));
+            }
+            self.out.sent_down(&job);
+            return Ok(());
+        }
+        self.out.in_flight.fetch_add(1, Ordering::AcqRel);
         if self.jobs.send(job).await.is_ok() {
             return Ok(());
         }
@@ -118,34 +174,39 @@ impl EncodeStage {
     }
 }
 
+impl Job {
+    fn wal_bytes(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Wal { data, .. } => data.len(),
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
 struct EncodeThread {
-    framer: Framer,
+    out: Output,
     jobs: mpsc::Receiver<Job>,
-    tx: mpsc::Sender<Result<ToDownstream, Status>>,
-    sent: watch::Sender<Lsn>,
     failed: Arc<Mutex<Option<Status>>>,
 }
 
 impl EncodeThread {
     fn run(mut self) {
         while let Some(job) = self.jobs.blocking_recv() {
-            let frame = match self.framer.frame(&job.parts) {
-                Ok(f) => f,
+            let msg = match self.out.frame(&job) {
+                Ok(m) => m,
                 Err(status) => {
                     *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
                     return;
                 }
             };
-            Metrics::add(&self.framer.metrics.link_messages_out, 1);
-            let msg = ToDownstream {
-                msg: Some(to_downstream::Msg::Frame(frame.into())),
-            };
-            if self.tx.blocking_send(Ok(msg)).is_err() {
+            if self.out.tx.blocking_send(Ok(msg)).is_err() {
                 return;
             }
-            if let Some(end) = job.wal_end {
-                self.sent.send_replace(end);
-            }
+            self.out.sent_down(&job);
+            self.out.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
