@@ -123,7 +123,11 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         }
         n += 8;
     }
-    n + a[n..].iter().zip(&b[n..]).take_while(|(x, y)| x == y).count()
+    n + a[n..]
+        .iter()
+        .zip(&b[n..])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl Pglz {

@@ -731,7 +731,10 @@ fn the_configured_level_maps_to_cheap_streams_and_strong_hit_frames() {
     let mut prev = (0, 0);
     for l in 1..=19 {
         let (s, h) = levels(l);
-        assert!((1..=max).contains(&s) && (1..=max).contains(&h) && s < h, "{l}: {s}, {h}");
+        assert!(
+            (1..=max).contains(&s) && (1..=max).contains(&h) && s < h,
+            "{l}: {s}, {h}"
+        );
         assert!(s >= prev.0 && h >= prev.1, "{l}");
         prev = (s, h);
     }
