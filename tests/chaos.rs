@@ -211,6 +211,21 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
         }
         stalled.push(s);
     }
+    // One from a third address with a valid client certificate: it completes mutual TLS,
+    // then says nothing (no HTTP/2 preface). Before, it held its socket for good.
+    walrelay::tls::install_default_provider();
+    let tls = walrelay::link::tls::client_config(&walrelay::config::LinkConfig {
+        tls_ca: Some(ca_pem.clone()),
+        tls_cert: Some(client.cert.clone()),
+        tls_key: Some(client.key.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost".to_string()).unwrap();
+    let mut silent = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, connect_from("127.0.0.3", up).await)
+        .await
+        .expect("mutual TLS with a valid certificate");
     // A real downstream connects and serves a standby-side client meanwhile.
     let down = free_port();
     let downstream = Relay::start(
@@ -238,8 +253,19 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
         let (_, closed) = read_to_close(s, Duration::from_secs(30)).await;
         assert!(closed, "a stalled link handshake was held for 30 s");
     }
+    let mut buf = [0u8; 64];
+    let r = tokio::time::timeout(Duration::from_secs(30), silent.read(&mut buf)).await;
+    assert!(
+        matches!(r, Ok(Ok(0) | Err(_))),
+        "a link peer silent after mutual TLS was held for 30 s (or sent to): {r:?}"
+    );
     // Logged with the peer and the reason, and counted.
     let log = upstream.log_text();
+    assert!(
+        log.contains("127.0.0.3")
+            && log.contains("no HTTP/2 preface within limits.startup_timeout_secs after the TLS"),
+        "{log}"
+    );
     assert!(
         log.contains("127.0.0.2")
             && log.contains("no TLS handshake within limits.startup_timeout_secs"),

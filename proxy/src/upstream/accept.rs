@@ -1,8 +1,8 @@
 //! The link listener's accept loop, in front of tonic: each connection gets a place in the
 //! pre-authentication budget (`limits.max_startups`, and `limits.max_startups_per_address`
 //! per source address) and `limits.startup_timeout_secs` to complete its TLS handshake (mutual
-//! TLS when `link.tls_ca` is set) or, on a `link.plaintext` link, to send HTTP/2's client
-//! preface; only then is it handed to the gRPC server. Connections
+//! TLS when `link.tls_ca` is set) and send HTTP/2's client preface (inside TLS, or on a
+//! `link.plaintext` link in the clear); only then is it handed to the gRPC server. Connections
 //! refused, timed out or failing TLS are logged with the peer's address and the reason, and
 //! counted in `walrelay_link_handshake_failures_total{reason}`.
 
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -31,7 +31,9 @@ use crate::metrics::Metrics;
 /// `link.plaintext`.
 pub(super) enum LinkIo {
     Plain(CountingIo),
-    Tls(Box<TlsStream<CountingIo>>),
+    /// With how many bytes of HTTP/2's preface, already read from inside TLS to check the
+    /// peer speaks HTTP/2, tonic has yet to be given.
+    Tls(Box<TlsStream<CountingIo>>, usize),
 }
 
 /// Connections ready for the gRPC server; the stream ends at shutdown.
@@ -113,26 +115,13 @@ async fn accept_loop(
         };
         let io = CountingIo::new(sock, up.metrics.clone());
         tokio::spawn(async move {
-            let r = tokio::time::timeout(deadline, acceptor.accept(io)).await;
+            let r = tls_accept(acceptor, io, deadline).await;
             drop(pass);
             match r {
-                Ok(Ok(stream)) => {
-                    let _ = tx.send(Ok(LinkIo::Tls(Box::new(stream)))).await;
+                Ok(stream) => {
+                    let _ = tx.send(Ok(LinkIo::Tls(Box::new(stream), 0))).await;
                 }
-                Ok(Err(e)) => {
-                    let e = e.to_string();
-                    let reason = match e.contains(crate::link::tls::PEER_NAMES_ERROR) {
-                        true => Reason::PeerName,
-                        false => Reason::Tls,
-                    };
-                    failed(&up.metrics, peer, reason, &e);
-                }
-                Err(_) => failed(
-                    &up.metrics,
-                    peer,
-                    Reason::Timeout,
-                    "no TLS handshake within limits.startup_timeout_secs",
-                ),
+                Err((reason, why)) => failed(&up.metrics, peer, reason, &why),
             }
         });
     }
@@ -156,6 +145,54 @@ async fn preface(sock: &TcpStream) -> std::io::Result<bool> {
         // Part of it: peek again once more may have come.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The TLS handshake, then HTTP/2's client preface from inside TLS, within `deadline`: a
+/// peer with a valid certificate must still speak HTTP/2 in time (one that only completed the
+/// handshake would otherwise hold its socket for good).
+async fn tls_accept(
+    acceptor: TlsAcceptor,
+    io: CountingIo,
+    deadline: Duration,
+) -> Result<TlsStream<CountingIo>, (Reason, String)> {
+    let started = tokio::time::Instant::now();
+    let stream = match tokio::time::timeout(deadline, acceptor.accept(io)).await {
+        Err(_) => {
+            let why = "no TLS handshake within limits.startup_timeout_secs";
+            return Err((Reason::Timeout, why.into()));
+        }
+        Ok(Err(e)) => {
+            let e = e.to_string();
+            let reason = match e.contains(crate::link::tls::PEER_NAMES_ERROR) {
+                true => Reason::PeerName,
+                false => Reason::Tls,
+            };
+            return Err((reason, e));
+        }
+        Ok(Ok(s)) => s,
+    };
+    let left = deadline.saturating_sub(started.elapsed());
+    match tokio::time::timeout(left, tls_preface(stream)).await {
+        Err(_) => Err((
+            Reason::Timeout,
+            "no HTTP/2 preface within limits.startup_timeout_secs after the TLS handshake".into(),
+        )),
+        Ok(Err(e)) => Err((Reason::Tls, e.to_string())),
+        Ok(Ok(s)) => Ok(s),
+    }
+}
+
+/// Reads HTTP/2's client preface from inside TLS (given to tonic again by [`LinkIo`]).
+async fn tls_preface(mut stream: TlsStream<CountingIo>) -> std::io::Result<TlsStream<CountingIo>> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    stream.read_exact(&mut buf).await?;
+    if &buf != H2_PREFACE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not an HTTP/2 client (after the TLS handshake)",
+        ));
+    }
+    Ok(stream)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -185,7 +222,13 @@ impl AsyncRead for LinkIo {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             LinkIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            LinkIo::Tls(_, given) if *given < H2_PREFACE.len() => {
+                let n = (H2_PREFACE.len() - *given).min(buf.remaining());
+                buf.put_slice(&H2_PREFACE[*given..*given + n]);
+                *given += n;
+                Poll::Ready(Ok(()))
+            }
+            LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -198,19 +241,19 @@ impl AsyncWrite for LinkIo {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             LinkIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             LinkIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             LinkIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            LinkIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -220,7 +263,7 @@ impl tonic::transport::server::Connected for LinkIo {
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {
             LinkIo::Plain(s) => s.connect_info(),
-            LinkIo::Tls(s) => s.get_ref().0.connect_info(),
+            LinkIo::Tls(s, _) => s.get_ref().0.connect_info(),
         }
     }
 }
