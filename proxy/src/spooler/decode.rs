@@ -25,6 +25,7 @@ use walrelay_wal::lsn::Lsn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::lock;
 use crate::metrics::{timed, Metrics};
 
 /// Frames waiting for the thread, and verified frames waiting to be applied.
@@ -106,10 +107,6 @@ impl FrameInput {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.frames.send(frame).await.map_err(|_| ())
     }
-}
-
-fn lock(d: &Mutex<Decoding>) -> std::sync::MutexGuard<'_, Decoding> {
-    d.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl DecodeStage {
