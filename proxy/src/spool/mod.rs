@@ -472,15 +472,30 @@ impl SpoolFiles {
             return Ok(Vec::new());
         }
         let segno = self.seg.segment_of(at);
-        let path = files::find(&self.dir, self.seg, tli, segno)
-            .ok_or_else(|| SpoolError::Removed(SegmentFile::complete(tli, segno).name(self.seg)))?;
         let off = self.seg.offset_in_segment(at);
         let seg_end = self.seg.segment_start(segno + 1).unwrap_or(Lsn(u64::MAX));
         let n = (limit.min(seg_end).0 - at.0).min(max as u64) as usize;
-        let mut f = File::open(&path).map_err(io(&path))?;
+        let (path, mut f) = self.open_segment(tli, segno)?;
         f.seek(SeekFrom::Start(off)).map_err(io(&path))?;
         let mut buf = vec![0u8; n];
         f.read_exact(&mut buf).map_err(io(&path))?;
         Ok(buf)
+    }
+
+    /// Segment `segno` opened for reading. The writer renames `.partial` to its complete
+    /// name when the segment fills, possibly between finding the file and opening it: then
+    /// it is looked for again.
+    fn open_segment(&self, tli: TimeLineId, segno: u64) -> Result<(PathBuf, File), SpoolError> {
+        let mut tries = 2;
+        loop {
+            let path = files::find(&self.dir, self.seg, tli, segno).ok_or_else(|| {
+                SpoolError::Removed(SegmentFile::complete(tli, segno).name(self.seg))
+            })?;
+            match File::open(&path) {
+                Ok(f) => return Ok((path, f)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries > 1 => tries -= 1,
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
     }
 }
