@@ -82,14 +82,33 @@ pub enum PglzError {
     },
 }
 
+/// History slots allocated: a power of two above the 4096 + 1 entries in use, so that an
+/// entry number read back from the arrays needs no bounds check once masked ([`slot`]).
+const SLOTS: usize = 8192;
+
+/// One history entry's links: `PGLZ_HistEntry` without `pos`, which follows from the entry's
+/// number (see [`Pglz`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Links {
+    next: u16,
+    prev: u16,
+    hindex: u16,
+}
+
 /// The compressor's work arrays (`hist_start` and `hist_entries` of the C code, entry 0 unused
 /// and meaning "none"), reused across calls.
+///
+/// The C code stores each entry's input position; this one need not. Positions enter the
+/// history one at a time and in order (`pglz_hist_add` runs once for every input byte: for a
+/// literal, and for each byte a tag covers), and entry numbers cycle through 1..=4096 with
+/// them. So position `q` is always entry `q % 4096 + 1`, an entry is recycled exactly when
+/// the position is 4096 or more, and an entry `e` found in a list while position `p` is
+/// looked up holds the one position of the previous 4096 that maps to it, at offset
+/// `(p - e) % 4096 + 1`. Fewer and smaller arrays (40 KiB in use instead of 72 KiB) keep the
+/// history in the L1 cache; [`reference`] is the transcription it is tested against.
 pub struct Pglz {
     hist_start: Box<[u16; MAX_HISTORY_LISTS]>,
-    next: Box<[u16; HISTORY_SIZE + 1]>,
-    prev: Box<[u16; HISTORY_SIZE + 1]>,
-    hindex: Box<[u16; HISTORY_SIZE + 1]>,
-    pos: Box<[usize; HISTORY_SIZE + 1]>,
+    links: Box<[Links; SLOTS]>,
 }
 
 impl Default for Pglz {
@@ -98,16 +117,26 @@ impl Default for Pglz {
     }
 }
 
+#[cfg(test)]
+mod reference;
+
+/// The slot of entry `e` (every entry in use is below [`SLOTS`]; masking only spares the
+/// bounds check).
+#[inline(always)]
+fn slot(e: u16) -> usize {
+    usize::from(e) & (SLOTS - 1)
+}
+
 /// `pglz_hist_idx`: the list of the position `p` (bytes read as signed chars).
-#[inline]
+#[inline(always)]
 fn hist_idx(s: &[u8], p: usize, mask: i32) -> usize {
-    let c = |i: usize| i32::from(s[p + i] as i8);
-    let h = if s.len() - p < 4 {
-        c(0)
-    } else {
-        (c(0) << 6) ^ (c(1) << 4) ^ (c(2) << 2) ^ c(3)
+    let c = |x: u8| i32::from(x as i8);
+    let h = match s.get(p..p + 4) {
+        Some(&[b0, b1, b2, b3]) => (c(b0) << 6) ^ (c(b1) << 4) ^ (c(b2) << 2) ^ c(b3),
+        _ => c(s[p]),
     };
-    (h & mask) as usize
+    // `mask` is below MAX_HISTORY_LISTS; the second mask only spares the bounds check.
+    (h & mask) as usize & (MAX_HISTORY_LISTS - 1)
 }
 
 /// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at
@@ -134,45 +163,43 @@ impl Pglz {
     pub fn new() -> Pglz {
         Pglz {
             hist_start: Box::new([0; MAX_HISTORY_LISTS]),
-            next: Box::new([0; HISTORY_SIZE + 1]),
-            prev: Box::new([0; HISTORY_SIZE + 1]),
-            hindex: Box::new([0; HISTORY_SIZE + 1]),
-            pos: Box::new([0; HISTORY_SIZE + 1]),
+            links: Box::new([Links::default(); SLOTS]),
         }
     }
 
-    /// `pglz_hist_add`: enters position `p` as entry `*hn`, recycling the oldest entry once
-    /// all are in use.
-    #[inline]
-    fn hist_add(&mut self, s: &[u8], p: usize, mask: i32, hn: &mut usize, recycle: &mut bool) {
+    /// `pglz_hist_add` for position `p`: entry `p % 4096 + 1`, first taken out of its list
+    /// once the positions have wrapped (the C code's `recycle`).
+    #[inline(always)]
+    fn hist_add(&mut self, s: &[u8], p: usize, mask: i32) {
         let hindex = hist_idx(s, p, mask);
-        let me = *hn;
-        if *recycle {
-            let (prev, next) = (self.prev[me], self.next[me]);
+        let me = (p % HISTORY_SIZE + 1) as u16;
+        let links = &mut *self.links;
+        if p >= HISTORY_SIZE {
+            let Links {
+                next,
+                prev,
+                hindex: old,
+            } = links[slot(me)];
             if prev == NO_PREV {
-                self.hist_start[usize::from(self.hindex[me])] = next;
+                self.hist_start[usize::from(old) & (MAX_HISTORY_LISTS - 1)] = next;
             } else {
-                self.next[usize::from(prev)] = next;
+                links[slot(prev)].next = next;
             }
-            self.prev[usize::from(next)] = prev;
+            links[slot(next)].prev = prev;
         }
         let head = self.hist_start[hindex];
-        self.next[me] = head;
-        self.prev[me] = NO_PREV;
-        self.hindex[me] = hindex as u16;
-        self.pos[me] = p;
+        links[slot(me)] = Links {
+            next: head,
+            prev: NO_PREV,
+            hindex: hindex as u16,
+        };
         // Entry 0 is scribbled on when the list was empty, as in the C code (harmless).
-        self.prev[usize::from(head)] = me as u16;
-        self.hist_start[hindex] = me as u16;
-        *hn += 1;
-        if *hn > HISTORY_SIZE {
-            *hn = 1;
-            *recycle = true;
-        }
+        links[slot(head)].prev = me;
+        self.hist_start[hindex] = me;
     }
 
     /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
-    #[inline]
+    #[inline(always)]
     fn find_match(
         &self,
         s: &[u8],
@@ -181,30 +208,25 @@ impl Pglz {
         good_drop: i32,
         mask: i32,
     ) -> Option<(usize, usize)> {
-        let end = s.len();
+        let limit = MAX_MATCH.min(s.len() - p);
         let (mut len, mut off) = (0usize, 0usize);
         let mut hent = self.hist_start[hist_idx(s, p, mask)];
         while hent != 0 {
-            let hp = self.pos[usize::from(hent)];
-            let thisoff = p - hp;
+            // The position entry `hent` holds (see [`Pglz`]); 4096 divides 2^64, so the
+            // wrapping difference has the right remainder.
+            let thisoff = p.wrapping_sub(usize::from(hent)) % HISTORY_SIZE + 1;
             if thisoff >= 0x0fff {
                 break;
             }
-            // With a match of 16+ bytes already, the candidate must repeat all of it (the C
-            // code's memcmp) before it is extended; either way only a longer match counts.
-            let mut thislen = 0;
-            if len < 16 || s[p..p + len] == s[hp..hp + len] {
-                if len >= 16 {
-                    thislen = len;
-                }
-                let limit = MAX_MATCH.min(end - p);
-                thislen += common_prefix(&s[p + thislen..p + limit], &s[hp + thislen..]);
-            }
+            // The C code, with a match of 16+ bytes already, first memcmps that many bytes
+            // and counts the candidate as 0 if they differ: either way it is taken only if
+            // its common prefix is longer than the match, which is all this compares.
+            let thislen = common_prefix(&s[p..p + limit], &s[p - thisoff..]);
             if thislen > len {
                 len = thislen;
                 off = thisoff;
             }
-            hent = self.next[usize::from(hent)];
+            hent = self.links[slot(hent)].next;
             if hent != 0 {
                 if len as i32 >= good_match {
                     break;
@@ -251,8 +273,6 @@ impl Pglz {
 
         let base = out.len();
         out.reserve(src.len() + 4);
-        let mut hist_next = 1usize;
-        let mut recycle = false;
         // Index of the current control byte in `out`; None: the C code's ctrl_dummy.
         let mut ctrlp: Option<usize> = None;
         let (mut ctrlb, mut ctrl) = (0u8, 0u8);
@@ -290,7 +310,7 @@ impl Pglz {
                     out.push((off & 0xff) as u8);
                 }
                 for _ in 0..len {
-                    self.hist_add(src, dp, mask, &mut hist_next, &mut recycle);
+                    self.hist_add(src, dp, mask);
                     dp += 1;
                 }
                 found_match = true;
@@ -298,7 +318,7 @@ impl Pglz {
                 // pglz_out_literal
                 out.push(src[dp]);
                 ctrl <<= 1;
-                self.hist_add(src, dp, mask, &mut hist_next, &mut recycle);
+                self.hist_add(src, dp, mask);
                 dp += 1;
             }
         }
@@ -506,6 +526,35 @@ mod tests {
                     let mut back = vec![0u8; data.len()];
                     prop_assert_eq!(decompress(&out, &mut back), Ok(()));
                     prop_assert_eq!(&back, &data);
+                }
+            }
+        }
+
+        /// The compressor gives the transcription's bytes (and its refusals) on inputs that
+        /// recycle history entries (over 4096 bytes), hit the 0x0fff offset limit, fill
+        /// long lists (few distinct bytes) and switch strategies between calls on one value.
+        #[test]
+        fn compress_is_the_transcription(
+            data in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..12000),
+                proptest::collection::vec(0u8..3, 0..12000),
+                (any::<u64>(), 0usize..12000).prop_map(|(s, n)| pagelike(s, n)),
+                (any::<u64>(), 4000usize..9000, 0usize..600).prop_map(|(s, n, z)| {
+                    let mut p = pagelike(s, n);
+                    p.splice(n / 3..n / 3, std::iter::repeat(0).take(z));
+                    p
+                }),
+            ],
+        ) {
+            let mut fast = Pglz::new();
+            let mut slow = super::reference::Reference::new();
+            for s in [STRATEGY_DEFAULT, STRATEGY_ALWAYS, STRATEGY_DEFAULT] {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let got = fast.compress(&data, &s, &mut a);
+                let want = slow.compress(&data, &s, &mut b);
+                prop_assert_eq!(got, want);
+                if want.is_some() {
+                    prop_assert_eq!(&a, &b);
                 }
             }
         }
