@@ -541,7 +541,7 @@ mod tests {
                 (any::<u64>(), 0usize..12000).prop_map(|(s, n)| pagelike(s, n)),
                 (any::<u64>(), 4000usize..9000, 0usize..600).prop_map(|(s, n, z)| {
                     let mut p = pagelike(s, n);
-                    p.splice(n / 3..n / 3, std::iter::repeat(0).take(z));
+                    p.splice(n / 3..n / 3, std::iter::repeat_n(0, z));
                     p
                 }),
             ],
