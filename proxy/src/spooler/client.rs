@@ -222,8 +222,8 @@ impl Receiver {
         })?;
         let (ops, tli) = (agreed.ops, agreed.tli);
         for op in ops {
-            sp.ops
-                .send(op)
+            sp.writer
+                .send_now(op)
                 .map_err(|_| other("the spool's writer stopped"))?;
         }
         let caps = decode::Caps {
@@ -294,19 +294,12 @@ impl Receiver {
     }
 }
 
-/// Hands an op to the spool's writer, waiting (off the runtime) when its queue is full.
+/// Hands an op to the spool's writer (see [`super::writer::SpoolWriter::send`]).
 async fn send_op(sp: &Spooler, op: Op) -> Result<(), Ended> {
-    match sp.ops.try_send(op) {
-        Ok(()) => Ok(()),
-        Err(std::sync::mpsc::TrySendError::Full(op)) => {
-            let tx = sp.ops.clone();
-            tokio::task::spawn_blocking(move || tx.send(op))
-                .await
-                .map_err(|_| other("the spool's writer stopped"))?
-                .map_err(|_| other("the spool's writer stopped"))
-        }
-        Err(_) => Err(other("the spool's writer stopped")),
-    }
+    sp.writer
+        .send(op)
+        .await
+        .map_err(|_| other("the spool's writer stopped"))
 }
 
 fn route(sp: &Spooler, chan: u32, e: ChanEvent) {

@@ -32,7 +32,7 @@ use walrelay_proto::link::{Command, StandbyInfo, StartReplication, Welcome};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::metrics::Metrics;
 use crate::spool::Spool;
-use writer::{Op, SpoolView};
+use writer::{SpoolView, SpoolWriter};
 
 /// How long sessions use plain zstd after WAL failed verification with the `wal` codec.
 const CODEC_FALLBACK: Duration = Duration::from_secs(600);
@@ -92,7 +92,7 @@ pub struct Spooler {
     pub shutdown: CancellationToken,
     /// The spool as last published by its writer.
     pub view: watch::Receiver<SpoolView>,
-    ops: std::sync::mpsc::SyncSender<Op>,
+    writer: SpoolWriter,
     /// The open stream's Welcome, None while the link is down.
     pub link: watch::Receiver<Option<Arc<Welcome>>>,
     link_tx: watch::Sender<Option<Arc<Welcome>>>,
@@ -127,7 +127,7 @@ impl Spooler {
         let spool = Spool::open(&cfg.spool_dir, cfg.spool_bytes)
             .with_context(|| format!("opening the spool in {}", cfg.spool_dir.display()))?;
         let params = read_params(&cfg.spool_dir);
-        let (ops, view) =
+        let (writer, view) =
             writer::start(spool, metrics.clone()).context("starting the spool's writer thread")?;
         let (link_tx, link) = watch::channel(None);
         Ok(Arc::new(Spooler {
@@ -137,7 +137,7 @@ impl Spooler {
             metrics,
             shutdown,
             view,
-            ops,
+            writer,
             link,
             link_tx,
             params: Mutex::new(params),

@@ -1,12 +1,20 @@
-//! The spool's writer thread: the one owner of the [`Spool`], so file I/O and fsync never run
-//! on the async runtime. It applies verified WAL and timeline switches in order, syncs at most
-//! [`SYNC_EVERY`] after the first unsynced write (and whenever a segment completes), and
-//! publishes the spool's extent for the standbys' sessions and for the stream (which tells the
-//! upstream where the spool is durable, so the primary's slot advances).
+//! The spool's writer thread: the owner of the [`Spool`], so that fsync and segment
+//! completion never run on the async runtime. It applies verified WAL and timeline switches in
+//! order, syncs at most [`SYNC_EVERY`] after the first unsynced write (and whenever a segment
+//! completes), and publishes the spool's extent for the standbys' sessions and for the stream
+//! (which tells the upstream where the spool is durable, so the primary's slot advances).
+//!
+//! A small append (≤ [`INLINE_MAX`] bytes) that stays inside the current segment and finds the
+//! writer idle is written by the stream itself, under the same lock, and published at once: a
+//! synchronous commit then waits for no thread to wake up. It never syncs; the thread is
+//! nudged to sync it within [`SYNC_EVERY`], as it would a write of its own. Order is kept as
+//! in the decode stage: one producer, and "idle" means no op handed to the thread is still
+//! unapplied.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -15,6 +23,7 @@ use tracing::warn;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
+use super::lock;
 use crate::metrics::Metrics;
 use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
 
@@ -56,18 +65,198 @@ pub struct SpoolView {
     pub failed: Option<String>,
 }
 
-/// Starts the writer thread on an opened spool; returns where to send ops and the view.
+/// Largest append the stream writes itself when the writer is idle.
+pub const INLINE_MAX: usize = 16 * 1024;
+
+/// Ops the thread's queue holds.
+const QUEUE: usize = 64;
+
+/// The stream's handle on the spool's writer.
+pub struct SpoolWriter {
+    /// Ops for the thread; `None` only wakes it (an inline write made the spool dirty).
+    ops: std_mpsc::SyncSender<Option<Op>>,
+    writing: Arc<Mutex<Writing>>,
+    /// Ops handed to the thread and not yet applied.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// The writer thread stopped (the spool failed, see the view's `failed`).
+#[derive(Debug)]
+pub struct Stopped;
+
+/// Starts the writer thread on an opened spool; returns its handle and the view.
 pub fn start(
     spool: Spool,
     metrics: Arc<Metrics>,
-) -> std::io::Result<(std_mpsc::SyncSender<Op>, watch::Receiver<SpoolView>)> {
-    let (tx, rx) = std_mpsc::sync_channel::<Op>(64);
+) -> std::io::Result<(SpoolWriter, watch::Receiver<SpoolView>)> {
+    let (tx, rx) = std_mpsc::sync_channel(QUEUE);
     let (view_tx, view_rx) = watch::channel(view(&spool, None));
     metrics.ops.spool.capacity.store(spool.capacity(), Relaxed);
+    let writing = Arc::new(Mutex::new(Writing {
+        spool,
+        dirty_since: None,
+        failed: false,
+        publish: Publish { view_tx, metrics },
+    }));
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let thread = WriterThread {
+        writing: writing.clone(),
+        in_flight: in_flight.clone(),
+    };
     std::thread::Builder::new()
         .name("walrelay-spool".into())
-        .spawn(move || run(spool, rx, Publish { view_tx, metrics }))?;
-    Ok((tx, view_rx))
+        .spawn(move || thread.run(rx))?;
+    let writer = SpoolWriter {
+        ops: tx,
+        writing,
+        in_flight,
+    };
+    Ok((writer, view_rx))
+}
+
+impl SpoolWriter {
+    /// Hands an op on in order, waiting (off the runtime) while the thread's queue is full;
+    /// a small append that finds the writer idle is written here (see the module's doc).
+    pub async fn send(&self, op: Op) -> Result<(), Stopped> {
+        let op = match self.try_inline(op) {
+            Ok(r) => return r,
+            Err(op) => op,
+        };
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        match self.ops.try_send(Some(op)) {
+            Ok(()) => Ok(()),
+            Err(std_mpsc::TrySendError::Full(op)) => {
+                let tx = self.ops.clone();
+                tokio::task::spawn_blocking(move || tx.send(op))
+                    .await
+                    .map_err(|_| Stopped)?
+                    .map_err(|_| Stopped)
+            }
+            Err(std_mpsc::TrySendError::Disconnected(_)) => Err(Stopped),
+        }
+    }
+
+    /// Hands an op to the thread, blocking while its queue is full (the few ops of a
+    /// handshake).
+    pub fn send_now(&self, op: Op) -> Result<(), Stopped> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.ops.send(Some(op)).map_err(|_| Stopped)
+    }
+
+    /// Writes `op` here if it is a small append within the current segment and the writer
+    /// is idle; gives it back otherwise.
+    fn try_inline(&self, op: Op) -> Result<Result<(), Stopped>, Op> {
+        let small = matches!(&op, Op::Append { bytes, .. } if bytes.len() <= INLINE_MAX);
+        if !small || self.in_flight.load(Ordering::Acquire) != 0 {
+            return Err(op);
+        }
+        // Busy (syncing, completing a segment): the thread takes it after that.
+        let Ok(mut w) = self.writing.try_lock() else {
+            return Err(op);
+        };
+        let Op::Append { bytes, .. } = &op else {
+            return Err(op);
+        };
+        if !w.fits_in_segment(bytes.len()) {
+            return Err(op);
+        }
+        let was_clean = w.dirty_since.is_none();
+        let r = w.op(Some(op), false);
+        drop(w);
+        if was_clean && r.is_ok() {
+            // Full: the thread has ops to apply and looks at the sync deadline after them.
+            let _ = self.ops.try_send(None);
+        }
+        Ok(r)
+    }
+}
+
+/// The spool and the writer's state, used by one of the thread and the inline path at a
+/// time.
+struct Writing {
+    spool: Spool,
+    /// When the oldest write not yet synced was made.
+    dirty_since: Option<Instant>,
+    /// A write or sync failed: nothing more is written until the downstream restarts.
+    failed: bool,
+    publish: Publish,
+}
+
+impl Writing {
+    /// Whether appending `len` bytes leaves the spool inside its current segment (completing
+    /// one syncs and renames it, work for the thread).
+    fn fits_in_segment(&self, len: usize) -> bool {
+        let seg = self.spool.segment_size();
+        let at = seg.offset_in_segment(self.spool.extent().end);
+        !self.spool.is_empty() && at.saturating_add(len as u64) < seg.bytes()
+    }
+
+    /// Applies `op` (None: none), syncs when due and `may_sync`, and publishes the spool.
+    fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<(), Stopped> {
+        if self.failed {
+            return Err(Stopped);
+        }
+        let r = match op {
+            Some(op) => apply(&mut self.spool, op).map(|_| {
+                self.dirty_since.get_or_insert_with(Instant::now);
+            }),
+            None => Ok(()),
+        };
+        let r = r.and_then(|_| match self.dirty_since {
+            Some(t) if may_sync && t.elapsed() >= SYNC_EVERY => {
+                self.spool.sync().map(|_| self.dirty_since = None)
+            }
+            _ => Ok(()),
+        });
+        match r {
+            Ok(()) => {
+                self.publish.send(&self.spool, None);
+                Ok(())
+            }
+            Err(e) => {
+                warn!("the spool failed: {e}");
+                self.failed = true;
+                self.publish.send(&self.spool, Some(e.to_string()));
+                Err(Stopped)
+            }
+        }
+    }
+}
+
+struct WriterThread {
+    writing: Arc<Mutex<Writing>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl WriterThread {
+    fn run(&self, rx: std_mpsc::Receiver<Option<Op>>) {
+        loop {
+            let wait = match lock(&self.writing).dirty_since {
+                Some(t) => SYNC_EVERY.saturating_sub(t.elapsed()),
+                None => Duration::from_secs(3600),
+            };
+            let op = match rx.recv_timeout(wait) {
+                Ok(op) => op,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                    let mut w = lock(&self.writing);
+                    if !w.failed {
+                        let _ = w.spool.sync();
+                        w.publish.send(&w.spool, None);
+                    }
+                    return;
+                }
+            };
+            let counted = op.is_some();
+            let r = lock(&self.writing).op(op, true);
+            if counted {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+            if r.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Where the writer tells what the spool holds.
@@ -96,41 +285,6 @@ fn view(spool: &Spool, failed: Option<String>) -> SpoolView {
     }
 }
 
-fn run(mut spool: Spool, rx: std_mpsc::Receiver<Op>, publish: Publish) {
-    let mut dirty_since: Option<Instant> = None;
-    loop {
-        let wait = match dirty_since {
-            Some(t) => SYNC_EVERY.saturating_sub(t.elapsed()),
-            None => Duration::from_secs(3600),
-        };
-        let op = match rx.recv_timeout(wait) {
-            Ok(op) => Some(op),
-            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = spool.sync();
-                publish.send(&spool, None);
-                return;
-            }
-        };
-        let r = match op {
-            Some(op) => apply(&mut spool, op).map(|_| {
-                dirty_since.get_or_insert_with(Instant::now);
-            }),
-            None => Ok(()),
-        };
-        let r = r.and_then(|_| match dirty_since {
-            Some(t) if t.elapsed() >= SYNC_EVERY => spool.sync().map(|_| dirty_since = None),
-            _ => Ok(()),
-        });
-        if let Err(e) = r {
-            warn!("the spool failed: {e}");
-            publish.send(&spool, Some(e.to_string()));
-            return;
-        }
-        publish.send(&spool, None);
-    }
-}
-
 fn apply(spool: &mut Spool, op: Op) -> Result<(), SpoolError> {
     match &op {
         Op::Append { tli, start, bytes } => {
@@ -148,5 +302,97 @@ fn apply(spool: &mut Spool, op: Op) -> Result<(), SpoolError> {
             Ok(())
         }
         Op::History { tli, history } => spool.write_history(tli, &history),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const T1: TimeLineId = TimeLineId(1);
+
+    fn wal(from: u64, n: usize) -> Vec<u8> {
+        (from..from + n as u64)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    }
+
+    /// The append of the next `n` bytes at `*at`, and the end it leaves.
+    fn append(at: &mut u64, n: usize) -> (Op, u64) {
+        let op = Op::Append {
+            tli: T1,
+            start: Lsn(*at),
+            bytes: wal(*at, n),
+        };
+        *at += n as u64;
+        (op, *at)
+    }
+
+    async fn until(view: &mut watch::Receiver<SpoolView>, f: impl Fn(&SpoolView) -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), view.wait_for(|v| f(v)))
+            .await
+            .expect("the spool's view within 5 s")
+            .expect("the writer publishes");
+    }
+
+    /// Small appends are published by `send` itself (in order with the thread's work), the
+    /// thread still syncs them, and appends that complete a segment go to the thread.
+    #[tokio::test]
+    async fn small_appends_are_inline_and_still_synced_and_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let spool = Spool::open(d.path(), 100 * MIB).unwrap();
+        let (w, mut view) = start(spool, Metrics::new()).unwrap();
+        let seg = WalSegSize::new(MIB).unwrap();
+        w.send_now(Op::Bind { system_id: 7, seg }).unwrap();
+        let mut at = MIB;
+        // An empty spool's first append and a large one: the thread's.
+        for n in [100, 200_000] {
+            let (op, end) = append(&mut at, n);
+            w.send(op).await.unwrap();
+            until(&mut view, |v| v.extent.end == Lsn(end)).await;
+        }
+        // Small ones: visible as soon as `send` returns, each of them.
+        for n in [1, 5000, INLINE_MAX] {
+            for _ in 0..20 {
+                let (op, end) = append(&mut at, n);
+                w.send(op).await.unwrap();
+                assert_eq!(view.borrow().extent.end, Lsn(end), "{n} bytes");
+            }
+        }
+        assert!(view.borrow().extent.durable < Lsn(at));
+        // Not synced inline, but by the nudged thread within SYNC_EVERY (it would otherwise
+        // sleep for an hour).
+        let end = at;
+        until(&mut view, |v| v.extent.durable == Lsn(end)).await;
+        // Also the first write after a sync, when the thread had no deadline.
+        let (op, end) = append(&mut at, 10);
+        w.send(op).await.unwrap();
+        assert_eq!(view.borrow().extent.end, Lsn(end));
+        until(&mut view, |v| v.extent.durable == Lsn(end)).await;
+        // A large append queued, then small ones right behind it: they wait their turn.
+        let (big, _) = append(&mut at, 100_000);
+        w.send(big).await.unwrap();
+        for _ in 0..10 {
+            let (op, _) = append(&mut at, 1000);
+            w.send(op).await.unwrap();
+        }
+        // Up to 10 bytes before the segment's end, then an append completing it: the thread
+        // syncs and renames the segment.
+        let rest = usize::try_from((2 * MIB).checked_sub(at).unwrap()).unwrap();
+        let (op, _) = append(&mut at, rest - 10);
+        w.send(op).await.unwrap();
+        let (op, end) = append(&mut at, 100);
+        w.send(op).await.unwrap();
+        until(&mut view, |v| {
+            v.extent.end == Lsn(end) && v.extent.durable >= Lsn(2 * MIB)
+        })
+        .await;
+        let seg1 = std::fs::read(d.path().join("000000010000000000000001")).unwrap();
+        assert!(
+            seg1 == wal(MIB, MIB as usize),
+            "the segment holds the WAL in order"
+        );
+        assert_eq!(view.borrow().failed, None);
     }
 }
