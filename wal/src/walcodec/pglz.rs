@@ -167,10 +167,45 @@ impl Pglz {
         }
     }
 
+    /// `pglz_compress(src, src.len(), dest, strategy)`: appends the compressed bytes to `out`
+    /// and returns their number, or `None` where PostgreSQL returns -1 (too small, too large,
+    /// not compressible enough). `out` may hold partial output after `None`.
+    pub fn compress(
+        &mut self,
+        src: &[u8],
+        strategy: &Strategy,
+        out: &mut Vec<u8>,
+    ) -> Option<usize> {
+        compress_with(self, src, strategy, out)
+    }
+}
+
+/// The history the compressor searches: [`Pglz`]'s, and in the tests the transcription's.
+trait History {
+    /// Empties the first `hashsz` lists (a new input).
+    fn clear(&mut self, hashsz: usize);
+    /// `pglz_hist_add` of the next position, `p`.
+    fn add(&mut self, s: &[u8], p: usize, mask: i32);
+    /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
+    fn find_match(
+        &self,
+        s: &[u8],
+        p: usize,
+        good_match: i32,
+        good_drop: i32,
+        mask: i32,
+    ) -> Option<(usize, usize)>;
+}
+
+impl History for Pglz {
+    fn clear(&mut self, hashsz: usize) {
+        self.hist_start[..hashsz].fill(0);
+    }
+
     /// `pglz_hist_add` for position `p`: entry `p % 4096 + 1`, first taken out of its list
     /// once the positions have wrapped (the C code's `recycle`).
     #[inline(always)]
-    fn hist_add(&mut self, s: &[u8], p: usize, mask: i32) {
+    fn add(&mut self, s: &[u8], p: usize, mask: i32) {
         let hindex = hist_idx(s, p, mask);
         let me = (p % HISTORY_SIZE + 1) as u16;
         let links = &mut *self.links;
@@ -236,98 +271,115 @@ impl Pglz {
         }
         (len > 2).then_some((len, off))
     }
+}
 
-    /// `pglz_compress(src, src.len(), dest, strategy)`: appends the compressed bytes to `out`
-    /// and returns their number, or `None` where PostgreSQL returns -1 (too small, too large,
-    /// not compressible enough). `out` may hold partial output after `None`.
-    pub fn compress(
-        &mut self,
-        src: &[u8],
-        strategy: &Strategy,
-        out: &mut Vec<u8>,
-    ) -> Option<usize> {
-        let slen = i32::try_from(src.len()).ok()?;
+/// What `pglz_compress` derives from the strategy and the input's length.
+struct Limits {
+    good_match: i32,
+    good_drop: i32,
+    /// Give up once the output reaches this many bytes.
+    result_max: usize,
+    /// Give up at this many bytes of output without a match.
+    first_success_by: usize,
+    /// Number of history lists, less one.
+    mask: i32,
+}
+
+impl Limits {
+    /// None where the input is too small or too large for the strategy.
+    fn new(strategy: &Strategy, len: usize) -> Option<Limits> {
+        let slen = i32::try_from(len).ok()?;
         if strategy.match_size_good <= 0
             || slen < strategy.min_input_size
             || slen > strategy.max_input_size
         {
             return None;
         }
-        let good_match = strategy.match_size_good.clamp(17, MAX_MATCH as i32);
-        let good_drop = strategy.match_size_drop.clamp(0, 100);
         let need_rate = strategy.min_comp_rate.clamp(0, 99);
         let result_max = if slen > i32::MAX / 100 {
             (slen / 100) * (100 - need_rate)
         } else {
             (slen * (100 - need_rate)) / 100
         } as usize;
-        let hashsz: usize = match slen {
+        let hashsz: i32 = match slen {
             ..128 => 512,
             128..256 => 1024,
             256..512 => 2048,
             512..1024 => 4096,
             _ => 8192,
         };
-        let mask = (hashsz - 1) as i32;
-        self.hist_start[..hashsz].fill(0);
+        Some(Limits {
+            good_match: strategy.match_size_good.clamp(17, MAX_MATCH as i32),
+            good_drop: strategy.match_size_drop.clamp(0, 100),
+            result_max,
+            first_success_by: usize::try_from(strategy.first_success_by).unwrap_or(0),
+            mask: hashsz - 1,
+        })
+    }
+}
 
-        let base = out.len();
-        out.reserve(src.len() + 4);
-        // Index of the current control byte in `out`; None: the C code's ctrl_dummy.
-        let mut ctrlp: Option<usize> = None;
-        let (mut ctrlb, mut ctrl) = (0u8, 0u8);
-        let mut found_match = false;
-        let mut dp = 0usize;
-        let first_success_by = usize::try_from(strategy.first_success_by).unwrap_or(0);
-        while dp < src.len() {
-            let written = out.len() - base;
-            if written >= result_max {
-                return None;
+/// `pglz_compress` with history `h` (see [`Pglz::compress`]).
+fn compress_with<H: History>(
+    h: &mut H,
+    src: &[u8],
+    strategy: &Strategy,
+    out: &mut Vec<u8>,
+) -> Option<usize> {
+    let lim = Limits::new(strategy, src.len())?;
+    let mask = lim.mask;
+    h.clear(mask as usize + 1);
+    let base = out.len();
+    out.reserve(src.len() + 4);
+    // Index of the current control byte in `out`; None: the C code's ctrl_dummy.
+    let mut ctrlp: Option<usize> = None;
+    let (mut ctrlb, mut ctrl) = (0u8, 0u8);
+    let mut found_match = false;
+    let mut dp = 0usize;
+    while dp < src.len() {
+        let written = out.len() - base;
+        if written >= lim.result_max || (!found_match && written >= lim.first_success_by) {
+            return None;
+        }
+        // pglz_out_ctrl
+        if ctrl == 0 {
+            if let Some(c) = ctrlp {
+                out[c] = ctrlb;
             }
-            if !found_match && written >= first_success_by {
-                return None;
-            }
-            // pglz_out_ctrl
-            if ctrl == 0 {
-                if let Some(c) = ctrlp {
-                    out[c] = ctrlb;
-                }
-                ctrlp = Some(out.len());
-                out.push(0);
-                ctrlb = 0;
-                ctrl = 1;
-            }
-            if let Some((len, off)) = self.find_match(src, dp, good_match, good_drop, mask) {
-                // pglz_out_tag
-                ctrlb |= ctrl;
-                ctrl <<= 1;
-                if len > 17 {
-                    out.push((((off & 0xf00) >> 4) | 0x0f) as u8);
-                    out.push((off & 0xff) as u8);
-                    out.push((len - 18) as u8);
-                } else {
-                    out.push((((off & 0xf00) >> 4) | (len - 3)) as u8);
-                    out.push((off & 0xff) as u8);
-                }
-                for _ in 0..len {
-                    self.hist_add(src, dp, mask);
-                    dp += 1;
-                }
-                found_match = true;
+            ctrlp = Some(out.len());
+            out.push(0);
+            ctrlb = 0;
+            ctrl = 1;
+        }
+        if let Some((len, off)) = h.find_match(src, dp, lim.good_match, lim.good_drop, mask) {
+            // pglz_out_tag
+            ctrlb |= ctrl;
+            ctrl <<= 1;
+            if len > 17 {
+                out.push((((off & 0xf00) >> 4) | 0x0f) as u8);
+                out.push((off & 0xff) as u8);
+                out.push((len - 18) as u8);
             } else {
-                // pglz_out_literal
-                out.push(src[dp]);
-                ctrl <<= 1;
-                self.hist_add(src, dp, mask);
+                out.push((((off & 0xf00) >> 4) | (len - 3)) as u8);
+                out.push((off & 0xff) as u8);
+            }
+            for _ in 0..len {
+                h.add(src, dp, mask);
                 dp += 1;
             }
+            found_match = true;
+        } else {
+            // pglz_out_literal
+            out.push(src[dp]);
+            ctrl <<= 1;
+            h.add(src, dp, mask);
+            dp += 1;
         }
-        if let Some(c) = ctrlp {
-            out[c] = ctrlb;
-        }
-        let size = out.len() - base;
-        (size < result_max).then_some(size)
     }
+    if let Some(c) = ctrlp {
+        out[c] = ctrlb;
+    }
+    let size = out.len() - base;
+    (size < lim.result_max).then_some(size)
 }
 
 /// `pglz_decompress(src, .., out, out.len(), check_complete = true)`: `out` must be filled
@@ -551,7 +603,7 @@ mod tests {
             for s in [STRATEGY_DEFAULT, STRATEGY_ALWAYS, STRATEGY_DEFAULT] {
                 let (mut a, mut b) = (Vec::new(), Vec::new());
                 let got = fast.compress(&data, &s, &mut a);
-                let want = slow.compress(&data, &s, &mut b);
+                let want = super::compress_with(&mut slow, &data, &s, &mut b);
                 prop_assert_eq!(got, want);
                 if want.is_some() {
                     prop_assert_eq!(&a, &b);
