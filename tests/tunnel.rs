@@ -600,6 +600,14 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
         last = now;
     }
     let held: u64 = last.parse().unwrap();
+    // The session continued in a tunnel: that tunnel is its one connection to the primary
+    // (the standby connection opened for it at the session's start was closed).
+    let senders = "select count(*)::text from pg_stat_activity where backend_type = 'walsender' and application_name = 'pg_basebackup'";
+    assert_eq!(
+        p.query_one_string(senders).await.unwrap(),
+        "1",
+        "walsenders of the primary for the one backup session"
+    );
     let grown: Vec<u64> = pids
         .iter()
         .zip(before)

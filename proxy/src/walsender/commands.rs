@@ -75,9 +75,12 @@ pub(super) async fn run(
         events,
         entry,
         reported: false,
+        chan_open: true,
     };
     let end = s.commands().await;
-    ds.spooler.close_channel(chan);
+    if s.chan_open {
+        ds.spooler.close_channel(chan);
+    }
     end
 }
 
@@ -157,10 +160,14 @@ impl Session<'_> {
                     self.writer,
                     self.standby,
                     q,
+                    self.chan,
                 )
                 .await
                 {
-                    Ok(end) => Err(end),
+                    Ok(end) => {
+                        self.chan_open = false;
+                        Err(end)
+                    }
                     Err(refused) => self.error(refused).await,
                 };
             }

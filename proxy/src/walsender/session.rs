@@ -23,6 +23,8 @@ pub(super) struct Session<'a> {
     pub entry: StandbyHandle,
     /// A status update of the standby's current stream has gone up already.
     pub reported: bool,
+    /// `chan` is still open (a session that continued in a tunnel closed it).
+    pub chan_open: bool,
 }
 
 impl Session<'_> {

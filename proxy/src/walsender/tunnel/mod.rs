@@ -143,22 +143,29 @@ pub(crate) fn hands_over(q: &str) -> bool {
 }
 
 /// Continues a physical session in a tunnel from command `q` on. `Err`: the allowlist refused
-/// `q` (the session goes on as it was).
+/// `q` (the session goes on as it was). `Ok`: the session ended, and its spool channel `chan`
+/// was closed first: the standby's own connection to the primary is not needed by a tunnel,
+/// and would hold a walsender of the primary for as long as the backup runs.
 pub(crate) async fn hand_over(
     ds: &Downstream,
     reader: &mut Reader,
     writer: &mut Writer,
     standby: &Standby,
     q: &str,
+    chan: u32,
 ) -> Result<End, ErrorFields> {
     let session = match TunnelSession::new(ds, reader, writer, Mode::Physical) {
         Ok(s) => s,
-        Err(end) => return Ok(end),
+        Err(end) => {
+            ds.spooler.close_channel(chan);
+            return Ok(end);
+        }
     };
     if let Err(e) = session.policy.query(q) {
         Metrics::add(&ds.metrics.tunnel_refused, 1);
         return Err(e);
     }
+    ds.spooler.close_channel(chan);
     info!(peer = %standby.peer, application_name = %standby.application_name, command = %walrelay_pgwire::clip(q.trim(), 80), "physical session continues through a tunnel to the primary");
     let open = session.open_for(standby, "", false);
     let mut body = BytesMut::from(q.as_bytes());
