@@ -3,7 +3,10 @@
 //! memcmp before extending a long match). Kept for the tests as the oracle the faster
 //! [`super::Pglz`] must match byte for byte.
 
-use super::{common_prefix, History, HISTORY_SIZE, MAX_HISTORY_LISTS, MAX_MATCH, NO_PREV};
+use super::{common_prefix, History, HISTORY_SIZE, MAX_HISTORY_LISTS, MAX_MATCH};
+
+/// `prev` of a list head (NULL in the C code).
+const NO_PREV: u16 = u16::MAX;
 
 /// The compressor's work arrays (`hist_start` and `hist_entries` of the C code, entry 0 unused
 /// and meaning "none"), reused across calls.
