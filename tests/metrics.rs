@@ -270,6 +270,10 @@ async fn metrics_status_page_and_dashboard() {
             > 0.0
     );
     assert!(value(&samples, "walrelay_block_cache_bytes", &[]) > 0.0);
+    // The spool's disk time: appends happened, and the periodic fsync ran.
+    assert!(value(&samples, "walrelay_spool_write_seconds_total", &[]) > 0.0);
+    assert!(value(&samples, "walrelay_spool_syncs_total", &[]) > 0.0);
+    assert!(value(&samples, "walrelay_spool_sync_seconds_total", &[]) > 0.0);
     assert_eq!(
         value(&samples, "walrelay_integrity_failures_total", &[]),
         0.0

@@ -110,6 +110,16 @@ pub fn timed<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Runs `f`, adding the wall-clock time it took (waiting for the disk included) to `counter`,
+/// in nanoseconds.
+pub fn timed_wall<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
+    let t = std::time::Instant::now();
+    let r = f();
+    let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counter.fetch_add(ns, Relaxed);
+    r
+}
+
 /// CPU time of the calling thread, nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {

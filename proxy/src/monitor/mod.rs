@@ -69,6 +69,11 @@ pub struct SpoolGauges {
     pub end: AtomicU64,
     pub durable: AtomicU64,
     pub capacity: AtomicU64,
+    /// Time spent appending WAL (segment completions, with their fsync, included), and in
+    /// the periodic fsyncs, nanoseconds; the number of those fsyncs.
+    pub write_ns: AtomicU64,
+    pub sync_ns: AtomicU64,
+    pub syncs: AtomicU64,
 }
 
 /// A stream's slot: the primary's WAL end as last stated, and the durable end of the

@@ -24,7 +24,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
 use super::lock;
-use crate::metrics::Metrics;
+use crate::metrics::{timed_wall, Metrics};
 use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
 
 /// Longest WAL stays written but not synced.
@@ -196,15 +196,17 @@ impl Writing {
         if self.failed {
             return Err(Stopped);
         }
+        let g = &self.publish.metrics.ops.spool;
         let r = match op {
-            Some(op) => apply(&mut self.spool, op).map(|_| {
+            Some(op) => timed_wall(&g.write_ns, || apply(&mut self.spool, op)).map(|_| {
                 self.dirty_since.get_or_insert_with(Instant::now);
             }),
             None => Ok(()),
         };
         let r = r.and_then(|_| match self.dirty_since {
             Some(t) if may_sync && t.elapsed() >= SYNC_EVERY => {
-                self.spool.sync().map(|_| self.dirty_since = None)
+                g.syncs.fetch_add(1, Relaxed);
+                timed_wall(&g.sync_ns, || self.spool.sync()).map(|_| self.dirty_since = None)
             }
             _ => Ok(()),
         });
