@@ -146,18 +146,18 @@ impl SpoolWriter {
     /// Writes `op` here if it is a small append within the current segment and the writer
     /// is idle; gives it back otherwise.
     fn try_inline(&self, op: Op) -> Result<Result<(), Stopped>, Op> {
-        let small = matches!(&op, Op::Append { bytes, .. } if bytes.len() <= INLINE_MAX);
-        if !small || self.in_flight.load(Ordering::Acquire) != 0 {
+        let len = match &op {
+            Op::Append { bytes, .. } if bytes.len() <= INLINE_MAX => bytes.len(),
+            _ => return Err(op),
+        };
+        if self.in_flight.load(Ordering::Acquire) != 0 {
             return Err(op);
         }
         // Busy (syncing, completing a segment): the thread takes it after that.
         let Ok(mut w) = self.writing.try_lock() else {
             return Err(op);
         };
-        let Op::Append { bytes, .. } = &op else {
-            return Err(op);
-        };
-        if !w.fits_in_segment(bytes.len()) {
+        if !w.fits_in_segment(len) {
             return Err(op);
         }
         let was_clean = w.dirty_since.is_none();

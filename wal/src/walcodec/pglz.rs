@@ -106,8 +106,8 @@ struct Links {
 /// Nor does it take a recycled entry out of its list (the C code's `prev` links and three of
 /// the five writes per input byte): a list is read from its head through `next` links that
 /// were set when each entry was added, and ends where the C code's would, at the first link
-/// to an entry that has been recycled since (see [`Pglz::find_match`]). Fewer and smaller
-/// arrays (24 KiB in use instead of 72 KiB) keep the history in the L1 cache; [`reference`]
+/// to an entry that has been recycled since (see its `find_match`). Fewer and smaller
+/// arrays (32 KiB in use instead of 72 KiB) keep the history in the L1 cache; [`reference`]
 /// is the transcription it is tested against.
 pub struct Pglz {
     hist_start: Box<[u16; MAX_HISTORY_LISTS]>,
@@ -207,7 +207,7 @@ impl History for Pglz {
 
     /// `pglz_hist_add` for position `p`: entry `p % 4096 + 1` becomes the head of its list.
     /// The C code first takes a recycled entry out of its old list; that is left undone
-    /// here, and [`Pglz::find_match`] stops where the C code's list would end (see [`Pglz`]).
+    /// here, and `find_match` stops where the C code's list would end (see [`Pglz`]).
     #[inline(always)]
     fn add(&mut self, s: &[u8], p: usize, mask: i32) {
         let hindex = hist_idx(s, p, mask);
