@@ -35,7 +35,7 @@ pub struct Relay {
 
 impl Relay {
     /// Writes `toml` to `<root>/<name>.toml` and starts `walrelay run`, waiting until its
-    /// listeners accept connections.
+    /// listeners (the halves' given here, and `[metrics] listen`) accept connections.
     pub fn start(
         root: &Path,
         name: &str,
@@ -55,7 +55,17 @@ impl Relay {
         upstream: Option<u16>,
         log_from_config: bool,
     ) -> Relay {
-        let ports: Vec<u16> = [downstream, upstream].into_iter().flatten().collect();
+        // `[metrics] listen` binds after the halves' listeners: waiting for the halves alone
+        // let a test reach the metrics port before it was open.
+        let metrics = toml::from_str::<toml::Table>(toml)
+            .ok()
+            .and_then(|t| t.get("metrics")?.get("listen")?.as_str()?.parse().ok())
+            .map(|a: std::net::SocketAddr| a.port())
+            .filter(|&p| p != 0);
+        let ports: Vec<u16> = [downstream, upstream, metrics]
+            .into_iter()
+            .flatten()
+            .collect();
         let rust_log = (!log_from_config).then_some("walrelay=debug,info");
         let proc = RelayProcess::start(
             Path::new(env!("CARGO_BIN_EXE_walrelay")),
