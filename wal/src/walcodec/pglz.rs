@@ -142,6 +142,21 @@ fn hist_idx(s: &[u8], p: usize, mask: i32) -> usize {
     (h & mask) as usize & (MAX_HISTORY_LISTS - 1)
 }
 
+/// [`hist_idx`] of position `q`, from `prev`, that of `q - 1`: the hash shifts out the byte
+/// before `q` and takes in the byte at `q + 3` (the bits kept by `mask` depend only on lower
+/// bits, so the masked hash rolls as the full one would).
+#[inline(always)]
+fn next_hist_idx(s: &[u8], q: usize, prev: usize, mask: i32) -> usize {
+    match (s.get(q - 1), s.get(q + 3)) {
+        (Some(&b0), Some(&b4)) => {
+            let c = |x: u8| i32::from(x as i8);
+            let h = (((prev as i32 ^ (c(b0) << 6)) << 2) ^ c(b4)) & mask;
+            h as usize & (MAX_HISTORY_LISTS - 1)
+        }
+        _ => hist_idx(s, q, mask),
+    }
+}
+
 /// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at
 /// least as long): the C code's byte loop, eight bytes at a time.
 #[inline]
@@ -187,17 +202,11 @@ impl Pglz {
 trait History {
     /// Empties the first `hashsz` lists (a new input).
     fn clear(&mut self, hashsz: usize);
-    /// `pglz_hist_add` of the next position, `p`.
-    fn add(&mut self, s: &[u8], p: usize, mask: i32);
-    /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
-    fn find_match(
-        &self,
-        s: &[u8],
-        p: usize,
-        good_match: i32,
-        good_drop: i32,
-        mask: i32,
-    ) -> Option<(usize, usize)>;
+    /// `pglz_hist_add` of the next position, `p`, whose list is `hash` (its [`hist_idx`]).
+    fn add(&mut self, s: &[u8], p: usize, hash: usize, mask: i32);
+    /// `pglz_find_match`: the best (length, offset) for position `p`, whose list is `hash`,
+    /// if longer than 2.
+    fn find_match(&self, s: &[u8], p: usize, hash: usize, lim: &Limits) -> Option<(usize, usize)>;
 }
 
 impl History for Pglz {
@@ -209,8 +218,7 @@ impl History for Pglz {
     /// The C code first takes a recycled entry out of its old list; that is left undone
     /// here, and `find_match` stops where the C code's list would end (see [`Pglz`]).
     #[inline(always)]
-    fn add(&mut self, s: &[u8], p: usize, mask: i32) {
-        let hindex = hist_idx(s, p, mask);
+    fn add(&mut self, _: &[u8], p: usize, hindex: usize, _: i32) {
         let me = (p % HISTORY_SIZE + 1) as u16;
         self.links[slot(me)] = Links {
             next: self.hist_start[hindex],
@@ -221,17 +229,12 @@ impl History for Pglz {
 
     /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
     #[inline(always)]
-    fn find_match(
-        &self,
-        s: &[u8],
-        p: usize,
-        mut good_match: i32,
-        good_drop: i32,
-        mask: i32,
-    ) -> Option<(usize, usize)> {
+    fn find_match(&self, s: &[u8], p: usize, h: usize, lim: &Limits) -> Option<(usize, usize)> {
         let limit = MAX_MATCH.min(s.len() - p);
         let (mut len, mut off) = (0usize, 0usize);
-        let h = hist_idx(s, p, mask);
+        // How many entries have been visited after the first: the index of `good_match` in
+        // `lim.good`, which the C code recomputes at every step.
+        let mut visited = 0usize;
         let mut hent = self.hist_start[h];
         // The head names the entry of the list's newest position. If that entry was recycled
         // since, it now holds a position of another list, and the C code's list is empty.
@@ -265,20 +268,31 @@ impl History for Pglz {
             }
             thisoff = nextoff;
             if hent != 0 {
-                if len as i32 >= good_match {
+                if len >= usize::from(lim.good[visited]) {
                     break;
                 }
-                good_match -= (good_match * good_drop) / 100;
+                visited = (visited + 1).min(GOOD_STEPS - 1);
             }
         }
         (len > 2).then_some((len, off))
     }
 }
 
+/// Length of [`Limits::good`]: `good_match` settles before that many drops for every
+/// strategy (it drops by at least 1 while 100 or more, and is at most 273).
+const GOOD_STEPS: usize = 256;
+
 /// What `pglz_compress` derives from the strategy and the input's length.
 struct Limits {
+    /// The strategy's `good_match` and `good_drop`, clamped (the transcription's inputs).
+    #[cfg(test)]
     good_match: i32,
+    #[cfg(test)]
     good_drop: i32,
+    /// `good_match` after `i` drops (`good_match -= good_match * good_drop / 100`), settled
+    /// from the last element on. Looking it up keeps the division off the search's critical
+    /// path; the sequence is the C code's.
+    good: [u16; GOOD_STEPS],
     /// Give up once the output reaches this many bytes.
     result_max: usize,
     /// Give up at this many bytes of output without a match.
@@ -310,9 +324,21 @@ impl Limits {
             512..1024 => 4096,
             _ => 8192,
         };
+        let good_match = strategy.match_size_good.clamp(17, MAX_MATCH as i32);
+        let good_drop = strategy.match_size_drop.clamp(0, 100);
+        let mut good = [0u16; GOOD_STEPS];
+        let mut g = good_match;
+        for slot in &mut good {
+            // 0..=273: fits.
+            *slot = g as u16;
+            g -= (g * good_drop) / 100;
+        }
         Some(Limits {
-            good_match: strategy.match_size_good.clamp(17, MAX_MATCH as i32),
-            good_drop: strategy.match_size_drop.clamp(0, 100),
+            #[cfg(test)]
+            good_match,
+            #[cfg(test)]
+            good_drop,
+            good,
             result_max,
             first_success_by: usize::try_from(strategy.first_success_by).unwrap_or(0),
             mask: hashsz - 1,
@@ -352,7 +378,8 @@ fn compress_with<H: History>(
             ctrlb = 0;
             ctrl = 1;
         }
-        if let Some((len, off)) = h.find_match(src, dp, lim.good_match, lim.good_drop, mask) {
+        let hash = hist_idx(src, dp, mask);
+        if let Some((len, off)) = h.find_match(src, dp, hash, &lim) {
             // pglz_out_tag
             ctrlb |= ctrl;
             ctrl <<= 1;
@@ -364,16 +391,20 @@ fn compress_with<H: History>(
                 out.push((((off & 0xf00) >> 4) | (len - 3)) as u8);
                 out.push((off & 0xff) as u8);
             }
-            for _ in 0..len {
-                h.add(src, dp, mask);
-                dp += 1;
+            // Every position the tag covers enters the history, its hash rolled on.
+            let mut hq = hash;
+            h.add(src, dp, hq, mask);
+            for q in dp + 1..dp + len {
+                hq = next_hist_idx(src, q, hq, mask);
+                h.add(src, q, hq, mask);
             }
+            dp += len;
             found_match = true;
         } else {
             // pglz_out_literal
             out.push(src[dp]);
             ctrl <<= 1;
-            h.add(src, dp, mask);
+            h.add(src, dp, hash, mask);
             dp += 1;
         }
     }

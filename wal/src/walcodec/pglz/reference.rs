@@ -3,7 +3,7 @@
 //! memcmp before extending a long match). Kept for the tests as the oracle the faster
 //! [`super::Pglz`] must match byte for byte.
 
-use super::{common_prefix, History, HISTORY_SIZE, MAX_HISTORY_LISTS, MAX_MATCH};
+use super::{common_prefix, History, Limits, HISTORY_SIZE, MAX_HISTORY_LISTS, MAX_MATCH};
 
 /// `prev` of a list head (NULL in the C code).
 const NO_PREV: u16 = u16::MAX;
@@ -58,9 +58,11 @@ impl History for Reference {
     /// `pglz_hist_add`: enters position `p` as entry `*hn`, recycling the oldest entry once
     /// all are in use.
     #[inline]
-    fn add(&mut self, s: &[u8], p: usize, mask: i32) {
+    fn add(&mut self, s: &[u8], p: usize, hash: usize, mask: i32) {
         let (hn, recycle) = (&mut self.hist_next, &mut self.recycle);
         let hindex = hist_idx(s, p, mask);
+        // The caller's hash (rolled on through a tag) is the transcription's.
+        assert_eq!(hash, hindex, "list of position {p}");
         let me = *hn;
         if *recycle {
             let (prev, next) = (self.prev[me], self.next[me]);
@@ -88,14 +90,8 @@ impl History for Reference {
 
     /// `pglz_find_match`: the best (length, offset) for position `p`, if longer than 2.
     #[inline]
-    fn find_match(
-        &self,
-        s: &[u8],
-        p: usize,
-        mut good_match: i32,
-        good_drop: i32,
-        mask: i32,
-    ) -> Option<(usize, usize)> {
+    fn find_match(&self, s: &[u8], p: usize, _: usize, lim: &Limits) -> Option<(usize, usize)> {
+        let (mut good_match, good_drop, mask) = (lim.good_match, lim.good_drop, lim.mask);
         let end = s.len();
         let (mut len, mut off) = (0usize, 0usize);
         let mut hent = self.hist_start[hist_idx(s, p, mask)];

@@ -2,7 +2,8 @@
 //! against the transcription in [`super::reference`].
 
 use super::{
-    common_prefix, decompress, Pglz, PglzError, Strategy, STRATEGY_ALWAYS, STRATEGY_DEFAULT,
+    common_prefix, decompress, Limits, Pglz, PglzError, Strategy, GOOD_STEPS, MAX_MATCH,
+    STRATEGY_ALWAYS, STRATEGY_DEFAULT,
 };
 use proptest::prelude::{any, prop_assert, prop_assert_eq, prop_oneof, proptest, ProptestConfig};
 use proptest::strategy::Strategy as _;
@@ -35,6 +36,22 @@ fn known_encodings() {
     let mut back = [0u8; 21];
     decompress(&c, &mut back).unwrap();
     assert_eq!(&back, b"112341234123412341234");
+}
+
+#[test]
+fn good_match_settles_within_the_table() {
+    for good in 17..=MAX_MATCH as i32 {
+        for drop in 0..=100 {
+            let s = Strategy {
+                match_size_good: good,
+                match_size_drop: drop,
+                ..STRATEGY_ALWAYS
+            };
+            let lim = Limits::new(&s, 100).expect("limits");
+            let last = i32::from(lim.good[GOOD_STEPS - 1]);
+            assert_eq!(last - last * drop / 100, last, "good {good} drop {drop}");
+        }
+    }
 }
 
 #[test]
@@ -153,7 +170,8 @@ proptest! {
 
     /// The compressor gives the transcription's bytes (and its refusals) on inputs that
     /// recycle history entries (over 4096 bytes), hit the 0x0fff offset limit, fill
-    /// long lists (few distinct bytes) and switch strategies between calls on one value.
+    /// long lists (few distinct bytes) and switch strategies between calls on one value,
+    /// one of them with any `good_match` and `good_drop` (clamped or not).
     #[test]
     fn compress_is_the_transcription(
         data in prop_oneof![
@@ -166,10 +184,13 @@ proptest! {
                 p
             }),
         ],
+        good in 1i32..300,
+        drop in -5i32..110,
     ) {
         let mut fast = Pglz::new();
         let mut slow = super::reference::Reference::new();
-        for s in [STRATEGY_DEFAULT, STRATEGY_ALWAYS, STRATEGY_DEFAULT] {
+        let odd = Strategy { match_size_good: good, match_size_drop: drop, ..STRATEGY_ALWAYS };
+        for s in [STRATEGY_DEFAULT, STRATEGY_ALWAYS, odd, STRATEGY_DEFAULT] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             let got = fast.compress(&data, &s, &mut a);
             let want = super::compress_with(&mut slow, &data, &s, &mut b);
