@@ -17,5 +17,6 @@ pub mod link {
 
 /// Version of the link protocol spoken by this build; both halves must agree. 5: the frames
 /// and gRPC messages of 4 (package `walrelay.link.v4`), WAL payloads in walcodec format 3,
-/// which a version-4 half cannot decode.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// which a version-4 half cannot decode. 6: the same with walcodec format 4 (image op flag
+/// `IMG_PRIMARY`), which a version-5 half cannot decode.
+pub const PROTOCOL_VERSION: u32 = 6;

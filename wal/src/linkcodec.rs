@@ -105,6 +105,14 @@ impl WalEncoder {
     }
 
     /// Statistics of the WAL-aware codec, if this is one.
+    /// Whether the `wal` codec may use more than one core for the next messages (see
+    /// [`walcodec::Encoder::set_parallel`]); the other codecs use one.
+    pub fn set_parallel(&mut self, on: bool) {
+        if let WalEncoder::Wal(e) = self {
+            e.set_parallel(on);
+        }
+    }
+
     pub fn wal_stats(&self) -> Option<&walcodec::CodecStats> {
         match self {
             WalEncoder::Wal(e) => Some(e.stats()),
@@ -150,6 +158,14 @@ impl WalDecoder {
             }
             CodecKind::Wal => WalDecoder::Wal(Box::new(walcodec::Decoder::new(&setup.wal)?)),
         })
+    }
+
+    /// Whether the `wal` codec may use more than one core for the next messages (see
+    /// [`walcodec::Decoder::set_parallel`]); the other codecs use one.
+    pub fn set_parallel(&mut self, on: bool) {
+        if let WalDecoder::Wal(d) = self {
+            d.set_parallel(on);
+        }
     }
 
     /// Decodes one message (starting at `start`) into `out` (cleared first) and verifies its

@@ -11,6 +11,10 @@
 //! fills and the stream stops reading from the link (HTTP/2 flow control then holds the
 //! upstream back).
 //!
+//! While another frame waits behind the one being restored, the codec may decompress a large
+//! message's sections on several threads (`WalDecoder::set_parallel`); while the thread
+//! keeps up it uses one core, which costs the least CPU.
+//!
 //! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle is restored and verified
 //! by the stream itself, under the same lock, and its result goes to the same output: a
 //! synchronous commit then waits for no thread to wake up.
@@ -101,7 +105,7 @@ impl FrameInput {
     /// flight, every earlier frame's result is already in the output.
     pub async fn send(&self, frame: Bytes) -> Result<(), ()> {
         if self.in_flight.load(Ordering::Acquire) == 0 && frame.len() <= INLINE_MAX {
-            let r = lock(&self.decoding).frame(&frame);
+            let r = lock(&self.decoding).frame(&frame, false);
             return self.out.send(r).await.map_err(|_| ());
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -155,7 +159,10 @@ impl DecodeThread {
         out: mpsc::Sender<Result<Vec<Item>, Failure>>,
     ) {
         while let Some(frame) = frames.blocking_recv() {
-            let r = lock(&self.decoding).frame(&frame);
+            // This frame and another handed over: frames arrive faster than one core
+            // restores them.
+            let behind = self.in_flight.load(Ordering::Acquire) > 1;
+            let r = lock(&self.decoding).frame(&frame, behind);
             let failed = r.is_err();
             if out.blocking_send(r).is_err() || failed {
                 return;
@@ -176,8 +183,10 @@ struct Decoding {
 }
 
 impl Decoding {
-    /// One frame: restored and verified whole, or a failure.
-    fn frame(&mut self, frame: &[u8]) -> Result<Vec<Item>, Failure> {
+    /// One frame: restored and verified whole, or a failure; `behind`: more frames wait, so
+    /// the codec may use more than one core (`WalDecoder::set_parallel`).
+    fn frame(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
+        self.decoder.set_parallel(behind);
         let (items, sum) = self
             .state
             .parse(frame, self.caps.max_raw, self.caps.max_frame)

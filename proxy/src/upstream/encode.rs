@@ -11,6 +11,10 @@
 //! TLS and HTTP/2 run on the runtime while the thread encodes: two cores at work per stream
 //! when the primary writes faster than one encodes.
 //!
+//! While another batch waits behind the one being encoded, the codec may use more cores
+//! (`WalEncoder::set_parallel`: image checks on a worker, a large message's sections on
+//! several threads); while the thread keeps up it uses one, which costs the least CPU.
+//!
 //! A small batch (≤ [`INLINE_MAX`] bytes of WAL) that finds the thread idle is framed by the
 //! feed itself, under the same lock: a synchronous commit's few hundred bytes then wait for
 //! no thread to wake up, which on a busy machine means waiting for a core.
@@ -105,9 +109,11 @@ struct Output {
 }
 
 impl Output {
-    /// The batch's frame, encoded under the framer's lock.
-    fn frame(&self, job: &Job) -> Result<ToDownstream, Status> {
+    /// The batch's frame, encoded under the framer's lock; `behind`: more batches wait, so
+    /// the codec may use more than one core (`WalEncoder::set_parallel`).
+    fn frame(&self, job: &Job, behind: bool) -> Result<ToDownstream, Status> {
         let mut framer = self.framer.lock().unwrap_or_else(|e| e.into_inner());
+        framer.encoder.set_parallel(behind);
         let frame = framer.frame(&job.parts)?;
         Metrics::add(&framer.metrics.link_messages_out, 1);
         Ok(ToDownstream {
@@ -158,7 +164,7 @@ impl EncodeStage {
     /// only sender, and with nothing in flight every earlier frame is already in `tx`.
     pub async fn send(&self, job: Job) -> Result<(), Status> {
         if self.out.in_flight.load(Ordering::Acquire) == 0 && job.wal_bytes() <= INLINE_MAX {
-            let msg = self.out.frame(&job)?;
+            let msg = self.out.frame(&job, false)?;
             if self.out.tx.send(Ok(msg)).await.is_err() {
                 return Err(Status::cancelled("the downstream went away"));
             }
@@ -195,7 +201,10 @@ struct EncodeThread {
 impl EncodeThread {
     fn run(mut self) {
         while let Some(job) = self.jobs.blocking_recv() {
-            let msg = match self.out.frame(&job) {
+            // This batch and another handed over: the primary writes faster than one core
+            // encodes.
+            let behind = self.out.in_flight.load(Ordering::Acquire) > 1;
+            let msg = match self.out.frame(&job, behind) {
                 Ok(m) => m,
                 Err(status) => {
                     *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);

@@ -36,6 +36,8 @@ pub struct Decoder {
     bufs: Vec<Vec<u8>>,
     pub(super) st: State,
     poisoned: bool,
+    /// Decompress a large message's sections on several threads (see [`Decoder::set_parallel`]).
+    parallel: bool,
 }
 
 /// Everything the ops act on besides the section readers.
@@ -133,7 +135,16 @@ impl Decoder {
                 xref: new_page(),
             },
             poisoned: false,
+            parallel: payload::multi_core(),
         })
+    }
+
+    /// Whether a large message's sections may be decompressed on several threads (on by
+    /// default when the machine has more than one core): the runtime turns it on while
+    /// messages wait behind the one being restored, off while it keeps up (threads cost CPU).
+    /// The output is the same either way.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.parallel = on && payload::multi_core();
     }
 
     /// Restores exactly the raw bytes given to the encoder for the message at `start`
@@ -195,6 +206,7 @@ impl Decoder {
             &mut self.combined,
             &mut self.scratch,
             &mut self.bufs,
+            self.parallel,
         )?;
         let mut r = Sections {
             ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),

@@ -9,7 +9,7 @@ use super::payload;
 use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{
-    history_log, put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG,
+    history_log, put_varint, zigzag, CStream, PageCompressor, Reader, SMALL_WINDOW_LOG, WINDOW_LOG,
 };
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
@@ -25,6 +25,9 @@ use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 mod blocks;
+mod verify;
+
+use verify::{Spot, Verifier};
 
 pub struct Encoder {
     /// The parameters it was made with (for `persist`).
@@ -72,6 +75,11 @@ pub struct Encoder {
     poisoned: bool,
     /// Images the primary compressed: decompressed and checked (see [`fpi`]).
     recomp: Recompressor,
+    /// Their checks, off the critical path when `parallel` (see [`verify`]).
+    verify: Verifier,
+    /// Use more than one core: checks on a worker, a large message's sections on several
+    /// threads (see [`Encoder::set_parallel`]).
+    parallel: bool,
 }
 
 /// Why a record starting here is not encoded.
@@ -132,7 +140,24 @@ impl Encoder {
             recomp: Recompressor::new().ok_or_else(|| {
                 WalCodecError::Zstd("cannot create a zstd context for image recompression".into())
             })?,
+            verify: Verifier::new(),
+            parallel: payload::multi_core(),
         })
+    }
+
+    /// Whether to use more than one core (on by default when the machine has more than
+    /// one): image checks on a worker thread (`verify`), a large message's sections
+    /// compressed on several threads. The runtime turns it on while WAL waits behind the
+    /// message being encoded, off while it keeps up (threads cost CPU). Either way the
+    /// payload restores the same WAL; only images that do not reproduce go differently.
+    pub fn set_parallel(&mut self, on: bool) {
+        self.parallel = on && payload::multi_core();
+    }
+
+    /// [`Encoder::set_parallel`], whatever the machine (tests).
+    #[cfg(test)]
+    pub(super) fn threaded_checks(&mut self, on: bool) {
+        self.parallel = on;
     }
 
     pub fn stats(&self) -> &CodecStats {
@@ -192,6 +217,7 @@ impl Encoder {
         self.stats.resyncs += self.tracker.resyncs - before;
         if let Err(e) = res {
             self.poisoned = true;
+            self.verify.discard();
             out.clear();
             return Err(e);
         }
@@ -512,8 +538,84 @@ impl Encoder {
     }
 
     /// Compresses the streams and writes the payload (see [`payload`]).
+    /// Applies the outcomes of the message's image checks (see [`verify`]): an image that did
+    /// not reproduce goes as the primary's bytes ([`Encoder::make_primary`]).
+    fn settle_checks(&mut self) -> Result<(), WalCodecError> {
+        let verdicts = self.verify.settle()?;
+        // Last first, so that the offsets of the earlier ones still hold.
+        for v in verdicts.iter().rev() {
+            if let Some(bytes) = &v.mismatch {
+                self.make_primary(&v.spot, bytes)?;
+            }
+        }
+        for v in &verdicts {
+            self.recomp.checked(v.m, v.mismatch.is_none());
+        }
+        Ok(())
+    }
+
+    /// Rewrites the image op written at `spot` for an image whose recompression does not give
+    /// the primary's `bytes`: [`IMG_PRIMARY`], a frame length of 0 (the frame taken out of
+    /// the page frames) or no PAGE bytes, the bytes in IMG. Slots stay as they were: the
+    /// decoder stores the page it decompresses from the bytes where the op said.
+    fn make_primary(&mut self, spot: &Spot, bytes: &[u8]) -> Result<(), WalCodecError> {
+        let internal = |what: &str| WalCodecError::Corrupt(format!("internal: {what}"));
+        let ctrl = &self.streams[S_CTRL].buf;
+        let op = *ctrl
+            .get(spot.op_at)
+            .ok_or_else(|| internal("no image op"))?;
+        if op & IMG_RECOMPRESS == 0 {
+            return Err(internal("a checked image without IMG_RECOMPRESS"));
+        }
+        let kind = op & 7;
+        let mut r = Reader::new(&ctrl[spot.op_at + 1..], "CTRL");
+        let slots = match kind {
+            IMG_IDENT | IMG_NEW | IMG_SAME | IMG_STREAM => 1,
+            IMG_REF => 2,
+            _ => 0,
+        };
+        for _ in 0..slots {
+            r.varint()?;
+        }
+        let frame = if matches!(kind, IMG_NEW | IMG_SAME | IMG_REF | IMG_NOCACHE) {
+            let at = spot.op_at + 1 + r.position();
+            let len = r.len(2 * PAGE_SIZE)?;
+            Some((at..spot.op_at + 1 + r.position(), len))
+        } else {
+            None
+        };
+        if let Some((varint, len)) = frame {
+            let frames = spot.fpi_at..spot.fpi_at + len;
+            if frames.end > self.fpi.len() {
+                return Err(internal("a frame past the end of the page frames"));
+            }
+            self.fpi.drain(frames);
+            self.streams[S_CTRL].buf.splice(varint, [0u8]);
+            let out = &mut self.stats.image_frame_out[usize::from(kind)];
+            *out = out.saturating_sub(len as u64);
+        }
+        if matches!(kind, IMG_STREAM | IMG_STREAM_NOCACHE) {
+            let page = &mut self.streams[S_PAGE].buf;
+            if spot.page_at + PAGE_SIZE > page.len() {
+                return Err(internal("a page past the end of PAGE"));
+            }
+            page.drain(spot.page_at..spot.page_at + PAGE_SIZE);
+        }
+        self.streams[S_CTRL].buf[spot.op_at] = op | IMG_PRIMARY;
+        let img = &mut self.streams[S_IMG].buf;
+        if spot.img_at > img.len() {
+            return Err(internal("an IMG offset past its end"));
+        }
+        img.splice(spot.img_at..spot.img_at, bytes.iter().copied());
+        self.stats.fpi_recompressed -= 1;
+        self.stats.fpi_recompress_mismatch += 1;
+        self.stats.fpi_primary_bytes += 1;
+        Ok(())
+    }
+
     fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
         self.flush_pending();
+        self.settle_checks()?;
         let mut ulens = [0usize; STREAMS];
         for (u, s) in ulens.iter_mut().zip(&self.streams) {
             *u = s.buf.len();
@@ -526,6 +628,7 @@ impl Encoder {
             &mut self.scratch,
             out,
             &mut clens,
+            self.parallel,
         )?;
         let sections: usize = clens.iter().sum::<usize>() + self.fpi.len();
         self.stats.header_out += out.len().saturating_sub(sections) as u64;

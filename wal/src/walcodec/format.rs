@@ -30,6 +30,12 @@
 //!                                          (only for images of at least 1024 bytes)
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
+//!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 2,
+//!                                         3, 5) and no PAGE bytes (6, 7); the image is
+//!                                         bimg_len bytes from IMG, the primary's (which
+//!                                         compressing the page again would not give),
+//!                                         its page what they decompress to, stored as
+//!                                         op says
 //!          | 0x40|op (op 1, 3, 5)         as op, page (and reference) not transformed
 //!          frames are `len` bytes of FPI; the page of ops 1, 3, 5, 6 and 7 is sent in the
 //!          form of `super::pagexf` (transformed; REF frames are made against the
@@ -85,6 +91,12 @@ pub const BND_LONG: u8 = 2;
 /// method): the page is rebuilt as for other images, then compressed without its hole with
 /// that method (see `fpi`) to give the record's bimg_len bytes.
 pub const IMG_RECOMPRESS: u8 = 0x80;
+
+/// Or-ed into an op with [`IMG_RECOMPRESS`]: the image is read from IMG (bimg_len bytes, the
+/// primary's) and its page is what they decompress to; the op keeps its slots, with no frame
+/// (length 0) or PAGE bytes. The encoder learns that recompression does not reproduce an
+/// image after the op is written, and rewrites it (`encoder/verify.rs`).
+pub const IMG_PRIMARY: u8 = 0x20;
 
 /// Or-ed into NEW, REF and NOCACHE: the page (and REF's reference) went as it is, not
 /// transformed (the encoder tries both when the block has known tuples: they match the page

@@ -152,30 +152,75 @@ impl Recompressor {
         bytes: &[u8],
         page: &mut [u8; PAGE_SIZE],
     ) -> Result<(), Refusal> {
+        if !self.open(m, img, bytes, page)? {
+            return Ok(());
+        }
+        let same = self.reproduces(m, img, page, bytes);
+        self.checked(m, same);
+        if same {
+            Ok(())
+        } else {
+            Err(Refusal::Mismatch)
+        }
+    }
+
+    /// Sender, the first half of [`Recompressor::check`]: decompresses `bytes` into `page`
+    /// and says whether this image is to be checked ([`Recompressor::reproduces`], then
+    /// [`Recompressor::checked`] with the outcome, which may come later and from another
+    /// context, in the order of the images).
+    pub fn open(
+        &mut self,
+        m: Method,
+        img: &ImageRef,
+        bytes: &[u8],
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<bool, Refusal> {
+        if !self.decompress_page(m, img, bytes, page) {
+            return Err(Refusal::Undecodable);
+        }
+        Ok(m == Method::Zstd || self.trust[m as usize].check_next())
+    }
+
+    /// Decompresses `bytes` (`img`'s bytes, method `m`) into `page`, hole zero filled; false
+    /// when they do not decompress to exactly the page without its hole.
+    pub fn decompress_page(
+        &mut self,
+        m: Method,
+        img: &ImageRef,
+        bytes: &[u8],
+        page: &mut [u8; PAGE_SIZE],
+    ) -> bool {
         let orig_len = PAGE_SIZE - usize::from(img.hole_len);
         let raw = &mut self.raw[..orig_len];
         if !decompress(&mut self.zd, m, bytes, raw) {
-            return Err(Refusal::Undecodable);
+            return false;
         }
         let off = usize::from(img.hole_offset);
         let hole = usize::from(img.hole_len);
         page[..off].copy_from_slice(&raw[..off]);
         page[off..off + hole].fill(0);
         page[off + hole..].copy_from_slice(&raw[off..]);
-        let trust = &mut self.trust[m as usize];
-        if m != Method::Zstd && !trust.check_next() {
-            return Ok(());
-        }
+        true
+    }
+
+    /// Whether compressing `page` (an image `img` of method `m`) again gives `bytes`.
+    pub fn reproduces(
+        &mut self,
+        m: Method,
+        img: &ImageRef,
+        page: &[u8; PAGE_SIZE],
+        bytes: &[u8],
+    ) -> bool {
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         let same = self.compress(m, img, page, &mut out) && out == bytes;
         self.out = out;
-        self.trust[m as usize].checked(same);
-        if same {
-            Ok(())
-        } else {
-            Err(Refusal::Mismatch)
-        }
+        same
+    }
+
+    /// Records whether a checked image of method `m` reproduced (trust, see [`TRUST_AFTER`]).
+    pub fn checked(&mut self, m: Method, reproduced: bool) {
+        self.trust[m as usize].checked(reproduced);
     }
 
     /// Compresses `page` without `img`'s hole with method `m` as the primary does, appending

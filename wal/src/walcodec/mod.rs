@@ -41,7 +41,7 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::linkcodec`).
 //!
-//! # Payload format (version 3)
+//! # Payload format (version 4)
 //!
 //! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
 //! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3:
@@ -52,11 +52,14 @@
 //! follow from the record header or the previous record go transformed ([`mainxf`]); heap
 //! records are replayed onto cached pages (`redo.rs`, part of the format: both ends must do
 //! the same); no bytes for empty sections, and small messages in one combined zstd context
-//! (`payload.rs`). An older decoder refuses it by the first byte.
+//! (`payload.rs`). Version 4: an image the primary compressed may be sent as its page and
+//! its own bytes ([`format::IMG_PRIMARY`]), so that the encoder can learn whether the
+//! receiver's compression reproduces it after writing the op (checks off the critical path:
+//! `encoder/verify.rs`). An older decoder refuses it by the first byte.
 //!
 //! ```text
-//! payload  = 0x03 present:u8 clen:varint × (present sections) sections FPI-bytes
-//!          | 0x13 clen:varint combined-chunk FPI-bytes
+//! payload  = 0x04 present:u8 clen:varint × (present sections) sections FPI-bytes
+//!          | 0x14 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
 //! (the framing in detail: `payload.rs`).
@@ -200,9 +203,14 @@ pub struct CodecStats {
     /// Images the primary compressed (wal_compression) sent as pages for the receiver to
     /// compress again (part of `fpis`).
     pub fpi_recompressed: u64,
-    /// Compressed images passed opaquely because compressing the page again did not give the
-    /// primary's bytes (another library version or build; part of `fpi_opaque`).
+    /// Compressed images whose page, compressed again, did not give the primary's bytes
+    /// (another library version or build): passed opaquely (part of `fpi_opaque`) when
+    /// checked in place, else sent as pages with the primary's bytes beside them (counted in
+    /// `fpi_primary_bytes`).
     pub fpi_recompress_mismatch: u64,
+    /// Of those, images sent as pages with the primary's bytes (their check ran off the
+    /// critical path and was applied at the message's end: `encoder/verify.rs`).
+    pub fpi_primary_bytes: u64,
     /// Compressed images passed opaquely because they did not decompress to the page (corrupt
     /// or unknown; part of `fpi_opaque`).
     pub fpi_undecodable: u64,
@@ -260,7 +268,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 3;
+pub(crate) const FORMAT_VERSION: u8 = 4;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

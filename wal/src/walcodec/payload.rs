@@ -1,13 +1,13 @@
-//! The payload's framing: which sections a message has and where they are (format version 3).
+//! The payload's framing: which sections a message has and where they are (format version 4; the framing is that of version 3).
 //!
 //! ```text
 //! payload  = separate | combined
-//! separate = 0x03 present:u8 clen:varint × (sections present) section × (present) FPI-bytes
+//! separate = 0x04 present:u8 clen:varint × (sections present) section × (present) FPI-bytes
 //!            present: bit s (0..=6) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN)
 //!            has bytes this message, bit 7 when there are page frames (FPI); each present
 //!            stream's section is `clen` bytes of its own streaming zstd context, flushed
 //!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 7 set iff any)
-//! combined = 0x13 clen:varint chunk FPI-bytes
+//! combined = 0x14 clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
 //!            decompress to ulen:varint × 7 then the 7 streams' bytes in order; FPI as above
 //! ```
@@ -34,14 +34,15 @@ pub const COMBINED_MAX: usize = 4 * 1024;
 
 /// A separate payload whose sections hold at least this many bytes (input when encoding,
 /// compressed when decoding) has them (de)compressed on several threads at once, when the
-/// machine has more than one core: each section is its own zstd context, so the bytes are the
-/// same either way. Below it, starting threads would cost more than it saves.
+/// codec is asked to use more than one core (`set_parallel`, on by default when the machine
+/// has more than one): each section is its own zstd context, so the bytes are the same
+/// either way. Below it, starting threads would cost more than it saves.
 pub const PARALLEL_MIN: usize = 64 * 1024;
 /// ... and only sections of at least this many bytes get a thread of their own.
 const PARALLEL_SECTION_MIN: usize = 8 * 1024;
 
 /// Whether this machine has more than one core (asked once).
-fn multi_core() -> bool {
+pub(super) fn multi_core() -> bool {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) > 1
 }
@@ -109,6 +110,7 @@ pub fn write(
     scratch: &mut [Vec<u8>; STREAMS],
     out: &mut Vec<u8>,
     clens: &mut [usize; STREAMS],
+    parallel: bool,
 ) -> Result<(), WalCodecError> {
     let ulens: Vec<usize> = streams.iter().map(|s| s.buf.len()).collect();
     let total: usize = ulens.iter().sum();
@@ -144,7 +146,7 @@ pub fn write(
             .enumerate()
             .filter(|(_, (stream, _))| !stream.buf.is_empty())
             .collect();
-        let parallel = total >= PARALLEL_MIN && multi_core();
+        let parallel = parallel && total >= PARALLEL_MIN;
         each_section(
             items,
             |(stream, _)| stream.buf.len(),
@@ -179,6 +181,7 @@ pub fn read<'a>(
     combined: &mut DStream,
     scratch: &mut Vec<u8>,
     bufs: &mut [Vec<u8>],
+    parallel: bool,
 ) -> Result<&'a [u8], WalCodecError> {
     let mut hdr = Reader::new(payload, "payload header");
     match hdr.u8()? {
@@ -208,7 +211,7 @@ pub fn read<'a>(
                 rest = &rest[clen..];
                 items.push((s, (stream, buf, chunk)));
             }
-            let parallel = clens.iter().sum::<usize>() >= PARALLEL_MIN && multi_core();
+            let parallel = parallel && clens.iter().sum::<usize>() >= PARALLEL_MIN;
             each_section(
                 items,
                 |(_, _, chunk)| chunk.len(),
@@ -247,7 +250,7 @@ pub fn read<'a>(
             Ok(&rest[clen..])
         }
         v => Err(corrupt(format!(
-            "payload format byte 0x{v:02x}, this decoder reads version 3 (0x{SEPARATE:02x}, \
+            "payload format byte 0x{v:02x}, this decoder reads version 4 (0x{SEPARATE:02x}, \
              0x{COMBINED:02x})"
         ))),
     }

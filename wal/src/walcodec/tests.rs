@@ -43,7 +43,30 @@ pub(super) fn round_trip(
     wal: &[u8],
     cuts: &[usize],
 ) -> (CodecStats, usize) {
+    round_trip_with(Encoder::new(p).unwrap(), p, start, wal, cuts)
+}
+
+/// [`round_trip`] with image checks on a worker thread (`threaded`) or in place, whatever the
+/// machine.
+pub(super) fn round_trip_checks(
+    p: &CodecParams,
+    start: u64,
+    wal: &[u8],
+    cuts: &[usize],
+    threaded: bool,
+) -> (CodecStats, usize) {
     let mut enc = Encoder::new(p).unwrap();
+    enc.threaded_checks(threaded);
+    round_trip_with(enc, p, start, wal, cuts)
+}
+
+fn round_trip_with(
+    mut enc: Encoder,
+    p: &CodecParams,
+    start: u64,
+    wal: &[u8],
+    cuts: &[usize],
+) -> (CodecStats, usize) {
     let mut dec = Decoder::new(p).unwrap();
     let (mut payload, mut restored) = (Vec::new(), Vec::new());
     let mut total = 0;
@@ -617,12 +640,17 @@ fn small_messages_go_combined_big_ones_separate() {
         assert!(restored == g.buf[at..end]);
         at = end;
     }
-    assert_eq!(modes, [0x03, 0x13].into_iter().collect());
+    assert_eq!(
+        modes,
+        [FORMAT_VERSION, 0x10 | FORMAT_VERSION]
+            .into_iter()
+            .collect()
+    );
 
     let mut enc = Encoder::new(&p).unwrap();
     let msg = &g.buf[..60_000];
     enc.encode(Lsn(g.start), msg, &mut out).unwrap();
-    assert_eq!(out[0], 0x03);
+    assert_eq!(out[0], FORMAT_VERSION);
     let mut bad = out.clone();
     bad[0] = 0x02;
     let e = Decoder::new(&p)

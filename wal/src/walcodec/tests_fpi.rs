@@ -6,11 +6,12 @@
 use proptest::prelude::*;
 
 use super::cache::SLOT_BYTES;
+use super::format::{IMG_IDENT, IMG_STREAM};
 use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
-use super::testgen::{Compressor, Entropy, GenBlock, Image, WalGen};
-use super::tests::{chunks_from, every, round_trip};
-use super::wal::BlockKey;
+use super::testgen::{Compressor, Entropy, GenBlock, GivenImage, Image, WalGen};
+use super::tests::{chunks_from, every, round_trip, round_trip_checks};
+use super::wal::{BlockKey, PAGE_SIZE};
 use super::*;
 use crate::pg::PgMajor;
 
@@ -51,13 +52,26 @@ enum Style {
     /// Valid data of the method made with other settings (lz4 acceleration 50, zstd level
     /// 19, pglz's "always" strategy): recompression does not reproduce them.
     Foreign,
+    /// By the page's contents: as PostgreSQL, foreign, or bytes that do not decompress.
+    Mixed,
 }
 
 fn compressor(major: PgMajor, m: Method, style: Style) -> Compressor {
     let f = flag(major, m);
     Box::new(move |src: &[u8]| {
+        let style = match style {
+            Style::Mixed => match src.iter().map(|&b| u32::from(b)).sum::<u32>() % 3 {
+                0 => Style::Pg,
+                1 => Style::Foreign,
+                _ => {
+                    let junk: Vec<u8> = src.iter().rev().take(200).map(|b| b ^ 0x5a).collect();
+                    return (junk.len() + 2 < src.len()).then_some((junk, f));
+                }
+            },
+            s => s,
+        };
         let bytes = match (style, m) {
-            (Style::Pg, _) => compress_like_pg(m, src)?,
+            (Style::Pg | Style::Mixed, _) => compress_like_pg(m, src)?,
             (Style::Foreign, Method::Lz4) => {
                 let mut out = Vec::new();
                 lz4_compress_fast(src, &mut out, 50)?;
@@ -153,6 +167,11 @@ fn every_method_on_every_major_is_recompressed() {
     }
 }
 
+/// Images that do not reproduce reach the receiver as the primary's bytes: opaque when
+/// checked in place; with the checks on a worker, as the primary's bytes of an op whose
+/// page enters the cache ([`format::IMG_PRIMARY`]). pglz's "always" strategy makes the
+/// same choices as the default one on some pages: a mix, with several images of either
+/// kind in a message.
 #[test]
 fn foreign_compression_falls_back_to_the_original_bytes() {
     for (major, m) in [
@@ -168,25 +187,110 @@ fn foreign_compression_falls_back_to_the_original_bytes() {
             300_000,
             20,
         );
-        let (st, _) = round_trip(
-            &params(major, 64),
-            g.start,
-            &g.buf,
-            &every(50_000, g.buf.len()),
-        );
-        let what = format!("PG{major} {m:?}: {st:?}");
-        assert!(st.fpi_recompress_mismatch > 20, "{what}");
-        assert_eq!(st.fpi_undecodable, 0, "{what}");
-        // pglz's "always" strategy makes the same choices as the default one on some pages.
-        if m != Method::Pglz {
-            assert_eq!(st.fpi_recompressed, 0, "{what}");
+        for threaded in [false, true] {
+            let (st, _) = round_trip_checks(
+                &params(major, 64),
+                g.start,
+                &g.buf,
+                &every(50_000, g.buf.len()),
+                threaded,
+            );
+            let what = format!("PG{major} {m:?} threaded {threaded}: {st:?}");
+            assert!(st.fpi_recompress_mismatch > 20, "{what}");
+            assert_eq!(st.fpi_undecodable, 0, "{what}");
+            if m != Method::Pglz {
+                assert_eq!(st.fpi_recompressed, 0, "{what}");
+            }
+            if threaded {
+                assert_eq!(st.fpi_primary_bytes, st.fpi_recompress_mismatch, "{what}");
+                assert_eq!(st.fpi_opaque, 0, "{what}");
+            } else {
+                assert_eq!(st.fpi_primary_bytes, 0, "{what}");
+                assert_eq!(st.fpi_opaque, st.fpi_recompress_mismatch, "{what}");
+            }
         }
-        assert_eq!(
-            st.fpi_opaque,
-            st.fpi_recompress_mismatch + st.fpi_undecodable,
-            "{what}"
-        );
     }
+}
+
+/// Images that reproduce, do not, and do not even decompress, several of each in a message:
+/// with the checks on a worker the ops of the ones that did not reproduce are rewritten at
+/// the message's end (frame or PAGE bytes out, the primary's bytes into IMG among the opaque
+/// ones), each where the decoder reads it; cache sizes from a few slots (every op kind) up.
+#[test]
+fn deferred_checks_among_opaque_images() {
+    for m in [Method::Pglz, Method::Lz4, Method::Zstd] {
+        let g = stream(
+            PgMajor::V16,
+            Some(compressor(PgMajor::V16, m, Style::Mixed)),
+            5,
+            400_000,
+            30,
+        );
+        for slots in [4, 64] {
+            let (st, _) = round_trip_checks(
+                &params(PgMajor::V16, slots),
+                g.start,
+                &g.buf,
+                &every(40_000, g.buf.len()),
+                true,
+            );
+            let what = format!("{m:?} {slots} slots: {st:?}");
+            assert!(st.fpi_primary_bytes > 3, "{what}");
+            assert!(st.fpi_undecodable > 3, "{what}");
+            assert!(st.fpi_recompressed > 3, "{what}");
+            assert_eq!(st.fpi_opaque, st.fpi_undecodable, "{what}");
+            assert_eq!(st.fpi_primary_bytes, st.fpi_recompress_mismatch, "{what}");
+        }
+    }
+}
+
+/// The two image ops the mixed stream does not reach, rewritten: a big image of a new
+/// relation (no reference: STREAM) that does not reproduce, then the same page again (the
+/// cache holds what the decoder decompressed from the primary's bytes: IDENT).
+#[test]
+fn deferred_checks_rewrite_stream_and_ident_ops() {
+    let major = PgMajor::V16;
+    let mut g = WalGen::new(major, SEG, 3 * SEG, 9);
+    for _ in 0..50 {
+        g.random_record(10);
+    }
+    let mut x = 7u32;
+    let mut page = Box::new([0u8; PAGE_SIZE]);
+    for b in page.iter_mut() {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        *b = (x >> 28) as u8;
+    }
+    let bytes = zstd::bulk::compress(&page[..], 19).unwrap();
+    assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
+    assert_ne!(compress_like_pg(Method::Zstd, &page[..]).unwrap(), bytes);
+    for _ in 0..2 {
+        let b = GenBlock {
+            key: BlockKey {
+                spc: 1663,
+                db: 5,
+                rel: 99_001,
+                fork: 0,
+                blkno: 3,
+            },
+            image: Image::Given(GivenImage {
+                page: page.clone(),
+                hole_offset: 0,
+                hole_len: 0,
+                apply: false,
+                compressed: Some((bytes.clone(), flag(major, Method::Zstd))),
+            }),
+            data: Vec::new(),
+        };
+        g.xid += 1;
+        let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
+        g.write_record(&rec);
+    }
+    g.switch();
+    let (st, _) = round_trip_checks(&params(major, 64), g.start, &g.buf, &[], true);
+    let what = format!("{st:?}");
+    assert_eq!(st.fpi_primary_bytes, 2, "{what}");
+    assert_eq!(st.image_ops[usize::from(IMG_STREAM)], 1, "{what}");
+    assert_eq!(st.image_ops[usize::from(IMG_IDENT)], 1, "{what}");
 }
 
 #[test]

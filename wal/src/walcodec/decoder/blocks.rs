@@ -73,6 +73,11 @@ impl State {
         } else {
             return Err(corrupt("a page frame for an image that cannot be rebuilt"));
         };
+        if op & IMG_PRIMARY != 0 {
+            let m = method
+                .ok_or_else(|| corrupt("the primary's bytes for an image it did not compress"))?;
+            return self.primary_image(op & 7, m, img, r);
+        }
         let plain = op & IMG_PLAIN != 0;
         let op = op & !(IMG_RECOMPRESS | IMG_PLAIN);
         if plain && !matches!(op, IMG_NEW | IMG_REF | IMG_NOCACHE) {
@@ -93,6 +98,55 @@ impl State {
             }
         }
         self.emit_image(method, img)
+    }
+
+    /// An image op with [`IMG_PRIMARY`] (kind `kind`, method `m`): the slots as the op has
+    /// them, a frame length of 0, no PAGE bytes; the image is the next bimg_len bytes of IMG,
+    /// and its page, what they decompress to, is stored where the op says.
+    fn primary_image(
+        &mut self,
+        kind: u8,
+        m: fpi::Method,
+        img: &ImageRef,
+        r: &mut Sections<'_>,
+    ) -> Result<(), WalCodecError> {
+        let cap = self.cache.capacity();
+        let mut slot = || -> Result<usize, WalCodecError> {
+            let v = r.ctrl.varint()?;
+            match usize::try_from(v) {
+                Ok(k) if k < cap => Ok(k),
+                _ => Err(WalCodecError::CacheTooSmall {
+                    slot: v,
+                    capacity: cap,
+                }),
+            }
+        };
+        let store = match kind {
+            IMG_IDENT => slot().map(|_| None)?,
+            IMG_NEW | IMG_SAME | IMG_STREAM => Some(slot()?),
+            IMG_REF => slot().and_then(|_| slot()).map(Some)?,
+            _ => None,
+        };
+        if matches!(kind, IMG_NEW | IMG_SAME | IMG_REF | IMG_NOCACHE) && r.ctrl.varint()? != 0 {
+            return Err(corrupt("a frame for an image sent as the primary's bytes"));
+        }
+        let bytes = r.img.bytes(usize::from(img.len))?;
+        if !self.recomp.decompress_page(m, img, bytes, &mut self.page) {
+            return Err(corrupt(format!(
+                "the primary's bytes of a {m:?} image do not decompress to its page"
+            )));
+        }
+        if let Some(k) = store {
+            self.stored = Some(k);
+            if !self.cache.put(k, &self.page) {
+                return Err(WalCodecError::CacheTooSmall {
+                    slot: k as u64,
+                    capacity: cap,
+                });
+            }
+        }
+        self.imgs.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// The slots and frame of image op `op`: (reference slot, slot to store into, frame);

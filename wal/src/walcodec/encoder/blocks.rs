@@ -100,20 +100,35 @@ impl Encoder {
     ) -> Result<(), WalCodecError> {
         self.stats.fpi_in += bytes.len() as u64;
         let recompress = if let Some(m) = self.pg_major.and_then(|m| fpi::recompressible(m, img)) {
-            match self.recomp.check(m, img, bytes, &mut self.page) {
-                Ok(()) => {
-                    self.stats.fpi_recompressed += 1;
-                    IMG_RECOMPRESS
+            match self.recomp.open(m, img, bytes, &mut self.page) {
+                Ok(true) if self.parallel => {
+                    // Sent as a page; the outcome is applied when the message ends.
+                    let at = Spot {
+                        op_at: self.streams[S_CTRL].buf.len(),
+                        img_at: self.streams[S_IMG].buf.len(),
+                        fpi_at: self.fpi.len(),
+                        page_at: self.streams[S_PAGE].buf.len(),
+                    };
+                    self.verify.defer(m, img, &self.page, bytes, at)?;
                 }
-                Err(refusal) => {
-                    match refusal {
-                        Refusal::Mismatch => self.stats.fpi_recompress_mismatch += 1,
-                        Refusal::Undecodable => self.stats.fpi_undecodable += 1,
+                Ok(true) => {
+                    let same = self.recomp.reproduces(m, img, &self.page, bytes);
+                    self.recomp.checked(m, same);
+                    if !same {
+                        self.stats.fpi_recompress_mismatch += 1;
+                        self.opaque_image(bytes);
+                        return Ok(());
                     }
+                }
+                Ok(false) => {}
+                Err(Refusal::Undecodable | Refusal::Mismatch) => {
+                    self.stats.fpi_undecodable += 1;
                     self.opaque_image(bytes);
                     return Ok(());
                 }
             }
+            self.stats.fpi_recompressed += 1;
+            IMG_RECOMPRESS
         } else if img.reconstructible() {
             let off = usize::from(img.hole_offset);
             let hole = usize::from(img.hole_len);
