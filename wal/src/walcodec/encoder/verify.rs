@@ -29,9 +29,17 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use super::super::cache::{new_page, Page};
+use super::super::format::{
+    IMG_IDENT, IMG_NEW, IMG_NOCACHE, IMG_PRIMARY, IMG_RECOMPRESS, IMG_REF, IMG_SAME, IMG_STREAM,
+    IMG_STREAM_NOCACHE,
+};
 use super::super::fpi::{Method, Recompressor};
+use super::super::streams::Reader;
 use super::super::wal::ImageRef;
+use super::super::wal::PAGE_SIZE;
 use super::super::WalCodecError;
+use super::super::{S_CTRL, S_IMG, S_PAGE};
+use super::Encoder;
 
 /// Images handed to the worker at once.
 const BATCH: usize = 4;
@@ -214,5 +222,82 @@ impl Verifier {
                 }
             }
         }
+    }
+}
+
+impl Encoder {
+    /// Applies the outcomes of the message's image checks (this module's doc): an image that did
+    /// not reproduce goes as the primary's bytes ([`Encoder::make_primary`]).
+    pub(super) fn settle_checks(&mut self) -> Result<(), WalCodecError> {
+        let verdicts = self.verify.settle()?;
+        // Last first, so that the offsets of the earlier ones still hold.
+        for v in verdicts.iter().rev() {
+            if let Some(bytes) = &v.mismatch {
+                self.make_primary(&v.spot, bytes)?;
+            }
+        }
+        for v in &verdicts {
+            self.recomp.checked(v.m, v.mismatch.is_none());
+        }
+        Ok(())
+    }
+
+    /// Rewrites the image op written at `spot` for an image whose recompression does not give
+    /// the primary's `bytes`: [`IMG_PRIMARY`], a frame length of 0 (the frame taken out of
+    /// the page frames) or no PAGE bytes, the bytes in IMG. Slots stay as they were: the
+    /// decoder stores the page it decompresses from the bytes where the op said.
+    fn make_primary(&mut self, spot: &Spot, bytes: &[u8]) -> Result<(), WalCodecError> {
+        let internal = |what: &str| WalCodecError::Corrupt(format!("internal: {what}"));
+        let ctrl = &self.streams[S_CTRL].buf;
+        let op = *ctrl
+            .get(spot.op_at)
+            .ok_or_else(|| internal("no image op"))?;
+        if op & IMG_RECOMPRESS == 0 {
+            return Err(internal("a checked image without IMG_RECOMPRESS"));
+        }
+        let kind = op & 7;
+        let mut r = Reader::new(&ctrl[spot.op_at + 1..], "CTRL");
+        let slots = match kind {
+            IMG_IDENT | IMG_NEW | IMG_SAME | IMG_STREAM => 1,
+            IMG_REF => 2,
+            _ => 0,
+        };
+        for _ in 0..slots {
+            r.varint()?;
+        }
+        let frame = if matches!(kind, IMG_NEW | IMG_SAME | IMG_REF | IMG_NOCACHE) {
+            let at = spot.op_at + 1 + r.position();
+            let len = r.len(2 * PAGE_SIZE)?;
+            Some((at..spot.op_at + 1 + r.position(), len))
+        } else {
+            None
+        };
+        if let Some((varint, len)) = frame {
+            let frames = spot.fpi_at..spot.fpi_at + len;
+            if frames.end > self.fpi.len() {
+                return Err(internal("a frame past the end of the page frames"));
+            }
+            self.fpi.drain(frames);
+            self.streams[S_CTRL].buf.splice(varint, [0u8]);
+            let out = &mut self.stats.image_frame_out[usize::from(kind)];
+            *out = out.saturating_sub(len as u64);
+        }
+        if matches!(kind, IMG_STREAM | IMG_STREAM_NOCACHE) {
+            let page = &mut self.streams[S_PAGE].buf;
+            if spot.page_at + PAGE_SIZE > page.len() {
+                return Err(internal("a page past the end of PAGE"));
+            }
+            page.drain(spot.page_at..spot.page_at + PAGE_SIZE);
+        }
+        self.streams[S_CTRL].buf[spot.op_at] = op | IMG_PRIMARY;
+        let img = &mut self.streams[S_IMG].buf;
+        if spot.img_at > img.len() {
+            return Err(internal("an IMG offset past its end"));
+        }
+        img.splice(spot.img_at..spot.img_at, bytes.iter().copied());
+        self.stats.fpi_recompressed -= 1;
+        self.stats.fpi_recompress_mismatch += 1;
+        self.stats.fpi_primary_bytes += 1;
+        Ok(())
     }
 }
