@@ -20,6 +20,9 @@ use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 mod blocks;
+mod deferred;
+
+use deferred::Deferred;
 
 pub struct Decoder {
     /// The parameters it was made with (for `persist`).
@@ -68,6 +71,9 @@ pub(super) struct State {
     /// The transform of frames without a same-block reference, and a transformed reference.
     xf: PageXf,
     xref: Page,
+    /// Compress images again on a worker (this message; see [`Decoder::set_parallel`]).
+    parallel: bool,
+    deferred: Deferred,
 }
 
 /// Readers over this message's sections.
@@ -133,6 +139,8 @@ impl Decoder {
                 page: new_page(),
                 xf: PageXf::new(),
                 xref: new_page(),
+                parallel: false,
+                deferred: Deferred::default(),
             },
             poisoned: false,
             parallel: payload::multi_core(),
@@ -145,6 +153,12 @@ impl Decoder {
     /// The output is the same either way.
     pub fn set_parallel(&mut self, on: bool) {
         self.parallel = on && payload::multi_core();
+    }
+
+    /// [`Decoder::set_parallel`], whatever the machine (tests).
+    #[cfg(test)]
+    pub(super) fn threaded_restores(&mut self, on: bool) {
+        self.parallel = on;
     }
 
     /// Restores exactly the raw bytes given to the encoder for the message at `start`
@@ -164,6 +178,7 @@ impl Decoder {
         let res = self.decode_inner(start, payload, raw_len, out);
         if res.is_err() {
             self.poisoned = true;
+            self.st.deferred.discard();
             out.clear();
         }
         res
@@ -220,9 +235,11 @@ impl Decoder {
         };
 
         out.reserve(raw_len);
+        self.st.parallel = self.parallel;
         while out.len() < raw_len {
             self.st.op(&mut r, out, raw_len)?;
         }
+        self.st.deferred.settle(out)?;
         for rd in [
             &r.ctrl, &r.hdr, &r.data, &r.main, &r.raw, &r.img, &r.page, &r.fpi,
         ] {
@@ -385,8 +402,11 @@ impl State {
         if self.rec.len() != tot {
             return Err(corrupt("record length mismatch"));
         }
-        let crc = record_crc(&self.rec);
-        self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        // With images still on the worker, the CRC is set when they come back.
+        if !self.deferred.waiting() {
+            let crc = record_crc(&self.rec);
+            self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        }
         Ok(())
     }
 
@@ -399,6 +419,7 @@ impl State {
     ) -> Result<Option<std::ops::Range<usize>>, WalCodecError> {
         self.imgs.clear();
         self.img_ends.clear();
+        self.deferred.start_record();
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             if let Some(img) = b.image {
@@ -413,8 +434,10 @@ impl State {
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             let from = if i == 0 { 0 } else { self.img_ends[i - 1] };
+            let rec_at = self.rec.len();
             self.rec
                 .extend_from_slice(&self.imgs[from..self.img_ends[i]]);
+            self.deferred.place(from, self.img_ends[i], rec_at);
             let d = usize::from(b.data_len);
             let at = self.rec.len();
             let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
@@ -459,10 +482,12 @@ impl State {
             if n == 0 {
                 return Err(corrupt("a record runs past the message end"));
             }
+            self.deferred.laid(k, out.len(), n);
             out.extend_from_slice(&self.rec[k..k + n]);
             self.tracker.feed(&self.rec[k..k + n]);
             k += n;
         }
+        self.deferred.record_done(&self.rec);
         let rr = redo::Record {
             bytes: &self.rec,
             area: &self.area,

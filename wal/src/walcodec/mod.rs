@@ -29,9 +29,14 @@
 //!   zstd's long-distance matcher, so content that crossed the link before under another
 //!   identity (a TOAST value written again under new chunk ids) is a reference.
 //!
-//! The sections of a large message (64 kB of input or more) are compressed, and decompressed,
-//! on several threads at once when the machine has more than one core (`payload.rs`): each is
-//! its own zstd context, so the bytes do not depend on it.
+//! When a codec end may use more than one core (`set_parallel`: the runtime allows it while
+//! messages wait behind the current one), the sections of a large message (64 kB of input or
+//! more) are compressed, and decompressed, on several threads at once (`payload.rs`: each is
+//! its own zstd context, so the bytes do not depend on it), and images the primary
+//! compressed are compressed again on a worker thread (`imgworker.rs`) while the message goes
+//! on: the encoder's checks (`encoder/verify.rs`), the decoder's restoring
+//! (`decoder/deferred.rs`). The worker takes what it keeps up with; the rest is done in
+//! place.
 //!
 //! The caches can be saved and restored ([`persist`], pure functions with a digest both ends
 //! can compare); the runtime does not use them yet, so every new session starts cold.
@@ -112,6 +117,7 @@ mod decoder;
 mod encoder;
 pub mod format;
 pub mod fpi;
+mod imgworker;
 pub mod mainxf;
 pub mod pagexf;
 mod payload;

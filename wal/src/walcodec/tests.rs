@@ -43,11 +43,17 @@ pub(super) fn round_trip(
     wal: &[u8],
     cuts: &[usize],
 ) -> (CodecStats, usize) {
-    round_trip_with(Encoder::new(p).unwrap(), p, start, wal, cuts)
+    round_trip_with(
+        Encoder::new(p).unwrap(),
+        Decoder::new(p).unwrap(),
+        start,
+        wal,
+        cuts,
+    )
 }
 
-/// [`round_trip`] with image checks on a worker thread (`threaded`) or in place, whatever the
-/// machine.
+/// [`round_trip`] with image checks (encoder) and compressions (decoder) on worker threads
+/// (`threaded`) or in place, whatever the machine.
 pub(super) fn round_trip_checks(
     p: &CodecParams,
     start: u64,
@@ -57,17 +63,18 @@ pub(super) fn round_trip_checks(
 ) -> (CodecStats, usize) {
     let mut enc = Encoder::new(p).unwrap();
     enc.threaded_checks(threaded);
-    round_trip_with(enc, p, start, wal, cuts)
+    let mut dec = Decoder::new(p).unwrap();
+    dec.threaded_restores(threaded);
+    round_trip_with(enc, dec, start, wal, cuts)
 }
 
 fn round_trip_with(
     mut enc: Encoder,
-    p: &CodecParams,
+    mut dec: Decoder,
     start: u64,
     wal: &[u8],
     cuts: &[usize],
 ) -> (CodecStats, usize) {
-    let mut dec = Decoder::new(p).unwrap();
     let (mut payload, mut restored) = (Vec::new(), Vec::new());
     let mut total = 0;
     let mut at = 0usize;

@@ -202,8 +202,13 @@ fn foreign_compression_falls_back_to_the_original_bytes() {
                 assert_eq!(st.fpi_recompressed, 0, "{what}");
             }
             if threaded {
-                assert_eq!(st.fpi_primary_bytes, st.fpi_recompress_mismatch, "{what}");
-                assert_eq!(st.fpi_opaque, 0, "{what}");
+                // Checked on the worker unless it was behind (then in place, opaque).
+                assert!(st.fpi_primary_bytes > 0, "{what}");
+                assert_eq!(
+                    st.fpi_primary_bytes + st.fpi_opaque,
+                    st.fpi_recompress_mismatch,
+                    "{what}"
+                );
             } else {
                 assert_eq!(st.fpi_primary_bytes, 0, "{what}");
                 assert_eq!(st.fpi_opaque, st.fpi_recompress_mismatch, "{what}");
@@ -238,8 +243,11 @@ fn deferred_checks_among_opaque_images() {
             assert!(st.fpi_primary_bytes > 3, "{what}");
             assert!(st.fpi_undecodable > 3, "{what}");
             assert!(st.fpi_recompressed > 3, "{what}");
-            assert_eq!(st.fpi_opaque, st.fpi_undecodable, "{what}");
-            assert_eq!(st.fpi_primary_bytes, st.fpi_recompress_mismatch, "{what}");
+            assert_eq!(
+                st.fpi_opaque + st.fpi_primary_bytes,
+                st.fpi_undecodable + st.fpi_recompress_mismatch,
+                "{what}"
+            );
         }
     }
 }

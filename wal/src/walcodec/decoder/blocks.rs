@@ -248,6 +248,11 @@ impl State {
         method: Option<fpi::Method>,
         img: &ImageRef,
     ) -> Result<(), WalCodecError> {
+        if let (Some(m), true) = (method, self.parallel) {
+            if self.deferred.compress(m, img, &self.page, &mut self.imgs)? {
+                return Ok(());
+            }
+        }
         if let Some(m) = method {
             let start = self.imgs.len();
             let ok = self.recomp.compress(m, img, &self.page, &mut self.imgs);

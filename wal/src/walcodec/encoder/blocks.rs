@@ -101,16 +101,8 @@ impl Encoder {
         self.stats.fpi_in += bytes.len() as u64;
         let recompress = if let Some(m) = self.pg_major.and_then(|m| fpi::recompressible(m, img)) {
             match self.recomp.open(m, img, bytes, &mut self.page) {
-                Ok(true) if self.parallel => {
-                    // Sent as a page; the outcome is applied when the message ends.
-                    let at = Spot {
-                        op_at: self.streams[S_CTRL].buf.len(),
-                        img_at: self.streams[S_IMG].buf.len(),
-                        fpi_at: self.fpi.len(),
-                        page_at: self.streams[S_PAGE].buf.len(),
-                    };
-                    self.verify.defer(m, img, &self.page, bytes, at)?;
-                }
+                // Sent as a page; the outcome is applied when the message ends.
+                Ok(true) if self.parallel && self.defer_check(m, img, bytes)? => {}
                 Ok(true) => {
                     let same = self.recomp.reproduces(m, img, &self.page, bytes);
                     self.recomp.checked(m, same);
@@ -142,6 +134,23 @@ impl Encoder {
             return Ok(());
         };
         self.encode_page(key, img, recompress)
+    }
+
+    /// Hands the check of the image in `self.page` to the worker (see `verify`); false when
+    /// it is behind (the caller checks in place).
+    fn defer_check(
+        &mut self,
+        m: fpi::Method,
+        img: &ImageRef,
+        bytes: &[u8],
+    ) -> Result<bool, WalCodecError> {
+        let at = Spot {
+            op_at: self.streams[S_CTRL].buf.len(),
+            img_at: self.streams[S_IMG].buf.len(),
+            fpi_at: self.fpi.len(),
+            page_at: self.streams[S_PAGE].buf.len(),
+        };
+        self.verify.defer(m, img, &self.page, bytes, at)
     }
 
     fn opaque_image(&mut self, bytes: &[u8]) {

@@ -13,127 +13,25 @@
 //! and its page still enters the cache. The payload depends only on the outcomes, never on
 //! the timing: they are applied, last image first, when the message ends.
 //!
-//! Images go to the worker [`BATCH`] at a time (and the rest at the message's end): one
-//! wake-up per image cost as much as the checks saved.
-//!
-//! Memory: at most [`QUEUE`] batches of images (a page copy and the image's bytes each) wait
-//! for the worker; outcomes keep the bytes of images that did not reproduce, which are part
-//! of the message.
+//! The worker and its bounds: [`super::super::imgworker`].
 //!
 //! [`IMG_RECOMPRESS`]: super::super::format::IMG_RECOMPRESS
 //! [`IMG_PRIMARY`]: super::super::format::IMG_PRIMARY
 //! [`fpi`]: super::super::fpi
 
-use std::collections::VecDeque;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
-
-use super::super::cache::{new_page, Page};
+use super::super::cache::Page;
 use super::super::format::{
     IMG_IDENT, IMG_NEW, IMG_NOCACHE, IMG_PRIMARY, IMG_RECOMPRESS, IMG_REF, IMG_SAME, IMG_STREAM,
     IMG_STREAM_NOCACHE,
 };
-use super::super::fpi::{Method, Recompressor};
+use super::super::fpi::Method;
+use super::super::imgworker::{ImgWorker, Task};
 use super::super::streams::Reader;
 use super::super::wal::ImageRef;
 use super::super::wal::PAGE_SIZE;
 use super::super::WalCodecError;
 use super::super::{S_CTRL, S_IMG, S_PAGE};
 use super::Encoder;
-
-/// Images handed to the worker at once.
-const BATCH: usize = 4;
-/// Batches queued for the worker at most; the encoder waits when it is full.
-const QUEUE: usize = 4;
-
-struct Job {
-    m: Method,
-    img: ImageRef,
-    page: Page,
-    bytes: Vec<u8>,
-}
-
-/// The worker's answer to a [`Job`], in order: the bytes back if they did not reproduce.
-type Outcome = Option<Vec<u8>>;
-
-struct Worker {
-    jobs: Option<mpsc::SyncSender<Vec<Job>>>,
-    outcomes: mpsc::Receiver<Vec<Outcome>>,
-    thread: Option<JoinHandle<()>>,
-    /// Jobs not handed over yet, and outcomes received but not taken.
-    batch: Vec<Job>,
-    ready: VecDeque<Outcome>,
-}
-
-impl Worker {
-    fn start() -> Result<Worker, WalCodecError> {
-        let mut recomp = Recompressor::new().ok_or_else(|| {
-            WalCodecError::Zstd("cannot create a zstd context for checking images".into())
-        })?;
-        let (jobs, queue) = mpsc::sync_channel::<Vec<Job>>(QUEUE);
-        let (done, outcomes) = mpsc::channel::<Vec<Outcome>>();
-        let thread = std::thread::Builder::new()
-            .name("walcodec-verify".into())
-            .spawn(move || {
-                for batch in queue {
-                    let out = batch
-                        .into_iter()
-                        .map(|j| {
-                            let same = recomp.reproduces(j.m, &j.img, &j.page, &j.bytes);
-                            (!same).then_some(j.bytes)
-                        })
-                        .collect();
-                    if done.send(out).is_err() {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| WalCodecError::Zstd(format!("cannot start the image checker: {e}")))?;
-        Ok(Worker {
-            jobs: Some(jobs),
-            outcomes,
-            thread: Some(thread),
-            batch: Vec::with_capacity(BATCH),
-            ready: VecDeque::new(),
-        })
-    }
-
-    /// Hands the jobs gathered so far to the worker.
-    fn hand_over(&mut self) -> Result<(), WalCodecError> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
-        self.jobs
-            .as_ref()
-            .and_then(|j| j.send(batch).ok())
-            .ok_or_else(stopped)
-    }
-
-    /// The outcome of the oldest job not taken yet (handed over first if need be).
-    fn next_outcome(&mut self) -> Result<Outcome, WalCodecError> {
-        if self.ready.is_empty() {
-            self.hand_over()?;
-            let batch = self.outcomes.recv().map_err(|_| stopped())?;
-            self.ready.extend(batch);
-        }
-        self.ready.pop_front().ok_or_else(stopped)
-    }
-}
-
-fn stopped() -> WalCodecError {
-    WalCodecError::Zstd("the image checker stopped".into())
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Closing the queue ends the worker after at most QUEUE checks.
-        self.jobs = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// Where a deferred image's op and bytes are: the lengths of CTRL, IMG, the page frames and
 /// PAGE before its op was written.
@@ -154,7 +52,7 @@ pub(in crate::walcodec) struct Verdict {
 }
 
 pub(in crate::walcodec) struct Verifier {
-    worker: Option<Worker>,
+    worker: Option<ImgWorker>,
     /// The message's deferred images, in order.
     pending: Vec<(Method, Spot)>,
 }
@@ -169,7 +67,7 @@ impl Verifier {
     }
 
     /// Queues the check of an image (`page` decompressed from `bytes`) whose op is about to be
-    /// written at `spot`.
+    /// written at `spot`; false, and nothing queued, when the worker is behind.
     pub fn defer(
         &mut self,
         m: Method,
@@ -177,35 +75,29 @@ impl Verifier {
         page: &Page,
         bytes: &[u8],
         spot: Spot,
-    ) -> Result<(), WalCodecError> {
-        if self.worker.is_none() {
-            self.worker = Some(Worker::start()?);
-        }
-        let w = self.worker.as_mut().ok_or_else(stopped)?;
-        let mut copy = new_page();
-        copy.copy_from_slice(&page[..]);
-        w.batch.push(Job {
-            m,
-            img: *img,
-            page: copy,
-            bytes: bytes.to_vec(),
-        });
-        if w.batch.len() >= BATCH {
-            w.hand_over()?;
+    ) -> Result<bool, WalCodecError> {
+        let w = match &mut self.worker {
+            Some(w) => w,
+            w => w.insert(ImgWorker::start()?),
+        };
+        if !w.submit(m, img, page, Task::Check(bytes.to_vec()))? {
+            return Ok(false);
         }
         self.pending.push((m, spot));
-        Ok(())
+        Ok(true)
     }
 
     /// The message is complete: every outcome, in image order (waits for the worker).
     pub fn settle(&mut self) -> Result<Vec<Verdict>, WalCodecError> {
-        if let Some(w) = &mut self.worker {
-            w.hand_over()?;
-        }
         let mut out = Vec::with_capacity(self.pending.len());
         for (m, spot) in std::mem::take(&mut self.pending) {
-            let mismatch = self.worker.as_mut().ok_or_else(stopped)?.next_outcome()?;
-            out.push(Verdict { m, spot, mismatch });
+            let w = self.worker.as_mut();
+            let w = w.ok_or_else(|| WalCodecError::Zstd("no image thread".into()))?;
+            out.push(Verdict {
+                m,
+                spot,
+                mismatch: w.next()?,
+            });
         }
         Ok(out)
     }
@@ -216,11 +108,7 @@ impl Verifier {
         let waiting = self.pending.len();
         self.pending.clear();
         if let Some(w) = &mut self.worker {
-            for _ in 0..waiting {
-                if w.next_outcome().is_err() {
-                    break;
-                }
-            }
+            w.drop_outcomes(waiting);
         }
     }
 }
