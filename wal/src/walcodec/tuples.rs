@@ -46,7 +46,7 @@
 //! sites is decided from bytes both ends have at that point (the record header, the block
 //! headers, the fixed part of main data), so the decoder asks the same question.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{hash_map, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::wal::{le16, BlockKey, BlockRef, PAGE_SIZE};
@@ -231,22 +231,33 @@ impl TupleCache {
 
     /// Stores the tuple at `tid`, replacing an older one; evicts the oldest beyond capacity.
     pub fn put(&mut self, tid: Tid, head: Head, data: &[u8]) {
-        self.remove(&tid);
         let cost = data.len() + ENTRY_OVERHEAD;
         if cost > self.cap / 4 || data.len() > PAGE_SIZE {
+            self.remove(&tid);
             return;
         }
         self.seq += 1;
-        self.map.insert(
-            tid,
-            Entry {
-                seq: self.seq,
-                head,
-                data: data.to_vec(),
-            },
-        );
+        match self.map.entry(tid) {
+            // A newer version of a cached tuple: its entry (and its allocation) is reused;
+            // its old place in `order` goes stale.
+            hash_map::Entry::Occupied(mut o) => {
+                let e = o.get_mut();
+                self.bytes -= e.data.len() + ENTRY_OVERHEAD;
+                e.seq = self.seq;
+                e.head = head;
+                e.data.clear();
+                e.data.extend_from_slice(data);
+            }
+            hash_map::Entry::Vacant(v) => {
+                v.insert(Entry {
+                    seq: self.seq,
+                    head,
+                    data: data.to_vec(),
+                });
+                *self.per_block.entry(tid.block).or_insert(0) += 1;
+            }
+        }
         self.order.push_back((tid, self.seq));
-        *self.per_block.entry(tid.block).or_insert(0) += 1;
         self.bytes += cost;
         while self.bytes > self.cap {
             let Some((old, seq)) = self.order.pop_front() else {
