@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
@@ -28,11 +28,10 @@ use crate::live::Live;
 use crate::metrics::Metrics;
 
 /// A link connection that has completed its handshake: TLS, or plaintext with
-/// `link.plaintext`.
+/// `link.plaintext`. Each comes with how many bytes of HTTP/2's preface, already read to
+/// check the peer speaks HTTP/2, tonic has yet to be given.
 pub(super) enum LinkIo {
-    Plain(CountingIo),
-    /// With how many bytes of HTTP/2's preface, already read from inside TLS to check the
-    /// peer speaks HTTP/2, tonic has yet to be given.
+    Plain(CountingIo, usize),
     Tls(Box<TlsStream<CountingIo>>, usize),
 }
 
@@ -88,13 +87,13 @@ async fn accept_loop(
         let tx = tx.clone();
         let deadline = Duration::from_secs(l.startup_timeout_secs);
         let Some(acceptor) = tls.clone() else {
+            let mut io = CountingIo::new(sock, up.metrics.clone());
             tokio::spawn(async move {
-                let r = tokio::time::timeout(deadline, preface(&sock)).await;
+                let r = tokio::time::timeout(deadline, preface(&mut io)).await;
                 drop(pass);
                 match r {
                     Ok(Ok(true)) => {
-                        let io = CountingIo::new(sock, up.metrics.clone());
-                        let _ = tx.send(Ok(LinkIo::Plain(io))).await;
+                        let _ = tx.send(Ok(LinkIo::Plain(io, 0))).await;
                     }
                     Ok(Ok(false)) => failed(
                         &up.metrics,
@@ -130,21 +129,19 @@ async fn accept_loop(
 /// HTTP/2's client connection preface: the first bytes of every plaintext link connection.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Waits until the peer has sent HTTP/2's client preface (left in the socket for tonic):
-/// false when it sent something else or closed.
-async fn preface(sock: &TcpStream) -> std::io::Result<bool> {
+/// Reads HTTP/2's client preface (given to tonic again by [`LinkIo`]): false as soon as the
+/// peer sent something else, or closed before all of it.
+async fn preface<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<bool> {
     let mut buf = [0u8; H2_PREFACE.len()];
-    loop {
-        let n = sock.peek(&mut buf).await?;
-        if n == 0 || buf[..n] != H2_PREFACE[..n] {
+    let mut n = 0;
+    while n < buf.len() {
+        let got = s.read(&mut buf[n..]).await?;
+        if got == 0 || buf[n..n + got] != H2_PREFACE[n..n + got] {
             return Ok(false);
         }
-        if n == H2_PREFACE.len() {
-            return Ok(true);
-        }
-        // Part of it: peek again once more may have come.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        n += got;
     }
+    Ok(true)
 }
 
 /// The TLS handshake, then HTTP/2's client preface from inside TLS, within `deadline`: a
@@ -184,9 +181,7 @@ async fn tls_accept(
 
 /// Reads HTTP/2's client preface from inside TLS (given to tonic again by [`LinkIo`]).
 async fn tls_preface(mut stream: TlsStream<CountingIo>) -> std::io::Result<TlsStream<CountingIo>> {
-    let mut buf = [0u8; H2_PREFACE.len()];
-    stream.read_exact(&mut buf).await?;
-    if &buf != H2_PREFACE {
+    if !preface(&mut stream).await? {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "not an HTTP/2 client (after the TLS handshake)",
@@ -220,14 +215,16 @@ impl AsyncRead for LinkIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            LinkIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            LinkIo::Tls(_, given) if *given < H2_PREFACE.len() => {
-                let n = (H2_PREFACE.len() - *given).min(buf.remaining());
-                buf.put_slice(&H2_PREFACE[*given..*given + n]);
-                *given += n;
-                Poll::Ready(Ok(()))
-            }
+        let this = self.get_mut();
+        let (LinkIo::Plain(_, given) | LinkIo::Tls(_, given)) = this;
+        if *given < H2_PREFACE.len() {
+            let n = (H2_PREFACE.len() - *given).min(buf.remaining());
+            buf.put_slice(&H2_PREFACE[*given..*given + n]);
+            *given += n;
+            return Poll::Ready(Ok(()));
+        }
+        match this {
+            LinkIo::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
             LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -240,19 +237,19 @@ impl AsyncWrite for LinkIo {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            LinkIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            LinkIo::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
             LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            LinkIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            LinkIo::Plain(s, _) => Pin::new(s).poll_flush(cx),
             LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            LinkIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            LinkIo::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
             LinkIo::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
@@ -262,7 +259,7 @@ impl tonic::transport::server::Connected for LinkIo {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {
-            LinkIo::Plain(s) => s.connect_info(),
+            LinkIo::Plain(s, _) => s.connect_info(),
             LinkIo::Tls(s, _) => s.get_ref().0.connect_info(),
         }
     }
@@ -272,9 +269,10 @@ impl tonic::transport::server::Connected for LinkIo {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
 
     #[tokio::test]
-    async fn the_preface_is_awaited_and_left_for_tonic() {
+    async fn the_preface_is_awaited_and_given_to_tonic() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let peer = |bytes: &'static [u8]| async move {
@@ -285,20 +283,32 @@ mod tests {
             }
             c
         };
-        let (c, (s, _)) = tokio::join!(peer(H2_PREFACE), async { l.accept().await.unwrap() });
-        assert!(preface(&s).await.unwrap());
-        let mut got = [0u8; 24];
-        assert_eq!(s.peek(&mut got).await.unwrap(), 24, "still there for tonic");
+        let metrics = Arc::new(Metrics::default());
+        // The preface in pieces, then a frame: tonic reads both, in order.
+        let (mut c, (s, _)) = tokio::join!(peer(H2_PREFACE), async { l.accept().await.unwrap() });
+        let mut io = CountingIo::new(s, metrics.clone());
+        assert!(preface(&mut io).await.unwrap());
+        c.write_all(b"frame").await.unwrap();
+        let mut link = LinkIo::Plain(io, 0);
+        let mut got = [0u8; 29];
+        link.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got[..24], H2_PREFACE);
+        assert_eq!(&got[24..], b"frame");
         drop(c);
-        let (_c, (s, _)) = tokio::join!(peer(b"\x16\x03\x01 a TLS hello"), async {
-            l.accept().await.unwrap()
-        });
-        assert!(!preface(&s).await.unwrap());
+        // Anything else is refused at its first byte that differs, without waiting for more.
+        let (_c, (s, _)) = tokio::join!(peer(b"\x16\x03\x01"), async { l.accept().await.unwrap() });
+        let mut io = CountingIo::new(s, metrics.clone());
+        let quick = tokio::time::timeout(Duration::from_millis(300), preface(&mut io)).await;
+        assert!(!quick.expect("refused at once").unwrap());
+        // A peer that closes inside the preface.
+        let (c, (s, _)) = tokio::join!(peer(b"PRI * "), async { l.accept().await.unwrap() });
+        drop(c);
+        let mut io = CountingIo::new(s, metrics.clone());
+        assert!(!preface(&mut io).await.unwrap());
+        // A partial preface waits (the deadline cuts it).
         let (_c, (s, _)) = tokio::join!(peer(b"PRI * HT"), async { l.accept().await.unwrap() });
-        let stalled = tokio::time::timeout(Duration::from_millis(300), preface(&s)).await;
-        assert!(
-            stalled.is_err(),
-            "a partial preface waits (the deadline cuts it)"
-        );
+        let mut io = CountingIo::new(s, metrics);
+        let stalled = tokio::time::timeout(Duration::from_millis(300), preface(&mut io)).await;
+        assert!(stalled.is_err(), "a partial preface waits");
     }
 }
