@@ -2,7 +2,8 @@
 //! must restore exactly what the encoder was given.
 //!
 //! Input: byte 0 picks the major (13 = unsupported, so everything passes raw; 14..=18), the
-//! start and the mode; byte 1 the block cache size. Then either
+//! start and the mode; byte 1 the block cache size (low bits) and whether both ends use worker
+//! threads for images (bit 7). Then either
 //! - mode "raw": the rest of the input is the WAL, cut into messages at input-chosen places and
 //!   fed from an arbitrary (page-aligned or not) start; or
 //! - mode "shaped": well-formed WAL is generated from the input (`walcodec::testgen::shaped`,
@@ -68,6 +69,11 @@ fuzz_target!(|data: &[u8]| {
 
     let mut enc = Encoder::new(&params).expect("encoder");
     let mut dec = Decoder::new(&params).expect("decoder");
+    // Image checks and restores on worker threads, or in place (the payload may then
+    // differ from run to run where an image does not reproduce; the round trip may not).
+    let parallel = cache & 0x80 != 0;
+    enc.set_parallel(parallel);
+    dec.set_parallel(parallel);
     let (mut payload, mut out) = (Vec::new(), Vec::new());
     let mut pos = start;
     let mut off = 0;

@@ -11,9 +11,10 @@
 //! fills and the stream stops reading from the link (HTTP/2 flow control then holds the
 //! upstream back).
 //!
-//! While another frame waits behind the one being restored, the codec may decompress a large
-//! message's sections on several threads (`WalDecoder::set_parallel`); while the thread
-//! keeps up it uses one core, which costs the least CPU.
+//! While the queue behind the frame being restored is full, the codec may use more cores
+//! (`WalDecoder::set_parallel`: images compressed again on a worker, a large message's
+//! sections decompressed on several threads); otherwise it uses one, which costs the least
+//! CPU.
 //!
 //! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle is restored and verified
 //! by the stream itself, under the same lock, and its result goes to the same output: a
@@ -159,9 +160,9 @@ impl DecodeThread {
         out: mpsc::Sender<Result<Vec<Item>, Failure>>,
     ) {
         while let Some(frame) = frames.blocking_recv() {
-            // This frame and another handed over: frames arrive faster than one core
-            // restores them.
-            let behind = self.in_flight.load(Ordering::Acquire) > 1;
+            // This frame and a full queue behind it: frames arrive faster than one core
+            // restores them (a frame or two queued is a burst, which one core absorbs).
+            let behind = self.in_flight.load(Ordering::Acquire) > QUEUE;
             let r = lock(&self.decoding).frame(&frame, behind);
             let failed = r.is_err();
             if out.blocking_send(r).is_err() || failed {

@@ -11,9 +11,9 @@
 //! TLS and HTTP/2 run on the runtime while the thread encodes: two cores at work per stream
 //! when the primary writes faster than one encodes.
 //!
-//! While another batch waits behind the one being encoded, the codec may use more cores
-//! (`WalEncoder::set_parallel`: image checks on a worker, a large message's sections on
-//! several threads); while the thread keeps up it uses one, which costs the least CPU.
+//! While the queue behind the batch being encoded is full (the feed waits), the codec may use
+//! more cores (`WalEncoder::set_parallel`: image checks on a worker, a large message's
+//! sections on several threads); otherwise it uses one, which costs the least CPU.
 //!
 //! A small batch (≤ [`INLINE_MAX`] bytes of WAL) that finds the thread idle is framed by the
 //! feed itself, under the same lock: a synchronous commit's few hundred bytes then wait for
@@ -201,9 +201,10 @@ struct EncodeThread {
 impl EncodeThread {
     fn run(mut self) {
         while let Some(job) = self.jobs.blocking_recv() {
-            // This batch and another handed over: the primary writes faster than one core
-            // encodes.
-            let behind = self.out.in_flight.load(Ordering::Acquire) > 1;
+            // This batch and a full queue behind it: the feed waits, the primary writes
+            // faster than one core encodes. (A batch or two queued is a burst, which one
+            // core absorbs; threads for it cost CPU and bought no lag in the bench.)
+            let behind = self.out.in_flight.load(Ordering::Acquire) > QUEUE;
             let msg = match self.out.frame(&job, behind) {
                 Ok(m) => m,
                 Err(status) => {

@@ -10,8 +10,11 @@
 //! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or PAGE
 //! bytes) taken out, the primary's bytes put into IMG where the decoder will read them; the
 //! decoder gets the page by decompressing them. Such an image costs what an opaque one does,
-//! and its page still enters the cache. The payload depends only on the outcomes, never on
-//! the timing: they are applied, last image first, when the message ends.
+//! and its page still enters the cache. The outcomes are applied, last image first, when the
+//! message ends. When the worker is behind it declines the check, which is then made in
+//! place as without a worker (an image that does not reproduce goes as it is, OPAQUE): so
+//! which of the two forms such an image takes depends on timing; what the payload restores
+//! does not.
 //!
 //! The worker and its bounds: [`super::super::imgworker`].
 //!
