@@ -184,8 +184,8 @@ struct Decoding {
 }
 
 impl Decoding {
-    /// One frame: restored and verified whole, or a failure; `behind`: more frames wait, so
-    /// the codec may use more than one core (`WalDecoder::set_parallel`).
+    /// One frame: restored and verified whole, or a failure; `behind`: the queue behind it is
+    /// full, so the codec may use more than one core (`WalDecoder::set_parallel`).
     fn frame(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
         self.decoder.set_parallel(behind);
         let (items, sum) = self

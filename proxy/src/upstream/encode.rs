@@ -109,8 +109,8 @@ struct Output {
 }
 
 impl Output {
-    /// The batch's frame, encoded under the framer's lock; `behind`: more batches wait, so
-    /// the codec may use more than one core (`WalEncoder::set_parallel`).
+    /// The batch's frame, encoded under the framer's lock; `behind`: the queue behind it is
+    /// full, so the codec may use more than one core (`WalEncoder::set_parallel`).
     fn frame(&self, job: &Job, behind: bool) -> Result<ToDownstream, Status> {
         let mut framer = self.framer.lock().unwrap_or_else(|e| e.into_inner());
         framer.encoder.set_parallel(behind);
