@@ -24,6 +24,9 @@ pub struct Metrics {
     /// Time spent in the link codec, nanoseconds (encode at the upstream, decode at the downstream).
     pub encode_ns: AtomicU64,
     pub decode_ns: AtomicU64,
+    /// Batches encoded (upstream) and frames restored (downstream) with the codec's extra
+    /// threads allowed (the stage's queue was full: `WalEncoder::set_parallel`).
+    pub codec_parallel_messages: [AtomicU64; 2],
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Tunnels (`crate::walsender::tunnel`), per half ([upstream, downstream]): open now, and protocol

@@ -312,8 +312,17 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
     e.halves(
         "walrelay_codec_cpu_seconds_total",
         "counter",
-        "CPU time spent in the link codec (encode at the upstream, decode and verify at the downstream).",
+        "CPU time spent in the link codec (encode at the upstream, decode and verify at the downstream), on the stage's own thread (not its image worker's or section threads').",
         [Some(count(&m.encode_ns) / 1e9), Some(count(&m.decode_ns) / 1e9)],
+    );
+    e.halves(
+        "walrelay_codec_parallel_messages_total",
+        "counter",
+        "Batches encoded (upstream) and frames restored (downstream) while the stage's queue was full, with the codec's extra threads allowed.",
+        [
+            Some(count(&m.codec_parallel_messages[0])),
+            Some(count(&m.codec_parallel_messages[1])),
+        ],
     );
 }
 

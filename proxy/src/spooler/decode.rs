@@ -188,6 +188,9 @@ impl Decoding {
     /// full, so the codec may use more than one core (`WalDecoder::set_parallel`).
     fn frame(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
         self.decoder.set_parallel(behind);
+        if behind {
+            Metrics::add(&self.metrics.codec_parallel_messages[1], 1);
+        }
         let (items, sum) = self
             .state
             .parse(frame, self.caps.max_raw, self.caps.max_frame)

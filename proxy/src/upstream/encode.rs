@@ -114,6 +114,9 @@ impl Output {
     fn frame(&self, job: &Job, behind: bool) -> Result<ToDownstream, Status> {
         let mut framer = self.framer.lock().unwrap_or_else(|e| e.into_inner());
         framer.encoder.set_parallel(behind);
+        if behind {
+            Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
+        }
         let frame = framer.frame(&job.parts)?;
         Metrics::add(&framer.metrics.link_messages_out, 1);
         Ok(ToDownstream {
