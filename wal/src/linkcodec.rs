@@ -104,7 +104,6 @@ impl WalEncoder {
         })
     }
 
-    /// Statistics of the WAL-aware codec, if this is one.
     /// Whether the `wal` codec may use more than one core for the next messages (see
     /// [`walcodec::Encoder::set_parallel`]); the other codecs use one.
     pub fn set_parallel(&mut self, on: bool) {
@@ -113,6 +112,7 @@ impl WalEncoder {
         }
     }
 
+    /// Statistics of the WAL-aware codec, if this is one.
     pub fn wal_stats(&self) -> Option<&walcodec::CodecStats> {
         match self {
             WalEncoder::Wal(e) => Some(e.stats()),

@@ -11,7 +11,7 @@ use super::redo::{self, Redo};
 use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
-use super::wal::{parse_area, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
+use super::wal::{parse_area, seal_record, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
     check_params, CodecParams, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN,
     S_PAGE, S_RAW,
@@ -39,8 +39,6 @@ pub struct Decoder {
     bufs: Vec<Vec<u8>>,
     pub(super) st: State,
     poisoned: bool,
-    /// Decompress a large message's sections on several threads (see [`Decoder::set_parallel`]).
-    parallel: bool,
 }
 
 /// Everything the ops act on besides the section readers.
@@ -71,7 +69,8 @@ pub(super) struct State {
     /// The transform of frames without a same-block reference, and a transformed reference.
     xf: PageXf,
     xref: Page,
-    /// Compress images again on a worker (this message; see [`Decoder::set_parallel`]).
+    /// Use more than one core: images compressed again on a worker, a large message's
+    /// sections decompressed on several threads (see [`Decoder::set_parallel`]).
     parallel: bool,
     deferred: Deferred,
 }
@@ -139,11 +138,10 @@ impl Decoder {
                 page: new_page(),
                 xf: PageXf::new(),
                 xref: new_page(),
-                parallel: false,
+                parallel: payload::multi_core(),
                 deferred: Deferred::default(),
             },
             poisoned: false,
-            parallel: payload::multi_core(),
         })
     }
 
@@ -152,13 +150,13 @@ impl Decoder {
     /// messages wait behind the one being restored, off while it keeps up (threads cost CPU).
     /// The output is the same either way.
     pub fn set_parallel(&mut self, on: bool) {
-        self.parallel = on && payload::multi_core();
+        self.st.parallel = on && payload::multi_core();
     }
 
     /// [`Decoder::set_parallel`], whatever the machine (tests).
     #[cfg(test)]
     pub(super) fn threaded_restores(&mut self, on: bool) {
-        self.parallel = on;
+        self.st.parallel = on;
     }
 
     /// Restores exactly the raw bytes given to the encoder for the message at `start`
@@ -221,7 +219,7 @@ impl Decoder {
             &mut self.combined,
             &mut self.scratch,
             &mut self.bufs,
-            self.parallel,
+            self.st.parallel,
         )?;
         let mut r = Sections {
             ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),
@@ -235,7 +233,6 @@ impl Decoder {
         };
 
         out.reserve(raw_len);
-        self.st.parallel = self.parallel;
         while out.len() < raw_len {
             self.st.op(&mut r, out, raw_len)?;
         }
@@ -404,8 +401,7 @@ impl State {
         }
         // With images still on the worker, the CRC is set when they come back.
         if !self.deferred.waiting() {
-            let crc = record_crc(&self.rec);
-            self.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+            seal_record(&mut self.rec);
         }
         Ok(())
     }

@@ -92,6 +92,35 @@ pub const BND_LONG: u8 = 2;
 /// that method (see `fpi`) to give the record's bimg_len bytes.
 pub const IMG_RECOMPRESS: u8 = 0x80;
 
+/// What follows image op `kind` (1..=7, flags removed): slot varints in CTRL (the last one
+/// the slot stored into, except for IDENT, whose one slot is read), then for NEW, SAME, REF
+/// and NOCACHE a frame length varint (and the frame in FPI); STREAM and STREAM_NOCACHE take
+/// a page from PAGE. `None` for OPAQUE and unknown kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpLayout {
+    pub slots: usize,
+    pub stores: bool,
+    pub framed: bool,
+    pub page: bool,
+}
+
+pub fn op_layout(kind: u8) -> Option<OpLayout> {
+    let (slots, framed) = match kind {
+        IMG_NEW | IMG_SAME => (1, true),
+        IMG_REF => (2, true),
+        IMG_NOCACHE => (0, true),
+        IMG_IDENT | IMG_STREAM => (1, false),
+        IMG_STREAM_NOCACHE => (0, false),
+        _ => return None,
+    };
+    Some(OpLayout {
+        slots,
+        stores: slots > 0 && kind != IMG_IDENT,
+        framed,
+        page: matches!(kind, IMG_STREAM | IMG_STREAM_NOCACHE),
+    })
+}
+
 /// Or-ed into an op with [`IMG_RECOMPRESS`]: the image is read from IMG (bimg_len bytes, the
 /// primary's) and its page is what they decompress to; the op keeps its slots, with no frame
 /// (length 0) or PAGE bytes. The encoder learns that recompression does not reproduce an

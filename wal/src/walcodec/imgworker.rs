@@ -94,14 +94,22 @@ impl ImgWorker {
         })
     }
 
-    /// Queues `task` for `page` (copied); `Ok(false)`, and nothing queued, when the thread
-    /// is behind (the caller does the job itself).
+    /// The worker in `slot`, started there if there is none yet.
+    pub fn started(slot: &mut Option<ImgWorker>) -> Result<&mut ImgWorker, WalCodecError> {
+        match slot {
+            Some(w) => Ok(w),
+            None => Ok(slot.insert(ImgWorker::start()?)),
+        }
+    }
+
+    /// Queues the task `task()` makes for `page` (copied); `Ok(false)`, and nothing made or
+    /// queued, when the thread is behind (the caller does the job itself).
     pub fn submit(
         &mut self,
         m: Method,
         img: &ImageRef,
         page: &Page,
-        task: Task,
+        task: impl FnOnce() -> Task,
     ) -> Result<bool, WalCodecError> {
         if self.batch.len() >= BATCH && !self.try_hand_over()? {
             return Ok(false);
@@ -112,7 +120,7 @@ impl ImgWorker {
             m,
             img: *img,
             page: copy,
-            task,
+            task: task(),
         });
         if self.batch.len() >= BATCH {
             self.try_hand_over()?;

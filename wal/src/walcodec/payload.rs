@@ -1,4 +1,5 @@
-//! The payload's framing: which sections a message has and where they are (format version 4; the framing is that of version 3).
+//! The payload's framing: which sections a message has and where they are (format version 4;
+//! the framing is that of version 3).
 //!
 //! ```text
 //! payload  = separate | combined

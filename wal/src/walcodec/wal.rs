@@ -394,3 +394,10 @@ pub fn record_crc(rec: &[u8]) -> u32 {
     let head = rec.get(..20).unwrap_or(rec);
     crc32c::crc32c_append(crc32c::crc32c(body), head)
 }
+
+/// Sets a whole record's xl_crc (bytes 20..24) to [`record_crc`]; `rec` holds at least the
+/// header.
+pub fn seal_record(rec: &mut [u8]) {
+    let crc = record_crc(rec);
+    rec[20..24].copy_from_slice(&crc.to_le_bytes());
+}

@@ -111,23 +111,13 @@ impl State {
         r: &mut Sections<'_>,
     ) -> Result<(), WalCodecError> {
         let cap = self.cache.capacity();
-        let mut slot = || -> Result<usize, WalCodecError> {
-            let v = r.ctrl.varint()?;
-            match usize::try_from(v) {
-                Ok(k) if k < cap => Ok(k),
-                _ => Err(WalCodecError::CacheTooSmall {
-                    slot: v,
-                    capacity: cap,
-                }),
-            }
-        };
-        let store = match kind {
-            IMG_IDENT => slot().map(|_| None)?,
-            IMG_NEW | IMG_SAME | IMG_STREAM => Some(slot()?),
-            IMG_REF => slot().and_then(|_| slot()).map(Some)?,
-            _ => None,
-        };
-        if matches!(kind, IMG_NEW | IMG_SAME | IMG_REF | IMG_NOCACHE) && r.ctrl.varint()? != 0 {
+        let layout = op_layout(kind).ok_or_else(|| corrupt(format!("unknown image op {kind}")))?;
+        let mut store = None;
+        for _ in 0..layout.slots {
+            store = Some(cache_slot(r.ctrl.varint()?, cap)?);
+        }
+        let store = store.filter(|_| layout.stores);
+        if layout.framed && r.ctrl.varint()? != 0 {
             return Err(corrupt("a frame for an image sent as the primary's bytes"));
         }
         let bytes = r.img.bytes(usize::from(img.len))?;
@@ -158,16 +148,7 @@ impl State {
         r: &mut Sections<'a>,
     ) -> Result<ImageSlots<'a>, WalCodecError> {
         let cap = self.cache.capacity();
-        let slot = |v: u64| -> Result<usize, WalCodecError> {
-            if v >= cap as u64 {
-                Err(WalCodecError::CacheTooSmall {
-                    slot: v,
-                    capacity: cap,
-                })
-            } else {
-                Ok(v as usize)
-            }
-        };
+        let slot = |v: u64| cache_slot(v, cap);
         Ok(match op {
             IMG_IDENT => (Some(slot(r.ctrl.varint()?)?), None, None),
             IMG_NEW => {
@@ -271,6 +252,14 @@ impl State {
         self.imgs.extend_from_slice(&self.page[..off]);
         self.imgs.extend_from_slice(&self.page[off + hole..]);
         Ok(())
+    }
+}
+
+/// Cache slot `v` of an op, which must be below the cache's `capacity`.
+fn cache_slot(v: u64, capacity: usize) -> Result<usize, WalCodecError> {
+    match usize::try_from(v) {
+        Ok(k) if k < capacity => Ok(k),
+        _ => Err(WalCodecError::CacheTooSmall { slot: v, capacity }),
     }
 }
 

@@ -19,7 +19,7 @@
 use super::super::cache::Page;
 use super::super::fpi::Method;
 use super::super::imgworker::{ImgWorker, Task};
-use super::super::wal::{record_crc, ImageRef};
+use super::super::wal::{seal_record, ImageRef};
 use super::super::WalCodecError;
 use super::corrupt;
 
@@ -66,11 +66,8 @@ impl Deferred {
         page: &Page,
         imgs: &mut Vec<u8>,
     ) -> Result<bool, WalCodecError> {
-        let w = match &mut self.worker {
-            Some(w) => w,
-            w => w.insert(ImgWorker::start()?),
-        };
-        if !w.submit(m, img, page, Task::Compress)? {
+        let w = ImgWorker::started(&mut self.worker)?;
+        if !w.submit(m, img, page, || Task::Compress)? {
             return Ok(false);
         }
         self.submitted += 1;
@@ -132,8 +129,7 @@ impl Deferred {
                     }
                 }
             }
-            let crc = record_crc(&w.rec);
-            w.rec[20..24].copy_from_slice(&crc.to_le_bytes());
+            seal_record(&mut w.rec);
             for &(k, at, n) in &w.segments {
                 let dst = out
                     .get_mut(at..at + n)

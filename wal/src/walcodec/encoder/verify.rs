@@ -23,10 +23,7 @@
 //! [`fpi`]: super::super::fpi
 
 use super::super::cache::Page;
-use super::super::format::{
-    IMG_IDENT, IMG_NEW, IMG_NOCACHE, IMG_PRIMARY, IMG_RECOMPRESS, IMG_REF, IMG_SAME, IMG_STREAM,
-    IMG_STREAM_NOCACHE,
-};
+use super::super::format::{op_layout, IMG_PRIMARY, IMG_RECOMPRESS};
 use super::super::fpi::Method;
 use super::super::imgworker::{ImgWorker, Task};
 use super::super::streams::Reader;
@@ -79,11 +76,8 @@ impl Verifier {
         bytes: &[u8],
         spot: Spot,
     ) -> Result<bool, WalCodecError> {
-        let w = match &mut self.worker {
-            Some(w) => w,
-            w => w.insert(ImgWorker::start()?),
-        };
-        if !w.submit(m, img, page, Task::Check(bytes.to_vec()))? {
+        let w = ImgWorker::started(&mut self.worker)?;
+        if !w.submit(m, img, page, || Task::Check(bytes.to_vec()))? {
             return Ok(false);
         }
         self.pending.push((m, spot));
@@ -147,16 +141,12 @@ impl Encoder {
             return Err(internal("a checked image without IMG_RECOMPRESS"));
         }
         let kind = op & 7;
+        let layout = op_layout(kind).ok_or_else(|| internal("a checked image sent opaque"))?;
         let mut r = Reader::new(&ctrl[spot.op_at + 1..], "CTRL");
-        let slots = match kind {
-            IMG_IDENT | IMG_NEW | IMG_SAME | IMG_STREAM => 1,
-            IMG_REF => 2,
-            _ => 0,
-        };
-        for _ in 0..slots {
+        for _ in 0..layout.slots {
             r.varint()?;
         }
-        let frame = if matches!(kind, IMG_NEW | IMG_SAME | IMG_REF | IMG_NOCACHE) {
+        let frame = if layout.framed {
             let at = spot.op_at + 1 + r.position();
             let len = r.len(2 * PAGE_SIZE)?;
             Some((at..spot.op_at + 1 + r.position(), len))
@@ -173,7 +163,7 @@ impl Encoder {
             let out = &mut self.stats.image_frame_out[usize::from(kind)];
             *out = out.saturating_sub(len as u64);
         }
-        if matches!(kind, IMG_STREAM | IMG_STREAM_NOCACHE) {
+        if layout.page {
             let page = &mut self.streams[S_PAGE].buf;
             if spot.page_at + PAGE_SIZE > page.len() {
                 return Err(internal("a page past the end of PAGE"));

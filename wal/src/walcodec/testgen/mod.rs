@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 use super::fpi::Recompressor;
 use super::wal::{
-    record_crc, BlockKey, BKPBLOCK_FORK_MASK, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE,
+    seal_record, BlockKey, BKPBLOCK_FORK_MASK, BKPBLOCK_HAS_DATA, BKPBLOCK_HAS_IMAGE,
     BKPBLOCK_SAME_REL, BKPIMAGE_HAS_HOLE, PAGE_SIZE, REC_HDR, WAL_PAGE, XLP_BKP_REMOVABLE,
     XLP_FIRST_IS_CONTRECORD, XLP_LONG_HEADER, XLR_BLOCK_ID_DATA_LONG, XLR_BLOCK_ID_DATA_SHORT,
     XLR_BLOCK_ID_ORIGIN, XLR_BLOCK_ID_TOPLEVEL_XID,
@@ -364,8 +364,7 @@ impl<E: Entropy> WalGen<E> {
         rec.extend_from_slice(&area);
         rec.extend_from_slice(payload);
         rec.extend_from_slice(main);
-        let crc = record_crc(&rec);
-        rec[20..24].copy_from_slice(&crc.to_le_bytes());
+        seal_record(&mut rec);
         rec
     }
 
