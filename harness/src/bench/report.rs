@@ -60,6 +60,7 @@ pub struct Window {
     pub z: PairWindow,
     /// Largest replay lag of the standby streaming from the primary directly (no relay).
     pub direct_max_replay_lag_bytes: u64,
+    pub direct_max_receive_lag_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -81,6 +82,8 @@ pub struct PairWindow {
     pub upstream_cores: f64,
     pub downstream_cores: f64,
     pub max_replay_lag_bytes: u64,
+    /// The part of the replay lag that is WAL not yet received: the relay path's share.
+    pub max_receive_lag_bytes: u64,
     /// How much later than the window's first and last sample the standby had received the
     /// window's start and end (the larger of both), seconds. Above [`LATE_SECS`] the figures
     /// are approximate: link bytes in flight toward the standby (the downstream's queue) are
@@ -129,6 +132,7 @@ impl Window {
                 upstream_cores: ratio(p.cpu_up_s, p.t1 - p.t0),
                 downstream_cores: ratio(p.cpu_down_s, p.t1 - p.t0),
                 max_replay_lag_bytes: p.max_replay_lag,
+                max_receive_lag_bytes: p.max_receive_lag,
                 receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
                 raw: p.clone(),
             }
@@ -145,6 +149,7 @@ impl Window {
             w: pair(&cut.pairs[0], codecs[0]),
             z: pair(&cut.pairs[1], codecs[1]),
             direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
+            direct_max_receive_lag_bytes: cut.direct_max_receive_lag,
         }
     }
 }
@@ -192,7 +197,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | max replay lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -209,7 +214,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -231,6 +236,9 @@ impl Report {
                 mb(pw.max_replay_lag_bytes),
                 mb(pz.max_replay_lag_bytes),
                 mb(w.direct_max_replay_lag_bytes),
+                mb(pw.max_receive_lag_bytes),
+                mb(pz.max_receive_lag_bytes),
+                mb(w.direct_max_receive_lag_bytes),
             ));
         }
         if late {

@@ -23,7 +23,8 @@ pub struct Sample {
     pub primary_lsn: u64,
     pub received: [u64; 2],
     pub replayed: [u64; 2],
-    /// Replay position of the standby connected to the primary directly.
+    /// Receive and replay positions of the standby connected to the primary directly.
+    pub direct_received: u64,
     pub direct_replayed: u64,
     pub pairs: [PairCounters; 2],
 }
@@ -87,6 +88,7 @@ impl Sampler {
                 primary_lsn: p[0],
                 received: [s0[0], s1[0]],
                 replayed: [s0[1], s1[1]],
+                direct_received: d[0],
                 direct_replayed: d[1],
                 pairs: [c0, c1],
             })
@@ -112,6 +114,9 @@ pub struct PairCut {
     pub payload: Option<f64>,
     /// Largest primary position − standby replay position over the window's samples.
     pub max_replay_lag: u64,
+    /// Largest primary position − standby receive position: the part of the lag that is the
+    /// relay path (the rest is the standby's own replay).
+    pub max_receive_lag: u64,
 }
 
 /// A window cut out of the samples.
@@ -122,8 +127,18 @@ pub struct Cut {
     pub lsn_start: u64,
     pub lsn_end: u64,
     pub pairs: [PairCut; 2],
-    /// Largest primary position − direct standby's replay position over the window.
+    /// Largest primary position − direct standby's replay / receive position over the window.
     pub direct_max_replay_lag: u64,
+    pub direct_max_receive_lag: u64,
+}
+
+/// Largest `primary position − pos(sample)` over `samples`.
+fn max_lag(samples: &[Sample], pos: impl Fn(&Sample) -> u64) -> u64 {
+    samples
+        .iter()
+        .map(|s| s.primary_lsn.saturating_sub(pos(s)))
+        .max()
+        .unwrap_or(0)
 }
 
 fn first(samples: &[Sample], pred: impl Fn(&Sample) -> bool) -> Option<usize> {
@@ -157,11 +172,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             cpu_down_s: b.cpu_down - a.cpu_down,
             messages: num(a.messages, b.messages),
             payload: num(a.payload, b.payload),
-            max_replay_lag: samples[i0..=i1]
-                .iter()
-                .map(|s| s.primary_lsn.saturating_sub(s.replayed[p]))
-                .max()
-                .unwrap_or(0),
+            max_replay_lag: max_lag(&samples[i0..=i1], |s| s.replayed[p]),
+            max_receive_lag: max_lag(&samples[i0..=i1], |s| s.received[p]),
         })
     };
     Ok(Cut {
@@ -170,11 +182,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         lsn_start: l0,
         lsn_end: l1,
         pairs: [pair(0)?, pair(1)?],
-        direct_max_replay_lag: samples[i0..=i1]
-            .iter()
-            .map(|s| s.primary_lsn.saturating_sub(s.direct_replayed))
-            .max()
-            .unwrap_or(0),
+        direct_max_replay_lag: max_lag(&samples[i0..=i1], |s| s.direct_replayed),
+        direct_max_receive_lag: max_lag(&samples[i0..=i1], |s| s.direct_received),
     })
 }
 
@@ -195,8 +204,9 @@ mod tests {
             t,
             primary_lsn: primary,
             received: recv,
-            replayed: recv,
-            direct_replayed: primary,
+            replayed: recv.map(|r| r.saturating_sub(5)),
+            direct_received: primary,
+            direct_replayed: primary - 1,
             pairs: [c(bytes[0]), c(bytes[1])],
         }
     }
@@ -216,7 +226,9 @@ mod tests {
         assert_eq!((c.pairs[1].t0, c.pairs[1].t1), (1.0, 3.0));
         assert_eq!(c.pairs[1].toward_standby, 20);
         assert_eq!(c.pairs[1].toward_primary, 2);
-        assert_eq!(c.pairs[1].max_replay_lag, 100);
+        assert_eq!(c.pairs[1].max_receive_lag, 100);
+        assert_eq!(c.pairs[1].max_replay_lag, 105);
+        assert_eq!((c.direct_max_receive_lag, c.direct_max_replay_lag), (0, 1));
         assert!(c.pairs[0].messages.is_none());
         assert!(cut(&samples, 0.0, 5.0).is_err());
     }
