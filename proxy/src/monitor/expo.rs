@@ -469,8 +469,8 @@ fn spool_and_slot_families(e: &mut Expo, m: &Metrics) {
             e.one(name, "gauge", help, v);
         }
         let io: [(&str, &str, f64); 3] = [
-            ("walrelay_spool_write_seconds_total", "Time the downstream spent appending WAL to the spool, the fsync and rename of each completed segment included (standbys get WAL once it is appended).", count(&s.write_ns) / 1e9),
-            ("walrelay_spool_sync_seconds_total", "Time the downstream spent in the spool's periodic fsync (at most every 100 ms while WAL arrives).", count(&s.sync_ns) / 1e9),
+            ("walrelay_spool_write_seconds_total", "Time the downstream spent appending WAL to the spool (standbys get WAL once it is appended).", count(&s.write_ns) / 1e9),
+            ("walrelay_spool_sync_seconds_total", "Time the spool's sync thread spent making WAL durable: the periodic fsync (at most every 100 ms while WAL arrives), each filled segment's fsync and rename, the state file (nobody waits for it but the primary's slot).", count(&s.sync_ns) / 1e9),
             ("walrelay_spool_syncs_total", "The spool's periodic fsyncs.", count(&s.syncs)),
         ];
         for (name, help, v) in io {

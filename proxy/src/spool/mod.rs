@@ -20,7 +20,9 @@
 //! A segment is fsynced before it is renamed from `.partial` to its name, and the directory
 //! after; `spool.state` is written to a temporary file, fsynced, renamed. So after a crash:
 //! complete segments are whole; the partial segment holds at least `end` unless something
-//! else damaged it. [`Spool::open`] checks: a partial segment shorter than `end` or whose tail
+//! else damaged it. (With durability deferred to a sync thread, `durable`, a filled segment
+//! can wait as `.partial` for its fsync while the next one is written; recovery treats the
+//! later one as any bytes past `end`.) [`Spool::open`] checks: a partial segment shorter than `end` or whose tail
 //! does not match is discarded whole (it is fetched again from its start); bytes past `end`
 //! (written, never synced) are cut off. The spool never serves bytes past `end`... of what it
 //! has written in this run, and never anything of a discarded segment.
@@ -34,6 +36,7 @@
 //! that asks for them later gets PostgreSQL's "requested WAL segment … has already been
 //! removed".
 
+mod durable;
 mod files;
 mod state;
 
@@ -48,6 +51,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::{history_file_name, WalSegSize};
 use walrelay_wal::timeline;
 
+pub use durable::{write_state_file, Durability};
 pub use files::{write_atomically, SegmentFile};
 pub use state::SpoolState;
 
@@ -104,6 +108,9 @@ pub struct Spool {
     ext: Extent,
     /// The partial segment being written, if any.
     current: Option<(u64, File)>,
+    /// Filled segments are left in `filled` for a sync thread ([`Spool::set_deferred`]).
+    deferred: bool,
+    filled: Vec<Durability>,
 }
 
 impl Spool {
@@ -125,6 +132,8 @@ impl Spool {
                 durable: Lsn(0),
             },
             current: None,
+            deferred: false,
+            filled: Vec::new(),
         };
         if let Some(st) = st {
             spool.seg = WalSegSize::new(st.seg_size).ok_or_else(|| {
@@ -265,7 +274,7 @@ impl Spool {
             bytes = &bytes[n..];
             self.ext.end = Lsn(self.ext.end.0 + n as u64);
             if self.seg.offset_in_segment(self.ext.end) == 0 {
-                self.complete(segno)?;
+                self.segment_filled(segno)?;
             }
         }
         Ok(())

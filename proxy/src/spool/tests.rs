@@ -229,3 +229,63 @@ fn a_timeline_switch_starts_the_new_timeline_with_the_old_bytes() {
         (TimeLineId(2), Lsn(sp + 4000))
     );
 }
+
+/// Deferred durability: a filled segment waits as `.partial` for its job, standbys read it
+/// meanwhile, the durable end moves only when a job's state is written, and a crash with jobs
+/// pending reopens at the last durable end.
+#[test]
+fn deferred_durability_completes_segments_in_jobs_and_survives_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
+    s.set_deferred(true);
+    s.append(T1, Lsn(MIB), &wal(MIB, 300_000)).unwrap();
+    let sync = s.sync_job().unwrap().expect("WAL not yet durable");
+    assert!(s.take_filled().is_empty());
+    // The segment fills and the next begins: both .partial until the filled job is done.
+    let end = 2 * MIB + 5000;
+    s.append(
+        T1,
+        Lsn(MIB + 300_000),
+        &wal(MIB + 300_000, (end - MIB - 300_000) as usize),
+    )
+    .unwrap();
+    let filled = s.take_filled();
+    assert_eq!(filled.len(), 1);
+    assert!(names(d.path()).contains(&"000000010000000000000001.partial".to_string()));
+    assert!(names(d.path()).contains(&"000000010000000000000002.partial".to_string()));
+    assert_eq!(s.read(T1, Lsn(MIB), Lsn(end), 10).unwrap(), wal(MIB, 10));
+    assert_eq!(s.extent().durable, Lsn(0));
+    let done = |s: &mut Spool, job: Durability| {
+        let filled = !job.is_data();
+        let (tli, at) = job.perform(d.path(), seg()).unwrap();
+        let st = s.state_at(tli, at).unwrap().expect("a newer durable end");
+        write_state_file(d.path(), &st).unwrap();
+        s.made_durable(tli, at, filled).unwrap();
+    };
+    done(&mut s, sync);
+    assert_eq!(s.extent().durable, Lsn(MIB + 300_000));
+    // A sync job for WAL of the filled segment only is already covered by it.
+    let second = s.sync_job().unwrap().expect("the new segment's WAL");
+    for job in filled {
+        done(&mut s, job);
+    }
+    assert_eq!(s.extent().durable, Lsn(2 * MIB));
+    assert_eq!(
+        std::fs::read(d.path().join("000000010000000000000001")).unwrap(),
+        wal(MIB, MIB as usize)
+    );
+    // Crash now, the second sync never done: reopens at the segment's end; the bytes of
+    // the next segment are fetched again.
+    drop(second);
+    drop(s);
+    let s = Spool::open(d.path(), 100 * MIB).unwrap();
+    assert_eq!(s.extent().end, Lsn(2 * MIB));
+    // A stale job (older than the durable end) changes nothing.
+    let mut s = s;
+    s.append(T1, Lsn(2 * MIB), &wal(2 * MIB, 100)).unwrap();
+    assert!(s.state_at(T1, Lsn(2 * MIB)).unwrap().is_none());
+    assert!(s
+        .state_at(TimeLineId(2), Lsn(2 * MIB + 50))
+        .unwrap()
+        .is_none());
+}

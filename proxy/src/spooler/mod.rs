@@ -15,6 +15,7 @@
 mod client;
 mod decode;
 pub mod handshake;
+mod syncer;
 pub mod writer;
 
 use std::collections::HashMap;

@@ -1,8 +1,9 @@
-//! The spool's writer thread: the owner of the [`Spool`], so that fsync and segment
-//! completion never run on the async runtime. It applies verified WAL and timeline switches in
-//! order, syncs at most [`SYNC_EVERY`] after the first unsynced write (and whenever a segment
-//! completes), and publishes the spool's extent for the standbys' sessions and for the stream
-//! (which tells the upstream where the spool is durable, so the primary's slot advances).
+//! The spool's writer thread: the owner of the [`Spool`], so that file I/O never runs on the
+//! async runtime. It applies verified WAL and timeline switches in order, publishes the
+//! spool's extent for the standbys' sessions after each, and has the sync thread
+//! ([`super::syncer`]) make it durable at most [`SYNC_EVERY`] after the first unsynced write
+//! and whenever a segment fills, without waiting for it; the sync thread publishes the durable
+//! end for the stream (which tells the upstream, so the primary's slot advances).
 //!
 //! A small append (≤ [`INLINE_MAX`] bytes) that stays inside the current segment and finds the
 //! writer idle is written by the stream itself, under the same lock, and published at once: a
@@ -18,14 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::warn;
 
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
 use super::lock;
+use super::syncer::Syncer;
 use crate::metrics::{timed_wall, Metrics};
-use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
+use crate::spool::{Durability, Extent, Spool, SpoolError, SpoolFiles};
 
 /// Longest WAL stays written but not synced.
 pub const SYNC_EVERY: Duration = Duration::from_millis(100);
@@ -86,15 +87,17 @@ pub struct Stopped;
 
 /// Starts the writer thread on an opened spool; returns its handle and the view.
 pub fn start(
-    spool: Spool,
+    mut spool: Spool,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(SpoolWriter, watch::Receiver<SpoolView>)> {
     let (tx, rx) = std_mpsc::sync_channel(QUEUE);
+    spool.set_deferred(true);
     let (view_tx, view_rx) = watch::channel(view(&spool, None));
     metrics.ops.spool.capacity.store(spool.capacity(), Relaxed);
     let writing = Arc::new(Mutex::new(Writing {
         spool,
         dirty_since: None,
+        sync_pending: false,
         failed: false,
         publish: Publish { view_tx, metrics },
     }));
@@ -102,6 +105,7 @@ pub fn start(
     let thread = WriterThread {
         writing: writing.clone(),
         in_flight: in_flight.clone(),
+        syncer: Syncer::start(writing.clone())?,
     };
     std::thread::Builder::new()
         .name("walrelay-spool".into())
@@ -161,7 +165,8 @@ impl SpoolWriter {
             return Err(op);
         }
         let was_clean = w.dirty_since.is_none();
-        let r = w.op(Some(op), false);
+        // Within the segment and no sync: no durability work comes of it.
+        let r = w.op(Some(op), false).map(|_| ());
         drop(w);
         if was_clean && r.is_ok() {
             // Full: the thread has ops to apply and looks at the sync deadline after them.
@@ -171,15 +176,17 @@ impl SpoolWriter {
     }
 }
 
-/// The spool and the writer's state, used by one of the thread and the inline path at a
-/// time.
-struct Writing {
-    spool: Spool,
-    /// When the oldest write not yet synced was made.
+/// The spool and the writer's state, used by one of the writer thread, the inline path and
+/// the sync thread at a time.
+pub(super) struct Writing {
+    pub(super) spool: Spool,
+    /// When the oldest write not handed to the sync thread was made.
     dirty_since: Option<Instant>,
+    /// A periodic sync is with the sync thread (no second one is queued behind it).
+    pub(super) sync_pending: bool,
     /// A write or sync failed: nothing more is written until the downstream restarts.
-    failed: bool,
-    publish: Publish,
+    pub(super) failed: bool,
+    pub(super) publish: Publish,
 }
 
 impl Writing {
@@ -191,8 +198,9 @@ impl Writing {
         !self.spool.is_empty() && at.saturating_add(len as u64) < seg.bytes()
     }
 
-    /// Applies `op` (None: none), syncs when due and `may_sync`, and publishes the spool.
-    fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<(), Stopped> {
+    /// Applies `op` (None: none) and publishes the spool; returns the durability work for
+    /// the sync thread: filled segments, and the periodic sync when due and `may_sync`.
+    fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<Vec<Durability>, Stopped> {
         if self.failed {
             return Err(Stopped);
         }
@@ -203,22 +211,25 @@ impl Writing {
             }),
             None => Ok(()),
         };
-        let r = r.and_then(|_| match self.dirty_since {
-            Some(t) if may_sync && t.elapsed() >= SYNC_EVERY => {
-                g.syncs.fetch_add(1, Relaxed);
-                timed_wall(&g.sync_ns, || self.spool.sync()).map(|_| self.dirty_since = None)
+        let r = r.and_then(|_| {
+            let mut jobs = self.spool.take_filled();
+            match self.dirty_since {
+                Some(t) if may_sync && !self.sync_pending && t.elapsed() >= SYNC_EVERY => {
+                    jobs.extend(self.spool.sync_job()?);
+                    self.sync_pending = true;
+                    self.dirty_since = None;
+                }
+                _ => {}
             }
-            _ => Ok(()),
+            Ok(jobs)
         });
         match r {
-            Ok(()) => {
-                self.publish.send(&self.spool, None);
-                Ok(())
+            Ok(jobs) => {
+                self.published();
+                Ok(jobs)
             }
             Err(e) => {
-                warn!("the spool failed: {e}");
-                self.failed = true;
-                self.publish.send(&self.spool, Some(e.to_string()));
+                self.fail(&e);
                 Err(Stopped)
             }
         }
@@ -228,47 +239,62 @@ impl Writing {
 struct WriterThread {
     writing: Arc<Mutex<Writing>>,
     in_flight: Arc<AtomicUsize>,
+    syncer: Syncer,
 }
 
 impl WriterThread {
     fn run(&self, rx: std_mpsc::Receiver<Option<Op>>) {
         loop {
-            let wait = match lock(&self.writing).dirty_since {
-                Some(t) => SYNC_EVERY.saturating_sub(t.elapsed()),
-                None => Duration::from_secs(3600),
+            let wait = {
+                let w = lock(&self.writing);
+                match w.dirty_since {
+                    // A sync still with the sync thread: look again a period later.
+                    Some(_) if w.sync_pending => SYNC_EVERY,
+                    Some(t) => SYNC_EVERY.saturating_sub(t.elapsed()),
+                    None => Duration::from_secs(3600),
+                }
             };
             let op = match rx.recv_timeout(wait) {
                 Ok(op) => op,
                 Err(std_mpsc::RecvTimeoutError::Timeout) => None,
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                    self.syncer.drain();
                     let mut w = lock(&self.writing);
                     if !w.failed {
                         let _ = w.spool.sync();
-                        w.publish.send(&w.spool, None);
+                        w.published();
                     }
                     return;
                 }
             };
+            // Anything but an append changes the spool in ways the sync thread's pending
+            // jobs must not see half done: let them finish first.
+            if !matches!(op, None | Some(Op::Append { .. })) {
+                self.syncer.drain();
+            }
             let counted = op.is_some();
             let r = lock(&self.writing).op(op, true);
             if counted {
                 self.in_flight.fetch_sub(1, Ordering::AcqRel);
             }
-            if r.is_err() {
-                return;
+            let Ok(jobs) = r else { return };
+            for job in jobs {
+                if !self.syncer.send(job) {
+                    return;
+                }
             }
         }
     }
 }
 
 /// Where the writer tells what the spool holds.
-struct Publish {
+pub(super) struct Publish {
     view_tx: watch::Sender<SpoolView>,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
 }
 
 impl Publish {
-    fn send(&self, spool: &Spool, failed: Option<String>) {
+    pub(super) fn send(&self, spool: &Spool, failed: Option<String>) {
         let e = spool.extent();
         let g = &self.metrics.ops.spool;
         g.start.store(e.start.0, Relaxed);
