@@ -215,8 +215,11 @@ impl Writing {
             let mut jobs = self.spool.take_filled();
             match self.dirty_since {
                 Some(t) if may_sync && !self.sync_pending && t.elapsed() >= SYNC_EVERY => {
-                    jobs.extend(self.spool.sync_job()?);
-                    self.sync_pending = true;
+                    // None: all written is in a filled segment's job already.
+                    if let Some(job) = self.spool.sync_job()? {
+                        jobs.push(job);
+                        self.sync_pending = true;
+                    }
                     self.dirty_since = None;
                 }
                 _ => {}
@@ -362,6 +365,47 @@ mod tests {
             .await
             .expect("the spool's view within 5 s")
             .expect("the writer publishes");
+    }
+
+    /// A sync falls due on the append that fills a segment exactly: the filled segment's job
+    /// has that WAL, and no periodic sync is left pending (none could follow it).
+    #[test]
+    fn a_sync_due_at_a_filled_segment_leaves_none_pending() {
+        let d = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(d.path(), 100 * MIB).unwrap();
+        spool.set_deferred(true);
+        spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
+        let (view_tx, _view) = watch::channel(view(&spool, None));
+        let mut w = Writing {
+            spool,
+            dirty_since: None,
+            sync_pending: false,
+            failed: false,
+            publish: Publish {
+                view_tx,
+                metrics: Metrics::new(),
+            },
+        };
+        let long_ago = || Some(Instant::now() - 2 * SYNC_EVERY);
+        let mut at = MIB;
+        let (op, _) = append(&mut at, 1000);
+        assert!(w.op(Some(op), true).unwrap().is_empty(), "not due yet");
+        w.dirty_since = long_ago();
+        let (op, _) = append(&mut at, (MIB - 1000) as usize);
+        let jobs = w.op(Some(op), true).unwrap();
+        assert!(matches!(jobs[..], [Durability::Filled { .. }]));
+        assert!(!w.sync_pending && w.dirty_since.is_none());
+        let (op, end) = append(&mut at, 10);
+        w.op(Some(op), true).unwrap();
+        w.dirty_since = long_ago();
+        let jobs = w.op(None, true).unwrap();
+        assert!(matches!(jobs[..], [Durability::Data { end: e, .. }] if e == Lsn(end)));
+        assert!(w.sync_pending);
+        w.dirty_since = long_ago();
+        assert!(
+            w.op(None, true).unwrap().is_empty(),
+            "one periodic sync at a time"
+        );
     }
 
     /// Small appends are published by `send` itself (in order with the thread's work), the
