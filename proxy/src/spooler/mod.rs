@@ -17,6 +17,7 @@ mod decode;
 pub mod handshake;
 mod syncer;
 pub mod writer;
+mod writing;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -17,10 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 
-use tracing::warn;
-
 use super::lock;
-use super::writer::Writing;
+use super::writing::Writing;
 use crate::metrics::timed_wall;
 use crate::spool::{write_state_file, Durability, SpoolError};
 
@@ -69,13 +67,9 @@ fn run(writing: &Mutex<Writing>, rx: std_mpsc::Receiver<Msg>) {
                 let _ = done.send(());
             }
             Msg::Job(job) => {
-                let data = job.is_data();
-                let r = do_job(writing, job);
-                let mut w = lock(writing);
-                if data {
+                if let Err(e) = do_job(writing, job) {
+                    let mut w = lock(writing);
                     w.sync_pending = false;
-                }
-                if let Err(e) = r {
                     w.fail(&e);
                 }
             }
@@ -105,32 +99,23 @@ fn do_job(writing: &Mutex<Writing>, job: Durability) -> Result<(), SpoolError> {
     if data {
         g.syncs.fetch_add(1, Relaxed);
     }
-    let st = lock(writing).spool.state_at(tli, end)?;
+    let st = {
+        let mut w = lock(writing);
+        let st = w.spool.state_at(tli, end)?;
+        if st.is_none() && data {
+            w.sync_pending = false;
+        }
+        st
+    };
     let Some(st) = st else {
         return Ok(());
     };
     timed_wall(&g.sync_ns, || write_state_file(&dir, &st))?;
     let mut w = lock(writing);
+    if data {
+        w.sync_pending = false;
+    }
     w.spool.made_durable(tli, end, !data)?;
     w.published();
     Ok(())
-}
-
-impl Writing {
-    /// The spool failed (disk full, ...): nothing more is written until the downstream
-    /// restarts, and the view says why.
-    pub(super) fn fail(&mut self, e: &SpoolError) {
-        if !self.failed {
-            warn!("the spool failed: {e}");
-        }
-        self.failed = true;
-        self.publish.send(&self.spool, Some(e.to_string()));
-    }
-
-    /// Publishes the spool's extent as it is now.
-    pub(super) fn published(&mut self) {
-        if !self.failed {
-            self.publish.send(&self.spool, None);
-        }
-    }
 }

@@ -10,7 +10,9 @@
 //! synchronous commit then waits for no thread to wake up. It never syncs; the thread is
 //! nudged to sync it within [`SYNC_EVERY`], as it would a write of its own. Order is kept as
 //! in the decode stage: one producer, and "idle" means no op handed to the thread is still
-//! unapplied.
+//! unapplied. The lock is never held across an fsync (those are the sync thread's, outside
+//! it, except the final sync and a timeline switch, which no inline append meets: they are
+//! ops in flight), so the stream may wait for it.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,8 +27,10 @@ use walrelay_wal::segment::WalSegSize;
 
 use super::lock;
 use super::syncer::Syncer;
+pub use super::writing::SpoolView;
+use super::writing::{view, Publish, Writing};
 use crate::metrics::{timed_wall, Metrics};
-use crate::spool::{Durability, Extent, Spool, SpoolError, SpoolFiles};
+use crate::spool::{Durability, Spool, SpoolError};
 
 /// Longest WAL stays written but not synced.
 pub const SYNC_EVERY: Duration = Duration::from_millis(100);
@@ -53,17 +57,6 @@ pub enum Op {
         tli: TimeLineId,
         history: Vec<u8>,
     },
-}
-
-/// The spool as the rest of the downstream sees it.
-#[derive(Debug, Clone)]
-pub struct SpoolView {
-    pub extent: Extent,
-    pub files: SpoolFiles,
-    pub system_id: u64,
-    /// Set when the writer failed (disk full, ...): nothing more is written until it is
-    /// restarted.
-    pub failed: Option<String>,
 }
 
 /// Largest append the stream writes itself when the writer is idle.
@@ -157,16 +150,17 @@ impl SpoolWriter {
         if self.in_flight.load(Ordering::Acquire) != 0 {
             return Err(op);
         }
-        // Busy (syncing, completing a segment): the thread takes it after that.
-        let Ok(mut w) = self.writing.try_lock() else {
-            return Err(op);
-        };
-        if !w.fits_in_segment(len) {
+        // Nobody holds the lock across an fsync (the sync thread takes it only to read the
+        // state to write and to publish), so waiting for it is short.
+        let mut w = lock(&self.writing);
+        // Looked at again under the lock, which the thread holds until its op is applied
+        // and counted: what the view shows applied is never still in flight here.
+        if self.in_flight.load(Ordering::Acquire) != 0 || !w.fits_in_segment(len) {
             return Err(op);
         }
         let was_clean = w.dirty_since.is_none();
         // Within the segment and no sync: no durability work comes of it.
-        let r = w.op(Some(op), false).map(|_| ());
+        let r = w.op(Some(op), false).map(|_| w.published());
         drop(w);
         if was_clean && r.is_ok() {
             // Full: the thread has ops to apply and looks at the sync deadline after them.
@@ -174,19 +168,6 @@ impl SpoolWriter {
         }
         Ok(r)
     }
-}
-
-/// The spool and the writer's state, used by one of the writer thread, the inline path and
-/// the sync thread at a time.
-pub(super) struct Writing {
-    pub(super) spool: Spool,
-    /// When the oldest write not handed to the sync thread was made.
-    dirty_since: Option<Instant>,
-    /// A periodic sync is with the sync thread (no second one is queued behind it).
-    pub(super) sync_pending: bool,
-    /// A write or sync failed: nothing more is written until the downstream restarts.
-    pub(super) failed: bool,
-    pub(super) publish: Publish,
 }
 
 impl Writing {
@@ -198,7 +179,7 @@ impl Writing {
         !self.spool.is_empty() && at.saturating_add(len as u64) < seg.bytes()
     }
 
-    /// Applies `op` (None: none) and publishes the spool; returns the durability work for
+    /// Applies `op` (None: none; the caller publishes the spool after); returns the durability work for
     /// the sync thread: filled segments, and the periodic sync when due and `may_sync`.
     fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<Vec<Durability>, Stopped> {
         if self.failed {
@@ -227,10 +208,7 @@ impl Writing {
             Ok(jobs)
         });
         match r {
-            Ok(jobs) => {
-                self.published();
-                Ok(jobs)
-            }
+            Ok(jobs) => Ok(jobs),
             Err(e) => {
                 self.fail(&e);
                 Err(Stopped)
@@ -276,10 +254,19 @@ impl WriterThread {
                 self.syncer.drain();
             }
             let counted = op.is_some();
-            let r = lock(&self.writing).op(op, true);
-            if counted {
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            }
+            let r = {
+                let mut w = lock(&self.writing);
+                let r = w.op(op, true);
+                if counted {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+                // Published once no longer counted in flight: a small append right behind
+                // it, seeing it applied, finds the writer idle.
+                if r.is_ok() {
+                    w.published();
+                }
+                r
+            };
             let Ok(jobs) = r else { return };
             for job in jobs {
                 if !self.syncer.send(job) {
@@ -287,32 +274,6 @@ impl WriterThread {
                 }
             }
         }
-    }
-}
-
-/// Where the writer tells what the spool holds.
-pub(super) struct Publish {
-    view_tx: watch::Sender<SpoolView>,
-    pub(super) metrics: Arc<Metrics>,
-}
-
-impl Publish {
-    pub(super) fn send(&self, spool: &Spool, failed: Option<String>) {
-        let e = spool.extent();
-        let g = &self.metrics.ops.spool;
-        g.start.store(e.start.0, Relaxed);
-        g.end.store(e.end.0, Relaxed);
-        g.durable.store(e.durable.0, Relaxed);
-        self.view_tx.send_replace(view(spool, failed));
-    }
-}
-
-fn view(spool: &Spool, failed: Option<String>) -> SpoolView {
-    SpoolView {
-        extent: spool.extent(),
-        files: spool.files(),
-        system_id: spool.system_id(),
-        failed,
     }
 }
 
