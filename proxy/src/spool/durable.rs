@@ -8,7 +8,7 @@
 //!    one its rename to the complete name and the directory's fsync: a complete segment is
 //!    whole, as before);
 //! 2. [`Spool::state_at`] gives the `spool.state` that says so, written by
-//!    [`write_state_file`] (again without the spool);
+//!    [`super::write_state_file`] (again without the spool);
 //! 3. [`Spool::made_durable`] moves the durable end, which is published only now: the
 //!    upstream lets the primary's slot advance to it, so it must survive a crash.
 //!
@@ -22,7 +22,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
 use super::files::{self, SegmentFile};
-use super::state::{self, SpoolState};
+use super::state::SpoolState;
 use super::{io, Spool, SpoolError};
 
 /// One piece of durability work, made by the spool and done without it.
@@ -63,21 +63,29 @@ impl Durability {
                 segno,
                 end,
             } => {
-                file.sync_all().map_err(io(dir))?;
-                drop(file);
-                let from = SegmentFile::partial(tli, segno).path(dir, seg);
-                let to = SegmentFile::complete(tli, segno).path(dir, seg);
-                std::fs::rename(&from, &to).map_err(io(&from))?;
-                files::sync_dir(dir)?;
+                finish_segment(dir, seg, Some(file), tli, segno)?;
                 Ok((tli, end))
             }
         }
     }
 }
 
-/// Writes `spool.state` (through a temporary file, fsynced, renamed).
-pub fn write_state_file(dir: &Path, st: &SpoolState) -> Result<(), SpoolError> {
-    state::write(dir, st)
+/// A full segment: fsync `file` (its `.partial`), give it its complete name, fsync the
+/// directory.
+pub(super) fn finish_segment(
+    dir: &Path,
+    seg: WalSegSize,
+    file: Option<File>,
+    tli: TimeLineId,
+    segno: u64,
+) -> Result<(), SpoolError> {
+    if let Some(file) = file {
+        file.sync_all().map_err(io(dir))?;
+    }
+    let from = SegmentFile::partial(tli, segno).path(dir, seg);
+    let to = SegmentFile::complete(tli, segno).path(dir, seg);
+    std::fs::rename(&from, &to).map_err(io(&from))?;
+    files::sync_dir(dir)
 }
 
 impl Spool {
@@ -113,13 +121,7 @@ impl Spool {
         if tli != self.ext.tli || end <= self.ext.durable || end > self.ext.end {
             return Ok(None);
         }
-        Ok(Some(SpoolState {
-            system_id: self.system_id,
-            seg_size: self.seg.bytes(),
-            tli,
-            end,
-            tail: self.tail_checksum(end)?,
-        }))
+        self.state(end).map(Some)
     }
 
     /// `spool.state` says WAL of `tli` is durable up to `end`: the durable end moves there

@@ -22,8 +22,8 @@
 //! complete segments are whole; the partial segment holds at least `end` unless something
 //! else damaged it. (With durability deferred to a sync thread, `durable`, a filled segment
 //! can wait as `.partial` for its fsync while the next one is written; recovery treats the
-//! later one as any bytes past `end`.) [`Spool::open`] checks: a partial segment shorter than `end` or whose tail
-//! does not match is discarded whole (it is fetched again from its start); bytes past `end`
+//! later one as any bytes past `end`.) [`Spool::open`] checks: a partial segment shorter
+//! than `end` or whose tail does not match is discarded whole (it is fetched again from its start); bytes past `end`
 //! (written, never synced) are cut off. The spool never serves bytes past `end`... of what it
 //! has written in this run, and never anything of a discarded segment.
 //!
@@ -51,9 +51,9 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::{history_file_name, WalSegSize};
 use walrelay_wal::timeline;
 
-pub use durable::{write_state_file, Durability};
+pub use durable::Durability;
 pub use files::{write_atomically, SegmentFile};
-pub use state::SpoolState;
+pub use state::{write as write_state_file, SpoolState};
 
 /// Bytes before `end` whose checksum `spool.state` keeps.
 pub const TAIL_CHECK: u64 = 64 * 1024;
@@ -307,13 +307,8 @@ impl Spool {
 
     /// A segment is full: fsync it, give it its name, fsync the directory.
     fn complete(&mut self, segno: u64) -> Result<(), SpoolError> {
-        if let Some((_, file)) = self.current.take() {
-            file.sync_all().map_err(io(&self.dir))?;
-        }
-        let from = SegmentFile::partial(self.ext.tli, segno).path(&self.dir, self.seg);
-        let to = SegmentFile::complete(self.ext.tli, segno).path(&self.dir, self.seg);
-        std::fs::rename(&from, &to).map_err(io(&from))?;
-        files::sync_dir(&self.dir)?;
+        let file = self.current.take().map(|(_, f)| f);
+        durable::finish_segment(&self.dir, self.seg, file, self.ext.tli, segno)?;
         self.ext.durable = self.ext.durable.max(self.ext.end);
         self.write_state()?;
         self.retain()
@@ -333,18 +328,18 @@ impl Spool {
     }
 
     fn write_state(&self) -> Result<(), SpoolError> {
-        let end = self.ext.durable.min(self.ext.end);
-        let tail = self.tail_checksum(end)?;
-        state::write(
-            &self.dir,
-            &SpoolState {
-                system_id: self.system_id,
-                seg_size: self.seg.bytes(),
-                tli: self.ext.tli,
-                end,
-                tail,
-            },
-        )
+        state::write(&self.dir, &self.state(self.ext.durable.min(self.ext.end))?)
+    }
+
+    /// The `spool.state` saying WAL of the spool's timeline is durable up to `end`.
+    fn state(&self, end: Lsn) -> Result<SpoolState, SpoolError> {
+        Ok(SpoolState {
+            system_id: self.system_id,
+            seg_size: self.seg.bytes(),
+            tli: self.ext.tli,
+            end,
+            tail: self.tail_checksum(end)?,
+        })
     }
 
     fn tail_checksum(&self, end: Lsn) -> Result<u64, SpoolError> {

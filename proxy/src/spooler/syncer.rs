@@ -67,9 +67,14 @@ fn run(writing: &Mutex<Writing>, rx: std_mpsc::Receiver<Msg>) {
                 let _ = done.send(());
             }
             Msg::Job(job) => {
-                if let Err(e) = do_job(writing, job) {
-                    let mut w = lock(writing);
+                let data = job.is_data();
+                let r = do_job(writing, job);
+                let mut w = lock(writing);
+                // Done: the writer may queue the next periodic sync.
+                if data {
                     w.sync_pending = false;
+                }
+                if let Err(e) = r {
                     w.fail(&e);
                 }
             }
@@ -99,22 +104,12 @@ fn do_job(writing: &Mutex<Writing>, job: Durability) -> Result<(), SpoolError> {
     if data {
         g.syncs.fetch_add(1, Relaxed);
     }
-    let st = {
-        let mut w = lock(writing);
-        let st = w.spool.state_at(tli, end)?;
-        if st.is_none() && data {
-            w.sync_pending = false;
-        }
-        st
-    };
+    let st = lock(writing).spool.state_at(tli, end)?;
     let Some(st) = st else {
         return Ok(());
     };
     timed_wall(&g.sync_ns, || write_state_file(&dir, &st))?;
     let mut w = lock(writing);
-    if data {
-        w.sync_pending = false;
-    }
     w.spool.made_durable(tli, end, !data)?;
     w.published();
     Ok(())

@@ -171,16 +171,17 @@ impl SpoolWriter {
 }
 
 impl Writing {
-    /// Whether appending `len` bytes leaves the spool inside its current segment (completing
-    /// one syncs and renames it, work for the thread).
+    /// Whether appending `len` bytes leaves the spool inside its current segment (filling one
+    /// is the threads' work: the writer hands it to the sync thread).
     fn fits_in_segment(&self, len: usize) -> bool {
         let seg = self.spool.segment_size();
         let at = seg.offset_in_segment(self.spool.extent().end);
         !self.spool.is_empty() && at.saturating_add(len as u64) < seg.bytes()
     }
 
-    /// Applies `op` (None: none; the caller publishes the spool after); returns the durability work for
-    /// the sync thread: filled segments, and the periodic sync when due and `may_sync`.
+    /// Applies `op` (None: none; the caller publishes the spool after); returns the
+    /// durability work for the sync thread: filled segments, and the periodic sync when due
+    /// and `may_sync`.
     fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<Vec<Durability>, Stopped> {
         if self.failed {
             return Err(Stopped);
@@ -207,13 +208,10 @@ impl Writing {
             }
             Ok(jobs)
         });
-        match r {
-            Ok(jobs) => Ok(jobs),
-            Err(e) => {
-                self.fail(&e);
-                Err(Stopped)
-            }
-        }
+        r.map_err(|e| {
+            self.fail(&e);
+            Stopped
+        })
     }
 }
 
