@@ -12,6 +12,11 @@
 //! that long; the single `unsafe` step, giving the context back its `'static` lifetime, is
 //! taken only after zstd has confirmed that the prefix is no longer referenced.
 //!
+//! A frame is decompressed against its prefix with `ZSTD_decompress_usingDict` (the prefix as
+//! raw content for that one call, nothing kept, no allocation) unless the prefix starts with
+//! zstd's dictionary magic, which that call would read as a formatted dictionary; only then
+//! is the prefix referenced as above.
+//!
 //! Why that confirmation suffices (zstd 1.5, `zstd_compress.c`, `zstd_decompress.c`):
 //!
 //! - `ZSTD_CCtx_reset(session_only)` ends any frame in progress (stage `zcss_init`);
@@ -119,6 +124,17 @@ impl PrefixDecompressor {
             }
             return res.map_err(FrameError::Zstd);
         }
+        if !starts_like_a_dictionary(prefix) {
+            // The prefix as raw content for this frame only (ZSTD_decompress_usingDict): the
+            // same as a referenced prefix, without the DDict that ZSTD_DCtx_refPrefix
+            // allocates and initialises for every frame (a third of restoring a page frame).
+            let dctx = self.dctx.as_mut().ok_or_else(gone)?;
+            let res = dctx.decompress_using_dict(dst, src, prefix);
+            if res.is_err() {
+                let _ = dctx.reset(ResetDirective::SessionOnly);
+            }
+            return res.map_err(FrameError::Zstd);
+        }
         // Covariance: for this call the context is a DCtx<'p> with 'p the prefix's borrow.
         let mut dctx: DCtx<'_> = self.dctx.take().ok_or_else(gone)?;
         let res = dctx
@@ -136,6 +152,17 @@ impl PrefixDecompressor {
         }
         res.map_err(FrameError::Zstd)
     }
+}
+
+/// zstd's magic number of a formatted dictionary (`ZSTD_MAGIC_DICTIONARY`).
+const DICTIONARY_MAGIC: u32 = 0xEC30_A437;
+
+/// Whether `ZSTD_decompress_usingDict` would read `prefix` as a formatted dictionary (entropy
+/// tables first) instead of raw content: such a prefix takes the `refPrefix` path, which is
+/// raw content whatever its bytes.
+fn starts_like_a_dictionary(prefix: &[u8]) -> bool {
+    prefix.len() >= 8
+        && u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) == DICTIONARY_MAGIC
 }
 
 #[cfg(test)]
@@ -206,6 +233,35 @@ mod tests {
             let res = d.decompress(&mut out, &with, &[]);
             assert!(res.is_err() || out != data);
         }
+    }
+
+    /// A prefix that begins like a formatted zstd dictionary is still raw content: the frame
+    /// made against it restores (ZSTD_decompress_usingDict would parse it as entropy tables).
+    #[test]
+    fn a_prefix_with_the_dictionary_magic_is_raw_content() {
+        let (mut c, mut d) = pair();
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut prefix = DICTIONARY_MAGIC.to_le_bytes().to_vec();
+        prefix.extend_from_slice(&data[..4000]);
+        assert!(starts_like_a_dictionary(&prefix));
+        let mut frame = Vec::with_capacity(1 << 14);
+        c.compress(&mut frame, &data, &prefix).unwrap();
+        let mut out = Vec::with_capacity(data.len());
+        assert_eq!(
+            d.decompress(&mut out, &frame, &prefix).ok(),
+            Some(data.len())
+        );
+        assert!(out == data);
+        // The raw path and the referenced path alternate on one context.
+        let plain = &prefix[4..];
+        let mut frame2 = Vec::with_capacity(1 << 14);
+        c.compress(&mut frame2, &data, plain).unwrap();
+        out.clear();
+        assert_eq!(
+            d.decompress(&mut out, &frame2, plain).ok(),
+            Some(data.len())
+        );
+        assert!(out == data);
     }
 
     /// A frame that fails leaves both contexts usable.
