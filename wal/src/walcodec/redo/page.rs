@@ -217,11 +217,12 @@ pub fn truncate_line_pointers(p: &mut PageBuf) {
     let Some(n) = max_offset(p) else {
         return;
     };
+    // (lp_raw: 1..=n are line pointers; bounds were checked once above.)
     let mut keep = n;
-    while keep > 1 && matches!(lp(p, keep), Some((_, LP_UNUSED, _))) {
+    while keep > 1 && lp_raw(p, keep).1 == LP_UNUSED {
         keep -= 1;
     }
-    let any_unused = (1..=keep).any(|off| matches!(lp(p, off), Some((_, LP_UNUSED, _))));
+    let any_unused = (1..=keep).any(|off| lp_raw(p, off).1 == LP_UNUSED);
     set_u16(p, 12, (24 + 4 * keep) as u16);
     set_flag(p, PD_HAS_FREE_LINES, any_unused);
 }
