@@ -66,6 +66,19 @@ fn main() -> Result<()> {
             "images: {} recompressed, {} did not reproduce, {} undecodable, {} opaque",
             st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
         );
+        let names = [
+            "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "frames",
+        ];
+        let sections: Vec<String> = names
+            .iter()
+            .zip(st.section_in.iter().zip(&st.section_out))
+            .map(|(n, (i, o))| format!("{n} {:.1} → {:.1}", *i as f64 / 1e6, *o as f64 / 1e6))
+            .collect();
+        println!("sections MB in → out: {}", sections.join(", "));
+        println!(
+            "records {}, images {} ({} cache hits, {} identical), image ops by kind {:?}",
+            st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.image_ops
+        );
     }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
