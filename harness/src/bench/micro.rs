@@ -1,10 +1,16 @@
-//! The one-core replay: WAL of the run (the cold window's bytes, at most 512 MB) through the
-//! link codec in 128 kB messages (the walsender's MAX_SEND_SIZE) on this thread, then through
-//! streaming zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does) on the
-//! same bytes. Speeds are per CPU-second of the whole process (the codec compresses the
-//! sections of a large message on several threads: their CPU counts too; the rest of the
-//! process is idle while the replay runs), and the wall-clock speed of the WAL-aware codec
-//! beside them; it also reports what it did with each resource manager's records.
+//! The one-core replays: WAL of the run through the link codec in 128 kB messages (the
+//! walsender's MAX_SEND_SIZE) on this thread, then through streaming zstd-1 and zstd-3
+//! (flushed per message, as the `zstd` link codec does) on the same bytes. Speeds are per
+//! CPU-second of the whole process (the codec compresses the sections of a large message on
+//! several threads: their CPU counts too; the rest of the process is idle while the replay
+//! runs), and the wall-clock speed of the WAL-aware codec beside them.
+//!
+//! - [`run`]: the cold window's bytes (at most 512 MB), from fresh codecs, as a relay that
+//!   has just started; also what the codec did with each resource manager's records.
+//! - [`run_warm`]: the steady window's bytes (at most 512 MB) after the WAL before them (at
+//!   most 1 GiB, the default block cache) went through the same codecs untimed, encoded and
+//!   restored in turn: a relay that has been running, its caches filled and its memory
+//!   touched.
 
 use std::io::Read;
 use std::path::Path;
@@ -18,7 +24,8 @@ use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 const MESSAGE: usize = 128 * 1024;
-const MAX_BYTES: u64 = 512 << 20;
+/// Most WAL a replay times.
+pub const MAX_BYTES: u64 = 512 << 20;
 const PAGE: u64 = 8192;
 
 /// One codec's pass over the bytes.
@@ -67,12 +74,16 @@ fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// One codec over `wal` (starting at `start`) in messages of [`MESSAGE`] bytes; the messages
+/// before `timed_from` (a multiple of [`MESSAGE`]) are encoded and restored in turn without
+/// being timed, the rest are encoded, then restored, and timed.
 fn pass(
     kind: CodecKind,
     level: i32,
     major: u32,
     start: Lsn,
     wal: &[u8],
+    timed_from: usize,
 ) -> Result<(Pass, Option<CodecStats>)> {
     let setup = Setup {
         kind,
@@ -85,10 +96,25 @@ fn pass(
             max_message_bytes: MESSAGE,
         },
     };
-    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
     let mut enc = WalEncoder::new(&setup)?;
-    let mut encoded = Vec::new();
+    let mut dec = WalDecoder::new(&setup)?;
     let mut out = Vec::new();
+    let mut restored = Vec::new();
+    for (i, chunk) in wal[..timed_from].chunks(MESSAGE).enumerate() {
+        let at = Lsn(start.0 + (i * MESSAGE) as u64);
+        enc.encode(at, chunk, &mut out)?;
+        dec.decode(
+            at,
+            &out,
+            chunk.len(),
+            MESSAGE,
+            checksum(chunk),
+            &mut restored,
+        )?;
+    }
+    let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
+    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
+    let mut encoded = Vec::new();
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
     for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
         enc.encode(at(i), chunk, &mut out)?;
@@ -98,7 +124,6 @@ fn pass(
     let enc_wall = wall.elapsed().as_secs_f64();
     let stats = enc.wal_stats().cloned();
     let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
-    let mut dec = WalDecoder::new(&setup)?;
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
     for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
         dec.decode(at(i), payload, chunk.len(), MESSAGE, sums[i], &mut out)?;
@@ -116,20 +141,27 @@ fn pass(
     Ok((pass, stats))
 }
 
-/// Replays the WAL in `file`, which starts at `start`, on the calling thread.
-pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
+/// The first `max` bytes of `file`, whose WAL starts at `start`, from the first page
+/// boundary on (where a walsender's stream starts), and the LSN there.
+fn read_wal(file: &Path, start: Lsn, max: u64) -> Result<(Lsn, Vec<u8>)> {
     let mut wal = Vec::new();
     std::fs::File::open(file)
         .with_context(|| format!("opening {}", file.display()))?
-        .take(MAX_BYTES)
+        .take(max)
         .read_to_end(&mut wal)?;
-    // Start at a page boundary, as a walsender's stream does.
     let skip = ((PAGE - start.0 % PAGE) % PAGE) as usize;
     anyhow::ensure!(wal.len() > skip, "no WAL to replay in {}", file.display());
-    let (start, wal) = (Lsn(start.0 + skip as u64), &wal[skip..]);
-    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal)?;
-    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal)?;
-    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal)?;
+    wal.drain(..skip);
+    Ok((Lsn(start.0 + skip as u64), wal))
+}
+
+/// Replays the WAL in `file`, which starts at `start`, on the calling thread.
+pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
+    let (start, wal) = read_wal(file, start, MAX_BYTES)?;
+    let wal = &wal[..];
+    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal, 0)?;
+    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal, 0)?;
+    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal, 0)?;
     let stats = stats.unwrap_or_default();
     let mut by_rmgr: Vec<RmgrRow> = stats
         .by_rmgr
@@ -151,5 +183,39 @@ pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
         tuple_deltas: stats.tuple_deltas,
         tuple_delta_saved: stats.tuple_delta_saved,
         tuple_misses: stats.tuple_misses,
+    })
+}
+
+/// Most WAL before the steady window that [`run_warm`] replays first (the default
+/// `link.block_cache_bytes`: older pages would mostly have left the cache).
+pub const WARM_MAX_BYTES: u64 = 1 << 30;
+
+/// The replay of a window with warm codecs.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarmReplay {
+    /// WAL replayed untimed first, and WAL timed.
+    pub warm_bytes: u64,
+    pub wal_bytes: u64,
+    pub walrelay: Pass,
+    pub zstd1: Pass,
+    pub zstd3: Pass,
+}
+
+/// Replays the WAL in `file` (starting at `start`) on the calling thread, timing only what
+/// lies `warm` bytes or more after `start` (from the message boundary at or before it, at
+/// most [`MAX_BYTES`] of it); what lies before goes through the codecs untimed first.
+pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmReplay> {
+    let (at, wal) = read_wal(file, start, warm.saturating_add(MAX_BYTES))?;
+    let warm = warm.saturating_sub(at.0 - start.0) as usize;
+    let timed_from = (warm.min(wal.len().saturating_sub(1)) / MESSAGE) * MESSAGE;
+    let (walrelay, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from)?;
+    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, at, &wal, timed_from)?;
+    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, at, &wal, timed_from)?;
+    Ok(WarmReplay {
+        warm_bytes: timed_from as u64,
+        wal_bytes: (wal.len() - timed_from) as u64,
+        walrelay,
+        zstd1,
+        zstd3,
     })
 }

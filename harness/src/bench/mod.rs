@@ -188,6 +188,7 @@ async fn run_one(
         micro::run(&file, walrelay_wal::lsn::Lsn(start), major)
     })
     .await?;
+    let warm = warm_replay(&rig, &cuts, major).await;
     let result = RunResult {
         workload: w,
         pg_major: install.major,
@@ -197,6 +198,8 @@ async fn run_one(
         steady,
         replay_error: replay.as_ref().err().map(|e| format!("{e:#}")),
         replay: replay.ok(),
+        warm_replay_error: warm.as_ref().err().map(|e| format!("{e:#}")),
+        warm_replay: warm.ok(),
         verified: Verified {
             wal_bytes_compared: compared,
             tables,
@@ -204,6 +207,30 @@ async fn run_one(
         },
     };
     Ok((result, lat))
+}
+
+/// The steady window replayed with warm codecs ([`micro::run_warm`]): its WAL and up to
+/// [`micro::WARM_MAX_BYTES`] before it (not before the cold window), copied from the stopped
+/// primary's `pg_wal`.
+async fn warm_replay(rig: &Rig, cuts: &[sample::Cut; 2], major: u32) -> Result<micro::WarmReplay> {
+    let (cold, steady) = (&cuts[0], &cuts[1]);
+    let from = steady
+        .lsn_start
+        .saturating_sub(micro::WARM_MAX_BYTES)
+        .max(cold.lsn_start);
+    let to = steady.lsn_end.min(steady.lsn_start + micro::MAX_BYTES);
+    let (dir, file) = (
+        rig.primary.wal_dir(),
+        rig.root.path().join("warm-steady.wal"),
+    );
+    let warm = steady.lsn_start - from;
+    tokio::task::spawn_blocking(move || {
+        walrange::copy_range(&dir, from, to, &file)?;
+        let replay = micro::run_warm(&file, walrelay_wal::lsn::Lsn(from), warm, major);
+        std::fs::remove_file(&file)?;
+        replay
+    })
+    .await?
 }
 
 /// The integrity counters of every process (must be 0) and their logs (no panic).

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::micro::Replay;
+use super::micro::{Pass, Replay, WarmReplay};
 use super::sample::{Cut, PairCut};
 use super::synclat::SyncLatency;
 use super::workloads::Workload;
@@ -29,6 +29,9 @@ pub struct RunResult {
     pub steady: Window,
     pub replay: Option<Replay>,
     pub replay_error: Option<String>,
+    /// The steady window's WAL replayed after the WAL before it warmed the codecs.
+    pub warm_replay: Option<WarmReplay>,
+    pub warm_replay_error: Option<String>,
     pub verified: Verified,
 }
 
@@ -248,37 +251,26 @@ impl Report {
     }
 
     fn replay_table(&self) -> String {
-        let mut s = String::from(
-            "\nReplay of the cold window's WAL on one thread (128 kB messages; MB/s per CPU-second of all threads: walrelay's sections of large messages go to other cores too; walrelay wall: MB/s per second of wall-clock time)\n\n| workload | PG | WAL MB | walrelay encode / decode | walrelay wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        let head = "| workload | PG | WAL MB | walrelay encode / decode | walrelay wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+        let mut s = format!(
+            "\nReplay of the cold window's WAL on one thread, fresh codecs (128 kB messages; MB/s per CPU-second of all threads: walrelay's sections of large messages go to other cores too; walrelay wall: MB/s per second of wall-clock time)\n\n{head}"
         );
         for r in &self.runs {
-            let Some(m) = &r.replay else {
-                s.push_str(&format!(
-                    "| {} | {} | {} | | | | | |\n",
-                    r.workload.name(),
-                    r.pg_major,
-                    r.replay_error.as_deref().unwrap_or("-")
-                ));
-                continue;
-            };
-            let p = |x: &super::micro::Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
-            let wall = |x: &super::micro::Pass| {
-                format!("{:.0} / {:.0}", x.encode_wall_mb_s, x.decode_wall_mb_s)
-            };
-            s.push_str(&format!(
-                "| {} | {} | {:.1} | {} | {} | {} | {} | {:.2} |\n",
-                r.workload.name(),
-                r.pg_major,
-                mb(m.wal_bytes),
-                p(&m.walrelay),
-                wall(&m.walrelay),
-                p(&m.zstd1),
-                p(&m.zstd3),
-                ratio(
-                    m.walrelay.encoded_bytes as f64,
-                    m.zstd3.encoded_bytes as f64
-                ),
-            ));
+            let row = r
+                .replay
+                .as_ref()
+                .map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
+            s.push_str(&replay_row(r, row, r.replay_error.as_deref()));
+        }
+        s.push_str(&format!(
+            "\nReplay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running\n\n{head}"
+        ));
+        for r in &self.runs {
+            let row = r
+                .warm_replay
+                .as_ref()
+                .map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
+            s.push_str(&replay_row(r, row, r.warm_replay_error.as_deref()));
         }
         s
     }
@@ -334,4 +326,24 @@ impl Report {
             ),
         }
     }
+}
+
+/// One row of a replay table: WAL bytes and the passes of walrelay, zstd-1 and zstd-3, or the
+/// error that left the replay out.
+fn replay_row(r: &RunResult, row: Option<(u64, [&Pass; 3])>, error: Option<&str>) -> String {
+    let (name, pg) = (r.workload.name(), r.pg_major);
+    let Some((bytes, [w, z1, z3])) = row else {
+        return format!("| {name} | {pg} | {} | | | | | |\n", error.unwrap_or("-"));
+    };
+    let p = |x: &Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
+    format!(
+        "| {name} | {pg} | {:.1} | {} | {:.0} / {:.0} | {} | {} | {:.2} |\n",
+        mb(bytes),
+        p(w),
+        w.encode_wall_mb_s,
+        w.decode_wall_mb_s,
+        p(z1),
+        p(z3),
+        ratio(w.encoded_bytes as f64, z3.encoded_bytes as f64),
+    )
 }
