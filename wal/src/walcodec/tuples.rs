@@ -214,12 +214,17 @@ impl TupleCache {
 
     fn remove(&mut self, tid: &Tid) {
         if let Some(e) = self.map.remove(tid) {
-            self.bytes -= e.data.len() + ENTRY_OVERHEAD;
-            if let Some(n) = self.per_block.get_mut(&tid.block) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_block.remove(&tid.block);
-                }
+            self.forget(tid, &e);
+        }
+    }
+
+    /// The accounting of `e`, just taken out of the map at `tid`.
+    fn forget(&mut self, tid: &Tid, e: &Entry) {
+        self.bytes -= e.data.len() + ENTRY_OVERHEAD;
+        if let hash_map::Entry::Occupied(mut n) = self.per_block.entry(tid.block) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
             }
         }
     }
@@ -263,8 +268,12 @@ impl TupleCache {
             let Some((old, seq)) = self.order.pop_front() else {
                 break;
             };
-            if self.map.get(&old).is_some_and(|e| e.seq == seq) {
-                self.remove(&old);
+            // One lookup: the entry is removed only if this is its newest place in `order`.
+            if let hash_map::Entry::Occupied(o) = self.map.entry(old) {
+                if o.get().seq == seq {
+                    let e = o.remove();
+                    self.forget(&old, &e);
+                }
             }
         }
         // Stale order entries are dropped once they outnumber the live ones.
