@@ -18,8 +18,9 @@ pub mod link {
 /// Version of the link protocol spoken by this build; both halves must agree. 5: the frames
 /// and gRPC messages of 4 (package `walrelay.link.v4`), WAL payloads in walcodec format 3,
 /// which a version-4 half cannot decode. 6: the same with walcodec format 4 (image op flag
-/// `IMG_PRIMARY`), which a version-5 half cannot decode. 7: the same payloads, but the
-/// receiver compresses the primary's zstd images with libzstd 1.5.6 instead of 1.5.7, whose
-/// bytes differ on a few: a version-6 sender's checks would not predict them. The version
-/// changes with anything that changes what either half's recompression of images gives.
+/// `IMG_PRIMARY`), which a version-5 half cannot decode. 7: walcodec format 5 (frames against
+/// the block's previous image without its known tuples), and the receiver compresses the
+/// primary's zstd images with libzstd 1.5.6 instead of 1.5.7, whose bytes differ on a few: a
+/// version-6 sender's checks would not predict them. The version changes with anything that
+/// changes what either half's recompression of images gives.
 pub const PROTOCOL_VERSION: u32 = 7;

@@ -1,4 +1,4 @@
-//! The payload's framing: which sections a message has and where they are (format version 4;
+//! The payload's framing: which sections a message has and where they are (format version 5;
 //! the framing is that of version 3).
 //!
 //! ```text
@@ -251,8 +251,8 @@ pub fn read<'a>(
             Ok(&rest[clen..])
         }
         v => Err(corrupt(format!(
-            "payload format byte 0x{v:02x}, this decoder reads version 4 (0x{SEPARATE:02x}, \
-             0x{COMBINED:02x})"
+            "payload format byte 0x{v:02x}, this decoder reads version {FORMAT_VERSION} \
+             (0x{SEPARATE:02x}, 0x{COMBINED:02x})"
         ))),
     }
 }

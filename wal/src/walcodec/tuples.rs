@@ -12,9 +12,11 @@
 //! - the **block cache** of #3 (page images by block), read through the line pointers of the
 //!   cached page (`PageLookup`).
 //!
-//! The tuple cache also helps full-page images: a page frame is compressed against the known
-//! tuples of its block (offset order, at most 8 KiB, [`page_prefix`]) followed by its reference
-//! page, since an image holds the tuples records wrote into the page since its last image.
+//! The tuple cache also helps full-page images: a page frame whose reference is not the
+//! block's own previous image is compressed against the known tuples of its block (offset
+//! order, at most 8 KiB, [`page_prefix`]) followed by its reference page, since an image holds
+//! the tuples records wrote into the page since its last image (a frame against the block's
+//! previous image does without: that page had the records replayed onto it).
 //! Each known tuple goes with the 23-byte header PostgreSQL gives it on the page (xmin = the
 //! record's xid, t_ctid = itself, the record's infomask with HEAP_XMIN_COMMITTED, [`Head`]):
 //! steady pgbench image frames 214 → 182 bytes, random-payload updates 975 → 677.

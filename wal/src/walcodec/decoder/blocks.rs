@@ -85,9 +85,10 @@ impl State {
         }
         let (reference, store, frame) = self.image_slots(op, img, r)?;
         // Only frames against the previous image of the same block (SAME) and IDENT are not
-        // transformed (see `pagexf`).
+        // transformed (see `pagexf`); SAME frames are made against that page alone.
         let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
-        self.restore_page(key, img, transformed, reference, frame)?;
+        let known_tuples = op != IMG_SAME;
+        self.restore_page(key, img, transformed, known_tuples, reference, frame)?;
         if let Some(k) = store {
             self.stored = Some(k);
             if !self.cache.put(k, &self.page) {
@@ -182,12 +183,13 @@ impl State {
     }
 
     /// Restores the page into `self.page` from its frame (against the known tuples of the
-    /// block and the reference page) or the reference itself (IDENT).
+    /// block when `known_tuples`, and the reference page) or the reference itself (IDENT).
     fn restore_page(
         &mut self,
         key: &BlockKey,
         img: &ImageRef,
         transformed: bool,
+        known_tuples: bool,
         reference: Option<usize>,
         frame: Option<&[u8]>,
     ) -> Result<(), WalCodecError> {
@@ -199,8 +201,10 @@ impl State {
             ),
             None => None,
         };
-        if frame.is_some() {
+        if frame.is_some() && known_tuples {
             tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
+        } else {
+            self.tprefix.clear();
         }
         let tp = &self.tprefix[..];
         match (frame, ref_page) {

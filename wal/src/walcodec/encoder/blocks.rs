@@ -186,15 +186,11 @@ impl Encoder {
     ) -> Result<(), WalCodecError> {
         self.stats.fpis += 1;
         let plan = self.cache.plan(key);
-        tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
-        let tp = &self.tprefix[..];
-        // A big image without a reference page goes whole through PAGE (whose window holds
-        // the recent pages) unless the block's known tuples make up half of it or more.
-        let framed =
-            usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
-        let ctrl = &mut self.streams[S_CTRL].buf;
         if let (true, Some(r), Some(s)) = (plan.hit, plan.reference, plan.store) {
-            // Against the previous image of the same block, as it is (see `pagexf`).
+            // Against the previous image of the same block, as it is (see `pagexf`), alone:
+            // the block's records since were replayed onto it (`redo`), so it holds their
+            // tuples already (format version 5 in `walcodec`).
+            let ctrl = &mut self.streams[S_CTRL].buf;
             if *self.cache.page(r) == *self.page {
                 ctrl.push(IMG_IDENT | recompress);
                 put_varint(ctrl, u64::from(s));
@@ -205,7 +201,7 @@ impl Encoder {
             }
             let len =
                 self.pc_hit
-                    .compress(&self.page, &[tp, &self.cache.page(r)[..]], &mut self.fpi)?;
+                    .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?;
             ctrl.push(IMG_SAME | recompress);
             put_varint(ctrl, u64::from(s));
             put_varint(ctrl, len as u64);
@@ -214,6 +210,13 @@ impl Encoder {
             self.cache.store(s, key, &self.page);
             return Ok(());
         }
+        tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
+        let tp = &self.tprefix[..];
+        // A big image without a reference page goes whole through PAGE (whose window holds
+        // the recent pages) unless the block's known tuples make up half of it or more.
+        let framed =
+            usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
+        let ctrl = &mut self.streams[S_CTRL].buf;
         // Any other page goes transformed, against a transformed reference if any; with
         // known tuples of the block (which match the page as it is) also as it is, and the
         // smaller frame is sent.
