@@ -28,6 +28,14 @@ pub fn history_log(block_cache_bytes: usize) -> u32 {
     let eighth = (block_cache_bytes / 8).max(1);
     (usize::BITS - 1 - eighth.leading_zeros()).clamp(HISTORY_LOG_MIN, HISTORY_LOG_MAX)
 }
+/// Shortest match the long-distance matcher takes (zstd's default at these levels is 64).
+/// What it is for, a TOAST value rewritten whole, matches for kilobytes; shorter matches in a
+/// bulk load's rows only displace better nearby ones. Recorded PG 15 WAL, against 64: a bulk
+/// load (`INSERT … SELECT` of md5 text) 2.4 % fewer bytes, TOAST rewrites 0.03 % more,
+/// pgbench, random-payload updates and moved rows the same within 0.003 %. The encoder's
+/// choice only: the decoder reads any match.
+const LDM_MIN_MATCH: u32 = 128;
+
 /// Window of the small streams (CTRL, HDR, IMG): 1 MiB.
 pub const SMALL_WINDOW_LOG: u32 = 20;
 
@@ -140,6 +148,8 @@ impl CStream {
             .map_err(WalCodecError::zstd)?;
         if window_log > WINDOW_LOG {
             ctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
+                .map_err(WalCodecError::zstd)?;
+            ctx.set_parameter(CParameter::LdmMinMatch(LDM_MIN_MATCH))
                 .map_err(WalCodecError::zstd)?;
         }
         Ok(CStream {
