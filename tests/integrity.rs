@@ -24,9 +24,9 @@ async fn corrupted_feedback_never_reaches_the_primary() {
 
 /// `upward`: flip a byte of the downstream → upstream direction, else of the other one.
 async fn corrupted_link(upward: bool) {
-    // No batching window: the link then carries mostly frames (WAL, feedback), few bytes of
-    // HTTP/2 housekeeping (pings, window updates) where a flipped bit may go unnoticed
-    // because it changes nothing.
+    // No batching window, so that small loads reach the link soon. The forwarder flips a
+    // bit inside a DATA frame (a gRPC message): one in HTTP/2 housekeeping (a ping, a window
+    // update) may change nothing that any check could see.
     let env = env(EnvOpts {
         cuttable_link: true,
         link_extra: "batch_window_ms = 0".into(),

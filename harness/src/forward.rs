@@ -1,6 +1,7 @@
 //! A TCP forwarder standing for the WAN link between the halves: it counts the bytes crossing
 //! it in each direction (what a user's link carries: TLS, HTTP/2 and gRPC framing, feedback),
-//! and for the tests it can cut the link, freeze it, or flip one byte.
+//! and for the tests it can cut the link, freeze it, or flip one byte (on a plaintext HTTP/2
+//! link, one inside a DATA frame: see [`H2Scan`]).
 //!
 //! One thread per connection and direction, `TCP_NODELAY` on both sockets so small messages
 //! (feedback, synchronous commits) are not held back by the forwarder.
@@ -73,13 +74,14 @@ impl Forwarder {
     }
 
     /// Flips one bit of the byte that crosses toward the downstream (from the target) after
-    /// `n` more bytes.
+    /// `n` more bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from
+    /// there on).
     pub fn corrupt_once_after(&self, n: i64) {
         self.shared.corrupt_from.store(n, SeqCst);
     }
 
     /// Flips one bit of the byte that crosses toward the upstream (the target) after `n` more
-    /// bytes.
+    /// bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from there on).
     pub fn corrupt_up_once_after(&self, n: i64) {
         self.shared.corrupt_toward.store(n, SeqCst);
     }
@@ -177,6 +179,7 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
         (&sh.corrupt_from, &sh.from_target)
     };
     let mut buf = vec![0u8; 64 * 1024];
+    let mut scan = H2Scan::new(toward);
     loop {
         let rate = if toward { 0 } else { sh.rate_from.load(SeqCst) };
         let cap = match rate {
@@ -187,13 +190,7 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let left = corrupt.load(SeqCst);
-        if left >= 0 && (left as usize) < n {
-            buf[left as usize] ^= 0x20;
-            corrupt.store(-1, SeqCst);
-        } else if left >= 0 {
-            corrupt.store(left - n as i64, SeqCst);
-        }
+        flip_due(&mut scan, corrupt, &mut buf[..n]);
         while sh.frozen.load(SeqCst) {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -209,9 +206,180 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
+/// Flips the bit due in `buf`, the next piece of the stream, if any: `corrupt` counts bytes
+/// down to 0, then the first byte `scan` says must be noticed is flipped (-1: nothing armed,
+/// or done).
+fn flip_due(scan: &mut H2Scan, corrupt: &AtomicI64, buf: &mut [u8]) {
+    let n = buf.len();
+    let left = corrupt.load(SeqCst);
+    let due = usize::try_from(left).ok().filter(|&l| l < n);
+    match (scan.feed(buf, due), due) {
+        (Some(i), _) => {
+            buf[i] ^= 0x20;
+            corrupt.store(-1, SeqCst);
+        }
+        // Due, but no DATA payload in this piece: the next one.
+        (None, Some(_)) => corrupt.store(0, SeqCst),
+        (None, None) if left >= 0 => corrupt.store(left - n as i64, SeqCst),
+        (None, None) => {}
+    }
+}
+
+/// HTTP/2's client connection preface.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Follows one direction of a connection through HTTP/2 framing (the client's preface, then
+/// 9-byte frame headers and payloads), so that a bit is flipped where the relay must notice
+/// it: in a DATA frame's payload (gRPC messages: WAL, feedback, their checksum). A bit
+/// flipped in a WINDOW_UPDATE increment, a PING or a SETTINGS value changes nothing that a
+/// checksum could see. A stream that does not start like plaintext HTTP/2 (TLS) is opaque:
+/// any byte will do, since TLS notices every one.
+struct H2Scan {
+    /// Preface bytes still expected (toward the target only).
+    preface: usize,
+    /// Whether no frame has been seen yet: a server's first frame is SETTINGS, anything else
+    /// (a TLS record) makes the stream opaque.
+    first: bool,
+    head: [u8; 9],
+    have: usize,
+    /// Payload bytes left in the current frame, and whether it is a DATA frame.
+    left: usize,
+    data: bool,
+    opaque: bool,
+}
+
+impl H2Scan {
+    fn new(toward_target: bool) -> H2Scan {
+        H2Scan {
+            preface: if toward_target { PREFACE.len() } else { 0 },
+            first: true,
+            head: [0; 9],
+            have: 0,
+            left: 0,
+            data: false,
+            opaque: false,
+        }
+    }
+
+    /// Follows the next bytes of the stream, `buf`; returns the first position at or after
+    /// `from` (if any) where a flipped bit must be noticed.
+    fn feed(&mut self, buf: &[u8], from: Option<usize>) -> Option<usize> {
+        let mut hit = None;
+        let take = |at: usize, end: usize, hit: &mut Option<usize>| {
+            if let Some(f) = from.filter(|_| hit.is_none()) {
+                *hit = Some(at.max(f)).filter(|&p| p < end);
+            }
+        };
+        let mut i = 0;
+        while i < buf.len() {
+            if self.opaque {
+                take(i, buf.len(), &mut hit);
+                break;
+            }
+            if self.preface > 0 {
+                let k = (buf.len() - i).min(self.preface);
+                let at = PREFACE.len() - self.preface;
+                self.opaque = buf[i..i + k] != PREFACE[at..at + k];
+                self.preface -= k;
+                i += if self.opaque { 0 } else { k };
+                continue;
+            }
+            if self.left > 0 {
+                let k = (buf.len() - i).min(self.left);
+                if self.data {
+                    take(i, i + k, &mut hit);
+                }
+                self.left -= k;
+                i += k;
+                continue;
+            }
+            let k = (buf.len() - i).min(9 - self.have);
+            self.head[self.have..self.have + k].copy_from_slice(&buf[i..i + k]);
+            self.have += k;
+            i += k;
+            if self.have == 9 {
+                let h = self.head;
+                if std::mem::take(&mut self.first) && h[3] != 4 {
+                    self.opaque = true;
+                    self.have = 0;
+                    take(i, buf.len(), &mut hit);
+                    break;
+                }
+                self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+                self.data = h[3] == 0;
+                self.have = 0;
+            }
+        }
+        hit
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame: 9-byte header (length, type, flags, stream 1) and payload.
+    fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let n = payload.len();
+        let mut f = vec![
+            (n >> 16) as u8,
+            (n >> 8) as u8,
+            n as u8,
+            kind,
+            0,
+            0,
+            0,
+            0,
+            1,
+        ];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// The flip lands in the first byte of a DATA frame's payload at or after the byte that
+    /// was due, however the stream is cut into reads; in the byte due on a stream that is
+    /// not plaintext HTTP/2.
+    #[test]
+    fn flips_land_in_data_payloads() {
+        let mut stream = PREFACE.to_vec();
+        stream.extend(frame(4, &[0; 6])); // SETTINGS
+        stream.extend(frame(8, &[0, 0, 1, 0])); // WINDOW_UPDATE
+        let data_at = stream.len() + 9;
+        stream.extend(frame(0, b"grpc message"));
+        stream.extend(frame(6, &[7; 8])); // PING
+        let flipped = |stream: &[u8], toward: bool, piece: usize, after: i64| {
+            let (mut scan, corrupt) = (H2Scan::new(toward), AtomicI64::new(after));
+            let mut out = stream.to_vec();
+            for chunk in out.chunks_mut(piece) {
+                flip_due(&mut scan, &corrupt, chunk);
+            }
+            let diff: Vec<usize> = (0..out.len()).filter(|&i| out[i] != stream[i]).collect();
+            assert_eq!(corrupt.load(SeqCst), -1, "not flipped ({piece}, {after})");
+            assert_eq!(diff.len(), 1, "{diff:?}");
+            diff[0]
+        };
+        for piece in [1, 5, 9, 10, 64] {
+            for after in [0, 30, data_at, data_at + 3] {
+                let want = after.max(data_at);
+                assert_eq!(
+                    flipped(&stream, true, piece, after as i64),
+                    want,
+                    "{piece} {after}"
+                );
+            }
+        }
+        // From the server: no preface, SETTINGS first.
+        let server = &stream[PREFACE.len()..];
+        assert_eq!(flipped(server, false, 7, 0), data_at - PREFACE.len());
+        // TLS (no preface, no SETTINGS): the byte that is due, or the first one after the
+        // record header that told it apart.
+        let tls = [0x16, 3, 3, 0, 90, 2, 0, 0, 86, 3, 3, 1, 2];
+        for toward in [true, false] {
+            assert_eq!(flipped(&tls, toward, 4, 10), 10);
+        }
+        assert_eq!(flipped(&tls, true, 4, 2), 2);
+        assert_eq!(flipped(&tls, false, 4, 2), 9);
+    }
 
     #[test]
     fn forwards_and_counts_both_directions() {
