@@ -252,25 +252,27 @@ impl Report {
 
     fn replay_table(&self) -> String {
         let head = "| workload | PG | WAL MB | walrelay encode / decode | walrelay wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
-        let mut s = format!(
-            "\nReplay of the cold window's WAL on one thread, fresh codecs (128 kB messages; MB/s per CPU-second of all threads: walrelay's sections of large messages go to other cores too; walrelay wall: MB/s per second of wall-clock time)\n\n{head}"
-        );
-        for r in &self.runs {
-            let row = r
-                .replay
-                .as_ref()
-                .map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
-            s.push_str(&replay_row(r, row, r.replay_error.as_deref()));
-        }
-        s.push_str(&format!(
-            "\nReplay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running\n\n{head}"
-        ));
-        for r in &self.runs {
-            let row = r
-                .warm_replay
-                .as_ref()
-                .map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
-            s.push_str(&replay_row(r, row, r.warm_replay_error.as_deref()));
+        let cold: Pick = |r| {
+            let row = r.replay.as_ref();
+            let row = row.map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
+            (row, r.replay_error.as_deref())
+        };
+        let warm: Pick = |r| {
+            let row = r.warm_replay.as_ref();
+            let row = row.map(|m| (m.wal_bytes, [&m.walrelay, &m.zstd1, &m.zstd3]));
+            (row, r.warm_replay_error.as_deref())
+        };
+        let tables = [
+            ("Replay of the cold window's WAL on one thread, fresh codecs (128 kB messages; MB/s per CPU-second of all threads: walrelay's sections of large messages go to other cores too; walrelay wall: MB/s per second of wall-clock time)", cold),
+            ("Replay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running", warm),
+        ];
+        let mut s = String::new();
+        for (title, pick) in tables {
+            s.push_str(&format!("\n{title}\n\n{head}"));
+            for r in &self.runs {
+                let (row, error) = pick(r);
+                s.push_str(&replay_row(r, row, error));
+            }
         }
         s
     }
@@ -330,6 +332,9 @@ impl Report {
 
 /// One row of a replay table: WAL bytes and the passes of walrelay, zstd-1 and zstd-3, or the
 /// error that left the replay out.
+/// A replay's row of a run: WAL bytes and the walrelay, zstd-1 and zstd-3 passes; or why not.
+type Pick = for<'a> fn(&'a RunResult) -> (Option<(u64, [&'a Pass; 3])>, Option<&'a str>);
+
 fn replay_row(r: &RunResult, row: Option<(u64, [&Pass; 3])>, error: Option<&str>) -> String {
     let (name, pg) = (r.workload.name(), r.pg_major);
     let Some((bytes, [w, z1, z3])) = row else {
