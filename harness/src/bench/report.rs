@@ -330,11 +330,11 @@ impl Report {
     }
 }
 
-/// One row of a replay table: WAL bytes and the passes of walrelay, zstd-1 and zstd-3, or the
-/// error that left the replay out.
 /// A replay's row of a run: WAL bytes and the walrelay, zstd-1 and zstd-3 passes; or why not.
 type Pick = for<'a> fn(&'a RunResult) -> (Option<(u64, [&'a Pass; 3])>, Option<&'a str>);
 
+/// One row of a replay table: WAL bytes and the passes of walrelay, zstd-1 and zstd-3, or the
+/// error that left the replay out.
 fn replay_row(r: &RunResult, row: Option<(u64, [&Pass; 3])>, error: Option<&str>) -> String {
     let (name, pg) = (r.workload.name(), r.pg_major);
     let Some((bytes, [w, z1, z3])) = row else {
