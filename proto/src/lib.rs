@@ -21,6 +21,7 @@ pub mod link {
 /// `IMG_PRIMARY`), which a version-5 half cannot decode. 7: walcodec format 5 (frames against
 /// the block's previous image without its known tuples), and the receiver compresses the
 /// primary's zstd images with libzstd 1.5.6 instead of 1.5.7, whose bytes differ on a few: a
-/// version-6 sender's checks would not predict them. The version changes with anything that
+/// version-6 sender's checks would not predict them. 8: walcodec format 6 (the tuple cache
+/// leaves out the inserts of insert-only relations). The version changes with anything that
 /// changes what either half's recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;

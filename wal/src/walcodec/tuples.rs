@@ -9,6 +9,8 @@
 //! - a **tuple cache**: the newest tuple written at (relation, fork, block, offset) by a heap
 //!   INSERT or UPDATE/HOT_UPDATE record, bounded by bytes (`block_cache_bytes / 8`; both ends
 //!   use the same `block_cache_bytes`, the link handshake sees to it), evicted oldest first;
+//!   INSERTs into a relation that has had 64 Ki of them since its last UPDATE or DELETE are
+//!   left out ([`inserts`], format 6);
 //! - the **block cache** of #3 (page images by block), read through the line pointers of the
 //!   cached page (`PageLookup`).
 //!
@@ -52,6 +54,10 @@ use std::collections::{hash_map, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::wal::{le16, BlockKey, BlockRef, PAGE_SIZE};
+
+mod inserts;
+use inserts::InsertCounts;
+pub use inserts::COLD_AFTER;
 
 pub const RM_HEAP_ID: u8 = 10;
 const XLOG_HEAP_OPMASK: u8 = 0x70;
@@ -161,6 +167,8 @@ pub struct TupleCache {
     per_block: HashMap<BlockKey, u16, FxBuild>,
     /// Insertion order for eviction; entries whose seq no longer matches are stale.
     order: VecDeque<(Tid, u64)>,
+    /// Which relations' inserts are cached ([`inserts`]).
+    inserts: InsertCounts,
 }
 
 impl TupleCache {
@@ -172,6 +180,7 @@ impl TupleCache {
             map: HashMap::default(),
             per_block: HashMap::default(),
             order: VecDeque::new(),
+            inserts: InsertCounts::default(),
         }
     }
 
@@ -457,7 +466,8 @@ impl HeapRec {
     }
 
     /// After the whole record (`block0` = block 0's data, restored): what it wrote into the
-    /// tuple cache. Updates whose new tuple PostgreSQL cut against the old one are expanded
+    /// tuple cache, unless it is an INSERT into a relation that only gets inserts
+    /// ([`inserts`]). Updates whose new tuple PostgreSQL cut against the old one are expanded
     /// with the old version when it is known (else the TID is forgotten).
     pub fn feed(
         &self,
@@ -466,6 +476,13 @@ impl HeapRec {
         tuples: &mut TupleCache,
         pages: &dyn PageLookup,
     ) {
+        if self.op == XLOG_HEAP_INSERT {
+            if self.new.is_some_and(|n| !tuples.inserts.insert(&n.block)) {
+                return;
+            }
+        } else if let Some(old) = self.old {
+            tuples.inserts.touched(&old.block);
+        }
         let Some(new) = self.new else {
             if let Some(old) = self.old {
                 tuples.remove(&old);

@@ -1,0 +1,115 @@
+//! The tuple cache across a relation's change from caching its inserts to leaving them out
+//! and back ([`tuples`]`::inserts`), through the whole codec.
+
+use super::testgen::{Entropy, GenBlock, Image, WalGen};
+use super::tuples::COLD_AFTER;
+use super::wal::BlockKey;
+use super::*;
+use crate::lsn::Lsn;
+use crate::pg::PgMajor;
+
+fn key(rel: u32, blkno: u32) -> BlockKey {
+    BlockKey {
+        spc: 1663,
+        db: 5,
+        rel,
+        fork: 0,
+        blkno,
+    }
+}
+
+/// A heap INSERT of `body` (from t_bits on) at (`blkno`, `off`) of relation 16600.
+fn insert(g: &mut WalGen, blkno: u32, off: u16, body: &[u8]) {
+    let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
+    data.extend_from_slice(body);
+    let blocks = [GenBlock {
+        key: key(16600, blkno),
+        image: Image::None,
+        data,
+    }];
+    let mut main = off.to_le_bytes().to_vec();
+    main.push(0);
+    let rec = g.record(10, 0x00, 900, &blocks, &main);
+    g.write_record(&rec);
+}
+
+/// A heap UPDATE of (0, 1) to (0, 2) with the new tuple `body` whole.
+fn update(g: &mut WalGen, body: &[u8]) {
+    let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
+    data.extend_from_slice(body);
+    let blocks = [GenBlock {
+        key: key(16600, 0),
+        image: Image::None,
+        data,
+    }];
+    let mut main = vec![0u8; 14];
+    main[4..6].copy_from_slice(&1u16.to_le_bytes());
+    main[12..14].copy_from_slice(&2u16.to_le_bytes());
+    let rec = g.record(10, 0x20, 901, &blocks, &main);
+    g.write_record(&rec);
+}
+
+/// Encodes and decodes `g.buf[from..to]` as one message, checking every byte (no record is
+/// cut by a message boundary, which would send it raw and keep it from the tuple cache).
+fn relay(enc: &mut Encoder, dec: &mut Decoder, g: &WalGen, from: usize, to: usize) {
+    let (mut pl, mut out) = (Vec::new(), Vec::new());
+    let lsn = Lsn(g.start + from as u64);
+    enc.encode(lsn, &g.buf[from..to], &mut pl).unwrap();
+    dec.decode(lsn, &pl, to - from, &mut out).unwrap();
+    assert!(
+        out == g.buf[from..to],
+        "message at {lsn} restored differently"
+    );
+}
+
+#[test]
+fn inserts_stop_being_cached_and_resume_after_an_update_on_both_ends() {
+    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 11);
+    let first = g.rng.bytes(60);
+    insert(&mut g, 0, 1, &first);
+    // COLD_AFTER more inserts into the same relation: the last one is not cached.
+    for i in 0..COLD_AFTER {
+        let body = g.rng.bytes(24);
+        insert(&mut g, 1 + i / 100, 1 + (i % 100) as u16, &body);
+    }
+    // A new tuple at the TID of the first: not cached, the first stays (stale).
+    let mut second = g.rng.bytes(60);
+    insert(&mut g, 0, 1, &second);
+    let cold_end = g.buf.len();
+    // Its update: candidate 1 is the stale tuple; the relation is warm again.
+    second[7] ^= 0x55;
+    update(&mut g, &second);
+    let body = g.rng.bytes(24);
+    insert(&mut g, 5000, 1, &body);
+
+    let p = CodecParams {
+        pg_major: Some(PgMajor::V15),
+        block_cache_bytes: 1 << 30,
+        zstd_level: 3,
+        max_message_bytes: 64 << 20,
+    };
+    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
+    relay(&mut enc, &mut dec, &g, 0, cold_end);
+    let cached = COLD_AFTER as usize;
+    assert_eq!(
+        enc.tuples.len(),
+        cached,
+        "the first COLD_AFTER inserts only"
+    );
+    assert_eq!(dec.st.tuples.len(), cached);
+    assert_eq!(
+        enc.tuples.get(&tuples::Tid {
+            block: key(16600, 0),
+            off: 1
+        }),
+        Some(&first[..]),
+        "the first tuple stays where the cold insert left it alone"
+    );
+    relay(&mut enc, &mut dec, &g, cold_end, g.buf.len());
+    assert_eq!(
+        enc.tuples.len(),
+        cached + 2,
+        "the update's tuple and the insert after it"
+    );
+    assert_eq!(dec.st.tuples.len(), cached + 2);
+}
