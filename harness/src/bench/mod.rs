@@ -279,6 +279,7 @@ async fn setup(
     compression: &str,
 ) -> Result<Rig> {
     let root = TempRoot::new()?;
+    walrange::check_free_space(root.path(), w.disk_needed_gb(), w.name())?;
     let certs_dir = root.path().join("certs");
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;

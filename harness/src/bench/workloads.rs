@@ -134,6 +134,17 @@ impl Workload {
         }
     }
 
+    /// Free disk the run needs where its temporary directory is, in GB: the primary's `pg_wal`
+    /// (up to `max_wal_size` + `wal_keep_size`), the three standbys' and the two spools' copies
+    /// of the WAL, the windows' WAL copied out. A `bulk` run's directory reached 34 GB on
+    /// 2026-11-24 (PG 15); TPC-B and the update workloads write a tenth of its WAL.
+    pub fn disk_needed_gb(self) -> u64 {
+        match self {
+            Workload::Bulk => 40,
+            _ => 10,
+        }
+    }
+
     /// Schema and initial data (before the standbys are copied; not measured).
     pub async fn prepare(self, p: &Cluster) -> Result<()> {
         let sql = match self {
