@@ -279,7 +279,8 @@ async fn setup(
     compression: &str,
 ) -> Result<Rig> {
     let root = TempRoot::new()?;
-    walrange::check_free_space(root.path(), w.disk_needed_gb(), w.name())?;
+    let secs = opts.cold_secs + opts.warmup_secs + opts.steady_secs;
+    walrange::check_free_space(root.path(), w.disk_needed_gb(secs), w.name())?;
     let certs_dir = root.path().join("certs");
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;

@@ -134,14 +134,15 @@ impl Workload {
         }
     }
 
-    /// Free disk the run needs where its temporary directory is, in GB: the primary's `pg_wal`
-    /// (up to `max_wal_size` + `wal_keep_size`), the three standbys' and the two spools' copies
-    /// of the WAL, the windows' WAL copied out. A `bulk` run's directory reached 34 GB on
-    /// 2026-11-24 (PG 15); TPC-B and the update workloads write a tenth of its WAL.
-    pub fn disk_needed_gb(self) -> u64 {
+    /// Free disk a run of `secs` seconds of load needs where its temporary directory is, in
+    /// GB: the primary's `pg_wal` (up to `max_wal_size` + `wal_keep_size`), the three standbys'
+    /// and the two spools' copies of the WAL, the windows' WAL copied out. A 160 s `bulk` run's
+    /// directory reached 34 GB on 2026-11-24 (PG 15); TPC-B and the update workloads write
+    /// about a tenth of its WAL.
+    pub fn disk_needed_gb(self, secs: u64) -> u64 {
         match self {
-            Workload::Bulk => 40,
-            _ => 10,
+            Workload::Bulk => 2 + secs / 4,
+            _ => 1 + secs / 20,
         }
     }
 
@@ -326,5 +327,21 @@ impl Load {
             .find_map(|l| l.strip_prefix("tps = "))
             .and_then(|v| v.split(' ').next())
             .and_then(|v| v.parse().ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_needed_covers_the_measured_bulk_run_and_spares_short_ones() {
+        // Default windows: 30 + 90 + 40 s; a bulk run's directory reached 34 GB.
+        assert!(Workload::Bulk.disk_needed_gb(160) >= 34);
+        assert!(Workload::Pgbench.disk_needed_gb(160) >= 4);
+        // The test suite's few-second run must not ask a CI machine for gigabytes it never uses.
+        for w in Workload::ALL {
+            assert!(w.disk_needed_gb(9) <= 4, "{}", w.name());
+        }
     }
 }
