@@ -18,8 +18,9 @@ fn key(rel: u32, blkno: u32) -> BlockKey {
     }
 }
 
-/// A heap INSERT of `body` (from t_bits on) at (`blkno`, `off`) of relation 16600.
-fn insert(g: &mut WalGen, blkno: u32, off: u16, body: &[u8]) {
+/// A heap record (`info`) of relation 16600 whose block 0 (`blkno`) carries the new tuple
+/// `body` (from t_bits on) whole, after its `xl_heap_header`.
+fn heap(g: &mut WalGen, info: u8, xid: u32, blkno: u32, body: &[u8], main: &[u8]) {
     let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
     data.extend_from_slice(body);
     let blocks = [GenBlock {
@@ -27,26 +28,23 @@ fn insert(g: &mut WalGen, blkno: u32, off: u16, body: &[u8]) {
         image: Image::None,
         data,
     }];
-    let mut main = off.to_le_bytes().to_vec();
-    main.push(0);
-    let rec = g.record(10, 0x00, 900, &blocks, &main);
+    let rec = g.record(10, info, xid, &blocks, main);
     g.write_record(&rec);
 }
 
-/// A heap UPDATE of (0, 1) to (0, 2) with the new tuple `body` whole.
+/// A heap INSERT of `body` at (`blkno`, `off`).
+fn insert(g: &mut WalGen, blkno: u32, off: u16, body: &[u8]) {
+    let mut main = off.to_le_bytes().to_vec();
+    main.push(0);
+    heap(g, 0x00, 900, blkno, body, &main);
+}
+
+/// A heap UPDATE of (0, 1) to (0, 2) with the new tuple `body`.
 fn update(g: &mut WalGen, body: &[u8]) {
-    let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
-    data.extend_from_slice(body);
-    let blocks = [GenBlock {
-        key: key(16600, 0),
-        image: Image::None,
-        data,
-    }];
     let mut main = vec![0u8; 14];
     main[4..6].copy_from_slice(&1u16.to_le_bytes());
     main[12..14].copy_from_slice(&2u16.to_le_bytes());
-    let rec = g.record(10, 0x20, 901, &blocks, &main);
-    g.write_record(&rec);
+    heap(g, 0x20, 901, 0, body, &main);
 }
 
 /// Encodes and decodes `g.buf[from..to]` as one message, checking every byte (no record is
