@@ -1,9 +1,9 @@
 //! `walrelay bench`: what a user's link carries, per workload, against offline `zstd -3` and
 //! `zstd -19 --long=27` of exactly the same WAL and against `codec = "zstd"` in the same run.
 //!
-//! Per workload (and PostgreSQL major): a fresh primary (`checkpoint_timeout = 30s`,
-//! `max_wal_size = 4GB`, `fsync = off`, the workload's `wal_compression` and `wal_level`), its
-//! data, two standbys base-backed up from it, then two relay pairs of the real binary
+//! Per workload (and PostgreSQL major), once [`disk`] found room for it: a fresh primary
+//! (`checkpoint_timeout = 30s`, `max_wal_size = 4GB`, `fsync = off`, the workload's
+//! `wal_compression` and `wal_level`), its data, two standbys base-backed up from it, then two relay pairs of the real binary
 //! ([`pair`]: upstream and downstream processes, mutual TLS, a counting forwarder on the link
 //! socket): W with `codec = "wal"`, Z with `codec = "zstd"`, each serving one standby. t = 0
 //! once both standbys stream through their pairs; the load starts at once; no checkpoint is
@@ -17,6 +17,7 @@
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
 
+mod disk;
 pub mod micro;
 mod pair;
 mod report;
@@ -280,7 +281,7 @@ async fn setup(
 ) -> Result<Rig> {
     let root = TempRoot::new()?;
     let secs = opts.cold_secs + opts.warmup_secs + opts.steady_secs;
-    walrange::check_free_space(root.path(), w.disk_needed_gb(secs), w.name())?;
+    disk::check_free_space(root.path(), w.disk_needed_gb(secs), w.name())?;
     let certs_dir = root.path().join("certs");
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;
