@@ -129,9 +129,17 @@ impl Identity {
             streaming = true;
         }
         let shutdown = self.up.shutdown.clone();
+        // The stream's sender is gone when the stream ended; then no more updates.
+        let mut stream_open = true;
         loop {
             let max = conn.max_message_bytes;
             tokio::select! {
+                r = self.sent.changed(), if stream_open => match r {
+                    // The entry's `sent` follows the stream as it goes down, not only when
+                    // the primary next writes to this connection.
+                    Ok(()) => entry.wal(*self.sent.borrow_and_update()),
+                    Err(_) => stream_open = false,
+                },
                 _ = shutdown.cancelled() => {
                     terminate(&mut conn).await;
                     return Ended::Closed;
