@@ -63,6 +63,10 @@ enum Cmd {
         /// Length of each sync-commit latency run (with the pgbench workload; 0 = skip).
         #[arg(long, default_value_t = 15)]
         sync_secs: u64,
+        /// Also write each run's samples (every stage's position, ~10 per second) as CSV
+        /// files `<workload>-pg<major>.csv` into this existing directory.
+        #[arg(long)]
+        timeline_dir: Option<PathBuf>,
     },
     /// Show a running process's standbys and totals (read from its [metrics] listen address).
     Status {
@@ -133,6 +137,7 @@ fn main() -> ExitCode {
             warmup_secs,
             steady_secs,
             sync_secs,
+            timeline_dir,
         } => {
             walrelay::logging::init("error", "text");
             let opts = BenchArgs {
@@ -143,6 +148,7 @@ fn main() -> ExitCode {
                 warmup_secs,
                 steady_secs,
                 sync_secs,
+                timeline_dir,
             };
             bench(opts)
         }
@@ -189,6 +195,7 @@ struct BenchArgs {
     warmup_secs: u64,
     steady_secs: u64,
     sync_secs: u64,
+    timeline_dir: Option<PathBuf>,
 }
 
 /// `walrelay bench`: prints the markdown tables, writes the JSON.
@@ -223,6 +230,7 @@ fn bench(a: BenchArgs) -> ExitCode {
             warmup_secs: a.warmup_secs,
             steady_secs: a.steady_secs,
             sync_secs: a.sync_secs,
+            timeline_dir: a.timeline_dir,
         };
         let report = bench::run(&opts).await?;
         println!("{}", report.markdown());

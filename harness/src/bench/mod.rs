@@ -22,6 +22,7 @@ pub mod micro;
 mod pair;
 mod report;
 mod sample;
+mod stages;
 mod synclat;
 mod walrange;
 mod workloads;
@@ -55,6 +56,8 @@ pub struct BenchOpts {
     pub steady_secs: u64,
     /// Seconds of each sync-latency pgbench (0: not measured).
     pub sync_secs: u64,
+    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`, [`stages`]).
+    pub timeline_dir: Option<PathBuf>,
 }
 
 const CODECS: [&str; 2] = ["wal", "zstd"];
@@ -156,6 +159,11 @@ async fn run_one(
 ) -> Result<(RunResult, Option<synclat::SyncLatency>)> {
     let mut rig = setup(opts, install, w, compression).await?;
     let (samples, tps, compared) = measure(&mut rig, opts, w).await?;
+    if let Some(dir) = &opts.timeline_dir {
+        let file = dir.join(format!("{}-pg{}.csv", w.name(), install.major));
+        std::fs::write(&file, stages::timeline_csv(&samples))
+            .with_context(|| format!("writing the timeline {}", file.display()))?;
+    }
     let tables = compare_tables(&rig, w).await?;
     let lat = match sync {
         true => Some(synclat::measure(&rig.root, &rig.primary, APPS[0], opts.sync_secs).await?),
@@ -402,6 +410,11 @@ async fn measure(
         &rig.primary,
         [&rig.standbys[0], &rig.standbys[1]],
         &rig.direct,
+        [
+            &rig.pairs[0].feed_application_name(),
+            &rig.pairs[1].feed_application_name(),
+            DIRECT_APP,
+        ],
         Instant::now(),
     )
     .await?;

@@ -11,6 +11,8 @@ use crate::certs::{toml_str, LinkCerts};
 use crate::cluster::{free_port, Cluster};
 use crate::forward::Forwarder;
 use crate::prom;
+
+use super::stages::RelayPositions;
 use crate::relayproc::RelayProcess;
 
 /// The replication user's password on the primary (the upstream logs in with it).
@@ -54,9 +56,17 @@ pub struct RelayPair {
     forwarder: Forwarder,
     up_metrics: u16,
     down_metrics: u16,
+    /// The downstream's `name`.
+    tag: String,
 }
 
 impl RelayPair {
+    /// application_name of the upstream's replication connection that reads the WAL for the
+    /// stream (`walrelay_<downstream name>`); the standby's own connection has the standby's.
+    pub fn feed_application_name(&self) -> String {
+        format!("walrelay_{}", self.tag)
+    }
+
     /// Waits until the downstream's link stream is open (its spool has a start position).
     pub async fn wait_stream_open(&self) -> Result<(), crate::cluster::ClusterError> {
         crate::cluster::wait_until(
@@ -119,12 +129,13 @@ impl RelayPair {
             forwarder,
             up_metrics,
             down_metrics,
+            tag: tag.to_string(),
         })
     }
 
     /// Socket bytes and CPU now; with `scrape`, also the link message and payload counters
-    /// (else NaN).
-    pub async fn counters(&self, scrape: bool) -> Result<PairCounters> {
+    /// (else NaN) and the relay's stage positions (else None).
+    pub async fn counters(&self, scrape: bool) -> Result<(PairCounters, Option<RelayPositions>)> {
         let mut c = PairCounters {
             toward_standby: self.forwarder.bytes_from_target(),
             toward_primary: self.forwarder.bytes_toward_target(),
@@ -151,8 +162,9 @@ impl RelayPair {
                 "walrelay_link_payload_bytes_total",
                 &[("half", "upstream")],
             );
+            return Ok((c, RelayPositions::from_scrapes(&up, &down)));
         }
-        Ok(c)
+        Ok((c, None))
     }
 
     /// `walrelay_integrity_failures_total` of both processes.

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::micro::{Pass, Replay, WarmReplay};
 use super::sample::{Cut, PairCut};
+use super::stages::{PathLags, StageLags};
 use super::synclat::SyncLatency;
 use super::workloads::Workload;
 
@@ -64,6 +65,8 @@ pub struct Window {
     /// Largest replay lag of the standby streaming from the primary directly (no relay).
     pub direct_max_replay_lag_bytes: u64,
     pub direct_max_receive_lag_bytes: u64,
+    /// Largest lag behind the primary at each stage of each path, bytes.
+    pub stages: StageLags,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -153,6 +156,7 @@ impl Window {
             z: pair(&cut.pairs[1], codecs[1]),
             direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
             direct_max_receive_lag_bytes: cut.direct_max_receive_lag,
+            stages: cut.stages.clone(),
         }
     }
 }
@@ -188,6 +192,7 @@ impl Report {
             s.push_str(&format!("\n{title}\n\n"));
             s.push_str(&self.window_table(i == 1));
         }
+        s.push_str(&self.stage_table());
         s.push_str(&self.replay_table());
         s.push_str(&self.rmgr_table());
         s.push('\n');
@@ -246,6 +251,47 @@ impl Report {
         }
         if late {
             s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt.\n"));
+        }
+        s
+    }
+
+    /// Per workload and window: the largest lag behind the primary's write position at each
+    /// stage of each path (see [`super::stages`]); where a path's lag grows is where it waits.
+    fn stage_table(&self) -> String {
+        let mut s = String::from(
+            "\nLag along each path: the largest MB behind the primary's write position over the window, at each stage the WAL passes (W: primary sent → upstream sent down → spooled → sent to standby → received → replayed)\n\n| workload | PG | window | primary flushed | direct: sent / received / replayed | Z: sent / received / replayed | W: sent / sent down / spooled / to standby / received / replayed | mean replay lag W / Z / direct MB |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
+        );
+        let om = |v: Option<u64>| opt(v.map(mb), 1);
+        let path = |p: &PathLags| {
+            format!(
+                "{} / {:.1} / {:.1}",
+                om(p.primary_sent),
+                mb(p.received),
+                mb(p.replayed)
+            )
+        };
+        for r in &self.runs {
+            for w in [&r.cold, &r.steady] {
+                let l = &w.stages;
+                s.push_str(&format!(
+                    "| {} | {} | {} | {:.1} | {} | {} | {} / {} / {} / {} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
+                    r.workload.name(),
+                    r.pg_major,
+                    w.name,
+                    mb(l.flushed),
+                    path(&l.direct),
+                    path(&l.z),
+                    om(l.w.primary_sent),
+                    om(l.w_sent_down),
+                    om(l.w_spooled),
+                    om(l.w_sent_to_standby),
+                    mb(l.w.received),
+                    mb(l.w.replayed),
+                    mb(l.w.mean_replayed),
+                    mb(l.z.mean_replayed),
+                    mb(l.direct.mean_replayed),
+                ));
+            }
         }
         s
     }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::pair::{PairCounters, RelayPair};
+use super::stages::{self, PrimaryPositions, RelayPositions, StageLags};
 use crate::cluster::Cluster;
 
 /// One moment of a run; index 0 is pair W (`wal` codec), 1 pair Z (`zstd`).
@@ -27,6 +28,10 @@ pub struct Sample {
     pub direct_received: u64,
     pub direct_replayed: u64,
     pub pairs: [PairCounters; 2],
+    /// The primary's flush position and what its walsenders sent.
+    pub primary: PrimaryPositions,
+    /// Pair W's relay stages (None when its metrics were not read or had no standby yet).
+    pub w_relay: Option<RelayPositions>,
 }
 
 /// Persistent connections to the primary, both standbys behind relays and the direct one.
@@ -35,9 +40,20 @@ pub struct Sampler {
     standbys: [Client; 2],
     direct: Client,
     t0: Instant,
+    /// The primary's query ([`stages::primary_sql`]).
+    primary_sql: String,
 }
 
 async fn lsns(c: &Client, sql: &str) -> Result<Vec<u64>> {
+    lsns_or_null(c, sql)
+        .await?
+        .into_iter()
+        .map(|v| v.context("NULL position (not streaming?)"))
+        .collect()
+}
+
+/// The first row's columns as positions; NULL as None.
+async fn lsns_or_null(c: &Client, sql: &str) -> Result<Vec<Option<u64>>> {
     let rows = c.simple_query(sql).await?;
     let row = rows
         .iter()
@@ -48,19 +64,23 @@ async fn lsns(c: &Client, sql: &str) -> Result<Vec<u64>> {
         .context("no row")?;
     (0..row.len())
         .map(|i| {
-            let s = row.get(i).context("NULL position (not streaming?)")?;
-            Ok(s.parse::<walrelay_wal::lsn::Lsn>()
-                .map_err(|e| anyhow::anyhow!("{s:?}: {e}"))?
-                .0)
+            let Some(s) = row.get(i) else { return Ok(None) };
+            Ok(Some(
+                s.parse::<walrelay_wal::lsn::Lsn>()
+                    .map_err(|e| anyhow::anyhow!("{s:?}: {e}"))?
+                    .0,
+            ))
         })
         .collect()
 }
 
 impl Sampler {
+    /// `apps`: application_name of pair W's feed, pair Z's feed and the direct standby.
     pub async fn connect(
         primary: &Cluster,
         standbys: [&Cluster; 2],
         direct: &Cluster,
+        apps: [&str; 3],
         t0: Instant,
     ) -> Result<Self> {
         Ok(Sampler {
@@ -68,6 +88,7 @@ impl Sampler {
             standbys: [standbys[0].connect().await?, standbys[1].connect().await?],
             direct: direct.connect().await?,
             t0,
+            primary_sql: stages::primary_sql(apps),
         })
     }
 
@@ -76,21 +97,27 @@ impl Sampler {
         let standby_sql = "select pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text";
         let take = async {
             let (p, s0, s1, d, c0, c1) = tokio::try_join!(
-                lsns(&self.primary, "select pg_current_wal_lsn()::text"),
+                lsns_or_null(&self.primary, &self.primary_sql),
                 lsns(&self.standbys[0], standby_sql),
                 lsns(&self.standbys[1], standby_sql),
                 lsns(&self.direct, standby_sql),
                 pairs[0].counters(scrape),
                 pairs[1].counters(false),
             )?;
+            let written = p[0].context("no pg_current_wal_lsn()")?;
             Ok::<_, anyhow::Error>(Sample {
                 t: self.t0.elapsed().as_secs_f64(),
-                primary_lsn: p[0],
+                primary_lsn: written,
+                primary: PrimaryPositions {
+                    flushed: p[1].unwrap_or(written),
+                    sent: [p[2], p[3], p[4]],
+                },
+                w_relay: c0.1,
                 received: [s0[0], s1[0]],
                 replayed: [s0[1], s1[1]],
                 direct_received: d[0],
                 direct_replayed: d[1],
-                pairs: [c0, c1],
+                pairs: [c0.0, c1.0],
             })
         };
         tokio::time::timeout(Duration::from_secs(5), take)
@@ -130,6 +157,8 @@ pub struct Cut {
     /// Largest primary position − direct standby's replay / receive position over the window.
     pub direct_max_replay_lag: u64,
     pub direct_max_receive_lag: u64,
+    /// Largest lag at each stage of each path ([`stages`]).
+    pub stages: StageLags,
 }
 
 /// Largest `primary position − pos(sample)` over `samples`.
@@ -184,6 +213,7 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         pairs: [pair(0)?, pair(1)?],
         direct_max_replay_lag: max_lag(&samples[i0..=i1], |s| s.direct_replayed),
         direct_max_receive_lag: max_lag(&samples[i0..=i1], |s| s.direct_received),
+        stages: stages::lags(&samples[i0..=i1]),
     })
 }
 
@@ -208,6 +238,11 @@ mod tests {
             direct_received: primary,
             direct_replayed: primary - 1,
             pairs: [c(bytes[0]), c(bytes[1])],
+            primary: PrimaryPositions {
+                flushed: primary,
+                sent: [Some(primary); 3],
+            },
+            w_relay: None,
         }
     }
 
