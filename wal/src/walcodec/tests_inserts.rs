@@ -111,3 +111,58 @@ fn inserts_stop_being_cached_and_resume_after_an_update_on_both_ends() {
     );
     assert_eq!(dec.st.tuples.len(), cached + 2);
 }
+
+/// Bytes that went into stream `s` so far.
+fn into(enc: &Encoder, s: usize) -> u64 {
+    enc.stats().section_in[s]
+}
+
+#[test]
+fn a_cold_relations_rows_go_through_raw_and_back_to_data_once_it_is_updated() {
+    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 12);
+    for i in 0..COLD_AFTER {
+        let body = g.rng.bytes(24);
+        insert(&mut g, 1 + i / 100, 1 + (i % 100) as u16, &body);
+    }
+    let warm_end = g.buf.len();
+    // Three more: the relation has had COLD_AFTER inserts, so these are cold.
+    for off in 1..=3 {
+        let body = g.rng.bytes(24);
+        insert(&mut g, 4000, off, &body);
+    }
+    let cold_end = g.buf.len();
+    let body = g.rng.bytes(60);
+    update(&mut g, &body);
+    let body = g.rng.bytes(24);
+    insert(&mut g, 4001, 1, &body);
+
+    let p = CodecParams {
+        pg_major: Some(PgMajor::V15),
+        block_cache_bytes: 1 << 30,
+        zstd_level: 3,
+        max_message_bytes: 64 << 20,
+    };
+    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
+    relay(&mut enc, &mut dec, &g, 0, warm_end);
+    assert_eq!(
+        into(&enc, S_RAW),
+        0,
+        "every row of a warm relation goes through DATA"
+    );
+    let data = into(&enc, S_DATA);
+    relay(&mut enc, &mut dec, &g, warm_end, cold_end);
+    // Each cold row: its 5-byte xl_heap_header and 24 bytes, whole (no delta).
+    assert_eq!(
+        into(&enc, S_RAW),
+        3 * (5 + 24),
+        "the cold rows go through RAW"
+    );
+    assert_eq!(into(&enc, S_DATA), data, "... and not through DATA");
+    relay(&mut enc, &mut dec, &g, cold_end, g.buf.len());
+    assert_eq!(
+        into(&enc, S_RAW),
+        3 * (5 + 24),
+        "warm again after the update"
+    );
+    assert!(into(&enc, S_DATA) > data + 24);
+}
