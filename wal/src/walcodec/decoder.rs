@@ -427,8 +427,6 @@ impl State {
             self.img_ends.push(self.imgs.len());
         }
         let mut block0 = None;
-        // As the encoder chose (`TupleCache::cold_insert`, format 7).
-        let cold = heap.is_some_and(|h| self.tuples.cold_insert(&h));
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             let from = if i == 0 { 0 } else { self.img_ends[i - 1] };
@@ -439,8 +437,7 @@ impl State {
             let d = usize::from(b.data_len);
             let at = self.rec.len();
             let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            let data = if cold { &mut r.raw } else { &mut r.data };
-            self.get_site(site, &[], data, d, &mut r.ctrl)?;
+            self.get_site(site, &[], &mut r.data, d, &mut r.ctrl)?;
             if b.id == 0 && d > 0 {
                 block0 = Some(at..at + d);
             }

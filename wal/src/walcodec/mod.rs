@@ -46,7 +46,7 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::linkcodec`).
 //!
-//! # Payload format (version 7)
+//! # Payload format (version 6)
 //!
 //! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
 //! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3:
@@ -69,18 +69,12 @@
 //! images 0.07 % and 16 %. Version 6: an INSERT into a relation that has had 64 Ki INSERT
 //! records since its last UPDATE or DELETE is not put into the tuple cache
 //! ([`tuples`]`::inserts`): caching the rows of a bulk load was 40 % of encoding it, and
-//! decoding ran twice as fast without it, for no delta ever made against them. Version 7:
-//! the block data of such an INSERT (a cold relation's row) goes through RAW instead of DATA:
-//! DATA's long-distance matcher (for content that comes back hundreds of MB later, TOAST
-//! values rewritten whole) found nothing in a bulk load's fresh rows (under 0.001 % of the bytes)
-//! and was a sixth of its encoding; one core, recorded PG 15 bulk WAL, medians of five:
-//! encoding 321 → 390 MB/s, decoding 643 → 715 MB/s, 0.02 % more bytes; pgbench, TOAST
-//! rewrites, random-payload updates and images byte-identical. An older decoder refuses a
-//! payload of a newer version by the first byte.
+//! decoding ran twice as fast without it, for no delta ever made against them. An older decoder refuses a payload of a
+//! newer version by the first byte.
 //!
 //! ```text
-//! payload  = 0x07 present:u8 clen:varint × (present sections) sections FPI-bytes
-//!          | 0x17 clen:varint combined-chunk FPI-bytes
+//! payload  = 0x06 present:u8 clen:varint × (present sections) sections FPI-bytes
+//!          | 0x16 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
 //! (the framing in detail: `payload.rs`).
@@ -92,8 +86,7 @@
 //! - CTRL: the op sequence ([`format`](mod@format)) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
 //! - DATA: block data of records (tuples, mostly);
-//! - RAW: bytes passed through as they are, and the block data of INSERTs into cold
-//!   relations (version 7, `TupleCache::cold_insert`);
+//! - RAW: bytes passed through as they are;
 //! - IMG: image bytes that do not go through the cache (odd images, and compressed ones that
 //!   do not decompress or would not be compressed back to the same bytes);
 //! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
@@ -292,7 +285,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 7;
+pub(crate) const FORMAT_VERSION: u8 = 6;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

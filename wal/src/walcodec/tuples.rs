@@ -10,7 +10,7 @@
 //!   INSERT or UPDATE/HOT_UPDATE record, bounded by bytes (`block_cache_bytes / 8`; both ends
 //!   use the same `block_cache_bytes`, the link handshake sees to it), evicted oldest first;
 //!   INSERTs into a relation that has had 64 Ki of them since its last UPDATE or DELETE are
-//!   left out ([`inserts`], format 6), and their block data goes through RAW (format 7);
+//!   left out ([`inserts`], format 6);
 //! - the **block cache** of #3 (page images by block), read through the line pointers of the
 //!   cached page (`PageLookup`).
 //!
@@ -193,14 +193,6 @@ impl TupleCache {
 
     pub fn clear(&mut self) {
         *self = TupleCache::new(self.cap);
-    }
-
-    /// Whether `heap` is an INSERT into a cold relation ([`inserts`]), asked before the
-    /// record is fed: its block data goes through RAW instead of DATA (format 7), whose
-    /// long-distance matcher finds nothing in a bulk load's fresh rows and was a sixth of the
-    /// encoding's time.
-    pub fn cold_insert(&self, heap: &HeapRec) -> bool {
-        heap.op == XLOG_HEAP_INSERT && heap.new.is_some_and(|n| self.inserts.is_cold(&n.block))
     }
 
     /// Memory accounted to the cached tuples.

@@ -15,11 +15,6 @@ impl Encoder {
         let blocks = std::mem::take(&mut self.area.blocks);
         let mut res = Ok(());
         let mut block0 = None;
-        // A cold relation's inserted rows go through RAW (format 7, `TupleCache::cold_insert`).
-        let data_stream = match heap {
-            Some(h) if self.tuples.cold_insert(&h) => S_RAW,
-            _ => S_DATA,
-        };
         // Every image first (so tuples may refer to any of them), then the data in order.
         let mut q = p;
         for b in &blocks {
@@ -41,7 +36,7 @@ impl Encoder {
                 block0 = Some(p..p + d);
             }
             let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.put_site(site, data_stream, data);
+            self.put_site(site, S_DATA, data);
             self.stats.data_in += d as u64;
             p += d;
         }

@@ -54,14 +54,6 @@ impl InsertCounts {
         *n <= COLD_AFTER
     }
 
-    /// Whether the relation of `block` is cold: its next INSERT's tuple will not be cached
-    /// (and, format 7, goes through RAW, see [`TupleCache::cold_insert`](super::TupleCache::cold_insert)).
-    pub fn is_cold(&self, block: &BlockKey) -> bool {
-        self.counts
-            .get(&rel_of(block))
-            .is_some_and(|&n| n >= COLD_AFTER)
-    }
-
     /// An UPDATE or DELETE record of a tuple in the relation of `block`.
     pub fn touched(&mut self, block: &BlockKey) {
         if let Some(n) = self.counts.get_mut(&rel_of(block)) {
