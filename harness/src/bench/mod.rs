@@ -198,11 +198,13 @@ async fn run_one(
     })
     .await?;
     let warm = warm_replay(&rig, &cuts, major).await;
+    let steady_end = (ends + opts.steady_secs) as f64;
     let result = RunResult {
         workload: w,
         pg_major: install.major,
         wal_compression: w.wal_compression().into(),
         tps,
+        lag_over_run: stages::lag_over_run(&samples, steady_end, 3),
         cold,
         steady,
         replay_error: replay.as_ref().err().map(|e| format!("{e:#}")),

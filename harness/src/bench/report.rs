@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::micro::{Pass, Replay, WarmReplay};
 use super::sample::{Cut, PairCut};
-use super::stages::{PathLags, StageLags};
+use super::stages::{LagPart, PathLags, StageLags};
 use super::synclat::SyncLatency;
 use super::workloads::Workload;
 
@@ -33,6 +33,8 @@ pub struct RunResult {
     /// The steady window's WAL replayed after the WAL before it warmed the codecs.
     pub warm_replay: Option<WarmReplay>,
     pub warm_replay_error: Option<String>,
+    /// Mean replay lags over each third of the load, up to the steady window's end.
+    pub lag_over_run: Vec<LagPart>,
     pub verified: Verified,
 }
 
@@ -292,6 +294,29 @@ impl Report {
                     mb(l.direct.mean_replayed),
                 ));
             }
+        }
+        s.push_str("\nMean replay lag over each third of the load, W / Z / direct MB (rising thirds: a lag that grows)\n\n| workload | PG | thirds |\n|---|---:|---|\n");
+        for r in &self.runs {
+            let parts: Vec<String> = r
+                .lag_over_run
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{:.0}–{:.0} s: {:.1} / {:.1} / {:.1}",
+                        p.t_start,
+                        p.t_end,
+                        mb(p.w),
+                        mb(p.z),
+                        mb(p.direct)
+                    )
+                })
+                .collect();
+            s.push_str(&format!(
+                "| {} | {} | {} |\n",
+                r.workload.name(),
+                r.pg_major,
+                parts.join("; ")
+            ));
         }
         s
     }

@@ -139,6 +139,38 @@ pub fn lags(samples: &[Sample]) -> StageLags {
     }
 }
 
+/// Mean replay lag of each standby over one part of the run, bytes.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LagPart {
+    /// Seconds since t = 0.
+    pub t_start: f64,
+    pub t_end: f64,
+    pub w: u64,
+    pub z: u64,
+    pub direct: u64,
+}
+
+/// The mean replay lags over `parts` equal parts of [0, `t_end`]: a lag that grows over the
+/// run shows as parts that rise (a part without samples is left out).
+pub fn lag_over_run(samples: &[Sample], t_end: f64, parts: usize) -> Vec<LagPart> {
+    let step = t_end / parts.max(1) as f64;
+    (0..parts)
+        .filter_map(|i| {
+            let (a, b) = (step * i as f64, step * (i + 1) as f64);
+            let lo = samples.partition_point(|s| s.t < a);
+            let hi = samples.partition_point(|s| s.t < b);
+            let part = samples.get(lo..hi).filter(|p| !p.is_empty())?;
+            Some(LagPart {
+                t_start: a,
+                t_end: b,
+                w: mean_lag(part, &|s| s.replayed[0]),
+                z: mean_lag(part, &|s| s.replayed[1]),
+                direct: mean_lag(part, &|s| s.direct_replayed),
+            })
+        })
+        .collect()
+}
+
 /// Header of [`timeline_csv`].
 const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s\n";
 
@@ -219,6 +251,18 @@ mod tests {
         assert_eq!(l.z.primary_sent, None);
         assert_eq!((l.z.received, l.z.replayed), (100, 200));
         assert_eq!(l.direct.primary_sent, Some(0));
+    }
+
+    #[test]
+    fn the_run_is_cut_in_equal_parts_and_each_gets_its_mean_lag() {
+        let samples: Vec<Sample> = (0..6).map(|i| sample(i as f64, 1000, 10 * i)).collect();
+        let parts = lag_over_run(&samples, 6.0, 3);
+        assert_eq!(parts.len(), 3);
+        // Part 2 holds t = 2, 3: W's replay lag is 6 x behind: 120 and 180.
+        assert_eq!((parts[1].t_start, parts[1].t_end), (2.0, 4.0));
+        assert_eq!((parts[1].w, parts[1].z, parts[1].direct), (150, 50, 50));
+        // A part the samples do not reach is left out.
+        assert_eq!(lag_over_run(&samples, 12.0, 3).len(), 2);
     }
 
     #[test]
