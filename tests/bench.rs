@@ -20,6 +20,8 @@ fn num(v: &Value, path: &[&str]) -> f64 {
 fn bench_reports_a_sane_run_of_one_tiny_workload() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
+    let timeline = dir.path().join("timeline");
+    std::fs::create_dir(&timeline).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
         .args([
             "bench",
@@ -33,8 +35,10 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
             "3",
             "--sync-secs",
             "0",
-            "--json",
+            "--timeline-dir",
         ])
+        .arg(&timeline)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
@@ -98,4 +102,28 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert!(num(warm, &["warm_bytes"]) > 0.0, "nothing warmed: {warm}");
     assert!(num(warm, &["walrelay", "encoded_bytes"]) > 0.0, "{warm}");
     assert!(stdout.contains("Replay of the steady window"), "{stdout}");
+
+    // Every stage was sampled: the primary's walsenders toward both feeds and the direct
+    // standby (found by application_name), W's relay stages (read from its metrics).
+    for w in ["cold", "steady"] {
+        let st = &r[w]["stages"];
+        for path in ["w", "z", "direct"] {
+            assert!(
+                st[path]["primary_sent"].is_u64(),
+                "{w}: no walsender position for {path}: {st}"
+            );
+        }
+        for stage in ["w_sent_down", "w_spooled", "w_sent_to_standby"] {
+            assert!(st[stage].is_u64(), "{w}: {stage} never read: {st}");
+        }
+    }
+    assert_eq!(r["lag_over_run"].as_array().map(Vec::len), Some(3));
+    assert!(stdout.contains("Lag along each path"), "{stdout}");
+    let csv =
+        std::fs::read_to_string(timeline.join(format!("updates-pg{}.csv", r["pg_major"]))).unwrap();
+    let mut lines = csv.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("t,primary_written,"), "{head}");
+    // ~10 samples a second over at least the 7 s of the windows.
+    assert!(lines.count() >= 50, "{csv}");
 }

@@ -161,13 +161,9 @@ pub struct Cut {
     pub stages: StageLags,
 }
 
-/// Largest `primary position − pos(sample)` over `samples`.
+/// Largest `primary position − pos(sample)` over `samples` (0 without samples).
 fn max_lag(samples: &[Sample], pos: impl Fn(&Sample) -> u64) -> u64 {
-    samples
-        .iter()
-        .map(|s| s.primary_lsn.saturating_sub(pos(s)))
-        .max()
-        .unwrap_or(0)
+    stages::max_lag(samples, |s| Some(pos(s))).unwrap_or(0)
 }
 
 fn first(samples: &[Sample], pred: impl Fn(&Sample) -> bool) -> Option<usize> {

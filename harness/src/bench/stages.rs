@@ -102,7 +102,7 @@ pub struct StageLags {
 }
 
 /// Largest `primary position − pos(sample)` over the samples that have `pos`.
-fn max_lag(samples: &[Sample], pos: impl Fn(&Sample) -> Option<u64>) -> Option<u64> {
+pub(super) fn max_lag(samples: &[Sample], pos: impl Fn(&Sample) -> Option<u64>) -> Option<u64> {
     samples
         .iter()
         .filter_map(|s| pos(s).map(|p| s.primary_lsn.saturating_sub(p)))
