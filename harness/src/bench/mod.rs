@@ -56,7 +56,7 @@ pub struct BenchOpts {
     pub steady_secs: u64,
     /// Seconds of each sync-latency pgbench (0: not measured).
     pub sync_secs: u64,
-    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`, [`stages`]).
+    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`, [`sample::timeline_csv`]).
     pub timeline_dir: Option<PathBuf>,
 }
 
@@ -161,7 +161,7 @@ async fn run_one(
     let (samples, tps, compared) = measure(&mut rig, opts, w).await?;
     if let Some(dir) = &opts.timeline_dir {
         let file = dir.join(format!("{}-pg{}.csv", w.name(), install.major));
-        std::fs::write(&file, stages::timeline_csv(&samples))
+        std::fs::write(&file, sample::timeline_csv(&samples))
             .with_context(|| format!("writing the timeline {}", file.display()))?;
     }
     let tables = compare_tables(&rig, w).await?;
@@ -204,7 +204,7 @@ async fn run_one(
         pg_major: install.major,
         wal_compression: w.wal_compression().into(),
         tps,
-        lag_over_run: stages::lag_over_run(&samples, steady_end, 3),
+        lag_over_run: sample::lag_over_run(&samples, steady_end, 3),
         cold,
         steady,
         replay_error: replay.as_ref().err().map(|e| format!("{e:#}")),
