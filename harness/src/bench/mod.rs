@@ -8,7 +8,8 @@
 //! socket): W with `codec = "wal"`, Z with `codec = "zstd"`, each serving one standby. t = 0
 //! once both standbys stream through their pairs; the load starts at once; no checkpoint is
 //! forced. Every ~100 ms [`sample`] records the primary's WAL position, what each standby
-//! received and replayed, each pair's socket bytes and CPU, and W's link counters. The cold
+//! received and replayed, each pair's socket bytes and CPU, W's link counters, and every
+//! stage's position along each path ([`stages`]: where the lag waits). The cold
 //! window is [0, cold], the steady one [cold + warm-up, cold + warm-up + steady]. Each window's
 //! WAL is copied from the primary's pg_wal and byte-compared with both standbys' ([`walrange`]);
 //! after the load the tables are compared and the integrity counters must be 0 — any failure
