@@ -67,18 +67,32 @@ pub async fn scrape(port: u16) -> Result<Vec<Sample>, PromError> {
     parse_exposition(&http_get(port, "/metrics", Duration::from_secs(5)).await?)
 }
 
-/// Sum of the samples named `name` whose labels include every pair of `labels` (0 if none).
-pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+/// The samples named `name` whose labels include every pair of `labels`.
+fn matching<'a>(
+    samples: &'a [Sample],
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
     samples
         .iter()
-        .filter(|s| {
+        .filter(move |s| {
             s.name == name
                 && labels
                     .iter()
                     .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
         })
         .map(|s| s.value)
-        .sum()
+}
+
+/// Sum of the samples named `name` whose labels include every pair of `labels` (0 if none).
+pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    matching(samples, name, labels).sum()
+}
+
+/// Largest of the samples named `name` whose labels include every pair of `labels` (None if
+/// none).
+pub fn max(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    matching(samples, name, labels).reduce(f64::max)
 }
 
 fn is_name(s: &str) -> bool {

@@ -3,11 +3,11 @@
 //!
 //! Per workload (and PostgreSQL major), once [`disk`] found room for it: a fresh primary
 //! (`checkpoint_timeout = 30s`, `max_wal_size = 4GB`, `fsync = off`, the workload's
-//! `wal_compression` and `wal_level`), its data, two standbys base-backed up from it, then two relay pairs of the real binary
-//! ([`pair`]: upstream and downstream processes, mutual TLS, a counting forwarder on the link
-//! socket): W with `codec = "wal"`, Z with `codec = "zstd"`, each serving one standby. t = 0
-//! once both standbys stream through their pairs; the load starts at once; no checkpoint is
-//! forced. Every ~100 ms [`sample`] records the primary's WAL position, what each standby
+//! `wal_compression` and `wal_level`), its data, two standbys base-backed up from it, then two
+//! relay pairs of the real binary ([`pair`]: upstream and downstream processes, mutual TLS,
+//! a counting forwarder on the link socket): W with `codec = "wal"`, Z with `codec = "zstd"`,
+//! each serving one standby. t = 0 once both standbys stream through their pairs; the load
+//! starts at once; no checkpoint is forced. Every ~100 ms [`sample`] records the primary's WAL position, what each standby
 //! received and replayed, each pair's socket bytes and CPU, W's link counters, and every
 //! stage's position along each path ([`stages`]: where the lag waits). The cold
 //! window is [0, cold], the steady one [cold + warm-up, cold + warm-up + steady]. Each window's
@@ -180,9 +180,10 @@ async fn run_one(
     }
     rig.primary.stop().await?;
     let ends = opts.cold_secs + opts.warmup_secs;
+    let steady_end = (ends + opts.steady_secs) as f64;
     let cuts = [
         sample::cut(&samples, 0.0, opts.cold_secs as f64)?,
-        sample::cut(&samples, ends as f64, (ends + opts.steady_secs) as f64)?,
+        sample::cut(&samples, ends as f64, steady_end)?,
     ];
     let [cold, steady] = [("cold", &cuts[0]), ("steady", &cuts[1])];
     let (cold, steady) = (
@@ -199,7 +200,6 @@ async fn run_one(
     })
     .await?;
     let warm = warm_replay(&rig, &cuts, major).await;
-    let steady_end = (ends + opts.steady_secs) as f64;
     let result = RunResult {
         workload: w,
         pg_major: install.major,

@@ -11,9 +11,9 @@ use crate::certs::{toml_str, LinkCerts};
 use crate::cluster::{free_port, Cluster};
 use crate::forward::Forwarder;
 use crate::prom;
+use crate::relayproc::RelayProcess;
 
 use super::stages::RelayPositions;
-use crate::relayproc::RelayProcess;
 
 /// The replication user's password on the primary (the upstream logs in with it).
 pub const PRIMARY_PASSWORD: &str = "bench-primary";

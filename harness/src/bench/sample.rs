@@ -183,7 +183,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
     let i0 = first(samples, |s| s.t >= t_start).context("no sample at the window's start")?;
     let i1 = first(samples, |s| s.t >= t_end).context("no sample at the window's end")?;
     let (l0, l1) = (samples[i0].primary_lsn, samples[i1].primary_lsn);
-    let pair = |p: usize| -> Result<PairCut> {
+    let stages = lags(&samples[i0..=i1]);
+    let pair = |p: usize, lag: &PathLags| -> Result<PairCut> {
         let j0 = first(samples, |s| s.received[p] >= l0)
             .with_context(|| format!("standby {p} never received the window's start"))?;
         let j1 = first(samples, |s| s.received[p] >= l1)
@@ -199,8 +200,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             cpu_down_s: b.cpu_down - a.cpu_down,
             messages: num(a.messages, b.messages),
             payload: num(a.payload, b.payload),
-            max_replay_lag: max_lag(&samples[i0..=i1], |s| s.replayed[p]),
-            max_receive_lag: max_lag(&samples[i0..=i1], |s| s.received[p]),
+            max_replay_lag: lag.replayed,
+            max_receive_lag: lag.received,
         })
     };
     Ok(Cut {
@@ -208,10 +209,10 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         t_end: samples[i1].t,
         lsn_start: l0,
         lsn_end: l1,
-        pairs: [pair(0)?, pair(1)?],
-        direct_max_replay_lag: max_lag(&samples[i0..=i1], |s| s.direct_replayed),
-        direct_max_receive_lag: max_lag(&samples[i0..=i1], |s| s.direct_received),
-        stages: lags(&samples[i0..=i1]),
+        pairs: [pair(0, &stages.w)?, pair(1, &stages.z)?],
+        direct_max_replay_lag: stages.direct.replayed,
+        direct_max_receive_lag: stages.direct.received,
+        stages,
     })
 }
 

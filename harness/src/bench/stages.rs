@@ -34,21 +34,13 @@ impl RelayPositions {
     /// From one scrape of each half (None when a half has no such series yet).
     pub fn from_scrapes(up: &[prom::Sample], down: &[prom::Sample]) -> Option<RelayPositions> {
         let sent = "walrelay_standby_sent_lsn_bytes";
+        let pos = |samples, name, labels| prom::max(samples, name, labels).map(|v| v as u64);
         Some(RelayPositions {
-            sent_down: max_of(up, sent, ("half", "upstream"))?,
-            spooled: max_of(down, "walrelay_spool_end_lsn_bytes", ("", ""))?,
-            sent_to_standby: max_of(down, sent, ("half", "downstream"))?,
+            sent_down: pos(up, sent, &[("half", "upstream")])?,
+            spooled: pos(down, "walrelay_spool_end_lsn_bytes", &[])?,
+            sent_to_standby: pos(down, sent, &[("half", "downstream")])?,
         })
     }
-}
-
-/// Largest value of the series named `name` (with label `k` = `v`, unless `k` is empty).
-fn max_of(samples: &[prom::Sample], name: &str, (k, v): (&str, &str)) -> Option<u64> {
-    samples
-        .iter()
-        .filter(|s| s.name == name && (k.is_empty() || s.labels.get(k).is_some_and(|x| x == v)))
-        .map(|s| s.value as u64)
-        .max()
 }
 
 /// The primary's side of one sample.
