@@ -7,9 +7,10 @@
 //! relay pairs of the real binary ([`pair`]: upstream and downstream processes, mutual TLS,
 //! a counting forwarder on the link socket): W with `codec = "wal"`, Z with `codec = "zstd"`,
 //! each serving one standby. t = 0 once both standbys stream through their pairs; the load
-//! starts at once; no checkpoint is forced. Every ~100 ms [`sample`] records the primary's WAL position, what each standby
-//! received and replayed, each pair's socket bytes and CPU, W's link counters, and every
-//! stage's position along each path ([`stages`]: where the lag waits). The cold
+//! starts at once; no checkpoint is forced. Every ~100 ms [`sample`] records the primary's
+//! WAL position, what each standby received and replayed, each pair's socket bytes and CPU,
+//! W's link counters, and every stage's position along each path ([`stages`]: where the lag
+//! waits). The cold
 //! window is [0, cold], the steady one [cold + warm-up, cold + warm-up + steady]. Each window's
 //! WAL is copied from the primary's pg_wal and byte-compared with both standbys' ([`walrange`]);
 //! after the load the tables are compared and the integrity counters must be 0 — any failure
@@ -57,7 +58,8 @@ pub struct BenchOpts {
     pub steady_secs: u64,
     /// Seconds of each sync-latency pgbench (0: not measured).
     pub sync_secs: u64,
-    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`, [`sample::timeline_csv`]).
+    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`,
+    /// [`sample::timeline_csv`]).
     pub timeline_dir: Option<PathBuf>,
 }
 

@@ -69,8 +69,8 @@
 //! images 0.07 % and 16 %. Version 6: an INSERT into a relation that has had 64 Ki INSERT
 //! records since its last UPDATE or DELETE is not put into the tuple cache
 //! ([`tuples`]`::inserts`): caching the rows of a bulk load was 40 % of encoding it, and
-//! decoding ran twice as fast without it, for no delta ever made against them. An older decoder refuses a payload of a
-//! newer version by the first byte.
+//! decoding ran twice as fast without it, for no delta ever made against them. An older
+//! decoder refuses a payload of a newer version by the first byte.
 //!
 //! ```text
 //! payload  = 0x06 present:u8 clen:varint × (present sections) sections FPI-bytes

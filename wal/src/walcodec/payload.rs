@@ -39,12 +39,12 @@ pub const COMBINED_MAX: usize = 4 * 1024;
 /// has more than one): each section is its own zstd context, so the bytes are the same
 /// either way. Below it, starting threads would cost more than it saves.
 pub const PARALLEL_MIN: usize = 64 * 1024;
-/// ... and only sections of at least this many bytes get a thread of their own: starting and
-/// joining a thread costs about what compressing 8–16 kB does. With 8 KiB, a bulk load's
-/// 128 kB messages (DATA ~100 kB, kept on this thread, and HDR ~12 kB, given a thread) encoded
-/// 5–10 % slower on two cores than on one; with 32 KiB, as fast as on one (recorded PG 15 WAL,
-/// `codec_profile`, medians of three: bulk 304 → 332 MB/s; pgbench, TOAST rewrites,
-/// updates, COPY and images the same within noise).
+/// ... and only sections of at least this many bytes get a thread of their own. With 8 KiB,
+/// a bulk load's 128 kB messages (DATA ~100 kB, kept on this thread, and HDR ~12 kB, given a
+/// thread started and joined for the message) encoded 5–10 % slower on two cores than on
+/// one; with 32 KiB, as fast as on one (recorded PG 15 WAL, `codec_profile`, medians of
+/// three: bulk 304 → 332 MB/s; pgbench, TOAST rewrites, updates, COPY and images the same
+/// within noise).
 const PARALLEL_SECTION_MIN: usize = 32 * 1024;
 
 /// Whether this machine has more than one core (asked once).
