@@ -73,7 +73,13 @@ pub struct Setup {
 }
 
 /// Encoder side of a session.
-pub enum WalEncoder {
+pub struct WalEncoder {
+    codec: EncCodec,
+    /// Payloads of messages staged with the `zstd` and `none` codecs, which encode at once.
+    ready: std::collections::VecDeque<Vec<u8>>,
+}
+
+enum EncCodec {
     None,
     Zstd(Box<Encoder<'static>>),
     Wal(Box<walcodec::Encoder>),
@@ -93,58 +99,127 @@ pub fn checksum(raw: &[u8]) -> u64 {
 
 impl WalEncoder {
     pub fn new(setup: &Setup) -> Result<WalEncoder, CodecError> {
-        Ok(match setup.kind {
-            CodecKind::None => WalEncoder::None,
+        let codec = match setup.kind {
+            CodecKind::None => EncCodec::None,
             CodecKind::Zstd => {
                 let mut e = Encoder::new(setup.zstd_level)?;
                 e.set_parameter(CParameter::WindowLog(setup.window_log))?;
-                WalEncoder::Zstd(Box::new(e))
+                EncCodec::Zstd(Box::new(e))
             }
-            CodecKind::Wal => WalEncoder::Wal(Box::new(walcodec::Encoder::new(&setup.wal)?)),
+            CodecKind::Wal => EncCodec::Wal(Box::new(walcodec::Encoder::new(&setup.wal)?)),
+        };
+        Ok(WalEncoder {
+            codec,
+            ready: Default::default(),
         })
     }
 
     /// Whether the `wal` codec may use more than one core for the next messages (see
     /// [`walcodec::Encoder::set_parallel`]); the other codecs use one.
     pub fn set_parallel(&mut self, on: bool) {
-        if let WalEncoder::Wal(e) = self {
+        if let EncCodec::Wal(e) = &mut self.codec {
             e.set_parallel(on);
+        }
+    }
+
+    /// The WAL-aware codec's encoder, if this is one.
+    pub fn wal(&self) -> Option<&walcodec::Encoder> {
+        match &self.codec {
+            EncCodec::Wal(e) => Some(e),
+            _ => None,
         }
     }
 
     /// Statistics of the WAL-aware codec, if this is one.
     pub fn wal_stats(&self) -> Option<&walcodec::CodecStats> {
-        match self {
-            WalEncoder::Wal(e) => Some(e.stats()),
-            _ => None,
-        }
+        self.wal().map(|e| e.stats())
     }
 
     /// Encodes one message's WAL bytes (starting at `start`) into `out` (cleared first), flushed.
+    /// Refused while messages are staged.
     pub fn encode(&mut self, start: Lsn, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
         out.clear();
-        match self {
-            WalEncoder::None => out.extend_from_slice(raw),
-            WalEncoder::Wal(e) => e.encode(start, raw, out)?,
-            WalEncoder::Zstd(enc) => {
-                out.reserve(raw.len() / 2 + 128);
-                let mut input = InBuffer::around(raw);
-                while input.pos() < raw.len() {
-                    reserve_spare(out, 64 * 1024);
-                    let mut o = OutBuffer::around_pos(out, out.len());
-                    enc.run(&mut input, &mut o)?;
-                }
-                loop {
-                    reserve_spare(out, 64 * 1024);
-                    let mut o = OutBuffer::around_pos(out, out.len());
-                    if enc.flush(&mut o)? == 0 {
-                        break;
-                    }
-                }
-            }
+        match &mut self.codec {
+            EncCodec::Wal(e) => e.encode(start, raw, out)?,
+            _ if !self.ready.is_empty() => return Err(staged_already("encode")),
+            EncCodec::None => out.extend_from_slice(raw),
+            EncCodec::Zstd(enc) => zstd_flushed(enc, raw, out)?,
         }
         Ok(())
     }
+
+    /// Starts encoding a message whose payload [`WalEncoder::collect`] returns, oldest first,
+    /// so that the next message can be staged while this one is finished on another core (the
+    /// `wal` codec's [`walcodec::Encoder::stage`]; the others encode it at once). At most
+    /// [`walcodec::STAGED_MAX`] messages may wait to be collected.
+    pub fn stage(&mut self, start: Lsn, raw: &[u8]) -> Result<(), CodecError> {
+        if let EncCodec::Wal(e) = &mut self.codec {
+            return Ok(e.stage(start, raw)?);
+        }
+        if self.ready.len() >= walcodec::STAGED_MAX {
+            return Err(staged_already("stage"));
+        }
+        let mut out = Vec::new();
+        match &mut self.codec {
+            EncCodec::Zstd(enc) => zstd_flushed(enc, raw, &mut out)?,
+            _ => out.extend_from_slice(raw),
+        }
+        self.ready.push_back(out);
+        Ok(())
+    }
+
+    /// Messages staged and not collected yet.
+    pub fn staged(&self) -> usize {
+        match &self.codec {
+            EncCodec::Wal(e) => e.staged(),
+            _ => self.ready.len(),
+        }
+    }
+
+    /// The payload of the oldest staged message into `out` (cleared first); false when
+    /// nothing is staged.
+    pub fn collect(&mut self, out: &mut Vec<u8>) -> Result<bool, CodecError> {
+        if let EncCodec::Wal(e) = &mut self.codec {
+            return Ok(e.collect(out)?);
+        }
+        out.clear();
+        match self.ready.pop_front() {
+            Some(p) => {
+                *out = p;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+fn staged_already(what: &str) -> CodecError {
+    CodecError::Wal(walcodec::WalCodecError::Params(format!(
+        "{what} called with messages staged: collect them first"
+    )))
+}
+
+/// `raw` through the session's zstd context, flushed, appended to `out`.
+fn zstd_flushed(
+    enc: &mut Encoder<'static>,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    out.reserve(raw.len() / 2 + 128);
+    let mut input = InBuffer::around(raw);
+    while input.pos() < raw.len() {
+        reserve_spare(out, 64 * 1024);
+        let mut o = OutBuffer::around_pos(out, out.len());
+        enc.run(&mut input, &mut o)?;
+    }
+    loop {
+        reserve_spare(out, 64 * 1024);
+        let mut o = OutBuffer::around_pos(out, out.len());
+        if enc.flush(&mut o)? == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 impl WalDecoder {

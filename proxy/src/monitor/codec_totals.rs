@@ -136,7 +136,7 @@ pub struct SessionCodecStats {
 impl SessionCodecStats {
     /// Adds what `encoder` counted since the last call to `totals`.
     pub fn observe(&mut self, encoder: &WalEncoder, totals: &CodecTotals) {
-        let WalEncoder::Wal(e) = encoder else { return };
+        let Some(e) = encoder.wal() else { return };
         let cur = e.stats();
         if cur.messages != self.prev.messages {
             totals.add(&self.prev, cur);

@@ -12,8 +12,11 @@
 //! when the primary writes faster than one encodes.
 //!
 //! While the queue behind the batch being encoded is full (the feed waits), the codec may use
-//! more cores (`WalEncoder::set_parallel`: image checks on a worker, a large message's
-//! sections on several threads); otherwise it uses one, which costs the least CPU.
+//! more cores (`WalEncoder::set_parallel`: image checks on a worker) and the thread works one
+//! batch ahead: it stages the batch and the next one (`WalEncoder::stage`), so that the
+//! first's streams are compressed on the codec's section thread while the second's records
+//! are transformed here, then frames the first. Otherwise it encodes one batch at a time on
+//! one core, which costs the least CPU. The frames and their bytes are the same either way.
 //!
 //! A small batch (≤ [`INLINE_MAX`] bytes of WAL) that finds the thread idle is framed by the
 //! feed itself, under the same lock: a synchronous commit's few hundred bytes then wait for
@@ -38,6 +41,7 @@ use walrelay_proto::frame::{self, Digest, Down, DownState, WalHeader};
 use walrelay_proto::link::{to_downstream, ToDownstream};
 use walrelay_wal::linkcodec::WalEncoder;
 use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::STAGED_MAX;
 
 use crate::metrics::{timed, Metrics};
 use crate::monitor::codec_totals::SessionCodecStats;
@@ -109,15 +113,30 @@ struct Output {
 }
 
 impl Output {
-    /// The batch's frame, encoded under the framer's lock; `behind`: the queue behind it is
-    /// full, so the codec may use more than one core (`WalEncoder::set_parallel`).
-    fn frame(&self, job: &Job, behind: bool) -> Result<ToDownstream, Status> {
-        let mut framer = self.framer.lock().unwrap_or_else(|e| e.into_inner());
-        framer.encoder.set_parallel(behind);
+    fn framer(&self) -> std::sync::MutexGuard<'_, Framer> {
+        self.framer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stages the batch's WAL runs with more than one core allowed ([`Framer::stage`]);
+    /// false, and nothing staged, when they do not fit beside those staged already.
+    fn stage(&self, job: &Job) -> Result<bool, Status> {
+        let mut framer = self.framer();
+        framer.encoder.set_parallel(true);
+        framer.stage(&job.parts)
+    }
+
+    /// The batch's frame, encoded under the framer's lock (its WAL runs `staged` before, or
+    /// encoded now); `behind`: the queue behind it is full, so the codec may use more than
+    /// one core (`WalEncoder::set_parallel`).
+    fn frame(&self, job: &Job, behind: bool, staged: bool) -> Result<ToDownstream, Status> {
+        let mut framer = self.framer();
+        if !staged {
+            framer.encoder.set_parallel(behind);
+        }
         if behind {
             Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
         }
-        let frame = framer.frame(&job.parts)?;
+        let frame = framer.frame(&job.parts, staged)?;
         Metrics::add(&framer.metrics.link_messages_out, 1);
         Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Frame(frame.into())),
@@ -167,7 +186,7 @@ impl EncodeStage {
     /// only sender, and with nothing in flight every earlier frame is already in `tx`.
     pub async fn send(&self, job: Job) -> Result<(), Status> {
         if self.out.in_flight.load(Ordering::Acquire) == 0 && job.wal_bytes() <= INLINE_MAX {
-            let msg = self.out.frame(&job, false)?;
+            let msg = self.out.frame(&job, false, false)?;
             if self.out.tx.send(Ok(msg)).await.is_err() {
                 return Err(Status::cancelled("the downstream went away"));
             }
@@ -184,6 +203,14 @@ impl EncodeStage {
 }
 
 impl Job {
+    /// WAL runs in the batch (each a message of the codec).
+    fn wal_runs(&self) -> usize {
+        self.parts
+            .iter()
+            .filter(|p| matches!(p, Part::Wal { .. }))
+            .count()
+    }
+
     fn wal_bytes(&self) -> usize {
         self.parts
             .iter()
@@ -203,12 +230,22 @@ struct EncodeThread {
 
 impl EncodeThread {
     fn run(mut self) {
-        while let Some(job) = self.jobs.blocking_recv() {
+        // The next batch, taken from the queue early and maybe staged already.
+        let mut ahead: Option<(Job, bool)> = None;
+        loop {
+            let (job, mut staged) = match ahead.take() {
+                Some(a) => a,
+                None => match self.jobs.blocking_recv() {
+                    Some(job) => (job, false),
+                    None => return,
+                },
+            };
             // This batch and a full queue behind it: the feed waits, the primary writes
             // faster than one core encodes. (A batch or two queued is a burst, which one
             // core absorbs; threads for it cost CPU and bought no lag in the bench.)
             let behind = self.out.in_flight.load(Ordering::Acquire) > QUEUE;
-            let msg = match self.out.frame(&job, behind) {
+            let r = self.look_ahead(&job, &mut staged, behind, &mut ahead);
+            let msg = match r.and_then(|()| self.out.frame(&job, behind, staged)) {
                 Ok(m) => m,
                 Err(status) => {
                     *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
@@ -222,16 +259,62 @@ impl EncodeThread {
             self.out.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
+
+    /// While behind: stages `job` (unless it is already) and the next batch in the queue, so
+    /// that compressing the first overlaps transforming the second. The next batch, staged or
+    /// not, goes to `ahead`.
+    fn look_ahead(
+        &mut self,
+        job: &Job,
+        staged: &mut bool,
+        behind: bool,
+        ahead: &mut Option<(Job, bool)>,
+    ) -> Result<(), Status> {
+        if !behind || ahead.is_some() || job.wal_runs() == 0 {
+            return Ok(());
+        }
+        let Ok(next) = self.jobs.try_recv() else {
+            return Ok(());
+        };
+        if !*staged {
+            *staged = self.out.stage(job)?;
+        }
+        let next_staged = *staged && next.wal_runs() > 0 && self.out.stage(&next)?;
+        *ahead = Some((next, next_staged));
+        Ok(())
+    }
 }
 
 impl Framer {
-    /// Encodes the parts' WAL runs and builds their frame.
-    pub fn frame(&mut self, parts: &[Part]) -> Result<Vec<u8>, Status> {
+    /// Stages the parts' WAL runs (`WalEncoder::stage`) for [`Framer::frame`]; false, and
+    /// nothing staged, when they would not fit beside the runs staged already.
+    pub fn stage(&mut self, parts: &[Part]) -> Result<bool, Status> {
+        let runs = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Wal { .. }))
+            .count();
+        if self.encoder.staged() + runs > STAGED_MAX {
+            return Ok(false);
+        }
+        let metrics = &*self.metrics;
+        for part in parts {
+            if let Part::Wal { header, data } = part {
+                let start = Lsn(header.start);
+                timed(&metrics.encode_ns, || self.encoder.stage(start, data))
+                    .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Builds the parts' frame: their WAL runs `staged` by [`Framer::stage`] (their payloads
+    /// collected in order), or encoded now.
+    pub fn frame(&mut self, parts: &[Part], staged: bool) -> Result<Vec<u8>, Status> {
         let (mut out, mut digest, mut encoded) = (Vec::new(), Digest::default(), Vec::new());
         for part in parts {
             let item = match part {
                 Part::Wal { header, data } => {
-                    self.wal(header, data, &mut encoded, &mut out, &mut digest)?;
+                    self.wal(header, data, staged, &mut encoded, &mut out, &mut digest)?;
                     continue;
                 }
                 Part::Keepalive { end, send_time } => Down::Keepalive {
@@ -257,6 +340,7 @@ impl Framer {
         &mut self,
         header: &WalHeader,
         data: &[u8],
+        staged: bool,
         encoded: &mut Vec<u8>,
         out: &mut Vec<u8>,
         digest: &mut Digest,
@@ -268,10 +352,17 @@ impl Framer {
         };
         let start = Lsn(header.start);
         let metrics = &*self.metrics;
-        timed(&metrics.encode_ns, || {
-            self.encoder.encode(start, data, encoded)
+        let encoder = &mut self.encoder;
+        let got = timed(&metrics.encode_ns, || match staged {
+            true => encoder.collect(encoded),
+            false => encoder.encode(start, data, encoded).map(|()| true),
         })
         .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+        if !got {
+            return Err(Status::internal(format!(
+                "encoding WAL at {start}: the run was staged but its payload is missing"
+            )));
+        }
         Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
         self.codec_stats.observe(&self.encoder, &metrics.ops.codec);
         self.state.put_wal(out, &header, encoded);
@@ -279,3 +370,6 @@ impl Framer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,9 +8,7 @@ use super::pagexf::PageXf;
 use super::payload;
 use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
-use super::streams::{
-    history_log, put_varint, zigzag, CStream, PageCompressor, SMALL_WINDOW_LOG, WINDOW_LOG,
-};
+use super::streams::{history_log, put_varint, zigzag, PageCompressor};
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
@@ -25,9 +23,13 @@ use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 mod blocks;
+mod sealer;
 mod verify;
 
+use sealer::Sealer;
 use verify::{Spot, Verifier};
+
+pub use sealer::STAGED_MAX;
 
 pub struct Encoder {
     /// The parameters it was made with (for `persist`).
@@ -54,7 +56,8 @@ pub struct Encoder {
     /// Page frames of cache hits (level + 2) and of everything else (level).
     pc_hit: PageCompressor,
     pc: PageCompressor,
-    streams: Vec<CStream>,
+    /// The streams' input gathered this message.
+    bufs: [Vec<u8>; STREAMS],
     /// Page frames of this message.
     fpi: Vec<u8>,
     /// A run of RAW / RAW_HDR / ZERO not yet written to CTRL (merged while it grows).
@@ -66,10 +69,8 @@ pub struct Encoder {
     xf: PageXf,
     xpage: Page,
     xref: Page,
-    /// The context of messages whose streams are small (see [`payload`]), and the
-    /// compressed sections of a message.
-    combined: CStream,
-    scratch: [Vec<u8>; STREAMS],
+    /// The streams' compression, here or on a thread (see [`sealer`]).
+    sealer: Sealer,
     stats: CodecStats,
     rmgr: RmgrTally,
     poisoned: bool,
@@ -77,8 +78,8 @@ pub struct Encoder {
     recomp: Recompressor,
     /// Their checks, off the critical path when `parallel` (see [`verify`]).
     verify: Verifier,
-    /// Use more than one core: checks on a worker, a large message's sections on several
-    /// threads (see [`Encoder::set_parallel`]).
+    /// Use more than one core: checks on a worker, a large message's sections compressed on
+    /// a thread (see [`Encoder::set_parallel`]).
     parallel: bool,
 }
 
@@ -95,16 +96,7 @@ impl Encoder {
         check_params(p)?;
         let magic = p.pg_major.map(PgMajor::page_magic);
         let (level, hit_level) = levels(p.zstd_level);
-        let streams = (0..STREAMS)
-            .map(|s| {
-                let wlog = match s {
-                    S_DATA => history_log(p.block_cache_bytes),
-                    S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
-                    _ => SMALL_WINDOW_LOG,
-                };
-                CStream::new(level, wlog)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sections = payload::Sections::new(level, history_log(p.block_cache_bytes))?;
         Ok(Encoder {
             params: p.clone(),
             keep_caches: false,
@@ -123,7 +115,7 @@ impl Encoder {
             tprefix: Vec::new(),
             pc_hit: PageCompressor::new(hit_level)?,
             pc: PageCompressor::new(level)?,
-            streams,
+            bufs: Default::default(),
             fpi: Vec::new(),
             pending: None,
             rec: Vec::new(),
@@ -132,8 +124,7 @@ impl Encoder {
             xf: PageXf::new(),
             xpage: new_page(),
             xref: new_page(),
-            combined: CStream::new(level, WINDOW_LOG)?,
-            scratch: Default::default(),
+            sealer: Sealer::new(sections),
             stats: CodecStats::default(),
             rmgr: RmgrTally::default(),
             poisoned: false,
@@ -176,7 +167,7 @@ impl Encoder {
 
     /// One XLogData message's WAL bytes starting at `start`, in stream order; `out` cleared
     /// first. Output is self-contained per message (everything flushed): nothing waits for
-    /// later bytes.
+    /// later bytes. Refused while messages are staged ([`Encoder::stage`]).
     pub fn encode(
         &mut self,
         start: Lsn,
@@ -184,8 +175,33 @@ impl Encoder {
         out: &mut Vec<u8>,
     ) -> Result<(), WalCodecError> {
         out.clear();
+        if self.sealer.staged() > 0 {
+            return Err(WalCodecError::Params(
+                "encode called with messages staged: collect them first".into(),
+            ));
+        }
+        self.transform(start, raw, false)?;
+        self.collect(out).map(|_| ())
+    }
+
+    /// The first half of [`Encoder::encode`]: transforms the message and hands its streams
+    /// to be compressed (on a thread when [`Encoder::set_parallel`] allows it and the
+    /// message is large), so that the caller can transform the next message meanwhile. Its
+    /// payload comes from [`Encoder::collect`], oldest first; at most [`STAGED_MAX`] messages
+    /// may be staged and not collected.
+    pub fn stage(&mut self, start: Lsn, raw: &[u8]) -> Result<(), WalCodecError> {
+        self.transform(start, raw, self.parallel)
+    }
+
+    /// [`Encoder::stage`]; `away`: the streams may be compressed on the section thread.
+    fn transform(&mut self, start: Lsn, raw: &[u8], away: bool) -> Result<(), WalCodecError> {
         if self.poisoned {
             return Err(WalCodecError::Poisoned);
+        }
+        if self.sealer.staged() >= STAGED_MAX {
+            return Err(WalCodecError::Params(format!(
+                "{STAGED_MAX} messages are staged already: collect one before staging another"
+            )));
         }
         if raw.len() > self.max_message {
             return Err(WalCodecError::TooLong {
@@ -201,31 +217,40 @@ impl Encoder {
                 len: raw.len(),
             })?;
         if self.next_pos != Some(start.0) {
-            if self.next_pos.is_some() {
-                self.stats.resyncs += 1;
-            }
-            self.tracker = Tracker::new(self.magic, start.0);
-            if !std::mem::take(&mut self.keep_caches) {
-                self.cache.clear();
-                self.tuples.clear();
-            }
-            self.last_xid = 0;
-            self.mainxf = MainXf::new();
+            self.restart(start);
         }
         let before = self.tracker.resyncs;
-        let res = self.encode_body(raw).and_then(|()| self.finish(out));
+        let res = self
+            .encode_body(raw)
+            .and_then(|()| self.end_message(raw.len(), away));
         self.stats.resyncs += self.tracker.resyncs - before;
         if let Err(e) = res {
             self.poisoned = true;
             self.verify.discard();
-            out.clear();
             return Err(e);
         }
         self.next_pos = Some(end);
-        self.stats.messages += 1;
-        self.stats.bytes_in += raw.len() as u64;
-        self.stats.bytes_out += out.len() as u64;
         Ok(())
+    }
+
+    /// Messages staged and not collected yet.
+    pub fn staged(&self) -> usize {
+        self.sealer.staged()
+    }
+
+    /// A message that does not follow the last one: the tracker starts over here, and the
+    /// caches are dropped (unless restored for this message by `persist`).
+    fn restart(&mut self, start: Lsn) {
+        if self.next_pos.is_some() {
+            self.stats.resyncs += 1;
+        }
+        self.tracker = Tracker::new(self.magic, start.0);
+        if !std::mem::take(&mut self.keep_caches) {
+            self.cache.clear();
+            self.tuples.clear();
+        }
+        self.last_xid = 0;
+        self.mainxf = MainXf::new();
     }
 
     fn encode_body(&mut self, raw: &[u8]) -> Result<(), WalCodecError> {
@@ -242,7 +267,7 @@ impl Encoder {
                     if let Some((h, hl)) = t.predict_header() {
                         if rest.get(..hl) == Some(&h[..hl]) {
                             self.flush_pending();
-                            self.streams[S_CTRL].buf.push(OP_PAGE_HDR);
+                            self.bufs[S_CTRL].push(OP_PAGE_HDR);
                             self.tracker.feed(&rest[..hl]);
                             self.stats.page_header_in += hl as u64;
                             self.stats.page_header_out += 1;
@@ -311,7 +336,7 @@ impl Encoder {
     /// Passes `b` raw (RAW or HDR stream) and feeds it to the tracker.
     fn raw(&mut self, op: u8, b: &[u8]) {
         let stream = if op == OP_RAW_HDR { S_HDR } else { S_RAW };
-        self.streams[stream].buf.extend_from_slice(b);
+        self.bufs[stream].extend_from_slice(b);
         if op == OP_RAW {
             self.stats.raw_in += b.len() as u64;
         }
@@ -338,7 +363,7 @@ impl Encoder {
 
     fn flush_pending(&mut self) {
         if let Some((op, n)) = self.pending.take() {
-            let ctrl = &mut self.streams[S_CTRL].buf;
+            let ctrl = &mut self.bufs[S_CTRL];
             ctrl.push(op);
             put_varint(ctrl, n as u64);
         }
@@ -462,7 +487,7 @@ impl Encoder {
     /// The REC op's fields (CTRL) and the block-header area (HDR).
     fn record_header(&mut self, rec: &[u8], flags: u8, prev: u64, xid: u32) {
         let area_len = self.area.len;
-        let ctrl = &mut self.streams[S_CTRL].buf;
+        let ctrl = &mut self.bufs[S_CTRL];
         ctrl.push(flags);
         if flags & REC_PREV_EXPLICIT != 0 {
             ctrl.extend_from_slice(&prev.to_le_bytes());
@@ -476,9 +501,7 @@ impl Encoder {
         ctrl.push(rec[16]);
         ctrl.push(rec[17]);
         put_varint(ctrl, area_len as u64);
-        self.streams[S_HDR]
-            .buf
-            .extend_from_slice(&rec[REC_HDR..REC_HDR + area_len]);
+        self.bufs[S_HDR].extend_from_slice(&rec[REC_HDR..REC_HDR + area_len]);
         self.stats.record_header_in += (REC_HDR + area_len) as u64;
     }
 
@@ -497,15 +520,11 @@ impl Encoder {
                     .predict_header()
                     .is_some_and(|(h, len)| len == hl && h[..hl] == *actual);
                 if predicted {
-                    self.streams[S_CTRL].buf.push(BND_PREDICTED);
+                    self.bufs[S_CTRL].push(BND_PREDICTED);
                     self.stats.page_header_out += 1;
                 } else {
-                    self.streams[S_CTRL].buf.push(if hl == SHORT_PHD {
-                        BND_SHORT
-                    } else {
-                        BND_LONG
-                    });
-                    self.streams[S_HDR].buf.extend_from_slice(actual);
+                    self.bufs[S_CTRL].push(if hl == SHORT_PHD { BND_SHORT } else { BND_LONG });
+                    self.bufs[S_HDR].extend_from_slice(actual);
                     self.stats.page_header_out += hl as u64;
                 }
                 self.stats.page_header_in += hl as u64;
@@ -530,46 +549,11 @@ impl Encoder {
     /// Where the streams' inputs and the page frames end now.
     fn marks(&self) -> Marks {
         let mut m = [0; STREAMS + 1];
-        for (x, s) in m.iter_mut().zip(&self.streams) {
-            *x = s.buf.len();
+        for (x, b) in m.iter_mut().zip(&self.bufs) {
+            *x = b.len();
         }
         m[STREAMS] = self.fpi.len();
         m
-    }
-
-    /// Compresses the streams and writes the payload (see [`payload`]).
-    fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
-        self.flush_pending();
-        self.settle_checks()?;
-        let mut ulens = [0usize; STREAMS];
-        for (u, s) in ulens.iter_mut().zip(&self.streams) {
-            *u = s.buf.len();
-        }
-        let mut clens = [0usize; STREAMS];
-        payload::write(
-            &mut self.streams,
-            &mut self.combined,
-            &self.fpi,
-            &mut self.scratch,
-            out,
-            &mut clens,
-            self.parallel,
-        )?;
-        let sections: usize = clens.iter().sum::<usize>() + self.fpi.len();
-        self.stats.header_out += out.len().saturating_sub(sections) as u64;
-        for s in 0..STREAMS {
-            self.stats.section_in[s] += ulens[s] as u64;
-            self.stats.section_out[s] += clens[s] as u64;
-        }
-        self.stats.section_out[STREAMS] += self.fpi.len() as u64;
-        self.rmgr.finish(&mut self.stats.by_rmgr, &ulens, &clens);
-        let c = |s: usize| clens[s] as u64;
-        self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
-        self.stats.data_out += c(S_DATA) + c(S_MAIN);
-        self.stats.raw_out += c(S_RAW);
-        self.stats.fpi_out += c(S_IMG) + c(S_PAGE) + self.fpi.len() as u64;
-        self.fpi.clear();
-        Ok(())
     }
 }
 

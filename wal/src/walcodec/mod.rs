@@ -149,9 +149,11 @@ mod tests;
 mod tests_fpi;
 #[cfg(test)]
 mod tests_inserts;
+#[cfg(test)]
+mod tests_stage;
 
 pub use decoder::Decoder;
-pub use encoder::Encoder;
+pub use encoder::{Encoder, STAGED_MAX};
 
 use crate::pg::PgMajor;
 

@@ -24,27 +24,30 @@
 //! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, the others raw_len; the
 //! combined chunk their sum plus 70 bytes of lengths.
 
-use super::streams::{put_varint, CStream, DStream, Reader};
+use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::wal::PAGE_SIZE;
-use super::{WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_PAGE};
+use super::{
+    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_MAIN, S_PAGE, S_RAW,
+};
 
 pub const SEPARATE: u8 = FORMAT_VERSION;
 pub const COMBINED: u8 = 0x10 | FORMAT_VERSION;
 /// Messages whose streams' input is below this go combined.
 pub const COMBINED_MAX: usize = 4 * 1024;
 
-/// A separate payload whose sections hold at least this many bytes (input when encoding,
-/// compressed when decoding) has them (de)compressed on several threads at once, when the
-/// codec is asked to use more than one core (`set_parallel`, on by default when the machine
-/// has more than one): each section is its own zstd context, so the bytes are the same
-/// either way. Below it, starting threads would cost more than it saves.
+/// A separate payload whose compressed sections hold at least this many bytes has them
+/// decompressed on several threads at once, when the decoder is asked to use more than one
+/// core (`set_parallel`, on by default when the machine has more than one): each section is
+/// its own zstd context, so the result is the same either way. Below it, starting threads
+/// would cost more than it saves. (The encoder compresses a large message's sections on one
+/// thread of their own while it transforms the next message instead: `encoder::sealer`.)
 pub const PARALLEL_MIN: usize = 64 * 1024;
 /// ... and only sections of at least this many bytes get a thread of their own. With 8 KiB,
 /// a bulk load's 128 kB messages (DATA ~100 kB, kept on this thread, and HDR ~12 kB, given a
 /// thread started and joined for the message) encoded 5–10 % slower on two cores than on
-/// one; with 32 KiB, as fast as on one (recorded PG 15 WAL, `codec_profile`, medians of
-/// three: bulk 304 → 332 MB/s; pgbench, TOAST rewrites, updates, COPY and images the same
-/// within noise).
+/// one when the encoder did the same; with 32 KiB, as fast as on one (recorded PG 15 WAL,
+/// `codec_profile`, medians of three: bulk 304 → 332 MB/s; pgbench, TOAST rewrites, updates,
+/// COPY and images the same within noise).
 const PARALLEL_SECTION_MIN: usize = 32 * 1024;
 
 /// Whether this machine has more than one core (asked once).
@@ -105,77 +108,95 @@ pub fn cap(s: usize, raw_len: usize) -> usize {
     }
 }
 
-/// Writes the payload of one message: the streams' gathered bytes (cleared), then `fpi`.
-/// `clens` gets each stream's share of the payload (the combined chunk is shared out by
-/// input bytes), for the counters.
-/// `scratch` holds a buffer per stream for the compressed sections.
-pub fn write(
-    streams: &mut [CStream],
-    combined: &mut CStream,
-    fpi: &[u8],
-    scratch: &mut [Vec<u8>; STREAMS],
-    out: &mut Vec<u8>,
-    clens: &mut [usize; STREAMS],
-    parallel: bool,
-) -> Result<(), WalCodecError> {
-    let ulens: Vec<usize> = streams.iter().map(|s| s.buf.len()).collect();
-    let total: usize = ulens.iter().sum();
-    if total < COMBINED_MAX {
-        let scratch = &mut scratch[0];
-        out.push(COMBINED);
-        let buf = &mut combined.buf;
-        buf.clear();
-        for u in &ulens {
-            put_varint(buf, *u as u64);
-        }
-        for s in streams.iter_mut() {
-            buf.extend_from_slice(&s.buf);
-            s.buf.clear();
-        }
-        scratch.clear();
-        combined.flush_into(scratch)?;
-        put_varint(out, scratch.len() as u64);
-        out.extend_from_slice(scratch);
-        for (c, u) in clens.iter_mut().zip(&ulens) {
-            *c = (scratch.len() * u).checked_div(total).unwrap_or(0);
-        }
-    } else {
-        out.push(SEPARATE);
-        let mut present = u8::from(!fpi.is_empty()) << 7;
-        for (s, u) in ulens.iter().enumerate() {
-            present |= u8::from(*u > 0) << s;
-        }
-        out.push(present);
-        let items: Vec<(usize, (&mut CStream, &mut Vec<u8>))> = streams
-            .iter_mut()
-            .zip(scratch.iter_mut())
-            .enumerate()
-            .filter(|(_, (stream, _))| !stream.buf.is_empty())
-            .collect();
-        let parallel = parallel && total >= PARALLEL_MIN;
-        each_section(
-            items,
-            |(stream, _)| stream.buf.len(),
-            parallel,
-            |_, (stream, section)| {
-                section.clear();
-                stream.flush_into(section)
-            },
-        )?;
-        for (s, section) in scratch.iter().enumerate() {
-            clens[s] = if ulens[s] > 0 { section.len() } else { 0 };
-            if ulens[s] > 0 {
-                put_varint(out, clens[s] as u64);
-            }
-        }
-        for (s, section) in scratch.iter().enumerate() {
-            if ulens[s] > 0 {
-                out.extend_from_slice(section);
-            }
-        }
+/// The encoder's zstd contexts: one per stream and the combined one, with their buffers.
+/// Owned by whichever thread compresses the message (see the encoder's `sealer`).
+pub struct Sections {
+    streams: Vec<CStream>,
+    combined: CStream,
+    /// The combined chunk's input.
+    joined: Vec<u8>,
+    /// Each stream's compressed section.
+    scratch: [Vec<u8>; STREAMS],
+}
+
+impl Sections {
+    /// The contexts for streams compressed at `level`; DATA keeps `data_log` of history
+    /// (with long-distance matching), RAW, PAGE and MAIN [`WINDOW_LOG`], the rest less.
+    pub fn new(level: i32, data_log: u32) -> Result<Sections, WalCodecError> {
+        let streams = (0..STREAMS)
+            .map(|s| {
+                let wlog = match s {
+                    S_DATA => data_log,
+                    S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
+                    _ => SMALL_WINDOW_LOG,
+                };
+                CStream::new(level, wlog)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sections {
+            streams,
+            combined: CStream::new(level, WINDOW_LOG)?,
+            joined: Vec::new(),
+            scratch: Default::default(),
+        })
     }
-    out.extend_from_slice(fpi);
-    Ok(())
+
+    /// Writes the payload of one message: the streams' gathered bytes `bufs` (cleared),
+    /// then `fpi`. `clens` gets each stream's share of the payload (the combined chunk is
+    /// shared out by input bytes), for the counters.
+    pub fn write(
+        &mut self,
+        bufs: &mut [Vec<u8>; STREAMS],
+        fpi: &[u8],
+        out: &mut Vec<u8>,
+        clens: &mut [usize; STREAMS],
+    ) -> Result<(), WalCodecError> {
+        let ulens: [usize; STREAMS] = std::array::from_fn(|s| bufs[s].len());
+        let total: usize = ulens.iter().sum();
+        if total < COMBINED_MAX {
+            let (buf, section) = (&mut self.joined, &mut self.scratch[0]);
+            out.push(COMBINED);
+            buf.clear();
+            for u in &ulens {
+                put_varint(buf, *u as u64);
+            }
+            for b in bufs.iter_mut() {
+                buf.extend_from_slice(b);
+                b.clear();
+            }
+            section.clear();
+            self.combined.compress(buf, section)?;
+            put_varint(out, section.len() as u64);
+            out.extend_from_slice(section);
+            for (c, u) in clens.iter_mut().zip(&ulens) {
+                *c = (section.len() * u).checked_div(total).unwrap_or(0);
+            }
+        } else {
+            out.push(SEPARATE);
+            let mut present = u8::from(!fpi.is_empty()) << 7;
+            for (s, u) in ulens.iter().enumerate() {
+                present |= u8::from(*u > 0) << s;
+            }
+            out.push(present);
+            for s in 0..STREAMS {
+                let section = &mut self.scratch[s];
+                section.clear();
+                self.streams[s].compress(&bufs[s], section)?;
+                bufs[s].clear();
+                clens[s] = section.len();
+                if ulens[s] > 0 {
+                    put_varint(out, clens[s] as u64);
+                }
+            }
+            for (s, section) in self.scratch.iter().enumerate() {
+                if ulens[s] > 0 {
+                    out.extend_from_slice(section);
+                }
+            }
+        }
+        out.extend_from_slice(fpi);
+        Ok(())
+    }
 }
 
 /// The decoder's side: restores the sections of `payload` into `bufs` (one per stream;
@@ -285,19 +306,17 @@ mod tests {
             let mut streams: Vec<CStream> = (0..5).map(|_| CStream::new(3, 22).unwrap()).collect();
             let mut outs = vec![Vec::new(); 5];
             for round in 0..2 {
-                for (s, i) in streams.iter_mut().zip(&inputs) {
-                    s.buf.extend_from_slice(&i[round * 100..]);
-                }
                 let items: Vec<_> = streams
                     .iter_mut()
                     .zip(outs.iter_mut())
+                    .zip(&inputs)
                     .enumerate()
                     .collect();
                 each_section(
                     items,
-                    |(s, _)| s.buf.len(),
+                    |((_, _), i)| i.len() - round * 100,
                     parallel,
-                    |_, (s, o)| s.flush_into(o),
+                    |_, ((s, o), i)| s.compress(&i[round * 100..], o),
                 )
                 .unwrap();
             }

@@ -132,10 +132,29 @@ impl RmgrTally {
         }
     }
 
-    /// Ends the message: `ulen`/`clen` are each stream's input and compressed sizes.
-    pub fn finish(&mut self, totals: &mut RmgrTotals, ulen: &[usize], clen: &[usize]) {
+    /// Ends the message: its rows move to `into` (emptied first), to be settled once the
+    /// streams are compressed.
+    pub fn end(&mut self, into: &mut MsgTally) {
+        into.rows.clear();
         for rmid in self.touched.drain(..) {
             let m = &mut self.msg[usize::from(rmid)];
+            into.rows.push((rmid, *m));
+            *m = [0; STREAMS + 1];
+        }
+    }
+}
+
+/// One ended message's bytes per resource manager (see [`RmgrTally::end`]).
+#[derive(Debug, Default)]
+pub(crate) struct MsgTally {
+    rows: Vec<(u8, [u64; STREAMS + 1])>,
+}
+
+impl MsgTally {
+    /// Adds the message's bytes out to `totals`: `ulen`/`clen` are each stream's input and
+    /// compressed sizes.
+    pub fn settle(&mut self, totals: &mut RmgrTotals, ulen: &[usize], clen: &[usize]) {
+        for (rmid, m) in self.rows.drain(..) {
             let mut out = m[STREAMS];
             for s in 0..STREAMS {
                 if ulen[s] > 0 {
@@ -143,7 +162,6 @@ impl RmgrTally {
                 }
             }
             totals.totals[usize::from(rmid)].bytes_out += out;
-            *m = [0; STREAMS + 1];
         }
     }
 }
@@ -176,7 +194,9 @@ mod tests {
         let mut clen = [0usize; STREAMS];
         ulen[0] = 40;
         clen[0] = 20;
-        t.finish(&mut totals, &ulen, &clen);
+        let mut m = MsgTally::default();
+        t.end(&mut m);
+        m.settle(&mut totals, &ulen, &clen);
         let got: Vec<_> = totals.iter().collect();
         assert_eq!(got.len(), 2);
         assert_eq!(
@@ -203,7 +223,8 @@ mod tests {
         );
         // The next message starts from zero.
         t.charge(&mut totals, 10, 10, &z, &z);
-        t.finish(&mut totals, &ulen, &clen);
+        t.end(&mut m);
+        m.settle(&mut totals, &ulen, &clen);
         assert_eq!(totals.iter().next().unwrap().1.bytes_out, 115);
     }
 }

@@ -132,10 +132,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// One streaming zstd context of the encoder with the bytes gathered for it this message.
+/// One streaming zstd context of the encoder.
 pub struct CStream {
     ctx: Encoder<'static>,
-    pub buf: Vec<u8>,
 }
 
 impl CStream {
@@ -152,20 +151,17 @@ impl CStream {
             ctx.set_parameter(CParameter::LdmMinMatch(LDM_MIN_MATCH))
                 .map_err(WalCodecError::zstd)?;
         }
-        Ok(CStream {
-            ctx,
-            buf: Vec::new(),
-        })
+        Ok(CStream { ctx })
     }
 
-    /// Compresses and flushes the gathered bytes, appending to `out`; clears the buffer.
-    pub fn flush_into(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
-        if self.buf.is_empty() {
+    /// Compresses `buf` and flushes, appending to `out` (nothing for no bytes).
+    pub fn compress(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<(), WalCodecError> {
+        if buf.is_empty() {
             return Ok(());
         }
-        out.reserve(self.buf.len() / 2 + 64);
-        let mut input = InBuffer::around(&self.buf);
-        while input.pos() < self.buf.len() {
+        out.reserve(buf.len() / 2 + 64);
+        let mut input = InBuffer::around(buf);
+        while input.pos() < buf.len() {
             spare(out, 64 * 1024);
             let mut o = OutBuffer::around_pos(out, out.len());
             self.ctx
@@ -180,7 +176,6 @@ impl CStream {
                 break;
             }
         }
-        self.buf.clear();
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use crate::pg::PgMajor;
 
 const SEG: u64 = 1 << 20;
 
-fn params(cache_slots: usize) -> CodecParams {
+pub(super) fn params(cache_slots: usize) -> CodecParams {
     CodecParams {
         pg_major: Some(PgMajor::V15),
         block_cache_bytes: cache_slots * SLOT_BYTES,
@@ -19,7 +19,7 @@ fn params(cache_slots: usize) -> CodecParams {
 
 /// A synthetic stream of about `bytes` bytes starting at a segment boundary, ending with an
 /// XLOG_SWITCH and some records in the next segment.
-fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {
+pub(super) fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {
     synthetic_major(PgMajor::V15, seed, bytes, blocks)
 }
 
@@ -489,14 +489,15 @@ fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8], combined: bool) ->
     use super::streams::{put_varint, CStream};
     let mut c = CStream::new(3, 20).unwrap();
     if combined {
+        let mut joined = Vec::new();
         for s in sections {
-            put_varint(&mut c.buf, s.len() as u64);
+            put_varint(&mut joined, s.len() as u64);
         }
         for s in sections {
-            c.buf.extend_from_slice(s);
+            joined.extend_from_slice(s);
         }
         let mut chunk = Vec::new();
-        c.flush_into(&mut chunk).unwrap();
+        c.compress(&joined, &mut chunk).unwrap();
         let mut out = vec![0x10 | FORMAT_VERSION];
         put_varint(&mut out, chunk.len() as u64);
         out.extend_from_slice(&chunk);
@@ -508,9 +509,8 @@ fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8], combined: bool) ->
     for (i, s) in sections.iter().enumerate() {
         present |= u8::from(!s.is_empty()) << i;
         let mut c = CStream::new(3, 20).unwrap();
-        c.buf.extend_from_slice(s);
         let mut sec = Vec::new();
-        c.flush_into(&mut sec).unwrap();
+        c.compress(s, &mut sec).unwrap();
         secs.push(sec);
     }
     let mut out = vec![FORMAT_VERSION, present];

@@ -65,17 +65,17 @@ impl Encoder {
     /// reference both ends hold saves enough (site marker in CTRL, see [`tuples`]).
     pub(super) fn put_site(&mut self, site: Option<tuples::Site>, stream: usize, bytes: &[u8]) {
         let Some(site) = site else {
-            self.streams[stream].buf.extend_from_slice(bytes);
+            self.bufs[stream].extend_from_slice(bytes);
             return;
         };
         let (head, tuple) = bytes.split_at(site.skip);
-        let ctrl = &mut self.streams[S_CTRL].buf;
+        let ctrl = &mut self.bufs[S_CTRL];
         match tuples::choose(tuple, &site, &self.tuples, &self.cache) {
             Some((c, pre, suf)) => {
                 ctrl.push(c);
                 put_varint(ctrl, pre as u64);
                 put_varint(ctrl, suf as u64);
-                let out = &mut self.streams[stream].buf;
+                let out = &mut self.bufs[stream];
                 out.extend_from_slice(head);
                 out.extend_from_slice(&tuple[pre..tuple.len() - suf]);
                 self.stats.tuple_deltas += 1;
@@ -83,7 +83,7 @@ impl Encoder {
             }
             None => {
                 ctrl.push(0);
-                self.streams[stream].buf.extend_from_slice(bytes);
+                self.bufs[stream].extend_from_slice(bytes);
                 self.stats.tuple_misses += 1;
             }
         }
@@ -145,18 +145,18 @@ impl Encoder {
         bytes: &[u8],
     ) -> Result<bool, WalCodecError> {
         let at = Spot {
-            op_at: self.streams[S_CTRL].buf.len(),
-            img_at: self.streams[S_IMG].buf.len(),
+            op_at: self.bufs[S_CTRL].len(),
+            img_at: self.bufs[S_IMG].len(),
             fpi_at: self.fpi.len(),
-            page_at: self.streams[S_PAGE].buf.len(),
+            page_at: self.bufs[S_PAGE].len(),
         };
         self.verify.defer(m, img, &self.page, bytes, at)
     }
 
     fn opaque_image(&mut self, bytes: &[u8]) {
         self.stats.image_ops[usize::from(IMG_OPAQUE)] += 1;
-        self.streams[S_CTRL].buf.push(IMG_OPAQUE);
-        self.streams[S_IMG].buf.extend_from_slice(bytes);
+        self.bufs[S_CTRL].push(IMG_OPAQUE);
+        self.bufs[S_IMG].extend_from_slice(bytes);
         self.stats.fpi_opaque += 1;
     }
 
@@ -168,9 +168,9 @@ impl Encoder {
         img: &ImageRef,
         recompress: u8,
     ) -> Result<(), WalCodecError> {
-        let (op_at, frames_at) = (self.streams[S_CTRL].buf.len(), self.fpi.len());
+        let (op_at, frames_at) = (self.bufs[S_CTRL].len(), self.fpi.len());
         self.encode_page_op(key, img, recompress)?;
-        if let Some(op) = self.streams[S_CTRL].buf.get(op_at) {
+        if let Some(op) = self.bufs[S_CTRL].get(op_at) {
             let k = usize::from(op & 7);
             self.stats.image_ops[k] += 1;
             self.stats.image_frame_out[k] += (self.fpi.len() - frames_at) as u64;
@@ -190,7 +190,7 @@ impl Encoder {
             // Against the previous image of the same block, as it is (see `pagexf`), alone:
             // the block's records since were replayed onto it (`redo`), so it holds their
             // tuples already (format version 5 in `walcodec`).
-            let ctrl = &mut self.streams[S_CTRL].buf;
+            let ctrl = &mut self.bufs[S_CTRL];
             if *self.cache.page(r) == *self.page {
                 ctrl.push(IMG_IDENT | recompress);
                 put_varint(ctrl, u64::from(s));
@@ -216,7 +216,7 @@ impl Encoder {
         // the recent pages) unless the block's known tuples make up half of it or more.
         let framed =
             usize::from(img.len) < MIN_STREAM_IMAGE || 2 * tp.len() >= usize::from(img.len);
-        let ctrl = &mut self.streams[S_CTRL].buf;
+        let ctrl = &mut self.bufs[S_CTRL];
         // Any other page goes transformed, against a transformed reference if any; with
         // known tuples of the block (which match the page as it is) also as it is, and the
         // smaller frame is sent.
@@ -265,7 +265,7 @@ impl Encoder {
                 }
                 None => ctrl.push(IMG_STREAM_NOCACHE | recompress),
             }
-            self.streams[S_PAGE].buf.extend_from_slice(&xpage[..]);
+            self.bufs[S_PAGE].extend_from_slice(&xpage[..]);
         }
         if let Some(s) = plan.store {
             self.cache.store(s, key, &self.page);

@@ -133,7 +133,7 @@ impl Encoder {
     /// decoder stores the page it decompresses from the bytes where the op said.
     fn make_primary(&mut self, spot: &Spot, bytes: &[u8]) -> Result<(), WalCodecError> {
         let internal = |what: &str| WalCodecError::Corrupt(format!("internal: {what}"));
-        let ctrl = &self.streams[S_CTRL].buf;
+        let ctrl = &self.bufs[S_CTRL];
         let op = *ctrl
             .get(spot.op_at)
             .ok_or_else(|| internal("no image op"))?;
@@ -159,19 +159,19 @@ impl Encoder {
                 return Err(internal("a frame past the end of the page frames"));
             }
             self.fpi.drain(frames);
-            self.streams[S_CTRL].buf.splice(varint, [0u8]);
+            self.bufs[S_CTRL].splice(varint, [0u8]);
             let out = &mut self.stats.image_frame_out[usize::from(kind)];
             *out = out.saturating_sub(len as u64);
         }
         if layout.page {
-            let page = &mut self.streams[S_PAGE].buf;
+            let page = &mut self.bufs[S_PAGE];
             if spot.page_at + PAGE_SIZE > page.len() {
                 return Err(internal("a page past the end of PAGE"));
             }
             page.drain(spot.page_at..spot.page_at + PAGE_SIZE);
         }
-        self.streams[S_CTRL].buf[spot.op_at] = op | IMG_PRIMARY;
-        let img = &mut self.streams[S_IMG].buf;
+        self.bufs[S_CTRL][spot.op_at] = op | IMG_PRIMARY;
+        let img = &mut self.bufs[S_IMG];
         if spot.img_at > img.len() {
             return Err(internal("an IMG offset past its end"));
         }
