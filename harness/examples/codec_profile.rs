@@ -10,7 +10,9 @@
 //! `WALRELAY_BLOCK_CACHE_MB` its block cache (`link.block_cache_bytes`, default 1024 MiB; the tuple
 //! cache gets an eighth). `WALRELAY_STAGE=1` encodes as the upstream does while the primary
 //! writes faster than one core encodes: more than one core allowed, each message staged
-//! while the one before is compressed on the section thread (`WalEncoder::stage`).
+//! while the one before is compressed on the section thread (`WalEncoder::stage`), and
+//! decodes likewise (`WalDecoder::stage`: a message's sections decompressed on a thread
+//! while the one before is restored).
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -96,8 +98,18 @@ fn main() -> Result<()> {
     }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
+        dec.set_parallel(staged);
         let t = Instant::now();
-        for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
+        let chunks: Vec<&[u8]> = wal.chunks(MESSAGE).collect();
+        for (i, (chunk, payload)) in chunks.iter().zip(&encoded).enumerate() {
+            if staged {
+                if i == 0 {
+                    dec.stage(at(0), payload, chunk.len(), MESSAGE)?;
+                }
+                if let Some((next, pl)) = chunks.get(i + 1).zip(encoded.get(i + 1)) {
+                    dec.stage(at(i + 1), pl, next.len(), MESSAGE)?;
+                }
+            }
             dec.decode(
                 at(i),
                 payload,

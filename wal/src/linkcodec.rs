@@ -243,6 +243,34 @@ impl WalDecoder {
         }
     }
 
+    /// Hands the payload of a message to be restored after those staged before, so that the
+    /// `wal` codec decompresses its sections meanwhile (see [`walcodec::Decoder::stage`]);
+    /// false, and nothing staged, for the other codecs. A staged message must be the next one
+    /// given to [`WalDecoder::restore`] (or `decode`), with the same payload.
+    pub fn stage(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        max_len: usize,
+    ) -> Result<bool, CodecError> {
+        if raw_len > max_len {
+            return Err(CodecError::TooLong(raw_len, max_len));
+        }
+        match self {
+            WalDecoder::Wal(d) => Ok(d.stage(start, payload, raw_len).map(|()| true)?),
+            _ => Ok(false),
+        }
+    }
+
+    /// Messages staged and not restored yet.
+    pub fn staged(&self) -> usize {
+        match self {
+            WalDecoder::Wal(d) => d.staged(),
+            _ => 0,
+        }
+    }
+
     /// Decodes one message (starting at `start`) into `out` (cleared first) and verifies its
     /// length (at most `max_len`) and checksum.
     pub fn decode(

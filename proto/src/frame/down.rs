@@ -53,7 +53,7 @@ impl Down<'_> {
 }
 
 /// Per-stream state of the upstream → downstream direction (one on each end).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct DownState {
     next_start: u64,
     send_time: i64,

@@ -12,9 +12,11 @@
 //! upstream back).
 //!
 //! While the queue behind the frame being restored is full, the codec may use more cores
-//! (`WalDecoder::set_parallel`: images compressed again on a worker, a large message's
-//! sections decompressed on several threads); otherwise it uses one, which costs the least
-//! CPU.
+//! (`WalDecoder::set_parallel`: images compressed again on a worker) and the thread works one
+//! frame ahead: it stages the WAL payloads of the frame and of the next one in the queue
+//! (`WalDecoder::stage`), so that the second's sections are decompressed on the codec's
+//! thread while the first's records are restored here. Otherwise it restores one frame at a
+//! time on one core, which costs the least CPU. What it passes on is the same either way.
 //!
 //! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle is restored and verified
 //! by the stream itself, under the same lock, and its result goes to the same output: a
@@ -26,6 +28,7 @@ use tokio::sync::mpsc;
 use walrelay_proto::frame::{Digest, Down, DownState};
 use walrelay_wal::linkcodec::WalDecoder;
 use walrelay_wal::lsn::Lsn;
+use walrelay_wal::walcodec::STAGED_MAX;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,6 +127,8 @@ impl DecodeStage {
         let (out, verified) = mpsc::channel(QUEUE);
         let decoding = Arc::new(Mutex::new(Decoding {
             state: DownState::default(),
+            ahead: None,
+            stage_failed: false,
             decoder,
             caps,
             metrics,
@@ -159,10 +164,29 @@ impl DecodeThread {
         mut frames: mpsc::Receiver<Bytes>,
         out: mpsc::Sender<Result<Vec<Item>, Failure>>,
     ) {
-        while let Some(frame) = frames.blocking_recv() {
+        // The next frame, taken from the queue early and maybe staged already.
+        let mut ahead: Option<(Bytes, bool)> = None;
+        loop {
+            let (frame, mut staged) = match ahead.take() {
+                Some(a) => a,
+                None => match frames.blocking_recv() {
+                    Some(f) => (f, false),
+                    None => return,
+                },
+            };
             // This frame and a full queue behind it: frames arrive faster than one core
             // restores them (a frame or two queued is a burst, which one core absorbs).
             let behind = self.in_flight.load(Ordering::Acquire) > QUEUE;
+            if behind {
+                if let Ok(next) = frames.try_recv() {
+                    // Staged: this frame's sections decompress while the one before it is
+                    // restored (see the module doc).
+                    let mut d = lock(&self.decoding);
+                    staged = staged || d.stage(&frame);
+                    let next_staged = staged && d.stage(&next);
+                    ahead = Some((next, next_staged));
+                }
+            }
             let r = lock(&self.decoding).frame(&frame, behind);
             let failed = r.is_err();
             if out.blocking_send(r).is_err() || failed {
@@ -177,6 +201,11 @@ impl DecodeThread {
 /// inline path at a time.
 struct Decoding {
     state: DownState,
+    /// The frame state after the last frame staged ahead of `state`, while one is staged
+    /// (see [`Decoding::stage`]).
+    ahead: Option<DownState>,
+    /// A run failed to stage: nothing more is.
+    stage_failed: bool,
     decoder: WalDecoder,
     caps: Caps,
     metrics: Arc<Metrics>,
@@ -184,6 +213,48 @@ struct Decoding {
 }
 
 impl Decoding {
+    /// Stages the WAL payloads of a frame that `frame` will restore later, after the frames
+    /// staged before it (see `WalDecoder::stage`); false, and nothing staged, when they would
+    /// not fit beside those staged already, or the codec does not stage, or the frame does
+    /// not parse or stage (its turn in [`Decoding::frame`] reports why).
+    fn stage(&mut self, frame: &[u8]) -> bool {
+        if self.stage_failed {
+            return false;
+        }
+        let mut state = match (self.decoder.staged(), &self.ahead) {
+            (1.., Some(ahead)) => ahead.clone(),
+            _ => self.state.clone(),
+        };
+        let Ok((items, _)) = state.parse(frame, self.caps.max_raw, self.caps.max_frame) else {
+            return false;
+        };
+        let runs = items
+            .iter()
+            .filter(|i| matches!(i, Down::Wal { .. }))
+            .count();
+        if runs == 0 || self.decoder.staged() + runs > STAGED_MAX {
+            return false;
+        }
+        self.decoder.set_parallel(true);
+        for item in &items {
+            if let Down::Wal { header: h, payload } = *item {
+                let (start, n) = (Lsn(h.start), h.raw_len as usize);
+                if !matches!(
+                    self.decoder.stage(start, payload, n, self.caps.max_raw),
+                    Ok(true)
+                ) {
+                    // Part of the frame may be staged: stage nothing more (the run that
+                    // failed fails again when restored, which ends the stream; or the codec
+                    // does not stage).
+                    self.stage_failed = true;
+                    return false;
+                }
+            }
+        }
+        self.ahead = Some(state);
+        true
+    }
+
     /// One frame: restored and verified whole, or a failure; `behind`: the queue behind it is
     /// full, so the codec may use more than one core (`WalDecoder::set_parallel`).
     fn frame(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
@@ -195,6 +266,7 @@ impl Decoding {
             .state
             .parse(frame, self.caps.max_raw, self.caps.max_frame)
             .map_err(|e| Failure::Malformed(format!("malformed frame from the upstream: {e}")))?;
+
         let mut digest = Digest::default();
         let mut out = Vec::with_capacity(items.len());
         for item in &items {
@@ -246,3 +318,6 @@ impl Decoding {
         .map_err(|e| Failure::Integrity(format!("WAL from {start} failed to restore: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests;

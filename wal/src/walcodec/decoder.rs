@@ -8,21 +8,22 @@ use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
 use super::redo::{self, Redo};
-use super::streams::{history_log, unzigzag, DStream, PageDecompressor, Reader, WINDOW_LOG};
+use super::streams::{unzigzag, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, seal_record, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
-    check_params, CodecParams, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN,
-    S_PAGE, S_RAW,
+    check_params, CodecParams, WalCodecError, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 mod blocks;
 mod deferred;
+mod unpacker;
 
 use deferred::Deferred;
+use unpacker::{Contexts, Unpacker};
 
 pub struct Decoder {
     /// The parameters it was made with (for `persist`).
@@ -32,11 +33,8 @@ pub struct Decoder {
     magic: Option<u16>,
     max_message: usize,
     next_pos: Option<u64>,
-    streams: Vec<DStream>,
-    /// The context of combined payloads and their decompressed chunk (see [`payload`]).
-    combined: DStream,
-    scratch: Vec<u8>,
-    bufs: Vec<Vec<u8>>,
+    /// The sections' decompression, here or on a thread (see [`unpacker`]).
+    unpacker: Unpacker,
     pub(super) st: State,
     poisoned: bool,
 }
@@ -103,17 +101,7 @@ impl Decoder {
             magic,
             max_message: p.max_message_bytes,
             next_pos: None,
-            streams: (0..STREAMS)
-                .map(|s| {
-                    DStream::new(match s {
-                        S_DATA => history_log(p.block_cache_bytes),
-                        _ => WINDOW_LOG,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            combined: DStream::new(WINDOW_LOG)?,
-            scratch: Vec::new(),
-            bufs: vec![Vec::new(); STREAMS],
+            unpacker: Unpacker::new(Contexts::new(p)?),
             st: State {
                 compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
                 pg_major: p.pg_major,
@@ -182,6 +170,41 @@ impl Decoder {
         res
     }
 
+    /// Hands the payload of a message to be decoded later (after those staged before) to
+    /// have its sections decompressed meanwhile: on a thread when [`Decoder::set_parallel`]
+    /// allows it and the payload is large (see [`unpacker`]). The message must then be the
+    /// next one given to [`Decoder::decode`], with the same payload; at most [`STAGED_MAX`]
+    /// may be staged and not decoded.
+    ///
+    /// [`STAGED_MAX`]: super::STAGED_MAX
+    pub fn stage(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+    ) -> Result<(), WalCodecError> {
+        if self.poisoned {
+            return Err(WalCodecError::Poisoned);
+        }
+        if raw_len > self.max_message {
+            return Err(WalCodecError::TooLong {
+                len: raw_len,
+                max: self.max_message,
+            });
+        }
+        let away = self.st.parallel;
+        let r = self.unpacker.stage(start, payload, raw_len, away);
+        if matches!(r, Err(WalCodecError::Zstd(_))) {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    /// Messages staged and not decoded yet.
+    pub fn staged(&self) -> usize {
+        self.unpacker.staged()
+    }
+
     fn decode_inner(
         &mut self,
         start: Lsn,
@@ -212,24 +235,19 @@ impl Decoder {
             self.st.mainxf = MainXf::new();
         }
 
-        let rest = payload::read(
-            payload,
-            raw_len,
-            &mut self.streams,
-            &mut self.combined,
-            &mut self.scratch,
-            &mut self.bufs,
-            self.st.parallel,
-        )?;
+        let u = self
+            .unpacker
+            .take(start, payload, raw_len, self.st.parallel)?;
+        let b = &u.bufs;
         let mut r = Sections {
-            ctrl: Reader::new(&self.bufs[S_CTRL], "CTRL"),
-            hdr: Reader::new(&self.bufs[S_HDR], "HDR"),
-            data: Reader::new(&self.bufs[S_DATA], "DATA"),
-            main: Reader::new(&self.bufs[S_MAIN], "MAIN"),
-            raw: Reader::new(&self.bufs[S_RAW], "RAW"),
-            img: Reader::new(&self.bufs[S_IMG], "IMG"),
-            page: Reader::new(&self.bufs[S_PAGE], "PAGE"),
-            fpi: Reader::new(rest, "FPI"),
+            ctrl: Reader::new(&b[S_CTRL], "CTRL"),
+            hdr: Reader::new(&b[S_HDR], "HDR"),
+            data: Reader::new(&b[S_DATA], "DATA"),
+            main: Reader::new(&b[S_MAIN], "MAIN"),
+            raw: Reader::new(&b[S_RAW], "RAW"),
+            img: Reader::new(&b[S_IMG], "IMG"),
+            page: Reader::new(&b[S_PAGE], "PAGE"),
+            fpi: Reader::new(&payload[u.fpi_at..], "FPI"),
         };
 
         out.reserve(raw_len);
@@ -247,6 +265,7 @@ impl Decoder {
                 )));
             }
         }
+        self.unpacker.recycle(u);
         self.next_pos = Some(end);
         Ok(())
     }

@@ -126,6 +126,7 @@ mod decoder;
 mod encoder;
 pub mod format;
 pub mod fpi;
+mod handoff;
 mod imgworker;
 pub mod mainxf;
 pub mod pagexf;

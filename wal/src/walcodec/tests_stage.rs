@@ -105,3 +105,46 @@ fn staging_is_bounded_and_encode_waits_for_collect() {
     assert!(out.is_empty());
     assert_eq!(enc.stats().messages, n as u64);
 }
+
+#[test]
+fn payloads_staged_ahead_restore_and_out_of_order_is_refused() {
+    let g = synthetic(9, 1_200_000, 40);
+    let msgs = messages(g.start, &g.buf, &every(80 * 1024, g.buf.len()));
+    let p = params(200);
+    let mut enc = Encoder::new(&p).unwrap();
+    let payloads: Vec<Vec<u8>> = msgs
+        .iter()
+        .map(|(lsn, m)| {
+            let mut out = Vec::new();
+            enc.encode(*lsn, m, &mut out).unwrap();
+            out
+        })
+        .collect();
+
+    // Each payload staged while the one before is restored: its sections decompress on the
+    // thread meanwhile.
+    let mut dec = Decoder::new(&p).unwrap();
+    dec.threaded_restores(true);
+    let mut restored = Vec::new();
+    dec.stage(msgs[0].0, &payloads[0], msgs[0].1.len()).unwrap();
+    for (i, ((lsn, m), payload)) in msgs.iter().zip(&payloads).enumerate() {
+        if let Some(((next, n), pl)) = msgs.get(i + 1).zip(payloads.get(i + 1)) {
+            dec.stage(*next, pl, n.len()).unwrap();
+        }
+        assert_eq!(dec.staged(), if i + 1 < msgs.len() { 2 } else { 1 });
+        dec.decode(*lsn, payload, m.len(), &mut restored).unwrap();
+        assert!(restored == *m, "message {i} at {lsn} restored differently");
+    }
+    assert_eq!(dec.staged(), 0);
+
+    // Decoding another message than the one staged first is refused.
+    let mut dec = Decoder::new(&p).unwrap();
+    dec.threaded_restores(true);
+    dec.decode(msgs[0].0, &payloads[0], msgs[0].1.len(), &mut restored)
+        .unwrap();
+    dec.stage(msgs[2].0, &payloads[2], msgs[2].1.len()).unwrap();
+    let err = dec
+        .decode(msgs[1].0, &payloads[1], msgs[1].1.len(), &mut restored)
+        .unwrap_err();
+    assert!(err.to_string().contains("order they were staged"), "{err}");
+}

@@ -130,7 +130,13 @@ async fn batches_staged_ahead_restore_in_order() {
     let want = feed.await.unwrap();
     assert!(got == want, "restored WAL differs from what was fed");
     assert_eq!(keepalives, JOBS.div_ceil(3));
-    assert_eq!(*sent_rx.borrow(), Lsn(next));
+    // The thread says how far the WAL sent down reaches just after sending the last frame.
+    let mut sent_rx = sent_rx;
+    let reached = sent_rx.wait_for(|l| *l == Lsn(next));
+    tokio::time::timeout(Duration::from_secs(10), reached)
+        .await
+        .expect("the sent position never reached the end of the WAL")
+        .unwrap();
     // The queue was full behind some batches: those were staged ahead.
     assert!(metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0);
 }

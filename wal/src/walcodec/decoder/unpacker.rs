@@ -1,0 +1,193 @@
+//! The decoder's first half: a message's sections decompressed, here or on a thread while
+//! the caller restores the message before.
+//!
+//! Decoding a message is two halves: decompressing its sections ([`payload::read`]), then
+//! restoring its records from them (the rest of the decoder). On one core a bulk load spends
+//! about two fifths of its decoding in the first half. [`Decoder::stage`] hands a message's
+//! payload (copied) to a [`Handoff`] of the zstd contexts ([`Contexts`]): decompressed on the
+//! `walcodec-unpack` thread when the caller allows more than one core and the payload holds
+//! at least [`AWAY_MIN`] bytes, else when it is decoded. [`Decoder::decode`] then takes the
+//! staged sections of the message it is given, which must be the oldest staged one (same
+//! start, length and payload): the contexts see every message in stream order.
+//!
+//! Bounds: at most [`STAGED_MAX`] messages are staged and not decoded, each its payload
+//! (within `max_message_bytes`' caps) and, once decompressed, its sections (capped by
+//! [`payload::cap`]).
+//!
+//! [`Decoder::stage`]: super::Decoder::stage
+//! [`Decoder::decode`]: super::Decoder::decode
+
+use std::collections::VecDeque;
+
+use super::super::handoff::{Handoff, Work};
+use super::super::payload;
+use super::super::streams::{history_log, DStream, WINDOW_LOG};
+use super::super::{CodecParams, WalCodecError, STAGED_MAX, STREAMS, S_DATA};
+use crate::lsn::Lsn;
+
+/// Least payload (bytes) of a message decompressed on the thread: below it the hand-over
+/// costs about what it saves.
+pub const AWAY_MIN: usize = 16 * 1024;
+
+/// The decoder's zstd contexts: one per stream, the combined one and its chunk.
+pub(crate) struct Contexts {
+    streams: Vec<DStream>,
+    combined: DStream,
+    scratch: Vec<u8>,
+}
+
+impl Contexts {
+    pub fn new(p: &CodecParams) -> Result<Contexts, WalCodecError> {
+        Ok(Contexts {
+            streams: (0..STREAMS)
+                .map(|s| {
+                    DStream::new(match s {
+                        S_DATA => history_log(p.block_cache_bytes),
+                        _ => WINDOW_LOG,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            combined: DStream::new(WINDOW_LOG)?,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Decompresses `payload`'s sections into `u.bufs`; sets `u.fpi_at`.
+    fn read(
+        &mut self,
+        payload: &[u8],
+        u: &mut Unpacked,
+        parallel: bool,
+    ) -> Result<(), WalCodecError> {
+        let rest = payload::read(
+            payload,
+            u.raw_len,
+            &mut self.streams,
+            &mut self.combined,
+            &mut self.scratch,
+            &mut u.bufs,
+            parallel,
+        )?;
+        u.fpi_at = payload.len() - rest.len();
+        Ok(())
+    }
+}
+
+/// A message's sections, decompressed.
+pub(crate) struct Unpacked {
+    start: Lsn,
+    raw_len: usize,
+    /// The payload, when staged (empty when decompressed from the caller's).
+    payload: Vec<u8>,
+    pub bufs: Vec<Vec<u8>>,
+    /// Where the page frames start in the payload.
+    pub fpi_at: usize,
+}
+
+impl Work for Contexts {
+    type Job = Unpacked;
+    type Out = Unpacked;
+    fn run(&mut self, mut u: Unpacked, away: bool) -> Result<Unpacked, WalCodecError> {
+        let payload = std::mem::take(&mut u.payload);
+        // On the thread the caller is busy restoring: no more threads for the sections.
+        let r = self.read(&payload, &mut u, !away);
+        u.payload = payload;
+        r.map(|()| u)
+    }
+}
+
+/// The contexts' handoff, what is staged, and emptied buffers for the next messages.
+pub(crate) struct Unpacker {
+    handoff: Handoff<Contexts>,
+    /// Start, raw length and payload length of each staged message, oldest first.
+    keys: VecDeque<(Lsn, usize, usize)>,
+    spare: Vec<Unpacked>,
+}
+
+impl Unpacker {
+    pub fn new(contexts: Contexts) -> Unpacker {
+        Unpacker {
+            handoff: Handoff::new(contexts, "walcodec-unpack", STAGED_MAX),
+            keys: VecDeque::with_capacity(STAGED_MAX),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Messages staged and not decoded.
+    pub fn staged(&self) -> usize {
+        self.handoff.len()
+    }
+
+    fn fresh(&mut self, start: Lsn, raw_len: usize) -> Unpacked {
+        let mut u = self.spare.pop().unwrap_or_else(|| Unpacked {
+            start,
+            raw_len,
+            payload: Vec::new(),
+            bufs: vec![Vec::new(); STREAMS],
+            fpi_at: 0,
+        });
+        (u.start, u.raw_len, u.fpi_at) = (start, raw_len, 0);
+        u
+    }
+
+    /// Takes a message's payload (copied): decompressed on the thread when `away`, else
+    /// when it is decoded.
+    pub fn stage(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        away: bool,
+    ) -> Result<(), WalCodecError> {
+        let mut u = self.fresh(start, raw_len);
+        u.payload.clear();
+        u.payload.extend_from_slice(payload);
+        self.handoff.push(u, away && payload.len() >= AWAY_MIN)?;
+        self.keys.push_back((start, raw_len, payload.len()));
+        Ok(())
+    }
+
+    /// The sections of the message at `start`: the oldest staged message's, which must be
+    /// this one, or decompressed here now (`parallel`: on several threads when large).
+    pub fn take(
+        &mut self,
+        start: Lsn,
+        payload: &[u8],
+        raw_len: usize,
+        parallel: bool,
+    ) -> Result<Unpacked, WalCodecError> {
+        let Some(key) = self.keys.pop_front() else {
+            let mut u = self.fresh(start, raw_len);
+            u.payload.clear();
+            let contexts = self.handoff.home().ok_or_else(|| {
+                WalCodecError::Zstd("the session's zstd contexts were lost with a thread".into())
+            })?;
+            contexts.read(payload, &mut u, parallel)?;
+            return Ok(u);
+        };
+        let out_of_order = || {
+            WalCodecError::Params(format!(
+                "decode of the message at {start} ({raw_len} bytes) while the one staged first \
+                 is at {} ({} bytes): decode staged messages in the order they were staged",
+                key.0, key.1
+            ))
+        };
+        if key != (start, raw_len, payload.len()) {
+            return Err(out_of_order());
+        }
+        let u = self.handoff.pop().ok_or_else(|| {
+            WalCodecError::Params("a staged message is missing from the queue".into())
+        })??;
+        if u.payload != payload {
+            return Err(out_of_order());
+        }
+        Ok(u)
+    }
+
+    /// Takes back a decoded message's buffers.
+    pub fn recycle(&mut self, u: Unpacked) {
+        if self.spare.len() < STAGED_MAX {
+            self.spare.push(u);
+        }
+    }
+}
