@@ -1,5 +1,6 @@
 //! Encodes (and with `decode`, also decodes) a WAL file with the `wal` link codec only, in
-//! 128 kB messages on this thread, for profiling one side without the baselines:
+//! 128 kB messages one at a time on this thread (no other threads), for profiling one side
+//! without the baselines:
 //!
 //! ```sh
 //! cargo build --release -p walrelay-harness --example codec_profile

@@ -1,9 +1,12 @@
 //! The one-core replays: WAL of the run through the link codec in 128 kB messages (the
 //! walsender's MAX_SEND_SIZE) on this thread, then through streaming zstd-1 and zstd-3
 //! (flushed per message, as the `zstd` link codec does) on the same bytes. Speeds are per
-//! CPU-second of the whole process (the codec compresses the sections of a large message on
-//! several threads: their CPU counts too; the rest of the process is idle while the replay
-//! runs), and the wall-clock speed of the WAL-aware codec beside them.
+//! CPU-second of the whole process (the rest of the process is idle while the replay runs),
+//! and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware codec also
+//! runs a second time as the relay's stages run it while behind: more than one core
+//! allowed, each message staged while the one before is finished (its sections compressed
+//! or decompressed on the codec's threads, images checked on a worker); its wall-clock speed
+//! is what two cores get through.
 //!
 //! - [`run`]: the cold window's bytes (at most 512 MB), from fresh codecs, as a relay that
 //!   has just started; also what the codec did with each resource manager's records.
@@ -43,7 +46,9 @@ pub struct Pass {
 #[derive(Debug, Clone, Serialize)]
 pub struct Replay {
     pub wal_bytes: u64,
+    /// One core; and two, messages staged as the relay's stages do while behind.
     pub walrelay: Pass,
+    pub walrelay_staged: Pass,
     pub zstd1: Pass,
     pub zstd3: Pass,
     /// What the WAL-aware codec did with each resource manager's records (bytes out are the
@@ -74,6 +79,16 @@ fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// How a pass runs the codec.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cores {
+    /// One message at a time, one core (`set_parallel(false)`).
+    One,
+    /// As the relay's stages do while behind: more than one core allowed, each message
+    /// staged while the one before is finished (`WalEncoder::stage`, `WalDecoder::stage`).
+    Staged,
+}
+
 /// One codec over `wal` (starting at `start`) in messages of [`MESSAGE`] bytes; the messages
 /// before `timed_from` (a multiple of [`MESSAGE`]) are encoded and restored in turn without
 /// being timed, the rest are encoded, then restored, and timed.
@@ -84,6 +99,7 @@ fn pass(
     start: Lsn,
     wal: &[u8],
     timed_from: usize,
+    cores: Cores,
 ) -> Result<(Pass, Option<CodecStats>)> {
     let setup = Setup {
         kind,
@@ -98,6 +114,8 @@ fn pass(
     };
     let mut enc = WalEncoder::new(&setup)?;
     let mut dec = WalDecoder::new(&setup)?;
+    enc.set_parallel(cores == Cores::Staged);
+    dec.set_parallel(cores == Cores::Staged);
     let mut out = Vec::new();
     let mut restored = Vec::new();
     for (i, chunk) in wal[..timed_from].chunks(MESSAGE).enumerate() {
@@ -113,21 +131,19 @@ fn pass(
         )?;
     }
     let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
-    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
-    let mut encoded = Vec::new();
+    let msgs: Vec<(Lsn, &[u8])> = wal
+        .chunks(MESSAGE)
+        .enumerate()
+        .map(|(i, c)| (Lsn(start.0 + (i * MESSAGE) as u64), c))
+        .collect();
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
-        enc.encode(at(i), chunk, &mut out)?;
-        encoded.push(out.clone());
-    }
+    let encoded = encode_all(&mut enc, &msgs, cores)?;
     let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
     let enc_wall = wall.elapsed().as_secs_f64();
     let stats = enc.wal_stats().cloned();
-    let sums: Vec<u64> = wal.chunks(MESSAGE).map(checksum).collect();
+    let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    for (i, (chunk, payload)) in wal.chunks(MESSAGE).zip(&encoded).enumerate() {
-        dec.decode(at(i), payload, chunk.len(), MESSAGE, sums[i], &mut out)?;
-    }
+    decode_all(&mut dec, &msgs, &encoded, &sums, cores)?;
     let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
     let dec_wall = wall.elapsed().as_secs_f64();
     let mb = wal.len() as f64 / 1e6;
@@ -139,6 +155,55 @@ fn pass(
         decode_wall_mb_s: mb / dec_wall.max(1e-9),
     };
     Ok((pass, stats))
+}
+
+/// Every message's payload, in order; [`Cores::Staged`]: each message staged before the one
+/// before it is collected.
+fn encode_all(enc: &mut WalEncoder, msgs: &[(Lsn, &[u8])], cores: Cores) -> Result<Vec<Vec<u8>>> {
+    let mut encoded = Vec::with_capacity(msgs.len());
+    let mut out = Vec::new();
+    for (i, (at, chunk)) in msgs.iter().enumerate() {
+        if cores == Cores::One {
+            enc.encode(*at, chunk, &mut out)?;
+            encoded.push(out.clone());
+            continue;
+        }
+        enc.stage(*at, chunk)?;
+        if i > 0 && enc.collect(&mut out)? {
+            encoded.push(out.clone());
+        }
+    }
+    while enc.collect(&mut out)? {
+        encoded.push(out.clone());
+    }
+    anyhow::ensure!(
+        encoded.len() == msgs.len(),
+        "a staged message's payload is missing"
+    );
+    Ok(encoded)
+}
+
+/// Restores and checks every message; [`Cores::Staged`]: each payload staged before the
+/// message before it is restored.
+fn decode_all(
+    dec: &mut WalDecoder,
+    msgs: &[(Lsn, &[u8])],
+    encoded: &[Vec<u8>],
+    sums: &[u64],
+    cores: Cores,
+) -> Result<()> {
+    let mut out = Vec::new();
+    let staged = cores == Cores::Staged;
+    if let (true, Some(((at, chunk), payload))) = (staged, msgs.first().zip(encoded.first())) {
+        dec.stage(*at, payload, chunk.len(), MESSAGE)?;
+    }
+    for (i, ((at, chunk), payload)) in msgs.iter().zip(encoded).enumerate() {
+        if let (true, Some(((next, c), p))) = (staged, msgs.get(i + 1).zip(encoded.get(i + 1))) {
+            dec.stage(*next, p, c.len(), MESSAGE)?;
+        }
+        dec.decode(*at, payload, chunk.len(), MESSAGE, sums[i], &mut out)?;
+    }
+    Ok(())
 }
 
 /// The first `max` bytes of `file`, whose WAL starts at `start`, from the first page
@@ -159,9 +224,10 @@ fn read_wal(file: &Path, start: Lsn, max: u64) -> Result<(Lsn, Vec<u8>)> {
 pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
     let (start, wal) = read_wal(file, start, MAX_BYTES)?;
     let wal = &wal[..];
-    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal, 0)?;
-    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal, 0)?;
-    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal, 0)?;
+    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal, 0, Cores::One)?;
+    let (walrelay_staged, _) = pass(CodecKind::Wal, 3, major, start, wal, 0, Cores::Staged)?;
+    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal, 0, Cores::One)?;
+    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal, 0, Cores::One)?;
     let stats = stats.unwrap_or_default();
     let mut by_rmgr: Vec<RmgrRow> = stats
         .by_rmgr
@@ -177,6 +243,7 @@ pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
     Ok(Replay {
         wal_bytes: wal.len() as u64,
         walrelay,
+        walrelay_staged,
         zstd1,
         zstd3,
         by_rmgr,
@@ -197,6 +264,7 @@ pub struct WarmReplay {
     pub warm_bytes: u64,
     pub wal_bytes: u64,
     pub walrelay: Pass,
+    pub walrelay_staged: Pass,
     pub zstd1: Pass,
     pub zstd3: Pass,
 }
@@ -208,13 +276,17 @@ pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmRe
     let (at, wal) = read_wal(file, start, warm.saturating_add(MAX_BYTES))?;
     let warm = warm.saturating_sub(at.0 - start.0) as usize;
     let timed_from = (warm.min(wal.len().saturating_sub(1)) / MESSAGE) * MESSAGE;
-    let (walrelay, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from)?;
-    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, at, &wal, timed_from)?;
-    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, at, &wal, timed_from)?;
+    let one = Cores::One;
+    let (walrelay, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from, one)?;
+    let staged = Cores::Staged;
+    let (walrelay_staged, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from, staged)?;
+    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, at, &wal, timed_from, one)?;
+    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, at, &wal, timed_from, one)?;
     Ok(WarmReplay {
         warm_bytes: timed_from as u64,
         wal_bytes: (wal.len() - timed_from) as u64,
         walrelay,
+        walrelay_staged,
         zstd1,
         zstd3,
     })

@@ -68,7 +68,7 @@ pub(super) struct State {
     xf: PageXf,
     xref: Page,
     /// Use more than one core: images compressed again on a worker, a large message's
-    /// sections decompressed on several threads (see [`Decoder::set_parallel`]).
+    /// sections decompressed on other threads (see [`Decoder::set_parallel`]).
     parallel: bool,
     deferred: Deferred,
 }
@@ -133,10 +133,12 @@ impl Decoder {
         })
     }
 
-    /// Whether a large message's sections may be decompressed on several threads (on by
-    /// default when the machine has more than one core): the runtime turns it on while
-    /// messages wait behind the one being restored, off while it keeps up (threads cost CPU).
-    /// The output is the same either way.
+    /// Whether to use more than one core (on by default when the machine has more than one):
+    /// a large staged message's sections decompressed on the unpack thread
+    /// ([`Decoder::stage`]), a large message's sections decoded unstaged on several threads,
+    /// images compressed again on a worker. The runtime turns it on while messages wait
+    /// behind the one being restored, off while it keeps up (threads cost CPU). The output is
+    /// the same either way.
     pub fn set_parallel(&mut self, on: bool) {
         self.st.parallel = on && payload::multi_core();
     }
@@ -172,9 +174,9 @@ impl Decoder {
 
     /// Hands the payload of a message to be decoded later (after those staged before) to
     /// have its sections decompressed meanwhile: on a thread when [`Decoder::set_parallel`]
-    /// allows it and the payload is large (see [`unpacker`]). The message must then be the
-    /// next one given to [`Decoder::decode`], with the same payload; at most [`STAGED_MAX`]
-    /// may be staged and not decoded.
+    /// allows it and the payload is large (see `decoder/unpacker.rs`). The message must then
+    /// be the next one given to [`Decoder::decode`], with the same payload; at most
+    /// [`STAGED_MAX`] may be staged and not decoded.
     ///
     /// [`STAGED_MAX`]: super::STAGED_MAX
     pub fn stage(

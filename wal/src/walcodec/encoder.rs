@@ -137,10 +137,11 @@ impl Encoder {
     }
 
     /// Whether to use more than one core (on by default when the machine has more than
-    /// one): image checks on a worker thread (`verify`), a large message's sections
-    /// compressed on several threads. The runtime turns it on while WAL waits behind the
-    /// message being encoded, off while it keeps up (threads cost CPU). Either way the
-    /// payload restores the same WAL; only images that do not reproduce go differently.
+    /// one): image checks on a worker thread (`verify`), a large staged message's streams
+    /// compressed on the section thread ([`Encoder::stage`]). The runtime turns it on while
+    /// WAL waits behind the message being encoded, off while it keeps up (threads cost CPU).
+    /// Either way the payload restores the same WAL; only images that do not reproduce go
+    /// differently.
     pub fn set_parallel(&mut self, on: bool) {
         self.parallel = on && payload::multi_core();
     }

@@ -30,13 +30,17 @@
 //!   identity (a TOAST value written again under new chunk ids) is a reference.
 //!
 //! When a codec end may use more than one core (`set_parallel`: the runtime allows it while
-//! messages wait behind the current one), the sections of a large message (64 kB of input or
-//! more) are compressed, and decompressed, on several threads at once (`payload.rs`: each is
-//! its own zstd context, so the bytes do not depend on it), and images the primary
-//! compressed are compressed again on a worker thread (`imgworker.rs`) while the message goes
-//! on: the encoder's checks (`encoder/verify.rs`), the decoder's restoring
-//! (`decoder/deferred.rs`). The worker takes what it keeps up with; the rest is done in
-//! place.
+//! messages wait behind the current one), each end splits a message's work in two halves
+//! that run on two threads for consecutive messages (`handoff.rs`): the encoder compresses
+//! a staged message's streams on a thread while the caller transforms the next message
+//! (`Encoder::stage`, `encoder/sealer.rs`), the decoder decompresses a staged message's
+//! sections while the caller restores the message before (`Decoder::stage`,
+//! `decoder/unpacker.rs`); the zstd contexts travel with the message, so the bytes do not
+//! depend on it. A large message decoded without being staged has its sections decompressed
+//! on several threads at once (`payload.rs`). Images the primary compressed are compressed
+//! again on a worker thread (`imgworker.rs`) while the message goes on: the encoder's
+//! checks (`encoder/verify.rs`), the decoder's restoring (`decoder/deferred.rs`). The worker
+//! takes what it keeps up with; the rest is done in place.
 //!
 //! The caches can be saved and restored ([`persist`], pure functions with a digest both ends
 //! can compare); the runtime does not use them yet, so every new session starts cold.
