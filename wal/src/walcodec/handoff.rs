@@ -6,15 +6,20 @@
 //! (de)compressing half carry history from message to message, so that half must see the
 //! messages in order, one at a time. A [`Handoff`] runs it for a queue of messages:
 //!
-//! - **here**, at once ([`Handoff::push`] with `away` false), when its state is here;
+//! - **here**, at once ([`Handoff::push`] with `away` false), when its state is here (or
+//!   nothing is queued: the state is then called back from the thread first);
 //! - **on the thread** (started when first needed) when `away`: the state ([`Work`]) goes to
-//!   the thread with the job and comes back with the outcome, so it is never used by two
-//!   threads and sees the jobs in order; the outcome is the same wherever it was made;
-//! - **later**, when the state is away with the job before: the job waits here and goes to
-//!   the thread as soon as the state comes back ([`Handoff::pop`]).
+//!   the thread with the first such job and stays there while jobs follow; a job pushed while
+//!   the state is there goes there too, whatever `away` says, behind the others. The thread
+//!   runs them in order and sends the outcomes back; it never waits for the caller to take
+//!   one before it starts the next, so the caller's wake-ups are off the thread's path. The
+//!   state comes back when the caller needs it here ([`Handoff::home`]), after the jobs
+//!   queued before. It is never used by two threads at once and sees the jobs in order: the
+//!   outcomes are the same wherever they were made.
 //!
 //! [`Handoff::pop`] returns the outcomes oldest first. At most `max` jobs are queued and not
-//! popped; [`Handoff::push`] refuses one more. One job at a time is on the thread.
+//! popped; [`Handoff::push`] refuses one more. The channels hold that many and one more (the
+//! state's way home), so neither side ever blocks on a send.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -33,17 +38,29 @@ pub(crate) trait Work: Send + 'static {
 type Outcome<W> = Result<<W as Work>::Out, WalCodecError>;
 
 enum Slot<W: Work> {
-    /// Waiting for the state (away with the job before).
-    Waiting(W::Job),
-    /// On the thread.
+    /// On the thread (its outcome comes back in order).
     Away,
     Done(Outcome<W>),
 }
 
+enum ToThread<W: Work> {
+    /// A job, with the state when it is the first since the state was here.
+    Job(Option<Box<W>>, W::Job),
+    /// Send the state back (after the jobs before).
+    Home,
+}
+
+enum FromThread<W: Work> {
+    Done(Outcome<W>),
+    Home(Box<W>),
+}
+
 pub(crate) struct Handoff<W: Work> {
-    /// The state when here (`None` while away with a job, or lost with the thread).
+    /// The state when here (`None` while on the thread, or lost with it).
     home: Option<Box<W>>,
-    /// Jobs not popped yet, oldest first; at most one `Away`, `Waiting` ones only after it.
+    /// The state is on the thread.
+    on_thread: bool,
+    /// Jobs not popped yet, oldest first.
     slots: VecDeque<Slot<W>>,
     thread: Option<Thread<W>>,
     name: &'static str,
@@ -51,8 +68,8 @@ pub(crate) struct Handoff<W: Work> {
 }
 
 struct Thread<W: Work> {
-    jobs: Option<mpsc::SyncSender<(Box<W>, W::Job)>>,
-    done: mpsc::Receiver<(Box<W>, Outcome<W>)>,
+    to: Option<mpsc::SyncSender<ToThread<W>>>,
+    from: mpsc::Receiver<FromThread<W>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -61,6 +78,7 @@ impl<W: Work> Handoff<W> {
     pub fn new(state: W, name: &'static str, max: usize) -> Handoff<W> {
         Handoff {
             home: Some(Box::new(state)),
+            on_thread: false,
             slots: VecDeque::with_capacity(max),
             thread: None,
             name,
@@ -73,13 +91,20 @@ impl<W: Work> Handoff<W> {
         self.slots.len()
     }
 
-    /// The state, when it is here.
+    /// The state, brought back from the thread if it is there (after the jobs queued there;
+    /// their outcomes wait to be popped); `None` if it was lost with the thread.
     pub fn home(&mut self) -> Option<&mut W> {
+        if self.on_thread {
+            self.on_thread = false;
+            if self.send(ToThread::Home).is_ok() {
+                self.call_home();
+            }
+        }
         self.home.as_deref_mut()
     }
 
-    /// Takes a job: run here now, or on the thread when `away`, or later (see the module
-    /// doc). Refused when `max` jobs are queued.
+    /// Takes a job: run here now, or on the thread when `away` or when the state is there
+    /// (see the module doc). Refused when `max` jobs are queued.
     pub fn push(&mut self, job: W::Job, away: bool) -> Result<(), WalCodecError> {
         if self.slots.len() >= self.max {
             return Err(WalCodecError::Params(format!(
@@ -87,73 +112,82 @@ impl<W: Work> Handoff<W> {
                 self.max
             )));
         }
-        let Some(mut state) = self.home.take() else {
-            self.slots.push_back(Slot::Waiting(job));
-            return Ok(());
-        };
-        if away {
-            self.ship(state, job)?;
-            self.slots.push_back(Slot::Away);
-        } else {
-            let r = state.run(job, false);
-            self.home = Some(state);
-            self.slots.push_back(Slot::Done(r));
+        if !away && self.slots.is_empty() {
+            // Back to one core: the state comes home (once) rather than every job going out.
+            self.home();
         }
+        let slot = match self.home.take() {
+            Some(state) if away => {
+                self.send(ToThread::Job(Some(state), job))?;
+                self.on_thread = true;
+                Slot::Away
+            }
+            Some(mut state) => {
+                let r = state.run(job, false);
+                self.home = Some(state);
+                Slot::Done(r)
+            }
+            None if self.on_thread => {
+                self.send(ToThread::Job(None, job))?;
+                Slot::Away
+            }
+            None => Slot::Done(Err(self.stopped())),
+        };
+        self.slots.push_back(slot);
         Ok(())
     }
 
     /// The oldest job's outcome (waits for the thread if it is there); `None` when nothing
     /// is queued.
     pub fn pop(&mut self) -> Option<Outcome<W>> {
-        let r = match self.slots.pop_front()? {
+        Some(match self.slots.pop_front()? {
             Slot::Done(r) => r,
-            Slot::Away => self.receive(),
-            Slot::Waiting(job) => match self.home.as_mut() {
-                Some(state) => state.run(job, false),
-                None => Err(self.stopped()),
+            Slot::Away => match self.recv() {
+                Some(FromThread::Done(r)) => r,
+                _ => Err(self.stopped()),
             },
-        };
-        // The next job waited for the state, which is back now (else the thread is gone and
-        // the job waits on, to fail when popped).
-        if matches!(self.slots.front(), Some(Slot::Waiting(_))) {
-            if let Some(state) = self.home.take() {
-                if let Some(Slot::Waiting(job)) = self.slots.pop_front() {
-                    let slot = match self.ship(state, job) {
-                        Ok(()) => Slot::Away,
-                        Err(e) => Slot::Done(Err(e)),
-                    };
-                    self.slots.push_front(slot);
-                }
-            }
-        }
-        Some(r)
+        })
     }
 
-    /// Sends the state and `job` to the thread (started if need be).
-    fn ship(&mut self, state: Box<W>, job: W::Job) -> Result<(), WalCodecError> {
+    /// Receives until the state is back, keeping the outcomes that come first in their slots.
+    fn call_home(&mut self) {
+        loop {
+            match self.recv() {
+                Some(FromThread::Home(state)) => {
+                    self.home = Some(state);
+                    return;
+                }
+                Some(FromThread::Done(r)) => {
+                    match self.slots.iter_mut().find(|s| matches!(s, Slot::Away)) {
+                        Some(slot) => *slot = Slot::Done(r),
+                        None => return,
+                    }
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Sends to the thread (started if need be).
+    fn send(&mut self, msg: ToThread<W>) -> Result<(), WalCodecError> {
         if self.thread.is_none() {
-            self.thread = Some(Thread::start(self.name)?);
+            self.thread = Some(Thread::start(self.name, self.max + 1)?);
         }
         let sent = self
             .thread
             .as_ref()
-            .and_then(|t| t.jobs.as_ref())
-            .is_some_and(|j| j.send((state, job)).is_ok());
+            .and_then(|t| t.to.as_ref())
+            .is_some_and(|to| to.send(msg).is_ok());
         if sent {
             Ok(())
         } else {
+            self.on_thread = false;
             Err(self.stopped())
         }
     }
 
-    /// The thread's outcome; the state comes home with it.
-    fn receive(&mut self) -> Outcome<W> {
-        let got = self.thread.as_mut().and_then(|t| t.done.recv().ok());
-        let Some((state, r)) = got else {
-            return Err(self.stopped());
-        };
-        self.home = Some(state);
-        r
+    fn recv(&mut self) -> Option<FromThread<W>> {
+        self.thread.as_ref().and_then(|t| t.from.recv().ok())
     }
 
     fn stopped(&self) -> WalCodecError {
@@ -165,24 +199,41 @@ impl<W: Work> Handoff<W> {
 }
 
 impl<W: Work> Thread<W> {
-    fn start(name: &'static str) -> Result<Thread<W>, WalCodecError> {
-        // One job at a time: the handoff ships the next only once the state came back.
-        let (jobs, queue) = mpsc::sync_channel::<(Box<W>, W::Job)>(1);
-        let (done_tx, done) = mpsc::sync_channel(1);
+    /// A thread whose channels hold `room` messages each.
+    fn start(name: &'static str, room: usize) -> Result<Thread<W>, WalCodecError> {
+        let (to, inbox) = mpsc::sync_channel::<ToThread<W>>(room);
+        let (back, from) = mpsc::sync_channel::<FromThread<W>>(room);
         let handle = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                for (mut state, job) in queue {
-                    let r = state.run(job, true);
-                    if done_tx.send((state, r)).is_err() {
+                let mut state: Option<Box<W>> = None;
+                for msg in inbox {
+                    let reply = match msg {
+                        ToThread::Job(with, job) => {
+                            if with.is_some() {
+                                state = with;
+                            }
+                            FromThread::Done(match state.as_mut() {
+                                Some(s) => s.run(job, true),
+                                None => Err(WalCodecError::Zstd(format!(
+                                    "the {name} thread got a job without its state"
+                                ))),
+                            })
+                        }
+                        ToThread::Home => match state.take() {
+                            Some(s) => FromThread::Home(s),
+                            None => return,
+                        },
+                    };
+                    if back.send(reply).is_err() {
                         return;
                     }
                 }
             })
             .map_err(|e| WalCodecError::Zstd(format!("cannot start the {name} thread: {e}")))?;
         Ok(Thread {
-            jobs: Some(jobs),
-            done,
+            to: Some(to),
+            from,
             handle: Some(handle),
         })
     }
@@ -190,8 +241,9 @@ impl<W: Work> Thread<W> {
 
 impl<W: Work> Drop for Thread<W> {
     fn drop(&mut self) {
-        // Closing the queue ends the thread once its job (at most one) is done.
-        self.jobs = None;
+        // Closing the inbox ends the thread once the jobs in it (at most `max`) are done;
+        // their outcomes fit in the way back.
+        self.to = None;
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -235,6 +287,21 @@ mod tests {
         assert_eq!(sums, want);
         assert!(got.iter().any(|g| g.1) && got.iter().any(|g| !g.1));
         assert!(h.home().is_some());
+    }
+
+    #[test]
+    fn the_state_comes_home_after_the_jobs_before_it() {
+        let mut h = Handoff::new(Sum(0), "test-handoff", 4);
+        for job in 1..=3 {
+            h.push(job, true).unwrap();
+        }
+        // Brought back while three jobs are on the thread: after them, their outcomes kept.
+        assert_eq!(h.home().unwrap().0, 6);
+        let got: Vec<_> = std::iter::from_fn(|| h.pop()).map(|r| r.unwrap()).collect();
+        assert_eq!(got, [(1, true), (3, true), (6, true)]);
+        // Nothing queued and one core asked for: here, with the state that came back.
+        h.push(4, false).unwrap();
+        assert_eq!(h.pop().unwrap().unwrap(), (10, false));
     }
 
     #[test]

@@ -35,8 +35,8 @@
 //! a staged message's streams on a thread while the caller transforms the next message
 //! (`Encoder::stage`, `encoder/sealer.rs`), the decoder decompresses a staged message's
 //! sections while the caller restores the message before (`Decoder::stage`,
-//! `decoder/unpacker.rs`); the zstd contexts travel with the message, so the bytes do not
-//! depend on it. A large message decoded without being staged has its sections decompressed
+//! `decoder/unpacker.rs`); the zstd contexts move to the thread and back, never used by two
+//! threads at once, so the bytes do not depend on it. A large message decoded without being staged has its sections decompressed
 //! on several threads at once (`payload.rs`). Images the primary compressed are compressed
 //! again on a worker thread (`imgworker.rs`) while the message goes on: the encoder's
 //! checks (`encoder/verify.rs`), the decoder's restoring (`decoder/deferred.rs`). The worker

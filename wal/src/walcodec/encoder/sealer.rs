@@ -6,9 +6,10 @@
 //! a bulk load spends about three quarters of its encoding in the second half, pgbench about
 //! a quarter. [`Encoder::stage`] does the first half and hands the message to a
 //! [`Handoff`] of the zstd contexts ([`Sections`]): compressed here at once when the caller
-//! did not allow more than one core or the streams hold less than [`AWAY_MIN`] bytes, else on
-//! the `walcodec-sections` thread, the contexts travelling with the message so that each
-//! sees its messages in order and the payload bytes are those made here.
+//! did not allow more than one core or the streams hold less than [`AWAY_MIN`] bytes (and the
+//! contexts are here), else on the `walcodec-sections` thread, where the contexts go and stay
+//! while messages follow, so that each sees its messages in order and the payload bytes are
+//! those made here.
 //! [`Encoder::collect`] takes the oldest payload.
 //!
 //! Bounds: at most [`STAGED_MAX`] messages are staged and not collected (one compressing, the
