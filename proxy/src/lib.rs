@@ -55,6 +55,8 @@ pub mod pgio;
 pub mod relay;
 pub mod spool;
 pub mod spooler;
+#[cfg(test)]
+mod testwal;
 pub mod tls;
 pub mod upstream;
 pub mod walsender;

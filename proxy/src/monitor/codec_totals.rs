@@ -160,24 +160,12 @@ impl Drop for SessionCodecStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CodecKind;
-    use walrelay_wal::linkcodec::Setup;
     use walrelay_wal::lsn::Lsn;
 
     /// Two sessions' deltas add up, and stay counted after a session ends.
     #[test]
     fn totals_survive_sessions() {
-        let setup = Setup {
-            kind: CodecKind::Wal,
-            zstd_level: 3,
-            window_log: 20,
-            wal: walrelay_wal::walcodec::CodecParams {
-                pg_major: Some(walrelay_wal::pg::PgMajor::V15),
-                block_cache_bytes: 1 << 20,
-                zstd_level: 3,
-                max_message_bytes: 1 << 20,
-            },
-        };
+        let setup = crate::testwal::wal_setup();
         let totals = CodecTotals::default();
         let mut out = Vec::new();
         for _ in 0..2 {

@@ -4,37 +4,20 @@
 use std::time::Duration;
 
 use super::*;
-use crate::config::CodecKind;
+use crate::testwal::{raw_run, wal_setup};
 use walrelay_proto::frame::{self, WalHeader};
-use walrelay_wal::linkcodec::{Setup, WalEncoder};
+use walrelay_wal::linkcodec::WalEncoder;
 
 const RUN: usize = 96 * 1024;
 
-fn setup() -> Setup {
-    Setup {
-        kind: CodecKind::Wal,
-        zstd_level: 3,
-        window_log: 20,
-        wal: walrelay_wal::walcodec::CodecParams {
-            pg_major: Some(walrelay_wal::pg::PgMajor::V15),
-            block_cache_bytes: 1 << 20,
-            zstd_level: 3,
-            max_message_bytes: 1 << 20,
-        },
-    }
-}
-
-/// Bytes the codec passes raw (not WAL it locks on), compressible, different per frame.
 fn run_bytes(i: usize) -> Vec<u8> {
-    (0..RUN)
-        .map(|k| ((k / 7) as u8).wrapping_mul(31) ^ (i as u8) ^ ((k % 5) as u8))
-        .collect()
+    raw_run(i, RUN)
 }
 
 /// The frames the upstream would send: frame `i` holds one WAL run, every third one two runs
 /// with a keepalive between them.
 fn frames(n: usize) -> (Vec<Bytes>, Vec<u8>) {
-    let mut enc = WalEncoder::new(&setup()).unwrap();
+    let mut enc = WalEncoder::new(&wal_setup()).unwrap();
     let mut state = DownState::default();
     let (mut out, mut all, mut payload) = (Vec::new(), Vec::new(), Vec::new());
     let mut at = 0x100_0000u64;
@@ -77,7 +60,7 @@ async fn frames_staged_ahead_pass_on_in_order() {
     const FRAMES: usize = 40;
     let (frames, want) = frames(FRAMES);
     let metrics = Arc::new(Metrics::default());
-    let decoder = WalDecoder::new(&setup()).unwrap();
+    let decoder = WalDecoder::new(&wal_setup()).unwrap();
     let caps = Caps {
         max_raw: 1 << 20,
         max_frame: 4 << 20,

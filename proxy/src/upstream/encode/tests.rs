@@ -4,30 +4,13 @@
 use std::time::Duration;
 
 use super::*;
-use crate::config::CodecKind;
-use walrelay_wal::linkcodec::{Setup, WalDecoder};
+use crate::testwal::{raw_run, wal_setup};
+use walrelay_wal::linkcodec::WalDecoder;
 
 const RUN: usize = 96 * 1024;
 
-fn setup() -> Setup {
-    Setup {
-        kind: CodecKind::Wal,
-        zstd_level: 3,
-        window_log: 20,
-        wal: walrelay_wal::walcodec::CodecParams {
-            pg_major: Some(walrelay_wal::pg::PgMajor::V15),
-            block_cache_bytes: 1 << 20,
-            zstd_level: 3,
-            max_message_bytes: 1 << 20,
-        },
-    }
-}
-
-/// Bytes the codec passes raw (not WAL it locks on), compressible, different per batch.
 fn run_bytes(i: usize) -> Vec<u8> {
-    (0..RUN)
-        .map(|k| ((k / 7) as u8).wrapping_mul(31) ^ (i as u8) ^ ((k % 5) as u8))
-        .collect()
+    raw_run(i, RUN)
 }
 
 /// Batch `i`: one WAL run; every third batch two runs with a keepalive between them (a
@@ -72,7 +55,7 @@ fn job(i: usize, at: &mut u64) -> (Job, Vec<u8>) {
 async fn batches_staged_ahead_restore_in_order() {
     let metrics = Arc::new(Metrics::default());
     let framer = Framer {
-        encoder: WalEncoder::new(&setup()).unwrap(),
+        encoder: WalEncoder::new(&wal_setup()).unwrap(),
         state: DownState::default(),
         codec_stats: metrics.ops.codec.session(),
         metrics: metrics.clone(),
@@ -95,7 +78,7 @@ async fn batches_staged_ahead_restore_in_order() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let mut state = DownState::default();
-    let mut dec = WalDecoder::new(&setup()).unwrap();
+    let mut dec = WalDecoder::new(&wal_setup()).unwrap();
     let (mut got, mut restored) = (Vec::new(), Vec::new());
     let mut next = 0x100_0000u64;
     let mut keepalives = 0;
