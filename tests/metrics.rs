@@ -272,12 +272,12 @@ async fn metrics_status_page_and_dashboard() {
     assert!(value(&samples, "walrelay_block_cache_bytes", &[]) > 0.0);
     // Exported for both halves (they move only when a stage falls behind).
     for half in ["upstream", "downstream"] {
-        let v = value(
-            &samples,
+        for name in [
             "walrelay_codec_parallel_messages_total",
-            &[("half", half)],
-        );
-        assert!(v >= 0.0);
+            "walrelay_codec_staged_messages_total",
+        ] {
+            assert!(value(&samples, name, &[("half", half)]) >= 0.0);
+        }
     }
     // The spool's disk time: appends happened, and the periodic fsync ran.
     assert!(value(&samples, "walrelay_spool_write_seconds_total", &[]) > 0.0);

@@ -27,6 +27,9 @@ pub struct Metrics {
     /// Batches encoded (upstream) and frames restored (downstream) with the codec's extra
     /// threads allowed (the stage's queue was full: `WalEncoder::set_parallel`).
     pub codec_parallel_messages: [AtomicU64; 2],
+    /// WAL runs staged ahead: encoded in two halves (upstream, `WalEncoder::stage`) or their
+    /// sections decompressed ahead (downstream, `WalDecoder::stage`).
+    pub codec_staged_messages: [AtomicU64; 2],
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Tunnels (`crate::walsender::tunnel`), per half ([upstream, downstream]): open now, and protocol

@@ -324,6 +324,15 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
             Some(count(&m.codec_parallel_messages[1])),
         ],
     );
+    e.halves(
+        "walrelay_codec_staged_messages_total",
+        "counter",
+        "WAL runs staged one batch ahead while behind: compressed on the codec's section thread while the next was transformed (upstream), sections decompressed while the run before was restored (downstream).",
+        [
+            Some(count(&m.codec_staged_messages[0])),
+            Some(count(&m.codec_staged_messages[1])),
+        ],
+    );
 }
 
 /// What the wal codec did: bytes by kind and by resource manager, images, caches, tuples.

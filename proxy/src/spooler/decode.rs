@@ -252,6 +252,7 @@ impl Decoding {
             }
         }
         self.ahead = Some(state);
+        Metrics::add(&self.metrics.codec_staged_messages[1], runs as u64);
         true
     }
 

@@ -304,6 +304,7 @@ impl Framer {
                     .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
             }
         }
+        Metrics::add(&metrics.codec_staged_messages[0], runs as u64);
         Ok(true)
     }
 

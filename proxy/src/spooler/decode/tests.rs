@@ -104,4 +104,5 @@ async fn frames_staged_ahead_pass_on_in_order() {
     assert_eq!(keepalives, FRAMES.div_ceil(3));
     // The queue was full behind some frames: those were staged ahead.
     assert!(metrics.codec_parallel_messages[1].load(Ordering::Relaxed) > 0);
+    assert!(metrics.codec_staged_messages[1].load(Ordering::Relaxed) > 0);
 }

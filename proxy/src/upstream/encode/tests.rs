@@ -122,4 +122,5 @@ async fn batches_staged_ahead_restore_in_order() {
         .unwrap();
     // The queue was full behind some batches: those were staged ahead.
     assert!(metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0);
+    assert!(metrics.codec_staged_messages[0].load(Ordering::Relaxed) > 0);
 }
