@@ -203,14 +203,6 @@ impl EncodeStage {
 }
 
 impl Job {
-    /// WAL runs in the batch (each a message of the codec).
-    fn wal_runs(&self) -> usize {
-        self.parts
-            .iter()
-            .filter(|p| matches!(p, Part::Wal { .. }))
-            .count()
-    }
-
     fn wal_bytes(&self) -> usize {
         self.parts
             .iter()
@@ -220,6 +212,14 @@ impl Job {
             })
             .sum()
     }
+}
+
+/// WAL runs among `parts` (each a message of the codec).
+fn wal_runs(parts: &[Part]) -> usize {
+    parts
+        .iter()
+        .filter(|p| matches!(p, Part::Wal { .. }))
+        .count()
 }
 
 struct EncodeThread {
@@ -270,7 +270,7 @@ impl EncodeThread {
         behind: bool,
         ahead: &mut Option<(Job, bool)>,
     ) -> Result<(), Status> {
-        if !behind || ahead.is_some() || job.wal_runs() == 0 {
+        if !behind || ahead.is_some() || wal_runs(&job.parts) == 0 {
             return Ok(());
         }
         let Ok(next) = self.jobs.try_recv() else {
@@ -279,7 +279,7 @@ impl EncodeThread {
         if !*staged {
             *staged = self.out.stage(job)?;
         }
-        let next_staged = *staged && next.wal_runs() > 0 && self.out.stage(&next)?;
+        let next_staged = *staged && wal_runs(&next.parts) > 0 && self.out.stage(&next)?;
         *ahead = Some((next, next_staged));
         Ok(())
     }
@@ -289,10 +289,7 @@ impl Framer {
     /// Stages the parts' WAL runs (`WalEncoder::stage`) for [`Framer::frame`]; false, and
     /// nothing staged, when they would not fit beside the runs staged already.
     pub fn stage(&mut self, parts: &[Part]) -> Result<bool, Status> {
-        let runs = parts
-            .iter()
-            .filter(|p| matches!(p, Part::Wal { .. }))
-            .count();
+        let runs = wal_runs(parts);
         if self.encoder.staged() + runs > STAGED_MAX {
             return Ok(false);
         }

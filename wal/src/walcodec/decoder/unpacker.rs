@@ -75,7 +75,6 @@ impl Contexts {
 
 /// A message's sections, decompressed.
 pub(crate) struct Unpacked {
-    start: Lsn,
     raw_len: usize,
     /// The payload, when staged (empty when decompressed from the caller's).
     payload: Vec<u8>,
@@ -118,15 +117,14 @@ impl Unpacker {
         self.handoff.len()
     }
 
-    fn fresh(&mut self, start: Lsn, raw_len: usize) -> Unpacked {
+    fn fresh(&mut self, raw_len: usize) -> Unpacked {
         let mut u = self.spare.pop().unwrap_or_else(|| Unpacked {
-            start,
             raw_len,
             payload: Vec::new(),
             bufs: vec![Vec::new(); STREAMS],
             fpi_at: 0,
         });
-        (u.start, u.raw_len, u.fpi_at) = (start, raw_len, 0);
+        (u.raw_len, u.fpi_at) = (raw_len, 0);
         u
     }
 
@@ -139,7 +137,7 @@ impl Unpacker {
         raw_len: usize,
         away: bool,
     ) -> Result<(), WalCodecError> {
-        let mut u = self.fresh(start, raw_len);
+        let mut u = self.fresh(raw_len);
         u.payload.clear();
         u.payload.extend_from_slice(payload);
         self.handoff.push(u, away && payload.len() >= AWAY_MIN)?;
@@ -157,7 +155,7 @@ impl Unpacker {
         parallel: bool,
     ) -> Result<Unpacked, WalCodecError> {
         let Some(key) = self.keys.pop_front() else {
-            let mut u = self.fresh(start, raw_len);
+            let mut u = self.fresh(raw_len);
             u.payload.clear();
             let contexts = self.handoff.home().ok_or_else(|| {
                 WalCodecError::Zstd("the session's zstd contexts were lost with a thread".into())
