@@ -17,6 +17,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use walrelay_harness::bench::micro::{decode_all, encode_all, Cores};
 use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::CodecParams;
@@ -53,25 +54,19 @@ fn main() -> Result<()> {
         },
     };
     let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
-    let staged = std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1");
+    let cores = match std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1") {
+        true => Cores::Staged,
+        false => Cores::One,
+    };
+    let msgs: Vec<(Lsn, &[u8])> = wal
+        .chunks(MESSAGE)
+        .enumerate()
+        .map(|(i, c)| (at(i), c))
+        .collect();
     let mut enc = WalEncoder::new(&setup)?;
-    enc.set_parallel(staged);
-    let (mut encoded, mut out) = (Vec::new(), Vec::new());
+    enc.set_parallel(cores == Cores::Staged);
     let t = Instant::now();
-    for (i, chunk) in wal.chunks(MESSAGE).enumerate() {
-        if !staged {
-            enc.encode(at(i), chunk, &mut out)?;
-            encoded.push(out.clone());
-            continue;
-        }
-        enc.stage(at(i), chunk)?;
-        if i > 0 && enc.collect(&mut out)? {
-            encoded.push(out.clone());
-        }
-    }
-    while enc.collect(&mut out)? {
-        encoded.push(out.clone());
-    }
+    let encoded = encode_all(&mut enc, &msgs, cores)?;
     let mb = wal.len() as f64 / 1e6;
     let bytes: usize = encoded.iter().map(Vec::len).sum();
     println!(
@@ -99,27 +94,9 @@ fn main() -> Result<()> {
     }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
-        dec.set_parallel(staged);
+        dec.set_parallel(cores == Cores::Staged);
         let t = Instant::now();
-        let chunks: Vec<&[u8]> = wal.chunks(MESSAGE).collect();
-        for (i, (chunk, payload)) in chunks.iter().zip(&encoded).enumerate() {
-            if staged {
-                if i == 0 {
-                    dec.stage(at(0), payload, chunk.len(), MESSAGE)?;
-                }
-                if let Some((next, pl)) = chunks.get(i + 1).zip(encoded.get(i + 1)) {
-                    dec.stage(at(i + 1), pl, next.len(), MESSAGE)?;
-                }
-            }
-            dec.decode(
-                at(i),
-                payload,
-                chunk.len(),
-                MESSAGE,
-                checksum(chunk),
-                &mut out,
-            )?;
-        }
+        decode_all(&mut dec, &msgs, &encoded, |i| checksum(msgs[i].1), cores)?;
         println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
     }
     Ok(())

@@ -81,7 +81,7 @@ fn process_cpu_ns() -> u64 {
 
 /// How a pass runs the codec.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Cores {
+pub enum Cores {
     /// One message at a time, one core (`set_parallel(false)`).
     One,
     /// As the relay's stages do while behind: more than one core allowed, each message
@@ -143,7 +143,7 @@ fn pass(
     let stats = enc.wal_stats().cloned();
     let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    decode_all(&mut dec, &msgs, &encoded, &sums, cores)?;
+    decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
     let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
     let dec_wall = wall.elapsed().as_secs_f64();
     let mb = wal.len() as f64 / 1e6;
@@ -159,7 +159,11 @@ fn pass(
 
 /// Every message's payload, in order; [`Cores::Staged`]: each message staged before the one
 /// before it is collected.
-fn encode_all(enc: &mut WalEncoder, msgs: &[(Lsn, &[u8])], cores: Cores) -> Result<Vec<Vec<u8>>> {
+pub fn encode_all(
+    enc: &mut WalEncoder,
+    msgs: &[(Lsn, &[u8])],
+    cores: Cores,
+) -> Result<Vec<Vec<u8>>> {
     let mut encoded = Vec::with_capacity(msgs.len());
     let mut out = Vec::new();
     for (i, (at, chunk)) in msgs.iter().enumerate() {
@@ -183,13 +187,14 @@ fn encode_all(enc: &mut WalEncoder, msgs: &[(Lsn, &[u8])], cores: Cores) -> Resu
     Ok(encoded)
 }
 
-/// Restores and checks every message; [`Cores::Staged`]: each payload staged before the
-/// message before it is restored.
-fn decode_all(
+/// Restores every message and checks it against `sum(i)`, its checksum (computed
+/// beforehand, or then); [`Cores::Staged`]: each payload staged before the message before it
+/// is restored.
+pub fn decode_all(
     dec: &mut WalDecoder,
     msgs: &[(Lsn, &[u8])],
     encoded: &[Vec<u8>],
-    sums: &[u64],
+    sum: impl Fn(usize) -> u64,
     cores: Cores,
 ) -> Result<()> {
     let mut out = Vec::new();
@@ -201,7 +206,7 @@ fn decode_all(
         if let (true, Some(((next, c), p))) = (staged, msgs.get(i + 1).zip(encoded.get(i + 1))) {
             dec.stage(*next, p, c.len(), MESSAGE)?;
         }
-        dec.decode(*at, payload, chunk.len(), MESSAGE, sums[i], &mut out)?;
+        dec.decode(*at, payload, chunk.len(), MESSAGE, sum(i), &mut out)?;
     }
     Ok(())
 }
