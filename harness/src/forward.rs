@@ -46,9 +46,17 @@ pub struct Forwarder {
 impl Forwarder {
     /// Listens on a free port of 127.0.0.1 and forwards each connection to `target`. The port
     /// comes from [`free_port`], so it is never one handed out (and released) for a process
-    /// that has not started listening yet.
+    /// that has not started listening yet. Between [`free_port`] releasing the port and the
+    /// bind here, another process may take it (an outgoing connection's ephemeral port): then
+    /// another port is tried, a few times.
     pub fn start(target: u16) -> Result<Forwarder, ForwardError> {
-        let listener = TcpListener::bind(("127.0.0.1", free_port()))?;
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", free_port())) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 10 => tries += 1,
+                r => break r?,
+            }
+        };
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             up: AtomicBool::new(true),
