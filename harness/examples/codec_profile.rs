@@ -13,14 +13,16 @@
 //! writes faster than one core encodes: more than one core allowed, each message staged
 //! while the one before is compressed on the section thread (`WalEncoder::stage`), and
 //! decodes likewise (`WalDecoder::stage`: a message's sections decompressed on a thread
-//! while the one before is restored).
+//! while the one before is restored). `WALRELAY_WARM_MB=N` first passes the file's first N MB
+//! through both codecs untimed and times the rest: a steady state, with the block cache
+//! holding the pages the first part imaged (the numbers and counts printed are the rest's).
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use walrelay_harness::bench::micro::{decode_all, encode_all, Cores};
 use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
 use walrelay_wal::lsn::Lsn;
-use walrelay_wal::walcodec::CodecParams;
+use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 const MESSAGE: usize = 128 * 1024;
 
@@ -58,22 +60,36 @@ fn main() -> Result<()> {
         true => Cores::Staged,
         false => Cores::One,
     };
-    let msgs: Vec<(Lsn, &[u8])> = wal
+    let warm_mb: usize = match std::env::var("WALRELAY_WARM_MB") {
+        Ok(m) => m.parse().context("WALRELAY_WARM_MB")?,
+        Err(_) => 0,
+    };
+    let all: Vec<(Lsn, &[u8])> = wal
         .chunks(MESSAGE)
         .enumerate()
         .map(|(i, c)| (at(i), c))
         .collect();
+    let (warm, msgs) = all.split_at(((warm_mb << 20) / MESSAGE).min(all.len()));
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
+    let warm_encoded = encode_all(&mut enc, warm, cores)?;
+    let before = enc.wal_stats().cloned().unwrap_or_default();
     let t = Instant::now();
-    let encoded = encode_all(&mut enc, &msgs, cores)?;
-    let mb = wal.len() as f64 / 1e6;
+    let encoded = encode_all(&mut enc, msgs, cores)?;
+    let mb = msgs.iter().map(|(_, c)| c.len()).sum::<usize>() as f64 / 1e6;
     let bytes: usize = encoded.iter().map(Vec::len).sum();
+    if !warm.is_empty() {
+        println!(
+            "warmed on {} MB (untimed); timed: the rest",
+            (warm.len() * MESSAGE) >> 20
+        );
+    }
     println!(
         "encode {:.0} MB/s, {bytes} B",
         mb / t.elapsed().as_secs_f64()
     );
-    if let Some(st) = enc.wal_stats() {
+    if let Some(now) = enc.wal_stats() {
+        let st = since(&before, now);
         println!(
             "images: {} recompressed, {} did not reproduce, {} undecodable, {} opaque",
             st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
@@ -88,16 +104,46 @@ fn main() -> Result<()> {
             .collect();
         println!("sections MB in → out: {}", sections.join(", "));
         println!(
-            "records {}, images {} ({} cache hits, {} identical), image ops by kind {:?}",
-            st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.image_ops
+            "records {}, images {} ({} cache hits: {} identical, the rest in {} B of frames), \
+             image ops by kind {:?}",
+            st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
         );
     }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
         dec.set_parallel(cores == Cores::Staged);
+        decode_all(
+            &mut dec,
+            warm,
+            &warm_encoded,
+            |i| checksum(warm[i].1),
+            cores,
+        )?;
         let t = Instant::now();
-        decode_all(&mut dec, &msgs, &encoded, |i| checksum(msgs[i].1), cores)?;
+        decode_all(&mut dec, msgs, &encoded, |i| checksum(msgs[i].1), cores)?;
         println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// The counters `now` less `before` (the timed part's, after a warm-up).
+fn since(before: &CodecStats, now: &CodecStats) -> CodecStats {
+    let sub = |a: &[u64], b: &[u64]| -> Vec<u64> { a.iter().zip(b).map(|(x, y)| x - y).collect() };
+    let mut st = now.clone();
+    st.fpi_recompressed -= before.fpi_recompressed;
+    st.fpi_recompress_mismatch -= before.fpi_recompress_mismatch;
+    st.fpi_undecodable -= before.fpi_undecodable;
+    st.fpi_opaque -= before.fpi_opaque;
+    st.records -= before.records;
+    st.fpis -= before.fpis;
+    st.fpi_cache_hits -= before.fpi_cache_hits;
+    st.fpi_identical -= before.fpi_identical;
+    st.fpi_hit_out -= before.fpi_hit_out;
+    st.section_in
+        .copy_from_slice(&sub(&now.section_in, &before.section_in));
+    st.section_out
+        .copy_from_slice(&sub(&now.section_out, &before.section_out));
+    st.image_ops
+        .copy_from_slice(&sub(&now.image_ops, &before.image_ops));
+    st
 }
