@@ -82,6 +82,13 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         both(&["w", "raw", "messages"]) > 0.0,
         "no link message counted"
     );
+    // W's staged-ahead counters are read from its /metrics (a tiny load seldom falls behind,
+    // so only that they were read); Z is not scraped.
+    for half in ["upstream_staged", "downstream_staged"] {
+        let w = &r["steady"]["w"][half];
+        assert!(w.as_f64().is_some_and(|n| n >= 0.0), "W {half}: {w}");
+        assert!(r["steady"]["z"][half].is_null(), "Z {half} was not scraped");
+    }
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
     assert_eq!(

@@ -39,6 +39,9 @@ pub struct PairCounters {
     pub messages: f64,
     /// `walrelay_link_payload_bytes_total{half="upstream"}`: the WAL payload bytes sent.
     pub payload: f64,
+    /// `walrelay_codec_staged_messages_total` of the upstream's and the downstream's half:
+    /// WAL runs each staged one batch ahead while behind (NaN when not scraped).
+    pub staged: [f64; 2],
 }
 
 /// `primary_conninfo` of a standby streaming through the downstream on `down_port`.
@@ -149,6 +152,7 @@ impl RelayPair {
                 .context("the downstream is gone")?,
             messages: f64::NAN,
             payload: f64::NAN,
+            staged: [f64::NAN; 2],
         };
         if scrape {
             let (up, down) = tokio::try_join!(
@@ -162,6 +166,11 @@ impl RelayPair {
                 "walrelay_link_payload_bytes_total",
                 &[("half", "upstream")],
             );
+            let staged = "walrelay_codec_staged_messages_total";
+            c.staged = [
+                prom::sum(&up, staged, &[("half", "upstream")]),
+                prom::sum(&down, staged, &[("half", "downstream")]),
+            ];
             return Ok((c, RelayPositions::from_scrapes(&up, &down)));
         }
         Ok((c, None))

@@ -89,6 +89,10 @@ pub struct PairWindow {
     /// CPU seconds per second of the window: the cores each half kept busy.
     pub upstream_cores: f64,
     pub downstream_cores: f64,
+    /// WAL runs each half staged one batch ahead while behind, over the window
+    /// (`walrelay_codec_staged_messages_total`; None when not scraped).
+    pub upstream_staged: Option<f64>,
+    pub downstream_staged: Option<f64>,
     pub max_replay_lag_bytes: u64,
     /// The part of the replay lag that is WAL not yet received: the relay path's share.
     pub max_receive_lag_bytes: u64,
@@ -139,6 +143,8 @@ impl Window {
                 downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
                 upstream_cores: ratio(p.cpu_up_s, p.t1 - p.t0),
                 downstream_cores: ratio(p.cpu_down_s, p.t1 - p.t0),
+                upstream_staged: p.staged_up,
+                downstream_staged: p.staged_down,
                 max_replay_lag_bytes: p.max_replay_lag,
                 max_receive_lag_bytes: p.max_receive_lag,
                 receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
@@ -207,7 +213,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -224,7 +230,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -243,6 +249,8 @@ impl Report {
                 pz.downstream_cpu_s_per_gb,
                 pw.upstream_cores,
                 pw.downstream_cores,
+                opt(pw.upstream_staged, 0),
+                opt(pw.downstream_staged, 0),
                 mb(pw.max_replay_lag_bytes),
                 mb(pz.max_replay_lag_bytes),
                 mb(w.direct_max_replay_lag_bytes),

@@ -141,6 +141,10 @@ pub struct PairCut {
     /// None when not scraped (pair Z).
     pub messages: Option<f64>,
     pub payload: Option<f64>,
+    /// WAL runs the upstream and the downstream staged ahead while behind (None when not
+    /// scraped).
+    pub staged_up: Option<f64>,
+    pub staged_down: Option<f64>,
     /// Largest primary position − standby replay position over the window's samples.
     pub max_replay_lag: u64,
     /// Largest primary position − standby receive position: the part of the lag that is the
@@ -200,6 +204,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             cpu_down_s: b.cpu_down - a.cpu_down,
             messages: num(a.messages, b.messages),
             payload: num(a.payload, b.payload),
+            staged_up: num(a.staged[0], b.staged[0]),
+            staged_down: num(a.staged[1], b.staged[1]),
             max_replay_lag: lag.replayed,
             max_receive_lag: lag.received,
         })
@@ -323,6 +329,7 @@ mod tests {
             cpu_down: t / 2.0,
             messages: f64::NAN,
             payload: f64::NAN,
+            staged: [3.0 * t, t],
         };
         Sample {
             t,
@@ -359,6 +366,12 @@ mod tests {
         assert_eq!(c.pairs[1].max_replay_lag, 105);
         assert_eq!((c.direct_max_receive_lag, c.direct_max_replay_lag), (0, 1));
         assert!(c.pairs[0].messages.is_none());
+        // Counters are charged over the same samples as the bytes.
+        assert_eq!(
+            (c.pairs[0].staged_up, c.pairs[0].staged_down),
+            (Some(6.0), Some(2.0))
+        );
+        assert_eq!(c.pairs[1].staged_up, Some(6.0));
         assert!(cut(&samples, 0.0, 5.0).is_err());
     }
 
