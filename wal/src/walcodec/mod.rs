@@ -93,8 +93,9 @@
 //! - RAW: bytes passed through as they are;
 //! - IMG: image bytes that do not go through the cache (odd images, and compressed ones that
 //!   do not decompress or would not be compressed back to the same bytes);
-//! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB for which the
-//!   cache has no reference page at all (the stream's window holds the other recent pages);
+//! - PAGE: whole 8192-byte pages (hole zero filled) of images of at least 1 KiB that are not
+//!   cache hits, unless the block's known tuples make up half of the image (the stream's
+//!   window holds the other recent pages; the encoder chooses, the format allows either);
 //! - MAIN: main data of records (rmgr structs; kept apart from tuples: 4% smaller).
 //!
 //! FPI is not compressed further: it is the concatenation of magicless zstd frames, each
