@@ -196,14 +196,18 @@ fn count(a: &AtomicU64) -> f64 {
     a.load(Relaxed) as f64
 }
 
+/// The values of a counter kept per half ([upstream, downstream]), for [`Expo::halves`].
+fn per_half(a: &[AtomicU64; 2]) -> [Option<f64>; 2] {
+    a.each_ref().map(|x| Some(count(x)))
+}
+
 /// Tunnels: open now, bytes relayed per direction, messages refused, cancel requests.
 fn tunnel_families(e: &mut Expo, m: &Metrics) {
-    let [up, down] = &m.tunnels_active;
     e.halves(
         "walrelay_tunnels",
         "gauge",
         "Tunnels open now (base backups, logical replication and SQL sessions carried to the primary).",
-        [Some(count(up)), Some(count(down))],
+        per_half(&m.tunnels_active),
     );
     let name = "walrelay_tunnel_bytes_total";
     e.family(
@@ -319,19 +323,13 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
         "walrelay_codec_parallel_messages_total",
         "counter",
         "Batches encoded (upstream) and frames restored (downstream) while the stage's queue was full, with the codec's extra threads allowed.",
-        [
-            Some(count(&m.codec_parallel_messages[0])),
-            Some(count(&m.codec_parallel_messages[1])),
-        ],
+        per_half(&m.codec_parallel_messages),
     );
     e.halves(
         "walrelay_codec_staged_messages_total",
         "counter",
         "WAL runs staged one batch ahead while behind: compressed on the codec's section thread while the next was transformed (upstream), sections decompressed while the run before was restored (downstream).",
-        [
-            Some(count(&m.codec_staged_messages[0])),
-            Some(count(&m.codec_staged_messages[1])),
-        ],
+        per_half(&m.codec_staged_messages),
     );
 }
 
