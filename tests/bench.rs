@@ -89,6 +89,34 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         assert!(w.as_f64().is_some_and(|n| n >= 0.0), "W {half}: {w}");
         assert!(r["steady"]["z"][half].is_null(), "Z {half} was not scraped");
     }
+    // Waiting for a core is read per half from each process's threads and for the machine
+    // from its CPU pressure, where the kernel keeps them (this one's do, when the files exist).
+    let schedstat = std::path::Path::new("/proc/self/schedstat").exists();
+    let psi = std::path::Path::new("/proc/pressure/cpu").exists();
+    for w in ["cold", "steady"] {
+        for pair in ["w", "z"] {
+            for half in ["upstream_waiting_cores", "downstream_waiting_cores"] {
+                let v = &r[w][pair][half];
+                match schedstat {
+                    true => assert!(
+                        v.as_f64().is_some_and(|x| x >= 0.0),
+                        "{w} {pair} {half}: {v}"
+                    ),
+                    false => assert!(v.is_null(), "{w} {pair} {half}: {v}"),
+                }
+            }
+        }
+        let p = &r[w]["cpu_pressure"];
+        match psi {
+            // A share of the window (sampling may stretch it a little past 1).
+            true => assert!(
+                p.as_f64().is_some_and(|x| (0.0..1.5).contains(&x)),
+                "{w}: {p}"
+            ),
+            false => assert!(p.is_null(), "{w}: {p}"),
+        }
+    }
+    assert!(stdout.contains("Waiting for a core"), "{stdout}");
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
     assert_eq!(

@@ -10,6 +10,8 @@
 //!   recorded WAL of real primaries ([`cluster::walrec`]).
 //! - [`relayproc`]: `walrelay run --config FILE` as a child process: start, wait for its
 //!   ports, signal, stop, CPU time.
+//! - [`cpuwait`]: time runnable threads waited for a core (schedstat per process, CPU
+//!   pressure of the machine), read by the bench beside CPU time.
 //! - [`forward`]: a TCP forwarder for the link socket: counts bytes both ways; can cut, freeze
 //!   or corrupt the link (tests).
 //! - [`certs`]: throw-away CA and certificates (rcgen), mutual-TLS material of a link.
@@ -23,6 +25,7 @@
 pub mod bench;
 pub mod certs;
 pub mod cluster;
+pub mod cpuwait;
 pub mod demo;
 pub mod forward;
 pub mod prom;

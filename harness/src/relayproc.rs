@@ -209,6 +209,12 @@ impl RelayProcess {
         process_cpu_seconds(self.pid()?)
     }
 
+    /// Seconds its threads have waited for a core so far ([`crate::cpuwait`]; None when not
+    /// running or not kept by the kernel).
+    pub fn cpu_wait_seconds(&self) -> Option<f64> {
+        crate::cpuwait::process_wait_seconds(self.pid()?)
+    }
+
     pub fn log_text(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
     }

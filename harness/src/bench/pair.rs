@@ -34,6 +34,10 @@ pub struct PairCounters {
     /// CPU seconds of the upstream and the downstream process.
     pub cpu_up: f64,
     pub cpu_down: f64,
+    /// Seconds the upstream's and the downstream's threads waited for a core (NaN where the
+    /// kernel does not keep it).
+    pub wait_up: f64,
+    pub wait_down: f64,
     /// Link messages, summed over every `walrelay_link_messages_sent_total` series of both
     /// processes (NaN when not scraped).
     pub messages: f64,
@@ -150,6 +154,8 @@ impl RelayPair {
                 .downstream
                 .cpu_seconds()
                 .context("the downstream is gone")?,
+            wait_up: self.upstream.cpu_wait_seconds().unwrap_or(f64::NAN),
+            wait_down: self.downstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],

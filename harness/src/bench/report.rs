@@ -69,6 +69,9 @@ pub struct Window {
     pub direct_max_receive_lag_bytes: u64,
     /// Largest lag behind the primary at each stage of each path, bytes.
     pub stages: StageLags,
+    /// Share of the window during which some runnable task on the machine waited for a core
+    /// (`/proc/pressure/cpu`; None where the kernel does not keep it).
+    pub cpu_pressure: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,6 +96,10 @@ pub struct PairWindow {
     /// (`walrelay_codec_staged_messages_total`; None when not scraped).
     pub upstream_staged: Option<f64>,
     pub downstream_staged: Option<f64>,
+    /// Seconds each half's threads spent runnable but waiting for a core, per second of the
+    /// window (schedstat; None where the kernel does not keep it).
+    pub upstream_waiting_cores: Option<f64>,
+    pub downstream_waiting_cores: Option<f64>,
     pub max_replay_lag_bytes: u64,
     /// The part of the replay lag that is WAL not yet received: the relay path's share.
     pub max_receive_lag_bytes: u64,
@@ -145,6 +152,8 @@ impl Window {
                 downstream_cores: ratio(p.cpu_down_s, p.t1 - p.t0),
                 upstream_staged: p.staged_up,
                 downstream_staged: p.staged_down,
+                upstream_waiting_cores: p.wait_up_s.map(|w| ratio(w, p.t1 - p.t0)),
+                downstream_waiting_cores: p.wait_down_s.map(|w| ratio(w, p.t1 - p.t0)),
                 max_replay_lag_bytes: p.max_replay_lag,
                 max_receive_lag_bytes: p.max_receive_lag,
                 receipt_delay_s: (p.t0 - cut.t_start).max(p.t1 - cut.t_end),
@@ -165,6 +174,7 @@ impl Window {
             direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
             direct_max_receive_lag_bytes: cut.direct_max_receive_lag,
             stages: cut.stages.clone(),
+            cpu_pressure: cut.cpu_pressure,
         }
     }
 }
@@ -201,6 +211,7 @@ impl Report {
             s.push_str(&self.window_table(i == 1));
         }
         s.push_str(&self.stage_table());
+        s.push_str(&self.wait_table());
         s.push_str(&self.replay_table());
         s.push_str(&self.rmgr_table());
         s.push('\n');
@@ -261,6 +272,30 @@ impl Report {
         }
         if late {
             s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt.\n"));
+        }
+        s
+    }
+
+    /// Per workload and window: how short of CPU the machine and each relay half were.
+    fn wait_table(&self) -> String {
+        let mut s = String::from(
+            "\nWaiting for a core: the share of each window during which some runnable task on the machine waited for one (CPU pressure, /proc/pressure/cpu), and per relay half the cores it ran beside the cores' worth of time its threads were runnable but waited (schedstat). A half whose threads wait longer than they run is short of CPU, not slow at its work.\n\n| workload | PG | window | CPU pressure | W up ran / waited | W down ran / waited | Z up ran / waited | Z down ran / waited |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
+        );
+        let half = |ran: f64, waited: Option<f64>| format!("{ran:.2} / {}", opt(waited, 2));
+        for r in &self.runs {
+            for w in [&r.cold, &r.steady] {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} % | {} | {} | {} | {} |\n",
+                    r.workload.name(),
+                    r.pg_major,
+                    w.name,
+                    opt(w.cpu_pressure.map(|p| p * 100.0), 0),
+                    half(w.w.upstream_cores, w.w.upstream_waiting_cores),
+                    half(w.w.downstream_cores, w.w.downstream_waiting_cores),
+                    half(w.z.upstream_cores, w.z.upstream_waiting_cores),
+                    half(w.z.downstream_cores, w.z.downstream_waiting_cores),
+                ));
+            }
         }
         s
     }

@@ -34,6 +34,9 @@ pub struct Sample {
     pub primary: PrimaryPositions,
     /// Pair W's relay stages (None when its metrics were not read or had no standby yet).
     pub w_relay: Option<RelayPositions>,
+    /// The machine's CPU pressure so far: seconds during which some runnable task waited for
+    /// a core ([`crate::cpuwait`]; NaN where the kernel does not keep it).
+    pub cpu_pressure: f64,
 }
 
 /// Persistent connections to the primary, both standbys behind relays and the direct one.
@@ -120,6 +123,7 @@ impl Sampler {
                 direct_received: d[0],
                 direct_replayed: d[1],
                 pairs: [c0.0, c1.0],
+                cpu_pressure: crate::cpuwait::machine_pressure_seconds().unwrap_or(f64::NAN),
             })
         };
         tokio::time::timeout(Duration::from_secs(5), take)
@@ -145,6 +149,10 @@ pub struct PairCut {
     /// scraped).
     pub staged_up: Option<f64>,
     pub staged_down: Option<f64>,
+    /// Seconds the upstream's and the downstream's threads waited for a core (None where the
+    /// kernel does not keep it).
+    pub wait_up_s: Option<f64>,
+    pub wait_down_s: Option<f64>,
     /// Largest primary position − standby replay position over the window's samples.
     pub max_replay_lag: u64,
     /// Largest primary position − standby receive position: the part of the lag that is the
@@ -165,6 +173,9 @@ pub struct Cut {
     pub direct_max_receive_lag: u64,
     /// Largest lag at each stage of each path ([`stages`]).
     pub stages: StageLags,
+    /// Share of the window during which some runnable task on the machine waited for a core
+    /// (None where the kernel does not keep it).
+    pub cpu_pressure: Option<f64>,
 }
 
 /// Largest `primary position − pos(sample)` over `samples` (0 without samples).
@@ -206,11 +217,16 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             payload: num(a.payload, b.payload),
             staged_up: num(a.staged[0], b.staged[0]),
             staged_down: num(a.staged[1], b.staged[1]),
+            wait_up_s: num(a.wait_up, b.wait_up),
+            wait_down_s: num(a.wait_down, b.wait_down),
             max_replay_lag: lag.replayed,
             max_receive_lag: lag.received,
         })
     };
+    let (s0, s1) = (&samples[i0], &samples[i1]);
+    let pressure = s1.cpu_pressure - s0.cpu_pressure;
     Ok(Cut {
+        cpu_pressure: (pressure.is_finite() && s1.t > s0.t).then(|| pressure / (s1.t - s0.t)),
         t_start: samples[i0].t,
         t_end: samples[i1].t,
         lsn_start: l0,
@@ -282,17 +298,25 @@ pub fn lag_over_run(samples: &[Sample], t_end: f64, parts: usize) -> Vec<LagPart
 }
 
 /// Header of [`timeline_csv`].
-const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s\n";
+const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s\n";
 
-/// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds.
+/// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds,
+/// seconds waited for a core (empty when unknown).
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
+    let f = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.3}")
+        } else {
+            String::new()
+        }
+    };
     for x in samples {
         let r = x.w_relay;
         let _ = writeln!(
             s,
-            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
             x.t,
             x.primary_lsn,
             x.primary.flushed,
@@ -312,6 +336,11 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             x.pairs[0].cpu_down,
             x.pairs[1].cpu_up,
             x.pairs[1].cpu_down,
+            f(x.pairs[0].wait_up),
+            f(x.pairs[0].wait_down),
+            f(x.pairs[1].wait_up),
+            f(x.pairs[1].wait_down),
+            f(x.cpu_pressure),
         );
     }
     s
@@ -327,6 +356,8 @@ mod tests {
             toward_primary: b / 10,
             cpu_up: t,
             cpu_down: t / 2.0,
+            wait_up: 2.0 * t,
+            wait_down: f64::NAN,
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [3.0 * t, t],
@@ -344,6 +375,7 @@ mod tests {
                 sent: [Some(primary); 3],
             },
             w_relay: None,
+            cpu_pressure: 0.5 * t,
         }
     }
 
@@ -372,6 +404,12 @@ mod tests {
             (Some(6.0), Some(2.0))
         );
         assert_eq!(c.pairs[1].staged_up, Some(6.0));
+        // Waiting likewise; unknown stays unknown; the machine's pressure over the window.
+        assert_eq!(
+            (c.pairs[1].wait_up_s, c.pairs[1].wait_down_s),
+            (Some(4.0), None)
+        );
+        assert_eq!(c.cpu_pressure, Some(0.5));
         assert!(cut(&samples, 0.0, 5.0).is_err());
     }
 
@@ -393,6 +431,7 @@ mod tests {
                 spooled: primary - 3 * behind,
                 sent_to_standby: primary - 4 * behind,
             }),
+            cpu_pressure: f64::NAN,
         }
     }
 
@@ -440,5 +479,7 @@ mod tests {
         assert!(
             lines[2].starts_with("1.000,2000,1990,1990,1980,1970,1960,1950,1940,,1990,1980,2000,")
         );
+        // Seconds waited for a core, then the machine's pressure (unknown here: empty).
+        assert!(lines[1].ends_with(",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,"));
     }
 }
