@@ -162,3 +162,95 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     // ~10 samples a second over at least the 7 s of the windows.
     assert!(lines.count() >= 50, "{csv}");
 }
+
+/// Processes whose command line mentions `path` (the relays' config files, the clusters' data
+/// directories).
+fn processes_under(path: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(path) {
+            found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// Waits up to `secs` for `done`, checking twice a second.
+fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    done()
+}
+
+/// SIGTERM in the middle of a run (`kill`, a CI job's timeout): the bench stops the relays and
+/// clusters it started, removes its directory and fails, naming the signal. Before, it died
+/// at once and left four relay processes, its clusters and its WAL copies behind.
+#[test]
+fn a_bench_stopped_by_sigterm_leaves_nothing_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    // The clusters run as the postgres user when the tests run as root: it must reach them.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let err_path = logs.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["bench", "--workload", "updates", "--cold-secs", "60"])
+        .args([
+            "--warmup-secs",
+            "1",
+            "--steady-secs",
+            "3",
+            "--sync-secs",
+            "0",
+        ])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let under = tmp.path().to_str().unwrap().to_string();
+    let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    // Its relays run (their config files are under TMPDIR) and so do its clusters.
+    let relays_up = wait_for(180, || {
+        processes_under(&under)
+            .iter()
+            .filter(|p| p.contains("walrelay run --config"))
+            .count()
+            == 4
+    });
+    assert!(relays_up, "no relays after 180 s: {}", stderr());
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let mut status = None;
+    assert!(
+        wait_for(60, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "the bench did not exit within 60 s of SIGTERM: {}",
+        stderr()
+    );
+    assert_eq!(status.unwrap().code(), Some(1), "{}", stderr());
+    assert!(stderr().contains("stopped by SIGTERM"), "{}", stderr());
+    // Nothing left running (a backend may take a moment to notice its postmaster is gone)
+    // and nothing left in TMPDIR.
+    let mut left = Vec::new();
+    assert!(
+        wait_for(15, || {
+            left = processes_under(&under);
+            left.is_empty()
+        }),
+        "still running after the bench exited: {left:#?}"
+    );
+    let files: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+    assert!(files.is_empty(), "left in TMPDIR: {files:?}");
+}

@@ -124,10 +124,11 @@ fn main() -> ExitCode {
         }
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");
-            exit(run_tool(async move {
+            let demo = async move {
                 let bin = std::env::current_exe().context("locating the walrelay executable")?;
                 walrelay_harness::demo::run(&bin, seconds).await
-            }))
+            };
+            exit(run_tool(demo, Interrupt::Ends))
         }
         Cmd::Bench {
             workload,
@@ -221,7 +222,7 @@ fn bench(a: BenchArgs) -> ExitCode {
             }
         }
     };
-    exit(run_tool(async move {
+    let run = async move {
         let opts = bench::BenchOpts {
             binary: std::env::current_exe().context("locating the walrelay executable")?,
             workloads,
@@ -239,20 +240,39 @@ fn bench(a: BenchArgs) -> ExitCode {
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
-    }))
+    };
+    exit(run_tool(run, Interrupt::Fails))
 }
 
-/// Runs `bench` or `demo` until done or Ctrl-C; dropping the future on Ctrl-C stops the child
-/// processes and clusters it started and removes its directory.
-fn run_tool(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+/// What Ctrl-C means to a tool: the end of the demo (its live table stops), or a bench that
+/// did not finish (it reports nothing, so it fails). SIGTERM always fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Interrupt {
+    Ends,
+    Fails,
+}
+
+/// Runs `bench` or `demo` until done, Ctrl-C (SIGINT) or SIGTERM (`kill`, a CI job's timeout);
+/// dropping the future on a signal stops the child processes and clusters it started and
+/// removes its directory, so an interrupted run leaves nothing running and nothing in `TMPDIR`.
+fn run_tool(
+    f: impl std::future::Future<Output = anyhow::Result<()>>,
+    interrupt: Interrupt,
+) -> anyhow::Result<()> {
     let rt = runtime();
     let r = rt.block_on(async move {
-        tokio::select! {
-            r = f => r,
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("walrelay: interrupted; stopping and removing what was started");
-                Ok(())
-            }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let by = tokio::select! {
+            r = f => return r,
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        };
+        // `f` is dropped by now: its processes and clusters are stopped, its directory gone.
+        eprintln!("walrelay: {by}: stopped and removed what was started");
+        match (by, interrupt) {
+            ("SIGINT", Interrupt::Ends) => Ok(()),
+            _ => Err(anyhow::anyhow!("stopped by {by} before the end")),
         }
     });
     // Copies of WAL still running on blocking threads are not waited for.

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +74,9 @@ pub struct Cluster {
     port: u16,
     /// Keeps the temporary directory alive until this cluster has stopped.
     _root: Arc<tempfile::TempDir>,
+    /// A start was issued and no stop completed since: a postmaster may be coming up even
+    /// while `postmaster.pid` is not there yet (a run dropped mid-start, on Ctrl-C).
+    start_issued: std::sync::atomic::AtomicBool,
 }
 
 const PG_CTL_TIMEOUT_SECS: &str = "60";
@@ -251,6 +255,7 @@ host  all         all        127.0.0.1/32  scram-sha-256
             dir: root.path().join(name),
             port: port.unwrap_or_else(free_port),
             _root: root.handle(),
+            start_issued: false.into(),
         }
     }
 
@@ -301,6 +306,7 @@ host  all         all        127.0.0.1/32  scram-sha-256
 
     /// `pg_ctl start`, waiting (up to 60 s) until the server accepts connections.
     pub async fn start(&self) -> Result<(), ClusterError> {
+        self.start_issued.store(true, Relaxed);
         self.run_pg_ctl(&["start"]).await
     }
 
@@ -312,7 +318,9 @@ host  all         all        127.0.0.1/32  scram-sha-256
         if !self.is_running() {
             return Ok(());
         }
-        self.run_pg_ctl(&["-m", "fast", "stop"]).await
+        self.run_pg_ctl(&["-m", "fast", "stop"]).await?;
+        self.start_issued.store(false, Relaxed);
+        Ok(())
     }
 
     /// Immediate shutdown (crash-like; recovery on next start). A no-op if not running.
@@ -320,11 +328,14 @@ host  all         all        127.0.0.1/32  scram-sha-256
         if !self.is_running() {
             return Ok(());
         }
-        self.run_pg_ctl(&["-m", "immediate", "stop"]).await
+        self.run_pg_ctl(&["-m", "immediate", "stop"]).await?;
+        self.start_issued.store(false, Relaxed);
+        Ok(())
     }
 
     /// Fast shutdown then start.
     pub async fn restart(&self) -> Result<(), ClusterError> {
+        self.start_issued.store(true, Relaxed);
         self.run_pg_ctl(&["-m", "fast", "restart"]).await
     }
 
@@ -497,8 +508,19 @@ host  all         all        127.0.0.1/32  scram-sha-256
     }
 }
 
+/// How long a dropped cluster waits for a postmaster that was starting to write its pid file.
+const STARTING_GRACE: Duration = Duration::from_secs(3);
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A start in flight when its run was dropped: its postmaster writes `postmaster.pid`
+        // within moments of being forked; wait for it so that it is stopped, not orphaned.
+        if self.start_issued.load(Relaxed) && !self.is_running() {
+            let until = std::time::Instant::now() + STARTING_GRACE;
+            while !self.is_running() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         if self.is_running() {
             if let Ok(cmd) = self.pg_ctl(&["-m", "immediate", "stop"]) {
                 let _ = run_sync(cmd);
