@@ -16,27 +16,30 @@ fn num(v: &Value, path: &[&str]) -> f64 {
         .unwrap_or_else(|| panic!("{} is not a number in the report: {x}", path.join(".")))
 }
 
-#[test]
-fn bench_reports_a_sane_run_of_one_tiny_workload() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let timeline = dir.path().join("timeline");
-    std::fs::create_dir(&timeline).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+/// `walrelay bench` of the `updates` workload with a cold window of `cold_secs` and a few
+/// seconds after it, without the sync-latency runs.
+fn tiny_bench(cold_secs: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_walrelay"));
+    cmd.args(["bench", "--workload", "updates", "--cold-secs", cold_secs])
         .args([
-            "bench",
-            "--workload",
-            "updates",
-            "--cold-secs",
-            "3",
             "--warmup-secs",
             "1",
             "--steady-secs",
             "3",
             "--sync-secs",
             "0",
-            "--timeline-dir",
-        ])
+        ]);
+    cmd
+}
+
+#[test]
+fn bench_reports_a_sane_run_of_one_tiny_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let timeline = dir.path().join("timeline");
+    std::fs::create_dir(&timeline).unwrap();
+    let out = tiny_bench("3")
+        .arg("--timeline-dir")
         .arg(&timeline)
         .arg("--json")
         .arg(&json)
@@ -202,16 +205,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let logs = tempfile::tempdir().unwrap();
     let err_path = logs.path().join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
-        .args(["bench", "--workload", "updates", "--cold-secs", "60"])
-        .args([
-            "--warmup-secs",
-            "1",
-            "--steady-secs",
-            "3",
-            "--sync-secs",
-            "0",
-        ])
+    let mut child = tiny_bench("60")
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&err_path).unwrap())
