@@ -10,8 +10,6 @@
 //! PSI), and the bench then prints "-". Threads that ended between two readings take their
 //! waiting with them; the relay's threads that carry WAL live as long as its streams.
 
-use std::path::Path;
-
 /// Seconds process `pid`'s current threads have spent waiting on a run queue.
 pub fn process_wait_seconds(pid: u32) -> Option<f64> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
@@ -37,11 +35,7 @@ fn schedstat_wait_ns(text: &str) -> Option<u64> {
 
 /// Seconds (since boot) during which some runnable task on the machine waited for a core.
 pub fn machine_pressure_seconds() -> Option<f64> {
-    pressure_from(Path::new("/proc/pressure/cpu"))
-}
-
-fn pressure_from(path: &Path) -> Option<f64> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
     psi_some_total_us(&text).map(|us| us as f64 / 1e6)
 }
 
@@ -57,6 +51,7 @@ fn psi_some_total_us(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn parses_schedstat_and_psi() {

@@ -263,17 +263,15 @@ fn run_tool(
     let r = rt.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
-        let by = tokio::select! {
+        let (by, fails) = tokio::select! {
             r = f => return r,
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => ("SIGINT", interrupt == Interrupt::Fails),
+            _ = term.recv() => ("SIGTERM", true),
         };
         // `f` is dropped by now: its processes and clusters are stopped, its directory gone.
         eprintln!("walrelay: {by}: stopped and removed what was started");
-        match (by, interrupt) {
-            ("SIGINT", Interrupt::Ends) => Ok(()),
-            _ => Err(anyhow::anyhow!("stopped by {by} before the end")),
-        }
+        anyhow::ensure!(!fails, "stopped by {by} before the end");
+        Ok(())
     });
     // Copies of WAL still running on blocking threads are not waited for.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));

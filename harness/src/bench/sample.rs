@@ -227,8 +227,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
     let pressure = s1.cpu_pressure - s0.cpu_pressure;
     Ok(Cut {
         cpu_pressure: (pressure.is_finite() && s1.t > s0.t).then(|| pressure / (s1.t - s0.t)),
-        t_start: samples[i0].t,
-        t_end: samples[i1].t,
+        t_start: s0.t,
+        t_end: s1.t,
         lsn_start: l0,
         lsn_end: l1,
         pairs: [pair(0, &stages.w)?, pair(1, &stages.z)?],
