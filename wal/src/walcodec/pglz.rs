@@ -85,15 +85,24 @@ pub enum PglzError {
 const SLOTS: usize = 8192;
 
 /// One history entry's links: `PGLZ_HistEntry` without `pos`, which follows from the entry's
-/// number (see [`Pglz`]).
+/// number (see [`Lists`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct Links {
     next: u16,
     hindex: u16,
 }
 
-/// The compressor's work arrays (`hist_start` and `hist_entries` of the C code, entry 0 unused
-/// and meaning "none"), reused across calls.
+/// The compressor's work arrays, reused across calls: the history, and each input
+/// position's list ([`hist_idx`]), computed for the whole input before it is compressed
+/// (a list depends only on the position's next four bytes, so computing it in one pass
+/// spares the per-position hash roll of the C code's tag loop).
+pub struct Pglz {
+    history: Lists,
+    lists: Vec<u16>,
+}
+
+/// The history (`hist_start` and `hist_entries` of the C code, entry 0 unused and meaning
+/// "none").
 ///
 /// The C code stores each entry's input position; this one need not. Positions enter the
 /// history one at a time and in order (`pglz_hist_add` runs once for every input byte: for a
@@ -109,7 +118,7 @@ struct Links {
 /// to an entry that has been recycled since (see its `find_match`). Fewer and smaller
 /// arrays (32 KiB in use instead of 72 KiB) keep the history in the L1 cache; [`reference`]
 /// is the transcription it is tested against.
-pub struct Pglz {
+struct Lists {
     hist_start: Box<[u16; MAX_HISTORY_LISTS]>,
     links: Box<[Links; SLOTS]>,
 }
@@ -130,31 +139,19 @@ fn slot(e: u16) -> usize {
     usize::from(e) & (SLOTS - 1)
 }
 
-/// `pglz_hist_idx`: the list of the position `p` (bytes read as signed chars).
-#[inline(always)]
-fn hist_idx(s: &[u8], p: usize, mask: i32) -> usize {
+/// `pglz_hist_idx` of every position of `s` into `out` (bytes read as signed chars): from a
+/// position's four bytes, or its one byte where fewer than four are left.
+fn hist_idx(s: &[u8], mask: i32, out: &mut Vec<u16>) {
     let c = |x: u8| i32::from(x as i8);
-    let h = match s.get(p..p + 4) {
-        Some(&[b0, b1, b2, b3]) => (c(b0) << 6) ^ (c(b1) << 4) ^ (c(b2) << 2) ^ c(b3),
-        _ => c(s[p]),
-    };
-    // `mask` is below MAX_HISTORY_LISTS; the second mask only spares the bounds check.
-    (h & mask) as usize & (MAX_HISTORY_LISTS - 1)
-}
-
-/// [`hist_idx`] of position `q`, from `prev`, that of `q - 1`: the hash shifts out the byte
-/// before `q` and takes in the byte at `q + 3` (the bits kept by `mask` depend only on lower
-/// bits, so the masked hash rolls as the full one would).
-#[inline(always)]
-fn next_hist_idx(s: &[u8], q: usize, prev: usize, mask: i32) -> usize {
-    match (s.get(q - 1), s.get(q + 3)) {
-        (Some(&b0), Some(&b4)) => {
-            let c = |x: u8| i32::from(x as i8);
-            let h = (((prev as i32 ^ (c(b0) << 6)) << 2) ^ c(b4)) & mask;
-            h as usize & (MAX_HISTORY_LISTS - 1)
-        }
-        _ => hist_idx(s, q, mask),
-    }
+    // `mask` is below MAX_HISTORY_LISTS: the low 16 bits hold every bit it keeps.
+    let m = mask as u16;
+    out.clear();
+    out.extend(
+        s.windows(4)
+            .map(|w| ((c(w[0]) << 6) ^ (c(w[1]) << 4) ^ (c(w[2]) << 2) ^ c(w[3])) as u16 & m),
+    );
+    let four = out.len();
+    out.extend(s[four..].iter().map(|&b| c(b) as u16 & m));
 }
 
 /// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at
@@ -180,8 +177,11 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 impl Pglz {
     pub fn new() -> Pglz {
         Pglz {
-            hist_start: Box::new([0; MAX_HISTORY_LISTS]),
-            links: Box::new([Links::default(); SLOTS]),
+            history: Lists {
+                hist_start: Box::new([0; MAX_HISTORY_LISTS]),
+                links: Box::new([Links::default(); SLOTS]),
+            },
+            lists: Vec::new(),
         }
     }
 
@@ -194,29 +194,29 @@ impl Pglz {
         strategy: &Strategy,
         out: &mut Vec<u8>,
     ) -> Option<usize> {
-        compress_with(self, src, strategy, out)
+        compress_with(&mut self.history, &mut self.lists, src, strategy, out)
     }
 }
 
-/// The history the compressor searches: [`Pglz`]'s, and in the tests the transcription's.
+/// The history the compressor searches: [`Lists`], and in the tests the transcription's.
 trait History {
     /// Empties the first `hashsz` lists (a new input).
     fn clear(&mut self, hashsz: usize);
-    /// `pglz_hist_add` of the next position, `p`, whose list is `hash` (its [`hist_idx`]).
+    /// `pglz_hist_add` of the next position, `p`, whose list is `hash` ([`hist_idx`]).
     fn add(&mut self, s: &[u8], p: usize, hash: usize, mask: i32);
     /// `pglz_find_match`: the best (length, offset) for position `p`, whose list is `hash`,
     /// if longer than 2.
     fn find_match(&self, s: &[u8], p: usize, hash: usize, lim: &Limits) -> Option<(usize, usize)>;
 }
 
-impl History for Pglz {
+impl History for Lists {
     fn clear(&mut self, hashsz: usize) {
         self.hist_start[..hashsz].fill(0);
     }
 
     /// `pglz_hist_add` for position `p`: entry `p % 4096 + 1` becomes the head of its list.
     /// The C code first takes a recycled entry out of its old list; that is left undone
-    /// here, and `find_match` stops where the C code's list would end (see [`Pglz`]).
+    /// here, and `find_match` stops where the C code's list would end (see [`Lists`]).
     #[inline(always)]
     fn add(&mut self, _: &[u8], p: usize, hindex: usize, _: i32) {
         let me = (p % HISTORY_SIZE + 1) as u16;
@@ -241,7 +241,7 @@ impl History for Pglz {
         if hent != 0 && usize::from(self.links[slot(hent)].hindex) != h {
             hent = 0;
         }
-        // The position entry `hent` holds (see [`Pglz`]); 4096 divides 2^64, so the wrapping
+        // The position entry `hent` holds (see [`Lists`]); 4096 divides 2^64, so the wrapping
         // difference has the right remainder.
         let offset = |e: u16| p.wrapping_sub(usize::from(e)) % HISTORY_SIZE + 1;
         let mut thisoff = offset(hent);
@@ -252,10 +252,18 @@ impl History for Pglz {
             // The C code, with a match of 16+ bytes already, first memcmps that many bytes
             // and counts the candidate as 0 if they differ: either way it is taken only if
             // its common prefix is longer than the match, which is all this compares.
-            let thislen = common_prefix(&s[p..p + limit], &s[p - thisoff..]);
-            if thislen > len {
-                len = thislen;
-                off = thisoff;
+            let cand = p - thisoff;
+            // A candidate is taken only if it matches more than `len` bytes, so one that
+            // differs at byte `len` is passed over without comparing the rest.
+            if len == 0 || s[p + len] == s[cand + len] {
+                let thislen = common_prefix(&s[p..p + limit], &s[cand..]);
+                if thislen > len {
+                    len = thislen;
+                    off = thisoff;
+                    if len == limit {
+                        break;
+                    }
+                }
             }
             hent = self.links[slot(hent)].next;
             // The link names the entry of the previous position of this list. If that entry
@@ -346,9 +354,10 @@ impl Limits {
     }
 }
 
-/// `pglz_compress` with history `h` (see [`Pglz::compress`]).
+/// `pglz_compress` with history `h` (see [`Pglz::compress`]); `lists` is work space.
 fn compress_with<H: History>(
     h: &mut H,
+    lists: &mut Vec<u16>,
     src: &[u8],
     strategy: &Strategy,
     out: &mut Vec<u8>,
@@ -356,6 +365,7 @@ fn compress_with<H: History>(
     let lim = Limits::new(strategy, src.len())?;
     let mask = lim.mask;
     h.clear(mask as usize + 1);
+    hist_idx(src, mask, lists);
     let base = out.len();
     out.reserve(src.len() + 4);
     // Index of the current control byte in `out`; None: the C code's ctrl_dummy.
@@ -378,7 +388,7 @@ fn compress_with<H: History>(
             ctrlb = 0;
             ctrl = 1;
         }
-        let hash = hist_idx(src, dp, mask);
+        let hash = usize::from(lists[dp]);
         if let Some((len, off)) = h.find_match(src, dp, hash, &lim) {
             // pglz_out_tag
             ctrlb |= ctrl;
@@ -391,12 +401,9 @@ fn compress_with<H: History>(
                 out.push((((off & 0xf00) >> 4) | (len - 3)) as u8);
                 out.push((off & 0xff) as u8);
             }
-            // Every position the tag covers enters the history, its hash rolled on.
-            let mut hq = hash;
-            h.add(src, dp, hq, mask);
-            for q in dp + 1..dp + len {
-                hq = next_hist_idx(src, q, hq, mask);
-                h.add(src, q, hq, mask);
+            // Every position the tag covers enters the history.
+            for (q, &hq) in (dp..).zip(&lists[dp..dp + len]) {
+                h.add(src, q, usize::from(hq), mask);
             }
             dp += len;
             found_match = true;
