@@ -444,10 +444,7 @@ pub fn decompress(src: &[u8], out: &mut [u8]) -> Result<(), PglzError> {
                     return Err(PglzError::BadOffset { off, at: dp });
                 }
                 let len = len.min(out.len() - dp);
-                // Byte by byte: source and destination overlap when off < len.
-                for i in dp..dp + len {
-                    out[i] = out[i - off];
-                }
+                copy_back(out, dp, off, len);
                 dp += len;
             } else {
                 out[dp] = src[sp];
@@ -466,6 +463,23 @@ pub fn decompress(src: &[u8], out: &mut [u8]) -> Result<(), PglzError> {
         });
     }
     Ok(())
+}
+
+/// `out[dp + i] = out[dp + i - off]` for `i` in `0..len`, in order, as the C code's byte
+/// loop does (`1 <= off <= dp`, `dp + len <= out.len()`). Where the two ranges overlap
+/// (`off < len`) the bytes repeat with period `off`: each copy takes the whole pattern written
+/// so far, so the copies double in length.
+#[inline]
+fn copy_back(out: &mut [u8], dp: usize, off: usize, len: usize) {
+    let from = dp - off;
+    let mut done = 0;
+    while done < len {
+        // out[from..dp + done] is the pattern repeated: its first n bytes continue it at
+        // dp + done (done is a multiple of off), and do not overlap it.
+        let n = (len - done).min(off + done);
+        out.copy_within(from..from + n, dp + done);
+        done += n;
+    }
 }
 
 #[cfg(test)]

@@ -201,6 +201,25 @@ proptest! {
         }
     }
 
+    /// A tag's copy gives the C code's byte loop, overlapping or not.
+    #[test]
+    fn copy_back_is_the_byte_loop(
+        start in proptest::collection::vec(any::<u8>(), 1..40),
+        off in 1usize..40,
+        len in 0usize..300,
+    ) {
+        let off = off.min(start.len());
+        let dp = start.len();
+        let mut want = start.clone();
+        want.resize(dp + len, 0);
+        let mut got = want.clone();
+        for i in dp..dp + len {
+            want[i] = want[i - off];
+        }
+        super::copy_back(&mut got, dp, off, len);
+        prop_assert_eq!(got, want);
+    }
+
     #[test]
     fn garbage_never_panics(src in proptest::collection::vec(any::<u8>(), 0..600), n in 0usize..9000) {
         let mut out = vec![0u8; n];
