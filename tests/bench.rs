@@ -36,8 +36,8 @@ fn tiny_bench(cold_secs: &str) -> Command {
 fn bench_reports_a_sane_run_of_one_tiny_workload() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let timeline = dir.path().join("timeline");
-    std::fs::create_dir(&timeline).unwrap();
+    // Not there yet: the bench makes it.
+    let timeline = dir.path().join("out").join("timeline");
     let out = tiny_bench("3")
         .arg("--timeline-dir")
         .arg(&timeline)

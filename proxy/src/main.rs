@@ -3,7 +3,7 @@
 //! processes), make SCRAM verifiers.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -48,7 +48,7 @@ enum Cmd {
         /// Comma-separated PostgreSQL majors, e.g. 14,15,18 (default: the discovered install).
         #[arg(long, value_delimiter = ',')]
         pg: Vec<u32>,
-        /// Also write the results as JSON to this file.
+        /// Also write the results as JSON to this file (its directory is created if missing).
         #[arg(long)]
         json: Option<PathBuf>,
         /// Length of the cold window, from the relays' start.
@@ -64,7 +64,7 @@ enum Cmd {
         #[arg(long, default_value_t = 15)]
         sync_secs: u64,
         /// Also write each run's samples (every stage's position, ~10 per second) as CSV
-        /// files `<workload>-pg<major>.csv` into this existing directory.
+        /// files `<workload>-pg<major>.csv` into this directory (created if missing).
         #[arg(long)]
         timeline_dir: Option<PathBuf>,
     },
@@ -223,6 +223,7 @@ fn bench(a: BenchArgs) -> ExitCode {
         }
     };
     let run = async move {
+        prepare_outputs(a.json.as_deref(), a.timeline_dir.as_deref())?;
         let opts = bench::BenchOpts {
             binary: std::env::current_exe().context("locating the walrelay executable")?,
             workloads,
@@ -242,6 +243,29 @@ fn bench(a: BenchArgs) -> ExitCode {
         Ok(())
     };
     exit(run_tool(run, Interrupt::Fails))
+}
+
+/// Makes sure the bench can write its outputs before it runs for minutes: creates the
+/// timeline directory and the JSON file's directory, and refuses a JSON path that is a
+/// directory.
+fn prepare_outputs(json: Option<&Path>, timeline_dir: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(dir) = timeline_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the timeline directory {}", dir.display()))?;
+    }
+    if let Some(path) = json {
+        anyhow::ensure!(
+            !path.is_dir(),
+            "--json {} is a directory: give a file name",
+            path.display()
+        );
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| {
+                format!("creating {}, the directory of --json", parent.display())
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// What Ctrl-C means to a tool: the end of the demo (its live table stops), or a bench that
@@ -300,5 +324,39 @@ fn exit(r: anyhow::Result<()>) -> ExitCode {
             eprintln!("{e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prepare_outputs;
+
+    #[test]
+    fn bench_outputs_are_prepared_before_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeline = dir.path().join("a/b/timeline");
+        let json = dir.path().join("c/d/bench.json");
+        prepare_outputs(Some(&json), Some(&timeline)).unwrap();
+        assert!(timeline.is_dir());
+        assert!(json.parent().unwrap().is_dir());
+        assert!(!json.exists(), "only the directory is made");
+        // Nothing to create: a bare file name, or no outputs.
+        prepare_outputs(Some("bench.json".as_ref()), None).unwrap();
+        prepare_outputs(None, None).unwrap();
+        // Refused at once, naming the path: a directory as --json, a file in the way.
+        let e = prepare_outputs(Some(dir.path()), None).unwrap_err();
+        assert!(format!("{e:#}").contains("is a directory"), "{e:#}");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = prepare_outputs(None, Some(&file.join("t"))).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("creating the timeline directory"),
+            "{e:#}"
+        );
+        let e = prepare_outputs(Some(&file.join("x.json")), None).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("the directory of --json"),
+            "{e:#}"
+        );
     }
 }
