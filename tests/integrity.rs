@@ -88,6 +88,100 @@ async fn corrupted_link(upward: bool) {
     assert!(!relay_log.contains("panicked"));
 }
 
+/// A bit flipped in the length of a gRPC message toward the upstream (here +2 MiB, under the
+/// link's message limit) makes the upstream wait for bytes that never come: no check of the
+/// relay's sees a thing, the HTTP/2 connection stays up, and the standby's feedback stops
+/// reaching the primary. The downstream sends something at least every 5 s, so the upstream
+/// ends a stream silent for 30 s; the downstream opens a new one and the feedback flows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_feedback_stream_is_ended_and_opened_again() {
+    let env = env(EnvOpts {
+        cuttable_link: true,
+        ..Default::default()
+    })
+    .await;
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    env.wait_caught_up().await;
+    // Byte 2 of the next message's gRPC prefix: the second byte of its length.
+    let proxy = env.cut.as_ref().unwrap();
+    proxy.corrupt_up_payload_byte_once_after(0, 2);
+    wait_until("the flip", Duration::from_secs(30), || async {
+        Ok(!proxy.corruption_pending())
+    })
+    .await
+    .unwrap();
+    let relay = &env.relay;
+    wait_until("the stalled stream ended", TIMEOUT, || async move {
+        let log = relay.log_text();
+        Ok(log.contains("nothing from the downstream for 30 s")
+            && log.contains("link to the upstream lost"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    // The primary hears the standby again: its flush position there reaches new WAL.
+    pgbench(&env.primary, &["-c", "2", "-t", "200", "postgres"]);
+    let at = env
+        .primary
+        .query_one_string("select pg_current_wal_flush_lsn()::text")
+        .await
+        .unwrap();
+    let q = format!(
+        "select coalesce((select flush_lsn >= '{at}' from pg_stat_replication \
+         where application_name = 'standby1'), false)::text"
+    );
+    let primary = &env.primary;
+    wait_until("the standby's feedback at the primary", TIMEOUT, || async {
+        Ok(primary.query_one_string(&q).await? == "true")
+    })
+    .await
+    .unwrap();
+    env.close_segment().await;
+    env.wait_caught_up().await;
+    assert!(
+        env.assert_identical().await >= 1,
+        "no complete segment to compare"
+    );
+    assert!(!env.relay.log_text().contains("panicked"));
+}
+
+/// The same toward the downstream: a message whose length grew by 2 MiB while the primary is
+/// idle leaves the downstream waiting. The upstream sends something at least every 5 s, so
+/// the downstream ends a stream silent for 30 s, opens a new one, and the standby streams
+/// new WAL again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_wal_stream_is_ended_and_opened_again() {
+    let env = env(EnvOpts {
+        cuttable_link: true,
+        ..Default::default()
+    })
+    .await;
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    env.wait_caught_up().await;
+    let proxy = env.cut.as_ref().unwrap();
+    proxy.corrupt_down_payload_byte_once_after(0, 2);
+    wait_until("the flip", Duration::from_secs(30), || async {
+        Ok(!proxy.corruption_pending())
+    })
+    .await
+    .unwrap();
+    let relay = &env.relay;
+    wait_until("the stalled stream ended", TIMEOUT, || async move {
+        Ok(relay
+            .log_text()
+            .contains("nothing from the upstream for 30 s"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    pgbench(&env.primary, &["-c", "2", "-t", "200", "postgres"]);
+    env.close_segment().await;
+    env.wait_caught_up().await;
+    assert!(
+        env.assert_identical().await >= 1,
+        "no complete segment to compare"
+    );
+    assert!(!env.relay.log_text().contains("panicked"));
+}
+
 /// A standby trusts that the WAL it has received ends at a record's end or at a page boundary:
 /// its WAL reader takes the part of a record on the record's first page without waiting for
 /// it. So walrelay must cut XLogData where PostgreSQL's walsender cuts them. Cut anywhere (as

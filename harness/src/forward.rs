@@ -30,6 +30,9 @@ struct Shared {
     /// bytes passed; -1 = not armed.
     corrupt_toward: AtomicI64,
     corrupt_from: AtomicI64,
+    /// Which byte of a DATA payload to flip toward / from the target (-1: the first due).
+    corrupt_toward_at: AtomicI64,
+    corrupt_from_at: AtomicI64,
     toward_target: AtomicU64,
     from_target: AtomicU64,
     /// Bytes per second from the target (0: as fast as it goes).
@@ -62,6 +65,8 @@ impl Forwarder {
             up: AtomicBool::new(true),
             corrupt_toward: AtomicI64::new(-1),
             corrupt_from: AtomicI64::new(-1),
+            corrupt_toward_at: AtomicI64::new(-1),
+            corrupt_from_at: AtomicI64::new(-1),
             ..Default::default()
         });
         let sh = shared.clone();
@@ -85,12 +90,29 @@ impl Forwarder {
     /// `n` more bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from
     /// there on).
     pub fn corrupt_once_after(&self, n: i64) {
+        self.shared.corrupt_from_at.store(-1, SeqCst);
+        self.shared.corrupt_from.store(n, SeqCst);
+    }
+
+    /// Like [`Self::corrupt_once_after`], flipping byte `at` of a DATA frame's payload (see
+    /// [`Self::corrupt_up_payload_byte_once_after`]).
+    pub fn corrupt_down_payload_byte_once_after(&self, n: i64, at: usize) {
+        self.shared.corrupt_from_at.store(at as i64, SeqCst);
         self.shared.corrupt_from.store(n, SeqCst);
     }
 
     /// Flips one bit of the byte that crosses toward the upstream (the target) after `n` more
     /// bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from there on).
     pub fn corrupt_up_once_after(&self, n: i64) {
+        self.shared.corrupt_toward_at.store(-1, SeqCst);
+        self.shared.corrupt_toward.store(n, SeqCst);
+    }
+
+    /// Like [`Self::corrupt_up_once_after`], flipping byte `at` of a DATA frame's payload (the
+    /// first payload from there on that has it): with gRPC, byte 0 is the message's
+    /// compression flag and bytes 1..=4 its length (big-endian).
+    pub fn corrupt_up_payload_byte_once_after(&self, n: i64, at: usize) {
+        self.shared.corrupt_toward_at.store(at as i64, SeqCst);
         self.shared.corrupt_toward.store(n, SeqCst);
     }
 
@@ -198,6 +220,12 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let at = if toward {
+            &sh.corrupt_toward_at
+        } else {
+            &sh.corrupt_from_at
+        };
+        scan.payload_byte = usize::try_from(at.load(SeqCst)).ok();
         flip_due(&mut scan, corrupt, &mut buf[..n]);
         while sh.frozen.load(SeqCst) {
             std::thread::sleep(Duration::from_millis(20));
@@ -250,10 +278,13 @@ struct H2Scan {
     first: bool,
     head: [u8; 9],
     have: usize,
-    /// Payload bytes left in the current frame, and whether it is a DATA frame.
+    /// Payload bytes left in the current frame, its length, and whether it is a DATA frame.
     left: usize,
+    len: usize,
     data: bool,
     opaque: bool,
+    /// Flip this byte of a DATA payload rather than the first one due.
+    payload_byte: Option<usize>,
 }
 
 impl H2Scan {
@@ -264,8 +295,10 @@ impl H2Scan {
             head: [0; 9],
             have: 0,
             left: 0,
+            len: 0,
             data: false,
             opaque: false,
+            payload_byte: None,
         }
     }
 
@@ -294,8 +327,16 @@ impl H2Scan {
             }
             if self.left > 0 {
                 let k = (buf.len() - i).min(self.left);
-                if self.data {
-                    take(i, i + k, &mut hit);
+                match (self.data, self.payload_byte) {
+                    (true, None) => take(i, i + k, &mut hit),
+                    (true, Some(t)) => {
+                        let off = self.len - self.left;
+                        if (off..off + k).contains(&t) {
+                            let at = i + t - off;
+                            take(at, at + 1, &mut hit);
+                        }
+                    }
+                    (false, _) => {}
                 }
                 self.left -= k;
                 i += k;
@@ -314,6 +355,7 @@ impl H2Scan {
                     break;
                 }
                 self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+                self.len = self.left;
                 self.data = h[3] == 0;
                 self.have = 0;
             }
@@ -387,6 +429,30 @@ mod tests {
         }
         assert_eq!(flipped(&tls, true, 4, 2), 2);
         assert_eq!(flipped(&tls, false, 4, 2), 9);
+        // A chosen byte of a DATA payload: the first payload at or after the byte due that
+        // reaches it.
+        let mut two = PREFACE.to_vec();
+        two.extend(frame(4, &[0; 6])); // SETTINGS
+        let first = two.len() + 9;
+        two.extend(frame(0, b"ab"));
+        two.extend(frame(0, b"grpc message"));
+        let second = two.len() - 12;
+        for piece in [1, 3, 64] {
+            for (after, want) in [
+                (0, first + 1),
+                (first + 1, first + 1),
+                (first + 2, second + 1),
+            ] {
+                let (mut scan, corrupt) = (H2Scan::new(true), AtomicI64::new(after as i64));
+                scan.payload_byte = Some(1);
+                let mut out = two.clone();
+                for chunk in out.chunks_mut(piece) {
+                    flip_due(&mut scan, &corrupt, chunk);
+                }
+                let diff: Vec<usize> = (0..out.len()).filter(|&i| out[i] != two[i]).collect();
+                assert_eq!(diff, [want], "{piece} {after}");
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub mod link {
 /// the block's previous image without its known tuples), and the receiver compresses the
 /// primary's zstd images with libzstd 1.5.6 instead of 1.5.7, whose bytes differ on a few: a
 /// version-6 sender's checks would not predict them. 8: walcodec format 6 (the tuple cache
-/// leaves out the inserts of insert-only relations). The version changes with anything that
+/// leaves out the inserts of insert-only relations). 9: each half sends something (the downstream
+/// a new ALIVE item) when it has been silent for `frame::ALIVE_EVERY`, and ends a stream
+/// silent for `frame::SILENT_LIMIT`, which a version-8 peer would reach on any idle stream. The
+/// version changes with anything that
 /// changes what either half's recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;

@@ -28,7 +28,16 @@
 //!   START     0x16 chan len bytes                     -- a protobuf `StartReplication`
 //!   CLOSE     0x17 chan
 //!   DURABLE   0x18 tli end                            -- the spool is durable up to end
+//!   ALIVE     0x19                                    -- nothing else to say (protocol 9)
 //! ```
+//!
+//! Each half sends a frame at least every [`ALIVE_EVERY`] (the downstream an ALIVE item, the
+//! upstream a KEEPALIVE with the primary's last end, when nothing else is due), and ends a
+//! stream it has heard nothing from for [`SILENT_LIMIT`]: HTTP/2 pings prove the connection,
+//! not the stream. A corrupted gRPC length prefix on a plaintext link (TLS would end the
+//! connection) makes the receiver wait for bytes that never come: the standbys' feedback
+//! would stop reaching the primary, with synchronous commits waiting on it, or an idle
+//! primary's next WAL would not reach the standbys, until megabytes more had crossed.
 //!
 //! A *tunnel* (a client session the downstream does not serve itself: a base backup, a
 //! logical replication or SQL connection, a physical session on a temporary slot) has its own
@@ -63,7 +72,7 @@
 //! byte, then for WAL the header fields and the restored WAL bytes, for the others the channel
 //! (u32le), the length (u64le) and the item's restored bytes (feedback: the standby's message;
 //! KEEPALIVE: end and send time; TIMELINE: tli and history; STARTED: the flag; DURABLE: tli
-//! and end). The receiver restores every item, then checks the sum before anything of the
+//! and end; ALIVE: nothing). The receiver restores every item, then checks the sum before anything of the
 //! frame leaves it: a corrupted position, length, WAL byte or feedback field never reaches a
 //! standby or the primary.
 
@@ -90,6 +99,12 @@ pub const ITEM_OPEN: u8 = 0x15;
 pub const ITEM_START: u8 = 0x16;
 pub const ITEM_CLOSE: u8 = 0x17;
 pub const ITEM_DURABLE: u8 = 0x18;
+pub const ITEM_ALIVE: u8 = 0x19;
+
+/// Longest either half stays silent on a stream (see the module docs).
+pub const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Silence after which either half ends a stream: six missed [`ALIVE_EVERY`]s.
+pub const SILENT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 pub const ITEM_TUNNEL_DATA_DOWN: u8 = 0x06;
 pub const ITEM_TUNNEL_END_DOWN: u8 = 0x07;
 pub const ITEM_TUNNEL_OPEN: u8 = 0x21;

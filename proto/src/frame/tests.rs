@@ -149,6 +149,7 @@ fn every_flipped_bit_is_caught() {
         &[
             Up::Feedback { chan: 1, msg: fb },
             Up::Durable { tli: 1, end: 77 },
+            Up::Alive,
         ],
     );
     for bit in 0..up.len() * 8 {
@@ -297,6 +298,7 @@ proptest! {
         items.push(Up::Open { chan: 2, info: &command });
         items.push(Up::Start { chan: 2, cmd: &command });
         items.push(Up::Durable { tli: 3, end });
+        items.push(Up::Alive);
         items.push(Up::Close { chan: 1 });
         let f = up_frame(&mut tx, &items);
         let want: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 
 use super::{
-    body, put_bytes, put_varint, unzz, zz, Cursor, Digest, FrameError, ITEM_CLOSE, ITEM_COMMAND,
-    ITEM_DURABLE, ITEM_HSFEED, ITEM_OPEN, ITEM_START, ITEM_STATUS,
+    body, put_bytes, put_varint, unzz, zz, Cursor, Digest, FrameError, ITEM_ALIVE, ITEM_CLOSE,
+    ITEM_COMMAND, ITEM_DURABLE, ITEM_HSFEED, ITEM_OPEN, ITEM_START, ITEM_STATUS,
 };
 
 /// Length of a standby status update ('r'): write, flush, apply, time, reply flag.
@@ -63,12 +63,31 @@ impl Feedback {
 /// An item of a downstream → upstream frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Up<'a> {
-    Feedback { chan: u32, msg: Feedback },
-    Command { chan: u32, bytes: &'a [u8] },
-    Open { chan: u32, info: &'a [u8] },
-    Start { chan: u32, cmd: &'a [u8] },
-    Close { chan: u32 },
-    Durable { tli: u32, end: u64 },
+    Feedback {
+        chan: u32,
+        msg: Feedback,
+    },
+    Command {
+        chan: u32,
+        bytes: &'a [u8],
+    },
+    Open {
+        chan: u32,
+        info: &'a [u8],
+    },
+    Start {
+        chan: u32,
+        cmd: &'a [u8],
+    },
+    Close {
+        chan: u32,
+    },
+    Durable {
+        tli: u32,
+        end: u64,
+    },
+    /// The downstream is there (nothing else was due for [`super::ALIVE_EVERY`]).
+    Alive,
 }
 
 impl Up<'_> {
@@ -87,6 +106,7 @@ impl Up<'_> {
             Up::Start { chan, cmd } => d.item(ITEM_START, chan, cmd),
             Up::Close { chan } => d.item(ITEM_CLOSE, chan, &[]),
             Up::Durable { tli, end } => d.item(ITEM_DURABLE, tli, &end.to_le_bytes()),
+            Up::Alive => d.item(ITEM_ALIVE, 0, &[]),
         }
     }
 }
@@ -124,6 +144,7 @@ impl UpState {
                 put_varint(out, u64::from(tli));
                 put_varint(out, end);
             }
+            Up::Alive => out.push(ITEM_ALIVE),
         }
     }
 
@@ -188,6 +209,7 @@ impl UpState {
                     tli: c.bounded("timeline", u64::from(u32::MAX))? as u32,
                     end: c.varint("durable end")?,
                 },
+                ITEM_ALIVE => Up::Alive,
                 other => return Err(FrameError::UnknownItem(other)),
             });
         }

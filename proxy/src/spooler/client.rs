@@ -10,7 +10,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
-use walrelay_proto::frame::{self, Digest, Up, UpState};
+use walrelay_proto::frame::{self, Digest, Up, UpState, ALIVE_EVERY, SILENT_LIMIT};
 use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{to_downstream, to_upstream, ToDownstream, ToUpstream, Welcome};
 use walrelay_wal::linkcodec::{CodecKind, WalDecoder};
@@ -146,7 +146,15 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     // already verified is still applied (it was received whole), then the stream's end counts.
     let recv = async move {
         loop {
-            let f = match inbound.next().await {
+            let Ok(next) = tokio::time::timeout(SILENT_LIMIT, inbound.next()).await else {
+                return other(format!(
+                    "nothing from the upstream for {} s, though it sends at least every {} s: \
+                     the stream is stalled (its framing lost?)",
+                    SILENT_LIMIT.as_secs(),
+                    ALIVE_EVERY.as_secs()
+                ));
+            };
+            let f = match next {
                 None => return other("the upstream closed the stream"),
                 Some(Err(s)) => return other(s.message()),
                 Some(Ok(ToDownstream {
@@ -314,11 +322,12 @@ fn route(sp: &Spooler, chan: u32, e: ChanEvent) {
 }
 
 /// The downstream → upstream direction: control items, due feedback and the spool's durable
-/// end, batched into frames.
+/// end, batched into frames; an ALIVE item when nothing else went for [`ALIVE_EVERY`].
 async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
     let mut state = UpState::default();
     let mut view = sp.view.clone();
     let mut durable_sent = Lsn(0);
+    let mut last_sent = tokio::time::Instant::now();
     loop {
         let next_due = lock(&sp.channels).open.values().filter_map(|c| c.due).min();
         let due = async {
@@ -327,9 +336,11 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
                 None => std::future::pending().await,
             }
         };
+        let alive_due = last_sent + ALIVE_EVERY;
         tokio::select! {
             _ = sp.wake.notified() => {}
             _ = due => {}
+            _ = tokio::time::sleep_until(alive_due) => {}
             r = view.changed() => if r.is_err() { return other("the spool's writer stopped") },
         }
         let durable = view.borrow().extent.durable;
@@ -343,7 +354,10 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
             durable_sent = durable;
         }
         if out.0.is_empty() {
-            continue;
+            if tokio::time::Instant::now() < alive_due {
+                continue;
+            }
+            push(&mut state, &mut out, &Up::Alive);
         }
         frame::finish(&mut out.0, &out.1);
         Metrics::add(&sp.metrics.ops.link_messages_out_downstream, 1);
@@ -353,6 +367,7 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
         if ltx.send(msg).await.is_err() {
             return other("the link went away");
         }
+        last_sent = tokio::time::Instant::now();
     }
 }
 

@@ -29,7 +29,7 @@ use tonic::Status;
 
 use walrelay_pgwire::repl::{keepalive_end, keepalive_wants_reply, XLogData};
 use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
-use walrelay_proto::frame::WalHeader;
+use walrelay_proto::frame::{WalHeader, ALIVE_EVERY};
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 
 use super::encode::{EncodeStage, Event, Job, Part};
@@ -113,6 +113,11 @@ pub struct FeedToLink<'a> {
     pub tli: TimeLineId,
     pub pending: Option<RawMsg>,
     pub last_status: tokio::time::Instant,
+    /// When the stream last carried something down: a keepalive goes when nothing else has
+    /// for `ALIVE_EVERY` (the downstream ends a stream silent for `SILENT_LIMIT`).
+    pub last_sent: tokio::time::Instant,
+    /// The primary's WAL end as last seen (that keepalive's position).
+    pub primary_end: u64,
 }
 
 fn primary_gone(e: WireError) -> Status {
@@ -134,6 +139,7 @@ impl FeedToLink<'_> {
                     wal_end: batch.wal_end,
                 };
                 self.stage.send(job).await?;
+                self.last_sent = tokio::time::Instant::now();
             }
             if timeline_end {
                 self.next_timeline().await?;
@@ -202,6 +208,14 @@ impl FeedToLink<'_> {
                 }
                 _ = tokio::time::sleep_until(status_due) => self.status().await?,
                 _ = window_over => return Ok(batch),
+                _ = tokio::time::sleep_until(self.last_sent + ALIVE_EVERY), if batch.parts.is_empty() => {
+                    batch.bytes += 16;
+                    batch.parts.push(Part::Keepalive {
+                        end: self.primary_end,
+                        send_time: walrelay_pgwire::repl::pg_now(),
+                    });
+                    return Ok(batch);
+                }
             }
             // With no window, only what has already arrived joins the batch.
             if !batch.parts.is_empty() && self.window().is_zero() {
@@ -229,10 +243,12 @@ impl FeedToLink<'_> {
             b'd' => {
                 if let Some(x) = XLogData::parse(&m.body).map_err(primary_gone)? {
                     Metrics::add(&self.metrics.wal_bytes_in, x.data.len() as u64);
+                    self.primary_end = self.primary_end.max(x.end.0);
                     self.slot_gauge(|s| s.primary_end = s.primary_end.max(x.end.0));
                     return batch.push_wal(x).map_err(primary_gone);
                 }
                 if let Some(end) = keepalive_end(&m.body) {
+                    self.primary_end = self.primary_end.max(end.0);
                     self.slot_gauge(|s| s.primary_end = s.primary_end.max(end.0));
                     if keepalive_wants_reply(&m.body) {
                         self.status().await?;

@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use walrelay_proto::frame::{Digest, Feedback, Up, UpState};
+use walrelay_proto::frame::{self, Digest, Feedback, Up, UpState, SILENT_LIMIT};
 use walrelay_proto::link::{to_upstream, Command, StandbyInfo, StartReplication, ToUpstream};
 use walrelay_wal::lsn::Lsn;
 
@@ -66,10 +66,21 @@ impl LinkToUpstream {
         }
     }
 
-    /// Runs until the downstream closes its side (Ok) or something is wrong (Err); the
+    /// Runs until the downstream closes its side (Ok) or something is wrong (Err), including
+    /// a downstream silent for [`SILENT_LIMIT`] (it sends at least every `ALIVE_EVERY`); the
     /// identities end with it (their channels close).
     pub async fn run(mut self) -> Result<(), Status> {
-        while let Some(msg) = self.inbound.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout(SILENT_LIMIT, self.inbound.next()).await else {
+                return Err(Status::unavailable(format!(
+                    "nothing from the downstream for {} s, though it sends at least every {} s: \
+                     the link's stream is stalled (its framing lost?); ending it, the downstream \
+                     opens a new one",
+                    SILENT_LIMIT.as_secs(),
+                    frame::ALIVE_EVERY.as_secs()
+                )));
+            };
+            let Some(msg) = next else { break };
             let msg = msg.map_err(|s| Status::unavailable(format!("link: {}", s.message())))?;
             let Some(to_upstream::Msg::Frame(frame)) = msg.msg else {
                 return Err(bad("expected a frame"));
@@ -119,6 +130,7 @@ impl LinkToUpstream {
                 self.durable.send_replace(Lsn(end));
                 Ok(())
             }
+            Up::Alive => Ok(()),
         }
     }
 

@@ -491,6 +491,8 @@ async fn run_stream(
             .unwrap_or(TimeLineId(welcome.timeline)),
         pending: None,
         last_status: tokio::time::Instant::now(),
+        last_sent: tokio::time::Instant::now(),
+        primary_end: welcome.start,
     };
     let end = tokio::select! {
         r = to_link.run() => r,
