@@ -95,6 +95,21 @@ async fn corrupted_link(upward: bool) {
 /// ends a stream silent for 30 s; the downstream opens a new one and the feedback flows again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_feedback_stream_is_ended_and_opened_again() {
+    stalled_stream(true).await;
+}
+
+/// The same toward the downstream: a message whose length grew by 2 MiB while the primary is
+/// idle leaves the downstream waiting. The upstream sends something at least every 5 s, so
+/// the downstream ends a stream silent for 30 s, opens a new one, and the standby streams
+/// new WAL again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_wal_stream_is_ended_and_opened_again() {
+    stalled_stream(false).await;
+}
+
+/// `upward`: flip the second length byte of a gRPC message toward the upstream, else of one
+/// toward the downstream, on an idle stream.
+async fn stalled_stream(upward: bool) {
     let env = env(EnvOpts {
         cuttable_link: true,
         ..Default::default()
@@ -104,7 +119,16 @@ async fn a_stalled_feedback_stream_is_ended_and_opened_again() {
     env.wait_caught_up().await;
     // Byte 2 of the next message's gRPC prefix: the second byte of its length.
     let proxy = env.cut.as_ref().unwrap();
-    proxy.corrupt_up_payload_byte_once_after(0, 2);
+    let silent = match upward {
+        true => {
+            proxy.corrupt_up_payload_byte_once_after(0, 2);
+            "nothing from the downstream for 30 s"
+        }
+        false => {
+            proxy.corrupt_down_payload_byte_once_after(0, 2);
+            "nothing from the upstream for 30 s"
+        }
+    };
     wait_until("the flip", Duration::from_secs(30), || async {
         Ok(!proxy.corruption_pending())
     })
@@ -112,9 +136,7 @@ async fn a_stalled_feedback_stream_is_ended_and_opened_again() {
     .unwrap();
     let relay = &env.relay;
     wait_until("the stalled stream ended", TIMEOUT, || async move {
-        let log = relay.log_text();
-        Ok(log.contains("nothing from the downstream for 30 s")
-            && log.contains("link to the upstream lost"))
+        Ok(relay.log_text().contains(silent))
     })
     .await
     .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
@@ -135,44 +157,6 @@ async fn a_stalled_feedback_stream_is_ended_and_opened_again() {
     })
     .await
     .unwrap();
-    env.close_segment().await;
-    env.wait_caught_up().await;
-    assert!(
-        env.assert_identical().await >= 1,
-        "no complete segment to compare"
-    );
-    assert!(!env.relay.log_text().contains("panicked"));
-}
-
-/// The same toward the downstream: a message whose length grew by 2 MiB while the primary is
-/// idle leaves the downstream waiting. The upstream sends something at least every 5 s, so
-/// the downstream ends a stream silent for 30 s, opens a new one, and the standby streams
-/// new WAL again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_wal_stream_is_ended_and_opened_again() {
-    let env = env(EnvOpts {
-        cuttable_link: true,
-        ..Default::default()
-    })
-    .await;
-    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
-    env.wait_caught_up().await;
-    let proxy = env.cut.as_ref().unwrap();
-    proxy.corrupt_down_payload_byte_once_after(0, 2);
-    wait_until("the flip", Duration::from_secs(30), || async {
-        Ok(!proxy.corruption_pending())
-    })
-    .await
-    .unwrap();
-    let relay = &env.relay;
-    wait_until("the stalled stream ended", TIMEOUT, || async move {
-        Ok(relay
-            .log_text()
-            .contains("nothing from the upstream for 30 s"))
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
-    pgbench(&env.primary, &["-c", "2", "-t", "200", "postgres"]);
     env.close_segment().await;
     env.wait_caught_up().await;
     assert!(

@@ -60,33 +60,16 @@ impl Feedback {
     }
 }
 
-/// An item of a downstream → upstream frame.
+/// An item of a downstream → upstream frame (`Alive`: nothing else was due for
+/// [`super::ALIVE_EVERY`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Up<'a> {
-    Feedback {
-        chan: u32,
-        msg: Feedback,
-    },
-    Command {
-        chan: u32,
-        bytes: &'a [u8],
-    },
-    Open {
-        chan: u32,
-        info: &'a [u8],
-    },
-    Start {
-        chan: u32,
-        cmd: &'a [u8],
-    },
-    Close {
-        chan: u32,
-    },
-    Durable {
-        tli: u32,
-        end: u64,
-    },
-    /// The downstream is there (nothing else was due for [`super::ALIVE_EVERY`]).
+    Feedback { chan: u32, msg: Feedback },
+    Command { chan: u32, bytes: &'a [u8] },
+    Open { chan: u32, info: &'a [u8] },
+    Start { chan: u32, cmd: &'a [u8] },
+    Close { chan: u32 },
+    Durable { tli: u32, end: u64 },
     Alive,
 }
 
