@@ -90,30 +90,46 @@ impl Forwarder {
     /// `n` more bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from
     /// there on).
     pub fn corrupt_once_after(&self, n: i64) {
-        self.shared.corrupt_from_at.store(-1, SeqCst);
-        self.shared.corrupt_from.store(n, SeqCst);
+        arm(
+            &self.shared.corrupt_from,
+            &self.shared.corrupt_from_at,
+            n,
+            None,
+        );
     }
 
     /// Like [`Self::corrupt_once_after`], flipping byte `at` of a DATA frame's payload (see
     /// [`Self::corrupt_up_payload_byte_once_after`]).
     pub fn corrupt_down_payload_byte_once_after(&self, n: i64, at: usize) {
-        self.shared.corrupt_from_at.store(at as i64, SeqCst);
-        self.shared.corrupt_from.store(n, SeqCst);
+        arm(
+            &self.shared.corrupt_from,
+            &self.shared.corrupt_from_at,
+            n,
+            Some(at),
+        );
     }
 
     /// Flips one bit of the byte that crosses toward the upstream (the target) after `n` more
     /// bytes (on plaintext HTTP/2, of the first byte of a DATA frame's payload from there on).
     pub fn corrupt_up_once_after(&self, n: i64) {
-        self.shared.corrupt_toward_at.store(-1, SeqCst);
-        self.shared.corrupt_toward.store(n, SeqCst);
+        arm(
+            &self.shared.corrupt_toward,
+            &self.shared.corrupt_toward_at,
+            n,
+            None,
+        );
     }
 
     /// Like [`Self::corrupt_up_once_after`], flipping byte `at` of a DATA frame's payload (the
     /// first payload from there on that has it): with gRPC, byte 0 is the message's
     /// compression flag and bytes 1..=4 its length (big-endian).
     pub fn corrupt_up_payload_byte_once_after(&self, n: i64, at: usize) {
-        self.shared.corrupt_toward_at.store(at as i64, SeqCst);
-        self.shared.corrupt_toward.store(n, SeqCst);
+        arm(
+            &self.shared.corrupt_toward,
+            &self.shared.corrupt_toward_at,
+            n,
+            Some(at),
+        );
     }
 
     pub fn corruption_pending(&self) -> bool {
@@ -166,6 +182,12 @@ impl Drop for Forwarder {
     }
 }
 
+/// Arms one direction's flip: after `n` more bytes, of payload byte `at` (None: the first due).
+fn arm(after: &AtomicI64, payload_byte: &AtomicI64, n: i64, at: Option<usize>) {
+    payload_byte.store(at.map_or(-1, |b| b as i64), SeqCst);
+    after.store(n, SeqCst);
+}
+
 fn accept_loop(listener: TcpListener, target: u16, sh: Arc<Shared>) {
     for s in listener.incoming() {
         if sh.stopped.load(SeqCst) {
@@ -203,10 +225,10 @@ fn accept_loop(listener: TcpListener, target: u16, sh: Arc<Shared>) {
 
 /// Copies `from` to `to` until either side closes, counting, corrupting and freezing.
 fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
-    let (corrupt, count) = if toward {
-        (&sh.corrupt_toward, &sh.toward_target)
+    let (corrupt, corrupt_at, count) = if toward {
+        (&sh.corrupt_toward, &sh.corrupt_toward_at, &sh.toward_target)
     } else {
-        (&sh.corrupt_from, &sh.from_target)
+        (&sh.corrupt_from, &sh.corrupt_from_at, &sh.from_target)
     };
     let mut buf = vec![0u8; 64 * 1024];
     let mut scan = H2Scan::new(toward);
@@ -220,12 +242,7 @@ fn copy(mut from: TcpStream, mut to: TcpStream, toward: bool, sh: &Shared) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let at = if toward {
-            &sh.corrupt_toward_at
-        } else {
-            &sh.corrupt_from_at
-        };
-        scan.payload_byte = usize::try_from(at.load(SeqCst)).ok();
+        scan.payload_byte = usize::try_from(corrupt_at.load(SeqCst)).ok();
         flip_due(&mut scan, corrupt, &mut buf[..n]);
         while sh.frozen.load(SeqCst) {
             std::thread::sleep(Duration::from_millis(20));

@@ -243,13 +243,11 @@ impl FeedToLink<'_> {
             b'd' => {
                 if let Some(x) = XLogData::parse(&m.body).map_err(primary_gone)? {
                     Metrics::add(&self.metrics.wal_bytes_in, x.data.len() as u64);
-                    self.primary_end = self.primary_end.max(x.end.0);
-                    self.slot_gauge(|s| s.primary_end = s.primary_end.max(x.end.0));
+                    self.saw_primary_end(x.end.0);
                     return batch.push_wal(x).map_err(primary_gone);
                 }
                 if let Some(end) = keepalive_end(&m.body) {
-                    self.primary_end = self.primary_end.max(end.0);
-                    self.slot_gauge(|s| s.primary_end = s.primary_end.max(end.0));
+                    self.saw_primary_end(end.0);
                     if keepalive_wants_reply(&m.body) {
                         self.status().await?;
                     }
@@ -305,6 +303,13 @@ impl FeedToLink<'_> {
             .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
         self.last_status = tokio::time::Instant::now();
         Ok(())
+    }
+
+    /// The primary's WAL end reached `end` (an XLogData's or a keepalive's): kept for the
+    /// stream's own keepalives and shown in the slot gauge.
+    fn saw_primary_end(&mut self, end: u64) {
+        self.primary_end = self.primary_end.max(end);
+        self.slot_gauge(|s| s.primary_end = s.primary_end.max(end));
     }
 
     /// Updates this stream's entry of the slot gauge (`walrelay_slot_retained_bytes`).
