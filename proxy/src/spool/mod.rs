@@ -38,6 +38,7 @@
 
 mod durable;
 mod files;
+mod recent;
 mod state;
 
 #[cfg(test)]
@@ -46,6 +47,7 @@ mod tests;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::{history_file_name, WalSegSize};
@@ -53,6 +55,7 @@ use walrelay_wal::timeline;
 
 pub use durable::Durability;
 pub use files::{write_atomically, SegmentFile};
+pub use recent::{Recent, RECENT_BYTES};
 pub use state::{write as write_state_file, SpoolState};
 
 /// Bytes before `end` whose checksum `spool.state` keeps.
@@ -111,6 +114,8 @@ pub struct Spool {
     /// Filled segments are left in `filled` for a sync thread ([`Spool::set_deferred`]).
     deferred: bool,
     filled: Vec<Durability>,
+    /// The newest WAL appended, for the readers ([`SpoolFiles::read`]).
+    recent: Arc<Recent>,
 }
 
 impl Spool {
@@ -134,6 +139,7 @@ impl Spool {
             current: None,
             deferred: false,
             filled: Vec::new(),
+            recent: Arc::default(),
         };
         if let Some(st) = st {
             spool.seg = WalSegSize::new(st.seg_size).ok_or_else(|| {
@@ -271,6 +277,7 @@ impl Spool {
             let n = room.min(bytes.len() as u64) as usize;
             let file = self.open_current(segno)?;
             file.write_all(&bytes[..n]).map_err(io(&self.dir))?;
+            self.recent.append(tli, self.ext.end, &bytes[..n]);
             bytes = &bytes[n..];
             self.ext.end = Lsn(self.ext.end.0 + n as u64);
             if self.seg.offset_in_segment(self.ext.end) == 0 {
@@ -372,6 +379,7 @@ impl Spool {
         }
         self.ext.start =
             files::oldest_start(&self.dir, self.seg, self.ext.tli)?.unwrap_or(self.ext.end);
+        self.recent.forget_before(self.ext.start);
         Ok(())
     }
 
@@ -414,6 +422,7 @@ impl Spool {
             nf.sync_all().map_err(io(&new))?;
             self.current = Some((segno, nf));
         }
+        self.recent.clear();
         self.ext.tli = tli;
         self.ext.end = at;
         self.ext.durable = at;
@@ -431,6 +440,7 @@ impl Spool {
         SpoolFiles {
             dir: self.dir.clone(),
             seg: self.seg,
+            recent: self.recent.clone(),
         }
     }
 
@@ -455,6 +465,8 @@ impl Spool {
 pub struct SpoolFiles {
     pub dir: PathBuf,
     pub seg: WalSegSize,
+    /// The newest WAL, answered from memory when it holds all of a read.
+    pub recent: Arc<Recent>,
 }
 
 impl SpoolFiles {
@@ -464,7 +476,27 @@ impl SpoolFiles {
     }
 
     /// Up to `max` bytes of timeline `tli` from `at`, no further than `limit` (the spool's end
-    /// for the current timeline, the switchpoint for an older one).
+    /// for the current timeline, the switchpoint for an older one), nor past `at`'s segment.
+    fn span(&self, at: Lsn, limit: Lsn, max: usize) -> usize {
+        let seg_end = self
+            .seg
+            .segment_start(self.seg.segment_of(at) + 1)
+            .unwrap_or(Lsn(u64::MAX));
+        (limit.min(seg_end).0.saturating_sub(at.0)).min(max as u64) as usize
+    }
+
+    /// What [`read`](Self::read) returns, when memory holds all of it (no I/O: fit for an
+    /// async task).
+    pub fn read_recent(&self, tli: TimeLineId, at: Lsn, limit: Lsn, max: usize) -> Option<Vec<u8>> {
+        match self.span(at, limit, max) {
+            0 => Some(Vec::new()),
+            n => self.recent.read(tli, at, n),
+        }
+    }
+
+    /// Up to `max` bytes of timeline `tli` from `at`, no further than `limit` (the spool's end
+    /// for the current timeline, the switchpoint for an older one), nor past `at`'s segment:
+    /// from memory when it holds them, else from the segment file.
     pub fn read(
         &self,
         tli: TimeLineId,
@@ -472,13 +504,12 @@ impl SpoolFiles {
         limit: Lsn,
         max: usize,
     ) -> Result<Vec<u8>, SpoolError> {
-        if at >= limit {
-            return Ok(Vec::new());
+        if let Some(v) = self.read_recent(tli, at, limit, max) {
+            return Ok(v);
         }
         let segno = self.seg.segment_of(at);
         let off = self.seg.offset_in_segment(at);
-        let seg_end = self.seg.segment_start(segno + 1).unwrap_or(Lsn(u64::MAX));
-        let n = (limit.min(seg_end).0 - at.0).min(max as u64) as usize;
+        let n = self.span(at, limit, max);
         let (path, mut f) = self.open_segment(tli, segno)?;
         f.seek(SeekFrom::Start(off)).map_err(io(&path))?;
         let mut buf = vec![0u8; n];

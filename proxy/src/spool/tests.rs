@@ -289,3 +289,35 @@ fn deferred_durability_completes_segments_in_jobs_and_survives_a_crash() {
         .unwrap()
         .is_none());
 }
+
+/// The newest WAL is read from memory: with its file gone behind the spool's back, a read of it
+/// still succeeds, while an older one (past the ring) goes to the files and fails.
+#[test]
+fn the_newest_wal_is_served_from_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
+    let total = RECENT_BYTES as u64 + 3 * MIB + 17;
+    let mut at = 0;
+    while at < total {
+        let n = (total - at).min(300_000);
+        s.append(T1, Lsn(at), &wal(at, n as usize)).unwrap();
+        at += n;
+    }
+    for (_, path) in files::segments(d.path(), seg()).unwrap() {
+        std::fs::remove_file(path).unwrap();
+    }
+    let files = s.files();
+    let from = total - RECENT_BYTES as u64;
+    // Up to the end of `from`'s segment, and within the last one.
+    let first = files.read(T1, Lsn(from), Lsn(total), usize::MAX).unwrap();
+    assert_eq!(first, wal(from, (MIB - from % MIB) as usize));
+    assert_eq!(
+        files.read_recent(T1, Lsn(total - 5), Lsn(total), 128 * 1024),
+        Some(wal(total - 5, 5))
+    );
+    assert_eq!(files.read_recent(T1, Lsn(from - 1), Lsn(total), 1), None);
+    assert!(matches!(
+        files.read(T1, Lsn(from - 1), Lsn(total), 1),
+        Err(SpoolError::Removed(_))
+    ));
+}

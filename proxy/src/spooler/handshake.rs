@@ -123,6 +123,7 @@ mod tests {
             files: SpoolFiles {
                 dir: "/x".into(),
                 seg: WalSegSize::DEFAULT,
+                recent: Default::default(),
             },
             system_id: 7,
             failed: None,

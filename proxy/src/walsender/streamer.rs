@@ -298,9 +298,12 @@ async fn send_wal(
 ) -> Result<Lsn, End> {
     let files = s.ds.spooler.view.borrow().files.clone();
     let to = send_end(pos, limit);
-    // What the spool writer just wrote is in the page cache: a few kB (a commit) are read
-    // here in microseconds, sparing a synchronous commit a hop to a blocking thread.
-    let read = if to.0 - pos.0 <= INLINE_READ {
+    // A standby keeping up is served from the spool's memory, here. Otherwise what the spool
+    // writer just wrote is in the page cache: a few kB (a commit) are read here in
+    // microseconds, sparing a synchronous commit a hop to a blocking thread.
+    let read = if let Some(d) = files.read_recent(tli, pos, to, MAX_SEND) {
+        Ok(d)
+    } else if to.0 - pos.0 <= INLINE_READ {
         files.read(tli, pos, to, MAX_SEND)
     } else {
         tokio::task::spawn_blocking(move || files.read(tli, pos, to, MAX_SEND))
