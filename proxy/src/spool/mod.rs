@@ -32,6 +32,9 @@
 //! switchpoint (as on a promoted primary), so every file is what PostgreSQL's pg_wal holds
 //! and an operator can point a standby's `restore_command` at the spool.
 //!
+//! The newest [`RECENT_BYTES`] appended are also kept in memory ([`recent`]): a read they
+//! hold all of is answered from there, with no file I/O.
+//!
 //! Retention: complete segments beyond `downstream.spool_bytes` go, oldest first; a standby
 //! that asks for them later gets PostgreSQL's "requested WAL segment … has already been
 //! removed".
