@@ -5,13 +5,17 @@
 #   scripts/record-wal.sh WORKLOAD OUT.wal [SECONDS]
 #   target/release/examples/codec_profile OUT.wal "$(cat OUT.wal.lsn)" 15 decode
 #
-# WORKLOAD: pgbench (TPC-B, scale 10, 4 clients), bulk (INSERT ... SELECT batches of 20,000
-# md5 rows for 13 s, then two CREATE INDEX and TRUNCATE, in cycles: the bench's `bulk`),
+# WORKLOAD: pgbench (TPC-B, scale 10, 4 clients), bulk (batches of 20,000 md5 rows by
+# INSERT ... SELECT and by COPY in turn for 13 s, then two CREATE INDEX and TRUNCATE, in
+# cycles: the bench's `bulk`),
 # pgbench-pglz, pgbench-lz4, pgbench-zstd (pgbench with the primary's `wal_compression`).
 # SECONDS (default 60) of load; checkpoints at the bench's pace (checkpoint_timeout = 30s),
 # never forced (`wal_keep_size` keeps every segment for the copy). OUT.wal is the segment
 # files from the one holding the load's start to the last complete one, concatenated;
-# OUT.wal.lsn holds the first segment's start LSN (X/Y).
+# OUT.wal.lsn holds the first segment's start LSN (X/Y). RATE=N runs pgbench at N
+# transactions per second (`-R`; a bench run's primary, sharing two cores with its standbys
+# and relays, manages 2,000-3,000): fewer records per checkpoint cycle, so a larger share
+# of the WAL is full-page images.
 # PostgreSQL from $PG_BIN, else /usr/lib/postgresql/15/bin. As root, the server runs as
 # `postgres`. Everything else lives in a temporary directory that is removed at the end.
 set -euo pipefail
@@ -71,7 +75,12 @@ if [[ $workload == bulk ]]; then
     while ((SECONDS < end)); do
         cycle=$((SECONDS + 13))
         while ((SECONDS < cycle && SECONDS < end)); do
-            "${psql[@]}" -c "insert into bulk select g, md5(g::text), repeat(md5(random()::text), 4) from generate_series($n, $((n + 19999))) g"
+            rows="select g, md5(g::text), repeat(md5(random()::text), 4) from generate_series($n, $((n + 19999))) g"
+            if (((n / 20000) % 2 == 0)); then
+                "${psql[@]}" -c "insert into bulk $rows"
+            else
+                "${psql[@]}" -c "copy ($rows) to stdout" | "${psql[@]}" -c "copy bulk from stdin"
+            fi
             n=$((n + 20000))
         done
         ((SECONDS < end)) || break
@@ -79,7 +88,7 @@ if [[ $workload == bulk ]]; then
             -c "drop index bulk_k" -c "drop index bulk_v" -c "truncate bulk"
     done
 else
-    "${pgbench[@]}" -j 2 -c 4 -T "$secs" postgres >/dev/null 2>&1
+    "${pgbench[@]}" -j 2 -c 4 ${RATE:+-R "$RATE"} -T "$secs" postgres >/dev/null 2>&1
 fi
 # Close the last segment so every copied file is complete.
 "${psql[@]}" -c "select pg_switch_wal()" >/dev/null

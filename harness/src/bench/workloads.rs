@@ -28,7 +28,7 @@ pub enum Workload {
     PgbenchC16,
     /// Random-payload updates: 300k rows of md5 text, 2 updates per transaction, 4 clients.
     Updates,
-    /// Bulk loading in cycles: INSERT ... SELECT batches, CREATE INDEX, DROP.
+    /// Bulk loading in cycles: INSERT ... SELECT and COPY batches, CREATE INDEX, DROP.
     Bulk,
     /// Updates of one small column of wide random rows on full pages (fillfactor 100): the
     /// new versions move to other pages, so PostgreSQL logs them whole.
@@ -258,23 +258,30 @@ fn write_script(dir: &Path, name: &str, text: &str) -> Result<String> {
     Ok(format!("--file={}", path.display()))
 }
 
-/// Cycles of 20 s for `seconds`: INSERT ... SELECT batches of 20,000 rows for 13 s, then
-/// two CREATE INDEX, then the table is emptied (indexes dropped, TRUNCATE) for the next cycle.
+/// Cycles of 20 s for `seconds`: for 13 s, batches of 20,000 rows loaded in turn by
+/// `INSERT ... SELECT` (heap INSERT records) and by `COPY ... FROM STDIN` (MULTI_INSERT
+/// records, as a data load writes them), then two CREATE INDEX (full-page images of new index
+/// pages), then the table is emptied (indexes dropped, TRUNCATE) for the next cycle.
 async fn bulk(p: &Cluster, seconds: u64) -> Result<Load> {
     let client = p.connect().await?;
     let until = Instant::now() + Duration::from_secs(seconds);
     Ok(Load::Task(tokio::spawn(async move {
         let mut n: i64 = 0;
+        let mut rows = String::new();
         while Instant::now() < until {
             let cycle_end = (Instant::now() + Duration::from_secs(13)).min(until);
             while Instant::now() < cycle_end {
-                client
-                    .batch_execute(&format!(
-                        "insert into bulk select g, md5(g::text), repeat(md5(random()::text), 4) from generate_series({n}, {}) g",
-                        n + 19_999
-                    ))
-                    .await?;
-                n += 20_000;
+                if (n / BULK_BATCH) % 2 == 0 {
+                    client
+                        .batch_execute(&format!(
+                            "insert into bulk select g, md5(g::text), repeat(md5(random()::text), 4) from generate_series({n}, {}) g",
+                            n + BULK_BATCH - 1
+                        ))
+                        .await?;
+                } else {
+                    copy_rows(&client, n, &mut rows).await?;
+                }
+                n += BULK_BATCH;
             }
             if Instant::now() >= until {
                 break;
@@ -288,6 +295,39 @@ async fn bulk(p: &Cluster, seconds: u64) -> Result<Load> {
         }
         Ok(())
     })))
+}
+
+/// Rows per `bulk` batch.
+const BULK_BATCH: i64 = 20_000;
+
+/// `COPY bulk FROM STDIN` of rows `from..from + BULK_BATCH` shaped like the `INSERT`
+/// batches' (a 32-digit hex key, 4 × one random 32-digit hex value), made here from xxh3 of
+/// the row number (the key) and of the row number with a random seed (the value); `buf` is
+/// scratch.
+async fn copy_rows(
+    client: &tokio_postgres::Client,
+    from: i64,
+    buf: &mut String,
+) -> Result<(), tokio_postgres::Error> {
+    use futures::SinkExt;
+    use std::fmt::Write;
+    use xxhash_rust::xxh3::xxh3_128_with_seed;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    buf.clear();
+    for g in from..from + BULK_BATCH {
+        let k = xxh3_128_with_seed(&g.to_le_bytes(), 0);
+        let v = format!("{:032x}", xxh3_128_with_seed(&g.to_le_bytes(), seed));
+        // Writing to a String cannot fail.
+        let _ = writeln!(buf, "{g}\t{k:032x}\t{v}{v}{v}{v}");
+    }
+    let sink = client.copy_in("copy bulk from stdin").await?;
+    let mut sink = std::pin::pin!(sink);
+    sink.send(bytes::Bytes::copy_from_slice(buf.as_bytes()))
+        .await?;
+    sink.as_mut().finish().await?;
+    Ok(())
 }
 
 /// A running load.
@@ -333,6 +373,44 @@ impl Load {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::{PgInstall, PrimaryOpts, TempRoot};
+
+    /// A few seconds of `bulk` on a real primary load rows both ways, shaped alike.
+    #[tokio::test]
+    async fn bulk_loads_rows_by_insert_and_by_copy() {
+        let install =
+            PgInstall::discover().expect("PostgreSQL binaries (see scripts/install-deps.sh)");
+        let root = TempRoot::new().unwrap();
+        let p = Cluster::init_primary(&install, &root, "bulk", &PrimaryOpts::default()).unwrap();
+        p.start().await.unwrap();
+        Workload::Bulk.prepare(&p).await.unwrap();
+        let mut load = Workload::Bulk.load(&p, root.path(), 2).await.unwrap();
+        load.wait().await.unwrap();
+        let count = |cond: &'static str| {
+            let p = &p;
+            async move {
+                let sql = format!("select count(*) from bulk where {cond}");
+                p.query_one_string(&sql)
+                    .await
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            }
+        };
+        let shaped = "length(k) = 32 and length(v) = 128 and v = repeat(left(v, 32), 4)";
+        let inserted = count("k = md5(id::text)").await;
+        let copied = count("k <> md5(id::text)").await;
+        assert!(
+            inserted >= 20_000 && copied >= 20_000,
+            "{inserted} inserted, {copied} copied"
+        );
+        assert_eq!(
+            count(shaped).await,
+            inserted + copied,
+            "every row has the same shape"
+        );
+        assert_eq!(count("true").await, inserted + copied);
+    }
 
     #[test]
     fn disk_needed_covers_the_measured_bulk_run_and_spares_short_ones() {
