@@ -24,7 +24,8 @@ pub mod link {
 /// version-6 sender's checks would not predict them. 8: walcodec format 6 (the tuple cache
 /// leaves out the inserts of insert-only relations). 9: each half sends something (the downstream
 /// a new ALIVE item) when it has been silent for `frame::ALIVE_EVERY`, and ends a stream
-/// silent for `frame::SILENT_LIMIT`, which a version-8 peer would reach on any idle stream. The
-/// version changes with anything that
-/// changes what either half's recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// silent for `frame::SILENT_LIMIT`, which a version-8 peer would reach on any idle stream. 10:
+/// walcodec format 7 (images the primary compressed may come whole through the PAGE stream),
+/// which a version-9 half refuses. The version changes with anything that changes the
+/// walcodec format or what either half's recompression of images gives.
+pub const PROTOCOL_VERSION: u32 = 10;

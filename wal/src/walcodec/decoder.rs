@@ -1,7 +1,6 @@
 //! The receiving half: payload → the exact WAL bytes the encoder was given.
 
 use super::cache::{new_page, slots_for, DecCache, Page};
-use super::encoder::MIN_STREAM_IMAGE;
 use super::format::*;
 use super::fpi::{self, Recompressor};
 use super::mainxf::MainXf;

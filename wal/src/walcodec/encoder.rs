@@ -81,6 +81,8 @@ pub struct Encoder {
     /// Use more than one core: checks on a worker, a large message's sections compressed on
     /// a thread (see [`Encoder::set_parallel`]).
     parallel: bool,
+    /// Bytes of the message being encoded.
+    msg_len: usize,
 }
 
 /// Why a record starting here is not encoded.
@@ -133,6 +135,7 @@ impl Encoder {
             })?,
             verify: Verifier::new(),
             parallel: payload::multi_core(),
+            msg_len: 0,
         })
     }
 
@@ -220,6 +223,7 @@ impl Encoder {
         if self.next_pos != Some(start.0) {
             self.restart(start);
         }
+        self.msg_len = raw.len();
         let before = self.tracker.resyncs;
         let res = self
             .encode_body(raw)
@@ -576,7 +580,11 @@ pub(crate) fn levels(level: i32) -> (i32, i32) {
     )
 }
 
-/// Smallest image sent as a whole page through PAGE: bounds PAGE to 8 × the message size.
+/// Smallest page content (8192 bytes less the hole) sent as a whole page through PAGE. For an
+/// image as it is, that is its size in the WAL, so such images keep PAGE within 8 × the
+/// message ([`payload::cap`], which the decoder enforces); an image the primary compressed
+/// takes less WAL than its page, and goes through PAGE only while the message's PAGE input
+/// stays within that cap (format 7).
 pub(crate) const MIN_STREAM_IMAGE: usize = PAGE_SIZE / 8;
 
 /// Whether `b` is all zero bytes (eight at a time).

@@ -6,7 +6,8 @@
 use proptest::prelude::*;
 
 use super::cache::SLOT_BYTES;
-use super::format::{IMG_IDENT, IMG_STREAM};
+use super::encoder::MIN_STREAM_IMAGE;
+use super::format::{IMG_IDENT, IMG_NEW, IMG_REF, IMG_STREAM};
 use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
 use super::testgen::{Compressor, Entropy, GenBlock, GivenImage, Image, WalGen};
@@ -299,6 +300,63 @@ fn deferred_checks_rewrite_stream_and_ident_ops() {
     assert_eq!(st.fpi_primary_bytes, 2, "{what}");
     assert_eq!(st.image_ops[usize::from(IMG_STREAM)], 1, "{what}");
     assert_eq!(st.image_ops[usize::from(IMG_IDENT)], 1, "{what}");
+}
+
+/// Images the primary compressed to far less than 1 KiB, of full pages, go whole through
+/// PAGE (format 7) until the message's PAGE input would pass its cap (8 × the message, which
+/// the decoder enforces); the rest are framed. Each image is a few hundred bytes of WAL for
+/// 8 KiB of PAGE, so one message holds both kinds.
+#[test]
+fn small_compressed_images_go_whole_through_page_within_its_cap() {
+    let major = PgMajor::V16;
+    let mut g = WalGen::new(major, SEG, 3 * SEG, 11);
+    for blkno in 0..200u32 {
+        let mut page = Box::new([0u8; PAGE_SIZE]);
+        for (i, b) in page.iter_mut().enumerate().skip(24) {
+            *b = ((i % 64) as u8) ^ (blkno as u8);
+        }
+        let bytes = compress_like_pg(Method::Lz4, &page[..]).unwrap();
+        assert!(bytes.len() < MIN_STREAM_IMAGE, "{} bytes", bytes.len());
+        let b = GenBlock {
+            key: BlockKey {
+                spc: 1663,
+                db: 5,
+                rel: 99_002,
+                fork: 0,
+                blkno,
+            },
+            image: Image::Given(GivenImage {
+                page,
+                hole_offset: 0,
+                hole_len: 0,
+                apply: false,
+                compressed: Some((bytes, flag(major, Method::Lz4))),
+            }),
+            data: Vec::new(),
+        };
+        g.xid += 1;
+        let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
+        g.write_record(&rec);
+    }
+    // One message: the whole stream (no switch: its zero tail would widen the cap).
+    let (st, _) = round_trip(&params(major, 4096), g.start, &g.buf, &[]);
+    let what = format!("{st:?}");
+    assert_eq!(st.fpi_recompressed, 200, "{what}");
+    let whole = st.image_ops[usize::from(IMG_STREAM)] as usize;
+    let framed = (st.image_ops[usize::from(IMG_NEW)] + st.image_ops[usize::from(IMG_REF)]) as usize;
+    assert!(whole > 0 && framed > 0, "{what}");
+    assert_eq!(whole + framed, 200, "{what}");
+    assert!(
+        whole * PAGE_SIZE <= payload::cap(S_PAGE, g.buf.len()),
+        "{what}"
+    );
+    // Message by message, the same.
+    round_trip(
+        &params(major, 4096),
+        g.start,
+        &g.buf,
+        &every(8192, g.buf.len()),
+    );
 }
 
 #[test]

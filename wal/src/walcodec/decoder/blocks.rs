@@ -83,7 +83,7 @@ impl State {
         if plain && !matches!(op, IMG_NEW | IMG_REF | IMG_NOCACHE) {
             return Err(corrupt(format!("image op {op} cannot be plain")));
         }
-        let (reference, store, frame) = self.image_slots(op, img, r)?;
+        let (reference, store, frame) = self.image_slots(op, r)?;
         // Only frames against the previous image of the same block (SAME) and IDENT are not
         // transformed (see `pagexf`); SAME frames are made against that page alone.
         let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
@@ -141,11 +141,11 @@ impl State {
     }
 
     /// The slots and frame of image op `op`: (reference slot, slot to store into, frame);
-    /// the page of a STREAM op is copied into `self.page`.
+    /// the page of a STREAM op is copied into `self.page` (any image may come whole: the PAGE
+    /// section's cap bounds how many pages a message brings, format 7).
     fn image_slots<'a>(
         &mut self,
         op: u8,
-        img: &ImageRef,
         r: &mut Sections<'a>,
     ) -> Result<ImageSlots<'a>, WalCodecError> {
         let cap = self.cache.capacity();
@@ -172,9 +172,6 @@ impl State {
                 } else {
                     None
                 };
-                if usize::from(img.len) < MIN_STREAM_IMAGE {
-                    return Err(corrupt("a whole page sent for a small image"));
-                }
                 self.page.copy_from_slice(r.page.bytes(PAGE_SIZE)?);
                 (None, store, None)
             }
