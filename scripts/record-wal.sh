@@ -65,8 +65,9 @@ if [[ $workload == bulk ]]; then
 else
     "${pgbench[@]}" -i -s 10 -q postgres >/dev/null 2>&1
 fi
-# The load starts in a fresh segment, as the bench's standbys start at a checkpoint.
-"${psql[@]}" -c "select pg_switch_wal()" >/dev/null
+# The load starts in a fresh segment right after a checkpoint, as the bench's does (its
+# standbys' base backups checkpoint): every block's first change is a full-page image.
+"${psql[@]}" -c "checkpoint" -c "select pg_switch_wal()" >/dev/null
 start_seg=$("${psql[@]}" -c "select pg_walfile_name(pg_current_wal_insert_lsn())")
 start_lsn=$(printf "%X/%X" "0x${start_seg:8:8}" "$((0x${start_seg:16:8} * 16777216))")
 
