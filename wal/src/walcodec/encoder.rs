@@ -13,7 +13,7 @@ use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
     le16, le32, le64, parse_area, phd_len, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE,
-    REC_HDR, SHORT_PHD, WAL_PAGE,
+    REC_HDR, RM_XLOG_ID, SHORT_PHD, WAL_PAGE, XLOG_FPI,
 };
 use super::{
     check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG,
@@ -83,6 +83,9 @@ pub struct Encoder {
     parallel: bool,
     /// Bytes of the message being encoded.
     msg_len: usize,
+    /// The record being encoded writes new pages whole (XLOG_FPI, `log_newpage`): see
+    /// `blocks::Encoder::encode_page_op`.
+    new_pages: bool,
 }
 
 /// Why a record starting here is not encoded.
@@ -136,6 +139,7 @@ impl Encoder {
             verify: Verifier::new(),
             parallel: payload::multi_core(),
             msg_len: 0,
+            new_pages: false,
         })
     }
 

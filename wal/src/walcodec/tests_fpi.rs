@@ -359,6 +359,49 @@ fn small_compressed_images_go_whole_through_page_within_its_cap() {
     );
 }
 
+/// A page written whole by an XLOG_FPI record (an index build, a table rewrite) does not
+/// enter the block cache, so the block's next image is no cache hit; the same page imaged by
+/// a heap record does, and its next image is one. Both round-trip.
+#[test]
+fn pages_written_whole_stay_out_of_the_cache() {
+    let major = PgMajor::V15;
+    for (rmid, info, hits) in [(0u8, 0xB0u8, 0u64), (10, 0x00, 1)] {
+        let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
+        for version in 0..2u8 {
+            // A full page (no hole): it goes through PAGE when it is no cache hit.
+            let mut page = Box::new([0u8; PAGE_SIZE]);
+            for (i, b) in page.iter_mut().enumerate() {
+                *b = (i % 251) as u8 ^ if i % 1000 == 0 { version } else { 0 };
+            }
+            let b = GenBlock {
+                key: BlockKey {
+                    spc: 1663,
+                    db: 5,
+                    rel: 99_003,
+                    fork: 0,
+                    blkno: 7,
+                },
+                image: Image::Given(GivenImage {
+                    page,
+                    hole_offset: 0,
+                    hole_len: 0,
+                    apply: false,
+                    compressed: None,
+                }),
+                data: Vec::new(),
+            };
+            g.xid += 1;
+            let rec = g.record(rmid, info, g.xid, &[b], b"");
+            g.write_record(&rec);
+        }
+        g.switch();
+        let (st, _) = round_trip(&params(major, 64), g.start, &g.buf, &[]);
+        let what = format!("rmid {rmid} info {info:#x}: {st:?}");
+        assert_eq!((st.fpis, st.records_raw), (2, 0), "{what}");
+        assert_eq!(st.fpi_cache_hits, hits, "{what}");
+    }
+}
+
 #[test]
 fn garbage_in_compressed_images_passes_opaquely() {
     // No compressor: the generator's compressed images are random bytes.

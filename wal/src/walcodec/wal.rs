@@ -30,6 +30,8 @@ pub const XLP_ALL_FLAGS: u16 = 0x000F;
 
 pub const RM_XLOG_ID: u8 = 0;
 pub const XLOG_SWITCH: u8 = 0x40;
+/// XLOG_FPI (`log_newpage`: a page written whole, e.g. by an index build), all majors.
+pub const XLOG_FPI: u8 = 0xB0;
 
 pub const XLR_MAX_BLOCK_ID: u8 = 32;
 pub const XLR_BLOCK_ID_DATA_SHORT: u8 = 255;

@@ -13,6 +13,7 @@ impl Encoder {
         let main = &rec[tot - self.area.main_len as usize..];
         let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
         let blocks = std::mem::take(&mut self.area.blocks);
+        self.new_pages = rec[17] == RM_XLOG_ID && rec[16] & 0xF0 == XLOG_FPI;
         let mut res = Ok(());
         let mut block0 = None;
         // Every image first (so tuples may refer to any of them), then the data in order.
@@ -265,7 +266,12 @@ impl Encoder {
             }
             put_varint(ctrl, len as u64);
         } else {
-            match plan.store {
+            // Pages written whole by a bulk operation (an index build, a table rewrite,
+            // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: they do not enter
+            // the cache unless already there, which spares both ends the copy (and the first
+            // touch of the cache's memory) and keeps the cache for the blocks that are.
+            let store = plan.store.filter(|_| !self.new_pages);
+            match store {
                 Some(s) => {
                     ctrl.push(IMG_STREAM | recompress);
                     put_varint(ctrl, u64::from(s));
@@ -274,7 +280,7 @@ impl Encoder {
             }
             self.bufs[S_PAGE].extend_from_slice(&xpage[..]);
         }
-        if let Some(s) = plan.store {
+        if let Some(s) = plan.store.filter(|_| framed || !self.new_pages) {
             self.cache.store(s, key, &self.page);
         }
         Ok(())
