@@ -8,7 +8,7 @@ use super::pagexf::PageXf;
 use super::payload;
 use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
-use super::streams::{history_log, put_varint, zigzag, PageCompressor};
+use super::streams::{history_log, put_varint, zigzag, HitCompressor, PageCompressor};
 use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
@@ -55,6 +55,9 @@ pub struct Encoder {
     tprefix: Vec<u8>,
     /// Page frames of cache hits (level + 2) and of everything else (level).
     pc_hit: PageCompressor,
+    /// Page frames of cache hits from the encoder's own parse (see [`super::hitparse`]);
+    /// `pc_hit` only if zstd refuses its sequences.
+    hit: HitCompressor,
     pc: PageCompressor,
     /// The streams' input gathered this message.
     bufs: [Vec<u8>; STREAMS],
@@ -119,6 +122,7 @@ impl Encoder {
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
             pc_hit: PageCompressor::new(hit_level)?,
+            hit: HitCompressor::new(hit_level)?,
             pc: PageCompressor::new(level)?,
             bufs: Default::default(),
             fpi: Vec::new(),

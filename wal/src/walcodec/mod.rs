@@ -142,6 +142,7 @@ mod encoder;
 pub mod format;
 pub mod fpi;
 mod handoff;
+mod hitparse;
 mod imgworker;
 pub mod mainxf;
 pub mod pagexf;
@@ -155,6 +156,7 @@ pub mod tracker;
 pub mod tuples;
 pub mod wal;
 mod zprefix;
+mod zseq;
 
 /// Synthetic WAL for unit tests, property tests and fuzz targets (feature `testgen`).
 #[cfg(any(test, feature = "testgen"))]

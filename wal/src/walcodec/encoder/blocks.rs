@@ -200,9 +200,20 @@ impl Encoder {
                 self.stats.fpi_identical += 1;
                 return Ok(());
             }
-            let len =
-                self.pc_hit
-                    .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?;
+            let at = self.fpi.len();
+            let len = match self
+                .hit
+                .compress(&self.page, self.cache.page(r), &mut self.fpi)
+            {
+                Ok(len) => len,
+                Err(e) => {
+                    // The parse broke a bound (a bug; zseq refused it): zstd's own parse.
+                    debug_assert!(false, "hit frame from the encoder's own parse: {e}");
+                    self.fpi.truncate(at);
+                    self.pc_hit
+                        .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?
+                }
+            };
             ctrl.push(IMG_SAME | recompress);
             put_varint(ctrl, u64::from(s));
             put_varint(ctrl, len as u64);
