@@ -295,6 +295,37 @@ mod frame_tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Any reference and any edits of it (bytes set, ranges moved, runs written) give a
+        /// frame that decodes to the page.
+        #[test]
+        fn edited_pages_round_trip(
+            seed in proptest::prelude::any::<u64>(),
+            edits in proptest::collection::vec(
+                (0usize..PAGE_SIZE, 0usize..PAGE_SIZE, 0usize..600, proptest::prelude::any::<u8>(), 0u8..3),
+                0..40,
+            ),
+        ) {
+            let (r, _) = tests_pages(seed);
+            let mut p = r.clone();
+            for (a, b, n, v, kind) in edits {
+                let n = n.min(PAGE_SIZE - a.max(b));
+                match kind {
+                    0 => p[a] = v,
+                    1 => p.copy_within(a..a + n, b),
+                    _ => p[a..a + n].fill(v),
+                }
+            }
+            let mut hc = HitCompressor::new(6).unwrap();
+            let mut out = Vec::new();
+            hc.compress(&p, &r, &mut out).unwrap();
+            let mut back = Box::new([0u8; PAGE_SIZE]);
+            PageDecompressor::new().unwrap().decompress(&out, &[&r[..]], &mut back).unwrap();
+            proptest::prop_assert_eq!(&back[..], &p[..]);
+        }
+    }
+
     fn tests_pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
         super::tests::pages(seed)
     }
