@@ -333,6 +333,21 @@ mod frame_tests {
         }
     }
 
+    /// No sequences at all: the whole page as literals, still a frame that decodes.
+    #[test]
+    fn a_frame_of_literals_only_decodes() {
+        let (r, p) = tests_pages(11);
+        let mut sc = super::super::zseq::SeqCompressor::new(6).unwrap();
+        let mut out = Vec::new();
+        sc.compress(&mut out, &[], &p[..], PAGE_SIZE).unwrap();
+        let mut back = Box::new([0u8; PAGE_SIZE]);
+        PageDecompressor::new()
+            .unwrap()
+            .decompress(&out, &[&r[..]], &mut back)
+            .unwrap();
+        assert_eq!(back[..], p[..]);
+    }
+
     fn tests_pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
         super::tests::pages(seed)
     }
