@@ -12,7 +12,7 @@ use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
 use super::testgen::{Compressor, Entropy, GenBlock, GivenImage, Image, WalGen};
 use super::tests::{chunks_from, every, round_trip, round_trip_checks};
-use super::wal::{BlockKey, PAGE_SIZE};
+use super::wal::{BlockKey, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI};
 use super::*;
 use crate::pg::PgMajor;
 
@@ -365,7 +365,7 @@ fn small_compressed_images_go_whole_through_page_within_its_cap() {
 #[test]
 fn pages_written_whole_stay_out_of_the_cache() {
     let major = PgMajor::V15;
-    for (rmid, info, hits) in [(0u8, 0xB0u8, 0u64), (10, 0x00, 1)] {
+    for (rmid, info, hits) in [(RM_XLOG_ID, XLOG_FPI, 0u64), (10, 0x00, 1)] {
         let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
         for version in 0..2u8 {
             // A full page (no hole): it goes through PAGE when it is no cache hit.
