@@ -26,8 +26,9 @@
 //!   whole; a position without one becomes a literal.
 //!
 //! On 2,000 cache hits of recorded PG 15 pgbench WAL (pglz images) the frames were 10 %
-//! smaller than lazy2's with an 8-byte hash (12 % with 4), made in 6 µs a page against 17
-//! (parse and entropy coding). Every match
+//! smaller than lazy2's with an 8-byte hash, made in 6 µs a page against 17 (parse and
+//! entropy coding); over whole recordings, with the 4-byte hash, 12 % smaller (814,630 →
+//! 715,869 bytes of hit frames with pglz images, 738,218 → 649,308 without). Every match
 //! length is counted by comparing the bytes; [`super::zseq`] checks the offsets and lengths
 //! against the bounds before zstd codes them.
 
