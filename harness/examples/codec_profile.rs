@@ -1,6 +1,6 @@
 //! Encodes (and with `decode`, also decodes) a WAL file with the `wal` link codec only, in
-//! 128 kB messages one at a time on this thread (no other threads), for profiling one side
-//! without the baselines:
+//! messages of 1 MiB (the bench's replays' size; `WALRELAY_MESSAGE_KB` sets another) one at a
+//! time on this thread (no other threads), for profiling one side without the baselines:
 //!
 //! ```sh
 //! cargo build --release -p walrelay-harness --example codec_profile
@@ -24,8 +24,6 @@ use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
-const MESSAGE: usize = 128 * 1024;
-
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (file, start, major, decode) = match &args[..] {
@@ -40,6 +38,10 @@ fn main() -> Result<()> {
         Ok(l) => l.parse().context("WALRELAY_ZSTD_LEVEL")?,
         Err(_) => 3,
     };
+    let message: usize = match std::env::var("WALRELAY_MESSAGE_KB") {
+        Ok(k) => k.parse::<usize>().context("WALRELAY_MESSAGE_KB")? << 10,
+        Err(_) => walrelay_harness::bench::micro::MESSAGE,
+    };
     let cache_mb: usize = match std::env::var("WALRELAY_BLOCK_CACHE_MB") {
         Ok(m) => m.parse().context("WALRELAY_BLOCK_CACHE_MB")?,
         Err(_) => 1024,
@@ -52,10 +54,10 @@ fn main() -> Result<()> {
             pg_major: walrelay_wal::pg::PgMajor::from_number(major),
             block_cache_bytes: cache_mb << 20,
             zstd_level: level,
-            max_message_bytes: MESSAGE,
+            max_message_bytes: message,
         },
     };
-    let at = |i: usize| Lsn(start.0 + (i * MESSAGE) as u64);
+    let at = |i: usize| Lsn(start.0 + (i * message) as u64);
     let cores = match std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1") {
         true => Cores::Staged,
         false => Cores::One,
@@ -65,11 +67,11 @@ fn main() -> Result<()> {
         Err(_) => 0,
     };
     let all: Vec<(Lsn, &[u8])> = wal
-        .chunks(MESSAGE)
+        .chunks(message)
         .enumerate()
         .map(|(i, c)| (at(i), c))
         .collect();
-    let (warm, msgs) = all.split_at(((warm_mb << 20) / MESSAGE).min(all.len()));
+    let (warm, msgs) = all.split_at(((warm_mb << 20) / message).min(all.len()));
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
     let warm_encoded = encode_all(&mut enc, warm, cores)?;
@@ -81,7 +83,7 @@ fn main() -> Result<()> {
     if !warm.is_empty() {
         println!(
             "warmed on {} MB (untimed); timed: the rest",
-            (warm.len() * MESSAGE) >> 20
+            (warm.len() * message) >> 20
         );
     }
     println!(
@@ -107,6 +109,10 @@ fn main() -> Result<()> {
             "records {}, images {} ({} cache hits: {} identical, the rest in {} B of frames), \
              image ops by kind {:?}",
             st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
+        );
+        println!(
+            "raw: {} records cut by a message boundary, {} B in → {} B out",
+            st.records_split, st.raw_in, st.raw_out
         );
     }
     if decode {

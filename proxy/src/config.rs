@@ -161,6 +161,10 @@ fn default_spool_bytes() -> u64 {
 /// The slot name when `upstream.slot` is not set.
 pub const DEFAULT_SLOT: &str = "walrelay";
 
+/// Smallest `limits.max_message_bytes` allowed: room for one of the primary's largest
+/// XLogData messages (128 kB) and what joins it in a batch of the upstream's.
+pub const MAX_MESSAGE_BYTES_MIN: usize = 256 << 10;
+
 /// `downstream.upstream` as written: `"host:port"` or `["host:port", ...]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddrList(pub Vec<String>);

@@ -1,5 +1,6 @@
-//! The one-core replays: WAL of the run through the link codec in 128 kB messages (the
-//! walsender's MAX_SEND_SIZE) on this thread, then through streaming zstd-1 and zstd-3
+//! The one-core replays: WAL of the run through the link codec in 1 MiB messages (what the
+//! upstream batches while WAL comes faster than it goes: eight of the walsender's 128 kB
+//! messages, the upstream's `handshake::BATCH_MAX`) on this thread, then through streaming zstd-1 and zstd-3
 //! (flushed per message, as the `zstd` link codec does) on the same bytes. Speeds are per
 //! CPU-second of the whole process (the rest of the process is idle while the replay runs),
 //! and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware codec also
@@ -26,7 +27,8 @@ use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
-const MESSAGE: usize = 128 * 1024;
+/// Bytes of WAL per message of the replays.
+pub const MESSAGE: usize = 1 << 20;
 /// Most WAL a replay times.
 pub const MAX_BYTES: u64 = 512 << 20;
 const PAGE: u64 = 8192;
@@ -200,13 +202,13 @@ pub fn decode_all(
     let mut out = Vec::new();
     let staged = cores == Cores::Staged;
     if let (true, Some(((at, chunk), payload))) = (staged, msgs.first().zip(encoded.first())) {
-        dec.stage(*at, payload, chunk.len(), MESSAGE)?;
+        dec.stage(*at, payload, chunk.len(), chunk.len())?;
     }
     for (i, ((at, chunk), payload)) in msgs.iter().zip(encoded).enumerate() {
         if let (true, Some(((next, c), p))) = (staged, msgs.get(i + 1).zip(encoded.get(i + 1))) {
-            dec.stage(*next, p, c.len(), MESSAGE)?;
+            dec.stage(*next, p, c.len(), c.len())?;
         }
-        dec.decode(*at, payload, chunk.len(), MESSAGE, sum(i), &mut out)?;
+        dec.decode(*at, payload, chunk.len(), chunk.len(), sum(i), &mut out)?;
     }
     Ok(())
 }

@@ -14,8 +14,14 @@ use super::writer::{Op, SpoolView};
 use crate::config::{Limits, LinkConfig};
 
 /// The `Hello` for a spool as `view` shows it (an empty spool asks the upstream where to
-/// start), the downstream's `name`, and the codec it wants.
-pub fn hello(view: &SpoolView, name: &str, codec: CodecKind, link: &LinkConfig) -> Hello {
+/// start), the downstream's `name`, the codec it wants, and the largest message it takes.
+pub fn hello(
+    view: &SpoolView,
+    name: &str,
+    codec: CodecKind,
+    link: &LinkConfig,
+    limits: &Limits,
+) -> Hello {
     let empty = view.extent.end.0 == 0;
     Hello {
         protocol_version: PROTOCOL_VERSION,
@@ -26,6 +32,7 @@ pub fn hello(view: &SpoolView, name: &str, codec: CodecKind, link: &LinkConfig) 
         system_id: if empty { 0 } else { view.system_id },
         timeline: view.extent.tli.0,
         spool_end: view.extent.end.0,
+        max_message_bytes: limits.max_message_bytes as u64,
     }
 }
 
@@ -129,14 +136,23 @@ mod tests {
             failed: None,
         };
         let link = LinkConfig::default();
+        let limits = Limits {
+            max_message_bytes: 300_000,
+            ..Limits::default()
+        };
         // Empty (even when bound): the upstream decides where to start.
-        assert_eq!(hello(&view, "a", CodecKind::Wal, &link).system_id, 0);
+        assert_eq!(
+            hello(&view, "a", CodecKind::Wal, &link, &limits).system_id,
+            0
+        );
         view.extent.end = Lsn(0x5000000);
-        let h = hello(&view, "a", CodecKind::Zstd, &link);
+        let h = hello(&view, "a", CodecKind::Zstd, &link, &limits);
         assert_eq!(
             (h.system_id, h.timeline, h.spool_end, h.codec.as_str()),
             (7, 2, 0x5000000, "zstd")
         );
+        // The upstream keeps its batches within what this downstream accepts.
+        assert_eq!(h.max_message_bytes, 300_000);
     }
 
     #[test]

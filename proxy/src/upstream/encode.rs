@@ -5,7 +5,7 @@
 //! the feed from reading the primary meanwhile and hold a worker thread other sessions need.
 //! So each stream has one `walrelay-encode` thread that owns the WAL encoder and the frame
 //! state: the feed hands it batches over a channel of [`QUEUE`] batches (bounded memory:
-//! at most `QUEUE + 1` batches of [`super::feed::BATCH_MAX`] bytes wait or are being encoded),
+//! at most `QUEUE + 1` batches of [`super::handshake::BATCH_MAX`] bytes wait or are being encoded),
 //! the thread frames them in the order they came and sends the frames to the link stream,
 //! then tells the standbys' entries how far the WAL sent down reaches. Reading the primary,
 //! TLS and HTTP/2 run on the runtime while the thread encodes: two cores at work per stream

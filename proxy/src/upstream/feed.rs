@@ -4,7 +4,8 @@
 //! The feed reads the primary's WAL once and batches it into link frames, together with what
 //! the standbys' own connections ([`super::identity`]) send down: command results, and the
 //! news that a standby's connection streams. A batch takes every message that arrives within
-//! the stream's window (`link.batch_window_ms`), up to [`BATCH_MAX`] bytes; the window is
+//! the stream's window (`link.batch_window_ms`), up to the stream's `batch_max` bytes
+//! ([`super::handshake::batch_max`]); the window is
 //! zero while any standby of the stream is one `synchronous_standby_names` lists, and a batch
 //! with anything a standby waits for (a command's result) goes at once.
 //!
@@ -37,10 +38,6 @@ use super::primary;
 use crate::metrics::Metrics;
 use crate::pgclient::PrimaryConn;
 
-/// Most bytes (WAL and other messages) in one batch: within the smallest allowed
-/// `limits.max_message_bytes`, so any downstream accepts the frame.
-pub const BATCH_MAX: usize = 256 * 1024;
-
 /// The feed tells the primary where the spool is at least this often.
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
 
@@ -48,6 +45,8 @@ pub const STATUS_EVERY: Duration = Duration::from_secs(10);
 struct Batch {
     parts: Vec<Part>,
     bytes: usize,
+    /// Most bytes it takes (the stream's `batch_max`).
+    max: usize,
     /// Something in it must not wait for the window.
     urgent: bool,
     /// The primary ended the timeline (CopyDone): switch after this batch.
@@ -56,8 +55,19 @@ struct Batch {
 }
 
 impl Batch {
+    fn new(max: usize) -> Batch {
+        Batch {
+            max,
+            ..Batch::default()
+        }
+    }
+
     fn fits(&self, len: usize) -> bool {
-        self.bytes == 0 || self.bytes + len + 5 <= BATCH_MAX
+        self.bytes == 0 || self.bytes + len + 5 <= self.max
+    }
+
+    fn full(&self) -> bool {
+        self.bytes >= self.max
     }
 
     fn push_event(&mut self, e: Event) {
@@ -105,6 +115,8 @@ pub struct FeedToLink<'a> {
     pub events: mpsc::Receiver<Event>,
     pub metrics: &'a Metrics,
     pub window: Duration,
+    /// Most bytes in one batch ([`super::handshake::batch_max`]).
+    pub batch_max: usize,
     /// Standbys of this stream that a commit may wait on (no window while any).
     pub synchronous: &'a AtomicUsize,
     /// Where the downstream's spool is durable (written by the link → upstream direction).
@@ -166,13 +178,13 @@ impl FeedToLink<'_> {
     /// Reads one batch: waits for its first message (answering the primary meanwhile), then
     /// takes what arrives within the window.
     async fn gather(&mut self) -> Result<Batch, Status> {
-        let mut batch = Batch::default();
+        let mut batch = Batch::new(self.batch_max);
         if let Some(m) = self.pending.take() {
             self.take(&mut batch, m).await?;
         }
         let mut deadline: Option<tokio::time::Instant> = None;
         loop {
-            if batch.urgent || batch.timeline_end || batch.bytes >= BATCH_MAX {
+            if batch.urgent || batch.timeline_end || batch.full() {
                 return Ok(batch);
             }
             if deadline.is_none() && !batch.parts.is_empty() {
@@ -219,7 +231,7 @@ impl FeedToLink<'_> {
             }
             // With no window, only what has already arrived joins the batch.
             if !batch.parts.is_empty() && self.window().is_zero() {
-                while !batch.urgent && batch.bytes < BATCH_MAX {
+                while !batch.urgent && !batch.full() {
                     match self.read().now_or_never() {
                         Some(m) => {
                             let m = m?;
@@ -378,5 +390,53 @@ impl FeedToLink<'_> {
                 primary::Started::TimelineEnded { next: n, at: a } => (next, at) = (n, a),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MAX_MESSAGE_BYTES_MIN;
+    use crate::upstream::handshake::{batch_max, BATCH_MAX};
+
+    /// The walsender's largest XLogData message (MAX_SEND_SIZE) at `start`.
+    fn largest(start: u64) -> (usize, XLogData) {
+        let data = bytes::Bytes::from(vec![0u8; 128 * 1024]);
+        let body_len = 1 + 24 + data.len();
+        let x = XLogData {
+            start: Lsn(start),
+            end: Lsn(start + data.len() as u64),
+            send_time: 0,
+            data,
+        };
+        (body_len, x)
+    }
+
+    /// How many of the walsender's largest messages a batch of `max` bytes takes.
+    fn taken(max: usize) -> usize {
+        let mut b = Batch::new(max);
+        let mut n = 0;
+        loop {
+            let (len, x) = largest(n as u64 * 128 * 1024);
+            if !b.fits(len) {
+                return n;
+            }
+            b.push_wal(x).unwrap();
+            n += 1;
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_a_mebibyte_of_wal_or_what_the_downstream_does() {
+        // Eight (1 MiB of WAL, one run): fewer records cut by a link message's end.
+        assert_eq!(taken(BATCH_MAX), 8);
+        let mut b = Batch::new(BATCH_MAX);
+        for i in 0..8 {
+            b.push_wal(largest(i * 128 * 1024).1).unwrap();
+        }
+        assert_eq!(b.parts.len(), 1);
+        // A downstream at the smallest limit gets one at a time, as before.
+        assert_eq!(taken(batch_max(MAX_MESSAGE_BYTES_MIN as u64)), 1);
+        assert_eq!(taken(batch_max(0)), 1);
     }
 }

@@ -63,7 +63,7 @@ use crate::link;
 use crate::live::{Live, SessionSlots, Slot};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
-use feed::{FeedToLink, BATCH_MAX};
+use feed::FeedToLink;
 use from_link::LinkToUpstream;
 use handshake::{Agreed, PrimaryState};
 
@@ -453,7 +453,7 @@ async fn run_stream(
             pg_major: PgMajor::from_wire(welcome.pg_major),
             block_cache_bytes: agreed.block_cache_bytes,
             zstd_level: up.link.zstd_level,
-            max_message_bytes: BATCH_MAX,
+            max_message_bytes: agreed.batch_max,
         },
     };
     let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
@@ -481,6 +481,7 @@ async fn run_stream(
         events,
         metrics: &up.metrics,
         window: Duration::from_millis(up.link.batch_window_ms),
+        batch_max: agreed.batch_max,
         synchronous: &synchronous,
         durable,
         slot: agreed.slot.clone(),
