@@ -1,5 +1,5 @@
 //! Encodes (and with `decode`, also decodes) a WAL file with the `wal` link codec only, in
-//! messages of 1 MiB (the bench's replays' size; `WALRELAY_MESSAGE_KB` sets another) one at a
+//! messages of 256 kB (the bench's replays' size; `WALRELAY_MESSAGE_KB` sets another) one at a
 //! time on this thread (no other threads), for profiling one side without the baselines:
 //!
 //! ```sh

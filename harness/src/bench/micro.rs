@@ -1,5 +1,5 @@
-//! The one-core replays: WAL of the run through the link codec in 1 MiB messages (what the
-//! upstream batches while WAL comes faster than it goes: eight of the walsender's 128 kB
+//! The one-core replays: WAL of the run through the link codec in 256 kB messages (what the
+//! upstream batches while WAL comes faster than it goes: two of the walsender's 128 kB
 //! messages, the upstream's `handshake::BATCH_MAX`) on this thread, then through streaming zstd-1 and zstd-3
 //! (flushed per message, as the `zstd` link codec does) on the same bytes. Speeds are per
 //! CPU-second of the whole process (the rest of the process is idle while the replay runs),
@@ -28,7 +28,7 @@ use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
 /// Bytes of WAL per message of the replays.
-pub const MESSAGE: usize = 1 << 20;
+pub const MESSAGE: usize = 256 << 10;
 /// Most WAL a replay times.
 pub const MAX_BYTES: u64 = 512 << 20;
 const PAGE: u64 = 8192;

@@ -383,7 +383,7 @@ impl Report {
             (row, r.warm_replay_error.as_deref())
         };
         let tables = [
-            ("Replay of the cold window's WAL on one core, fresh codecs (1 MiB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time)", cold),
+            ("Replay of the cold window's WAL on one core, fresh codecs (256 kB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time)", cold),
             ("Replay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running", warm),
         ];
         let mut s = String::new();

@@ -27,14 +27,17 @@ pub struct Agreed {
 /// what the feed counts for it in a batch.
 const XLOGDATA_MAX: usize = 128 * 1024 + 64;
 
-/// Most bytes in one batch of the feed, when the downstream takes that much: eight of the
-/// primary's largest XLogData messages (1 MiB of WAL). Each link message's end may cut a record, which then
-/// passes raw (neither images nor tuples re-encoded), and each ends the codec's blocks: on
-/// recorded pgbench WAL, messages of 1 MiB against 128 kB carried 13 % fewer bytes and
-/// encoded 13 % faster (`harness/examples/codec_profile.rs`, `WALRELAY_MESSAGE_KB`); 2 MiB
-/// gained another 1 %. At 100 MB/s of WAL 1 MiB arrives within the default
-/// `link.batch_window_ms`, so a batch waits no longer than it did.
-pub const BATCH_MAX: usize = 8 * XLOGDATA_MAX;
+/// Most bytes in one batch of the feed, when the downstream takes that much: two of the
+/// primary's largest XLogData messages (256 kB of WAL; before, 256 kB with the headers, one).
+/// Each link message's end may cut a record, which then passes raw (neither images nor tuples
+/// re-encoded), and each ends the codec's blocks: on recorded WAL of the bench's pgbench
+/// window (`harness/examples/codec_profile.rs`, `WALRELAY_MESSAGE_KB`) messages of 256 kB
+/// against 128 kB carried 7.4 % fewer bytes and encoded 7 % faster, 1 MiB 13 % and 13 %. But
+/// batches of 1 MiB made both relays' replay lag under the bench's bulk load three to four
+/// times the direct standby's in three runs of three, where 128 kB and 256 kB batches kept
+/// it within 1.2–1.5 × (`docs/bench/2026-11-26-pg15-batch-1mib.txt`): larger batches wait
+/// for ends of records instead (not done yet).
+pub const BATCH_MAX: usize = 2 * XLOGDATA_MAX;
 
 /// The feed's batches for a downstream that takes messages of up to `downstream_max` bytes
 /// (its `limits.max_message_bytes`, in its `Hello`): at most [`BATCH_MAX`], at least the
@@ -202,7 +205,7 @@ mod tests {
     fn batches_stay_within_what_the_downstream_takes() {
         assert_eq!(batch_max(4 << 20), BATCH_MAX);
         assert_eq!(batch_max(u64::MAX), BATCH_MAX);
-        assert_eq!(batch_max(300_000), 300_000);
+        assert_eq!(batch_max(262_200), 262_200);
         // No limit said (0), or one below any downstream's: the smallest allowed.
         assert_eq!(batch_max(0), MAX_MESSAGE_BYTES_MIN);
         assert_eq!(batch_max(1000), MAX_MESSAGE_BYTES_MIN);
