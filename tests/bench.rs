@@ -129,12 +129,13 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert_eq!(r["verified"]["tables"], serde_json::json!(["updates"]));
     assert_eq!(num(r, &["verified", "integrity_failures"]), 0.0);
     assert!(r["replay"]["walrelay"]["encoded_bytes"].as_f64().unwrap() > 0.0);
-    // The warm replay times the steady window from the 128 kB message boundary at or before
+    // The warm replay times the steady window from the replay's message boundary at or before
     // its start, after the WAL before it went through the codecs.
     let warm = &r["warm_replay"];
     let (timed, steady) = (num(warm, &["wal_bytes"]), num(r, &["steady", "wal_bytes"]));
+    let message = walrelay_harness::bench::micro::MESSAGE as f64;
     assert!(
-        timed >= steady && timed <= steady + 128.0 * 1024.0,
+        timed >= steady && timed <= steady + message,
         "warm replay timed {timed} bytes of a {steady}-byte window: {warm}"
     );
     assert!(num(warm, &["warm_bytes"]) > 0.0, "nothing warmed: {warm}");
