@@ -35,7 +35,7 @@ const XLOGDATA_MAX: usize = 128 * 1024 + 64;
 /// against 128 kB carried 7.4 % fewer bytes and encoded 7 % faster, 1 MiB 13 % and 13 %. But
 /// batches of 1 MiB made both relays' replay lag under the bench's bulk load three to four
 /// times the direct standby's in three runs of three, where 128 kB and 256 kB batches kept
-/// it within 1.2–1.5 × (`docs/bench/2026-11-26-pg15-batch-size.txt`): larger batches wait
+/// it at 1.2–1.6 × (`docs/bench/2026-11-26-pg15-batch-size.txt`): larger batches wait
 /// for ends of records instead (not done yet).
 pub const BATCH_MAX: usize = 2 * XLOGDATA_MAX;
 
