@@ -32,6 +32,7 @@
 //! length is counted by comparing the bytes; [`super::zseq`] checks the offsets and lengths
 //! against the bounds before zstd codes them.
 
+use super::pglz::common_prefix;
 use super::wal::PAGE_SIZE;
 use super::zseq::{Seq, MIN_MATCH};
 
@@ -81,18 +82,7 @@ fn hash(b: &[u8; END], at: usize) -> usize {
 
 /// How many bytes from `at` equal those from `from` (`from < at`), up to [`END`].
 fn common(b: &[u8; END], at: usize, from: usize) -> usize {
-    let mut n = 0;
-    while at + n + 8 <= END {
-        let d = read8(b, at + n) ^ read8(b, from + n);
-        if d != 0 {
-            return n + (d.trailing_zeros() / 8) as usize;
-        }
-        n += 8;
-    }
-    while at + n < END && b[at + n] == b[from + n] {
-        n += 1;
-    }
-    n
+    common_prefix(&b[at..], &b[from..])
 }
 
 /// The best match at `pos`: the longest at a repeat offset, unless the hash table has a

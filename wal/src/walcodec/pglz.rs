@@ -155,9 +155,10 @@ fn hist_idx(s: &[u8], mask: i32, out: &mut Vec<u16>) {
 }
 
 /// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at
-/// least as long): the C code's byte loop, eight bytes at a time.
+/// least as long): the C code's byte loop, eight bytes at a time (also [`super::hitparse`]'s
+/// match lengths).
 #[inline]
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+pub(super) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let mut n = 0;
     for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
         let d = u64::from_le_bytes(x.try_into().unwrap_or_default())
