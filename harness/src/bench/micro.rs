@@ -1,13 +1,13 @@
 //! The one-core replays: WAL of the run through the link codec in 256 kB messages (what the
 //! upstream batches while WAL comes faster than it goes: two of the walsender's 128 kB
-//! messages, the upstream's `handshake::BATCH_MAX`) on this thread, then through streaming zstd-1 and zstd-3
-//! (flushed per message, as the `zstd` link codec does) on the same bytes. Speeds are per
-//! CPU-second of the whole process (the rest of the process is idle while the replay runs),
-//! and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware codec also
-//! runs a second time as the relay's stages run it while behind: more than one core
-//! allowed, each message staged while the one before is finished (its sections compressed
-//! or decompressed on the codec's threads, images checked on a worker); its wall-clock speed
-//! is what two cores get through.
+//! messages, the upstream's `handshake::BATCH_MAX`) on this thread, then through streaming
+//! zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does) on the same bytes.
+//! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
+//! replay runs), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
+//! codec also runs a second time as the relay's stages run it while behind: more than one
+//! core allowed, each message staged while the one before is finished (its sections
+//! compressed or decompressed on the codec's threads, images checked on a worker); its
+//! wall-clock speed is what two cores get through.
 //!
 //! - [`run`]: the cold window's bytes (at most 512 MB), from fresh codecs, as a relay that
 //!   has just started; also what the codec did with each resource manager's records.
