@@ -138,14 +138,28 @@ impl WalEncoder {
     /// Encodes one message's WAL bytes (starting at `start`) into `out` (cleared first), flushed.
     /// Refused while messages are staged.
     pub fn encode(&mut self, start: Lsn, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
+        self.encode_held(start, raw, 0, out).map(|_| ())
+    }
+
+    /// [`WalEncoder::encode`] of the message's first bytes: the `wal` codec leaves out a
+    /// record that starts in the last `hold` bytes and does not end in the message
+    /// ([`walcodec::Encoder::encode_held`]); the others take everything. Returns how many
+    /// bytes the payload restores: the caller sends the rest first in its next message.
+    pub fn encode_held(
+        &mut self,
+        start: Lsn,
+        raw: &[u8],
+        hold: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, CodecError> {
         out.clear();
         match &mut self.codec {
-            EncCodec::Wal(e) => e.encode(start, raw, out)?,
+            EncCodec::Wal(e) => return Ok(e.encode_held(start, raw, hold, out)?),
             _ if !self.ready.is_empty() => return Err(staged_already("encode")),
             EncCodec::None => out.extend_from_slice(raw),
             EncCodec::Zstd(enc) => zstd_flushed(enc, raw, out)?,
         }
-        Ok(())
+        Ok(raw.len())
     }
 
     /// Starts encoding a message whose payload [`WalEncoder::collect`] returns, oldest first,
@@ -153,8 +167,14 @@ impl WalEncoder {
     /// `wal` codec's [`walcodec::Encoder::stage`]; the others encode it at once). At most
     /// [`walcodec::STAGED_MAX`] messages may wait to be collected.
     pub fn stage(&mut self, start: Lsn, raw: &[u8]) -> Result<(), CodecError> {
+        self.stage_held(start, raw, 0).map(|_| ())
+    }
+
+    /// [`WalEncoder::stage`] of the message's first bytes, as [`WalEncoder::encode_held`]
+    /// chooses them; returns how many.
+    pub fn stage_held(&mut self, start: Lsn, raw: &[u8], hold: usize) -> Result<usize, CodecError> {
         if let EncCodec::Wal(e) = &mut self.codec {
-            return Ok(e.stage(start, raw)?);
+            return Ok(e.stage_held(start, raw, hold)?);
         }
         if self.ready.len() >= walcodec::STAGED_MAX {
             return Err(staged_already("stage"));
@@ -165,7 +185,7 @@ impl WalEncoder {
             _ => out.extend_from_slice(raw),
         }
         self.ready.push_back(out);
-        Ok(())
+        Ok(raw.len())
     }
 
     /// Messages staged and not collected yet.

@@ -25,6 +25,7 @@ use crate::pg::PgMajor;
 mod blocks;
 mod sealer;
 mod verify;
+mod walk;
 
 use sealer::Sealer;
 use verify::{Spot, Verifier};
@@ -89,6 +90,9 @@ pub struct Encoder {
     /// The record being encoded writes new pages whole (XLOG_FPI, `log_newpage`): see
     /// `blocks::Encoder::encode_page_op`.
     new_pages: bool,
+    /// Most bytes of the message's end that may be held back for the next message (see
+    /// [`Encoder::encode_held`]); 0: none.
+    hold: usize,
 }
 
 /// Why a record starting here is not encoded.
@@ -144,6 +148,7 @@ impl Encoder {
             parallel: payload::multi_core(),
             msg_len: 0,
             new_pages: false,
+            hold: 0,
         })
     }
 
@@ -186,14 +191,31 @@ impl Encoder {
         raw: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), WalCodecError> {
+        self.encode_held(start, raw, 0, out).map(|_| ())
+    }
+
+    /// [`Encoder::encode`] of the message's first bytes: a record that starts in the last
+    /// `hold` bytes and does not end in the message is left out, with everything after it,
+    /// when something comes before it. Returns how many bytes the payload restores; the
+    /// caller sends the rest at the start of its next message, where the record is encoded
+    /// whole instead of passing raw in two pieces (a record cut by a message's end is not
+    /// understood by either message).
+    pub fn encode_held(
+        &mut self,
+        start: Lsn,
+        raw: &[u8],
+        hold: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, WalCodecError> {
         out.clear();
         if self.sealer.staged() > 0 {
             return Err(WalCodecError::Params(
                 "encode called with messages staged: collect them first".into(),
             ));
         }
-        self.transform(start, raw, false)?;
-        self.collect(out).map(|_| ())
+        let n = self.transform(start, raw, false, hold)?;
+        self.collect(out)?;
+        Ok(n)
     }
 
     /// The first half of [`Encoder::encode`]: transforms the message and hands its streams
@@ -202,11 +224,28 @@ impl Encoder {
     /// payload comes from [`Encoder::collect`], oldest first; at most [`STAGED_MAX`] messages
     /// may be staged and not collected.
     pub fn stage(&mut self, start: Lsn, raw: &[u8]) -> Result<(), WalCodecError> {
-        self.transform(start, raw, self.parallel)
+        self.stage_held(start, raw, 0).map(|_| ())
     }
 
-    /// [`Encoder::stage`]; `away`: the streams may be compressed on the section thread.
-    fn transform(&mut self, start: Lsn, raw: &[u8], away: bool) -> Result<(), WalCodecError> {
+    /// [`Encoder::stage`] of the message's first bytes, as [`Encoder::encode_held`] chooses
+    /// them; returns how many.
+    pub fn stage_held(
+        &mut self,
+        start: Lsn,
+        raw: &[u8],
+        hold: usize,
+    ) -> Result<usize, WalCodecError> {
+        self.transform(start, raw, self.parallel, hold)
+    }
+
+    /// [`Encoder::stage_held`]; `away`: the streams may be compressed on the section thread.
+    fn transform(
+        &mut self,
+        start: Lsn,
+        raw: &[u8],
+        away: bool,
+        hold: usize,
+    ) -> Result<usize, WalCodecError> {
         if self.poisoned {
             return Err(WalCodecError::Poisoned);
         }
@@ -231,19 +270,25 @@ impl Encoder {
         if self.next_pos != Some(start.0) {
             self.restart(start);
         }
-        self.msg_len = raw.len();
+        self.hold = hold.min(raw.len());
+        // Stream caps follow the bytes the message restores: the fewest it may.
+        self.msg_len = raw.len() - self.hold;
         let before = self.tracker.resyncs;
         let res = self
             .encode_body(raw)
-            .and_then(|()| self.end_message(raw.len(), away));
+            .and_then(|n| self.end_message(n, away).map(|()| n));
         self.stats.resyncs += self.tracker.resyncs - before;
-        if let Err(e) = res {
-            self.poisoned = true;
-            self.verify.discard();
-            return Err(e);
+        match res {
+            Ok(n) => {
+                self.next_pos = Some(end - (raw.len() - n) as u64);
+                Ok(n)
+            }
+            Err(e) => {
+                self.poisoned = true;
+                self.verify.discard();
+                Err(e)
+            }
         }
-        self.next_pos = Some(end);
-        Ok(())
     }
 
     /// Messages staged and not collected yet.
@@ -264,173 +309,6 @@ impl Encoder {
         }
         self.last_xid = 0;
         self.mainxf = MainXf::new();
-    }
-
-    fn encode_body(&mut self, raw: &[u8]) -> Result<(), WalCodecError> {
-        let mut i = 0;
-        while i < raw.len() {
-            let rest = &raw[i..];
-            let t = &self.tracker;
-            if !t.enabled() {
-                self.raw(OP_RAW, rest);
-                break;
-            }
-            if t.at_page_header() {
-                if t.partial_header() == 0 {
-                    if let Some((h, hl)) = t.predict_header() {
-                        if rest.get(..hl) == Some(&h[..hl]) {
-                            self.flush_pending();
-                            self.bufs[S_CTRL].push(OP_PAGE_HDR);
-                            self.tracker.feed(&rest[..hl]);
-                            self.stats.page_header_in += hl as u64;
-                            self.stats.page_header_out += 1;
-                            i += hl;
-                            continue;
-                        }
-                    }
-                }
-                let n = if t.partial_header() == 0 {
-                    le16(rest, 2).map_or(SHORT_PHD, phd_len)
-                } else {
-                    t.header_missing()
-                }
-                .min(rest.len());
-                self.stats.page_header_in += n as u64;
-                self.stats.page_header_out += n as u64;
-                self.raw(OP_RAW_HDR, &rest[..n]);
-                i += n;
-                continue;
-            }
-            let room = t.to_page_end();
-            let n = match t.state {
-                RecState::Between if t.at_record_start() => match self.try_record(rest)? {
-                    Ok(n) => {
-                        i += n;
-                        continue;
-                    }
-                    Err(skip) => {
-                        match skip {
-                            Skip::Split => self.stats.records_split += 1,
-                            Skip::Odd => self.stats.records_raw += 1,
-                        }
-                        REC_HDR.min(room)
-                    }
-                },
-                RecState::Between => {
-                    let pad = t.padding().max(1);
-                    let n = pad.min(rest.len());
-                    if rest[..n].iter().all(|&b| b == 0) {
-                        self.zeros(&rest[..n]);
-                        i += n;
-                        continue;
-                    }
-                    n
-                }
-                RecState::Header { .. } => t.header_bytes_missing().unwrap_or(1).min(room),
-                RecState::Body { remaining, .. } => (remaining as usize).min(room),
-                RecState::SwitchTail { end } => {
-                    let n = (end.wrapping_sub(t.pos)).min(rest.len() as u64) as usize;
-                    if is_zero(&rest[..n]) {
-                        self.zeros(&rest[..n]);
-                        i += n;
-                        continue;
-                    }
-                    n
-                }
-                RecState::Unknown => room,
-            }
-            .clamp(1, rest.len());
-            self.raw(OP_RAW, &rest[..n]);
-            i += n;
-        }
-        Ok(())
-    }
-
-    /// Passes `b` raw (RAW or HDR stream) and feeds it to the tracker.
-    fn raw(&mut self, op: u8, b: &[u8]) {
-        let stream = if op == OP_RAW_HDR { S_HDR } else { S_RAW };
-        self.bufs[stream].extend_from_slice(b);
-        if op == OP_RAW {
-            self.stats.raw_in += b.len() as u64;
-        }
-        self.run(op, b.len());
-        self.tracker.feed(b);
-    }
-
-    fn zeros(&mut self, b: &[u8]) {
-        self.stats.zeros_in += b.len() as u64;
-        self.run(OP_ZERO, b.len());
-        self.tracker.feed(b);
-    }
-
-    /// Adds `n` bytes to the pending run of `op`, writing out a run of another kind first.
-    fn run(&mut self, op: u8, n: usize) {
-        match &mut self.pending {
-            Some((o, len)) if *o == op => *len += n,
-            _ => {
-                self.flush_pending();
-                self.pending = Some((op, n));
-            }
-        }
-    }
-
-    fn flush_pending(&mut self) {
-        if let Some((op, n)) = self.pending.take() {
-            let ctrl = &mut self.bufs[S_CTRL];
-            ctrl.push(op);
-            put_varint(ctrl, n as u64);
-        }
-    }
-
-    /// Gathers the record starting at the tracker's position (a record start) into `self.rec`,
-    /// following its page layout in `rest`; returns the physical bytes it spans.
-    fn gather(&mut self, rest: &[u8]) -> Result<usize, Skip> {
-        let t = &self.tracker;
-        self.rec.clear();
-        let (mut j, mut cur) = (0usize, t.pos);
-        let mut need: Option<usize> = None;
-        loop {
-            if need.is_none() && self.rec.len() >= 4 {
-                let tot = le32(&self.rec, 0).ok_or(Skip::Odd)? as usize;
-                if tot < REC_HDR {
-                    return Err(Skip::Odd);
-                }
-                if tot > rest.len() {
-                    return Err(Skip::Split);
-                }
-                need = Some(tot);
-            }
-            if need == Some(self.rec.len()) {
-                return Ok(j);
-            }
-            if cur % WAL_PAGE == 0 {
-                let have = rest.len() - j;
-                let hl = match le16(rest, j + 2) {
-                    Some(info) if have >= phd_len(info) => phd_len(info),
-                    _ => return Err(Skip::Split),
-                };
-                let Some(tot) = need else {
-                    return Err(Skip::Odd);
-                };
-                let rem = (tot - self.rec.len()) as u32;
-                if !t.header_continues(&rest[j..j + hl], cur, rem) {
-                    return Err(Skip::Odd);
-                }
-                j += hl;
-                cur += hl as u64;
-                continue;
-            }
-            let want = need.unwrap_or(REC_HDR) - self.rec.len();
-            let take = want
-                .min((WAL_PAGE - cur % WAL_PAGE) as usize)
-                .min(rest.len() - j);
-            if take == 0 {
-                return Err(Skip::Split);
-            }
-            self.rec.extend_from_slice(&rest[j..j + take]);
-            j += take;
-            cur += take as u64;
-        }
     }
 
     /// Encodes the record starting here as a REC op if it is complete in `rest` and understood.

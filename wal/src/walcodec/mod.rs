@@ -166,6 +166,8 @@ mod tests;
 #[cfg(test)]
 mod tests_fpi;
 #[cfg(test)]
+mod tests_hold;
+#[cfg(test)]
 mod tests_inserts;
 #[cfg(test)]
 mod tests_stage;
@@ -234,6 +236,9 @@ pub struct CodecStats {
     pub records_raw: u64,
     /// Records cut by a message boundary (passed raw).
     pub records_split: u64,
+    /// Records that would have been cut, held back for the next message instead
+    /// ([`Encoder::encode_held`]).
+    pub records_held: u64,
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,
