@@ -46,6 +46,10 @@ pub struct Totals {
     pub tuple_deltas: u64,
     pub tuple_delta_saved: u64,
     pub tuple_misses: u64,
+    /// Records a link message's end cut (passed raw), and records held back for the next
+    /// message instead (`walcodec::Encoder::encode_held`).
+    pub records_cut: u64,
+    pub records_held: u64,
 }
 
 impl Totals {
@@ -115,6 +119,8 @@ impl CodecTotals {
         t.tuple_deltas += d(cur.tuple_deltas, prev.tuple_deltas);
         t.tuple_delta_saved += d(cur.tuple_delta_saved, prev.tuple_delta_saved);
         t.tuple_misses += d(cur.tuple_misses, prev.tuple_misses);
+        t.records_cut += d(cur.records_split, prev.records_split);
+        t.records_held += d(cur.records_held, prev.records_held);
         for (id, now) in cur.by_rmgr.iter() {
             let was = prev.by_rmgr.get(id);
             let e = t.rmgr.entry(id).or_default();

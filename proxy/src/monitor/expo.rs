@@ -373,7 +373,7 @@ fn codec_families(e: &mut Expo, m: &Metrics) {
         "WAL records encoded by the wal codec, by resource manager.",
         |v| v.records,
     );
-    let ones: [(&str, &str, &str, f64); 7] = [
+    let ones: [(&str, &str, &str, f64); 9] = [
         ("walrelay_codec_records_total", "counter", "WAL records encoded field by field by the wal codec.", t.records as f64),
         ("walrelay_codec_fpis_total", "counter", "Full-page images sent as page frames through the block cache.", t.fpis as f64),
         ("walrelay_codec_fpi_cache_hits_total", "counter", "Full-page images whose block was in the block cache (hit rate = hits / fpis).", t.fpi_cache_hits as f64),
@@ -381,6 +381,8 @@ fn codec_families(e: &mut Expo, m: &Metrics) {
         ("walrelay_codec_tuple_deltas_total", "counter", "Heap tuples sent as a delta against a version both ends hold (tuple cache or cached page).", t.tuple_deltas as f64),
         ("walrelay_codec_tuple_delta_saved_bytes_total", "counter", "Tuple bytes the deltas left out (taken from the reference at the downstream).", t.tuple_delta_saved as f64),
         ("walrelay_codec_tuple_misses_total", "counter", "Heap tuples that could have gone as a delta but had no reference saving enough (hit rate = deltas / (deltas + misses)).", t.tuple_misses as f64),
+        ("walrelay_codec_records_cut_total", "counter", "WAL records a link message's end cut: passed raw, in two pieces.", t.records_cut as f64),
+        ("walrelay_codec_records_held_total", "counter", "WAL records a link message's end would have cut, held back to go whole in the next message.", t.records_held as f64),
     ];
     for (name, kind, help, value) in ones {
         e.one(name, kind, help, value);

@@ -80,14 +80,25 @@ pub enum Part {
 pub struct Job {
     pub parts: Vec<Part>,
     pub wal_end: Option<Lsn>,
+    /// The batch ended because the primary's next WAL did not fit: the head of a record its
+    /// end cut may wait for the next batch ([`Framer::hold_max`]).
+    pub more: bool,
 }
 
 /// What the thread owns: the encoder and the frame state, in stream order.
 pub struct Framer {
-    pub encoder: WalEncoder,
-    pub state: DownState,
-    pub codec_stats: SessionCodecStats,
-    pub metrics: Arc<Metrics>,
+    encoder: WalEncoder,
+    state: DownState,
+    codec_stats: SessionCodecStats,
+    metrics: Arc<Metrics>,
+    /// Most bytes of a batch's end held back for the next batch
+    /// ([`super::handshake::hold_max`]).
+    hold_max: usize,
+    /// WAL held back from the last batch: the head of a record its end cut, which goes
+    /// first in the next batch, so that the codec sees the record whole
+    /// (`WalEncoder::encode_held`; a cut record passes raw). Only a batch that the
+    /// primary's next WAL follows at once holds anything ([`Job::more`]).
+    carry: Option<(WalHeader, BytesMut)>,
 }
 
 /// Most WAL bytes in a batch the feed encodes itself when the thread is idle (see
@@ -119,16 +130,16 @@ impl Output {
 
     /// Stages the batch's WAL runs with more than one core allowed ([`Framer::stage`]);
     /// false, and nothing staged, when they do not fit beside those staged already.
-    fn stage(&self, job: &Job) -> Result<bool, Status> {
+    fn stage(&self, job: &mut Job) -> Result<bool, Status> {
         let mut framer = self.framer();
         framer.encoder.set_parallel(true);
-        framer.stage(&job.parts)
+        framer.stage(job)
     }
 
     /// The batch's frame, encoded under the framer's lock (its WAL runs `staged` before, or
     /// encoded now); `behind`: the queue behind it is full, so the codec may use more than
     /// one core (`WalEncoder::set_parallel`).
-    fn frame(&self, job: &Job, behind: bool, staged: bool) -> Result<ToDownstream, Status> {
+    fn frame(&self, job: &mut Job, behind: bool, staged: bool) -> Result<ToDownstream, Status> {
         let mut framer = self.framer();
         if !staged {
             framer.encoder.set_parallel(behind);
@@ -136,7 +147,7 @@ impl Output {
         if behind {
             Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
         }
-        let frame = framer.frame(&job.parts, staged)?;
+        let frame = framer.frame(job, staged)?;
         Metrics::add(&framer.metrics.link_messages_out, 1);
         Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Frame(frame.into())),
@@ -184,9 +195,9 @@ impl EncodeStage {
     /// A small batch while the thread has nothing to do is encoded here instead: a
     /// synchronous commit then waits for no thread to wake up. Order is kept: the feed is the
     /// only sender, and with nothing in flight every earlier frame is already in `tx`.
-    pub async fn send(&self, job: Job) -> Result<(), Status> {
+    pub async fn send(&self, mut job: Job) -> Result<(), Status> {
         if self.out.in_flight.load(Ordering::Acquire) == 0 && job.wal_bytes() <= INLINE_MAX {
-            let msg = self.out.frame(&job, false, false)?;
+            let msg = self.out.frame(&mut job, false, false)?;
             if self.out.tx.send(Ok(msg)).await.is_err() {
                 return Err(Status::cancelled("the downstream went away"));
             }
@@ -233,7 +244,7 @@ impl EncodeThread {
         // The next batch, taken from the queue early and maybe staged already.
         let mut ahead: Option<(Job, bool)> = None;
         loop {
-            let (job, mut staged) = match ahead.take() {
+            let (mut job, mut staged) = match ahead.take() {
                 Some(a) => a,
                 None => match self.jobs.blocking_recv() {
                     Some(job) => (job, false),
@@ -244,8 +255,8 @@ impl EncodeThread {
             // faster than one core encodes. (A batch or two queued is a burst, which one
             // core absorbs; threads for it cost CPU and bought no lag in the bench.)
             let behind = self.out.in_flight.load(Ordering::Acquire) > QUEUE;
-            let r = self.look_ahead(&job, &mut staged, behind, &mut ahead);
-            let msg = match r.and_then(|()| self.out.frame(&job, behind, staged)) {
+            let r = self.look_ahead(&mut job, &mut staged, behind, &mut ahead);
+            let msg = match r.and_then(|()| self.out.frame(&mut job, behind, staged)) {
                 Ok(m) => m,
                 Err(status) => {
                     *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
@@ -265,7 +276,7 @@ impl EncodeThread {
     /// not, goes to `ahead`.
     fn look_ahead(
         &mut self,
-        job: &Job,
+        job: &mut Job,
         staged: &mut bool,
         behind: bool,
         ahead: &mut Option<(Job, bool)>,
@@ -273,46 +284,125 @@ impl EncodeThread {
         if !behind || ahead.is_some() || wal_runs(&job.parts) == 0 {
             return Ok(());
         }
-        let Ok(next) = self.jobs.try_recv() else {
+        let Ok(mut next) = self.jobs.try_recv() else {
             return Ok(());
         };
         if !*staged {
             *staged = self.out.stage(job)?;
         }
-        let next_staged = *staged && wal_runs(&next.parts) > 0 && self.out.stage(&next)?;
+        let next_staged = *staged && wal_runs(&next.parts) > 0 && self.out.stage(&mut next)?;
         *ahead = Some((next, next_staged));
         Ok(())
     }
 }
 
 impl Framer {
-    /// Stages the parts' WAL runs (`WalEncoder::stage`) for [`Framer::frame`]; false, and
-    /// nothing staged, when they would not fit beside the runs staged already.
-    pub fn stage(&mut self, parts: &[Part]) -> Result<bool, Status> {
-        let runs = wal_runs(parts);
+    /// A stream's framer; `hold_max`: [`super::handshake::hold_max`].
+    pub fn new(
+        encoder: WalEncoder,
+        codec_stats: SessionCodecStats,
+        metrics: Arc<Metrics>,
+        hold_max: usize,
+    ) -> Framer {
+        Framer {
+            encoder,
+            state: DownState::default(),
+            codec_stats,
+            metrics,
+            hold_max,
+            carry: None,
+        }
+    }
+
+    /// Puts the WAL held back from the batch before first in `job`, joined to the job's
+    /// first run when that follows on.
+    fn take_carry(&mut self, job: &mut Job) {
+        let Some((head, bytes)) = self.carry.take() else {
+            return;
+        };
+        let end = head.start + bytes.len() as u64;
+        match job.parts.first_mut() {
+            Some(Part::Wal { header, data }) if header.start == end => {
+                let mut joined = bytes;
+                joined.extend_from_slice(data);
+                *data = joined;
+                header.start = head.start;
+            }
+            _ => job.parts.insert(
+                0,
+                Part::Wal {
+                    header: head,
+                    data: bytes,
+                },
+            ),
+        }
+        job.wal_end = job.wal_end.max(Some(Lsn(end)));
+    }
+
+    /// Bytes the encoder may hold back of part `i` of `job`: only of the last, a WAL run, of
+    /// a batch the primary's next WAL follows.
+    fn hold(&self, job: &Job, i: usize) -> usize {
+        match job.more && i + 1 == job.parts.len() {
+            true => self.hold_max,
+            false => 0,
+        }
+    }
+
+    /// The encoder took the first `n` bytes of the job's WAL run `i`: the rest waits for the
+    /// next batch ([`Framer::carry`]) and the job's WAL ends there.
+    fn held(&mut self, job: &mut Job, i: usize, n: usize) {
+        let Some(Part::Wal { header, data }) = job.parts.get_mut(i) else {
+            return;
+        };
+        if n >= data.len() {
+            return;
+        }
+        let rest = data.split_off(n);
+        let start = header.start + n as u64;
+        self.carry = Some((WalHeader { start, ..*header }, rest));
+        job.wal_end = Some(Lsn(start));
+    }
+
+    /// Stages the job's WAL runs (`WalEncoder::stage`) for [`Framer::frame`], the WAL held
+    /// back from the batch before first; false, and nothing staged, when they would not fit
+    /// beside the runs staged already.
+    pub fn stage(&mut self, job: &mut Job) -> Result<bool, Status> {
+        self.take_carry(job);
+        let runs = wal_runs(&job.parts);
         if self.encoder.staged() + runs > STAGED_MAX {
             return Ok(false);
         }
-        let metrics = &*self.metrics;
-        for part in parts {
-            if let Part::Wal { header, data } = part {
+        for i in 0..job.parts.len() {
+            let hold = self.hold(job, i);
+            if let Part::Wal { header, data } = &job.parts[i] {
                 let start = Lsn(header.start);
-                timed(&metrics.encode_ns, || self.encoder.stage(start, data))
-                    .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+                let encoder = &mut self.encoder;
+                let n = timed(&self.metrics.encode_ns, || {
+                    encoder.stage_held(start, data, hold)
+                })
+                .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+                self.held(job, i, n);
             }
         }
-        Metrics::add(&metrics.codec_staged_messages[0], runs as u64);
+        Metrics::add(&self.metrics.codec_staged_messages[0], runs as u64);
         Ok(true)
     }
 
-    /// Builds the parts' frame: their WAL runs `staged` by [`Framer::stage`] (their payloads
-    /// collected in order), or encoded now.
-    pub fn frame(&mut self, parts: &[Part], staged: bool) -> Result<Vec<u8>, Status> {
+    /// Builds the job's frame: its WAL runs `staged` by [`Framer::stage`] (their payloads
+    /// collected in order), or encoded now after the WAL held back from the batch before.
+    pub fn frame(&mut self, job: &mut Job, staged: bool) -> Result<Vec<u8>, Status> {
+        if !staged {
+            self.take_carry(job);
+        }
         let (mut out, mut digest, mut encoded) = (Vec::new(), Digest::default(), Vec::new());
-        for part in parts {
-            let item = match part {
+        for i in 0..job.parts.len() {
+            let hold = if staged { 0 } else { self.hold(job, i) };
+            let item = match &job.parts[i] {
                 Part::Wal { header, data } => {
-                    self.wal(header, data, staged, &mut encoded, &mut out, &mut digest)?;
+                    let n = self.encode_run(header, data, staged, hold, &mut encoded)?;
+                    let sent = data.get(..n).unwrap_or(data);
+                    self.put_run(header, sent, &encoded, &mut out, &mut digest)?;
+                    self.held(job, i, n);
                     continue;
                 }
                 Part::Keepalive { end, send_time } => Down::Keepalive {
@@ -333,13 +423,38 @@ impl Framer {
         Ok(out)
     }
 
-    /// One WAL run: encoded, counted, put in the frame.
-    fn wal(
+    /// One WAL run's payload into `encoded`: collected (`staged`), or encoded now with up
+    /// to `hold` bytes of its end held back. Returns how many of its bytes the payload holds.
+    fn encode_run(
         &mut self,
         header: &WalHeader,
         data: &[u8],
         staged: bool,
+        hold: usize,
         encoded: &mut Vec<u8>,
+    ) -> Result<usize, Status> {
+        let start = Lsn(header.start);
+        let encoder = &mut self.encoder;
+        let got = timed(&self.metrics.encode_ns, || match staged {
+            true => encoder
+                .collect(encoded)
+                .map(|got| got.then_some(data.len())),
+            false => encoder.encode_held(start, data, hold, encoded).map(Some),
+        })
+        .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
+        got.ok_or_else(|| {
+            Status::internal(format!(
+                "encoding WAL at {start}: the run was staged but its payload is missing"
+            ))
+        })
+    }
+
+    /// One encoded WAL run: counted, put in the frame.
+    fn put_run(
+        &mut self,
+        header: &WalHeader,
+        data: &[u8],
+        encoded: &[u8],
         out: &mut Vec<u8>,
         digest: &mut Digest,
     ) -> Result<(), Status> {
@@ -348,19 +463,7 @@ impl Framer {
                 .map_err(|_| Status::internal("a WAL run longer than 4 GiB"))?,
             ..*header
         };
-        let start = Lsn(header.start);
         let metrics = &*self.metrics;
-        let encoder = &mut self.encoder;
-        let got = timed(&metrics.encode_ns, || match staged {
-            true => encoder.collect(encoded),
-            false => encoder.encode(start, data, encoded).map(|()| true),
-        })
-        .map_err(|e| Status::internal(format!("encoding WAL at {start}: {e}")))?;
-        if !got {
-            return Err(Status::internal(format!(
-                "encoding WAL at {start}: the run was staged but its payload is missing"
-            )));
-        }
         Metrics::add(&metrics.wal_payload_bytes_out, encoded.len() as u64);
         self.codec_stats.observe(&self.encoder, &metrics.ops.codec);
         self.state.put_wal(out, &header, encoded);

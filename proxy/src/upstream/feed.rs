@@ -52,6 +52,8 @@ struct Batch {
     /// The primary ended the timeline (CopyDone): switch after this batch.
     timeline_end: bool,
     wal_end: Option<Lsn>,
+    /// It ended because the primary's next WAL, already read, did not fit ([`Job::more`]).
+    more: bool,
 }
 
 impl Batch {
@@ -68,6 +70,15 @@ impl Batch {
 
     fn full(&self) -> bool {
         self.bytes >= self.max
+    }
+
+    /// Ends the batch before `next`, which did not fit: the next batch starts with it.
+    fn close_before(&mut self, next: &RawMsg) {
+        let follows = match XLogData::parse(&next.body) {
+            Ok(Some(x)) => next.tag == b'd' && Some(x.start) == self.wal_end,
+            _ => false,
+        };
+        self.more = follows && matches!(self.parts.last(), Some(Part::Wal { .. }));
     }
 
     fn push_event(&mut self, e: Event) {
@@ -149,6 +160,7 @@ impl FeedToLink<'_> {
                 let job = Job {
                     parts: batch.parts,
                     wal_end: batch.wal_end,
+                    more: batch.more,
                 };
                 self.stage.send(job).await?;
                 self.last_sent = tokio::time::Instant::now();
@@ -207,6 +219,7 @@ impl FeedToLink<'_> {
                 m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
                     let m = m.map_err(primary_gone)?;
                     if !batch.fits(m.body.len()) {
+                        batch.close_before(&m);
                         self.pending = Some(m);
                         return Ok(batch);
                     }
@@ -236,6 +249,7 @@ impl FeedToLink<'_> {
                         Some(m) => {
                             let m = m?;
                             if !batch.fits(m.body.len()) {
+                                batch.close_before(&m);
                                 self.pending = Some(m);
                                 break;
                             }
@@ -378,6 +392,7 @@ impl FeedToLink<'_> {
             let job = Job {
                 parts: vec![timeline],
                 wal_end: None,
+                more: false,
             };
             self.stage.send(job).await?;
             self.tli = next;
@@ -438,5 +453,52 @@ mod tests {
         // A downstream at the smallest limit gets one at a time, as before.
         assert_eq!(taken(batch_max(MAX_MESSAGE_BYTES_MIN as u64)), 1);
         assert_eq!(taken(batch_max(0)), 1);
+    }
+
+    /// The primary's CopyData carrying XLogData of `len` bytes at `start`.
+    fn xlogdata(start: u64, len: usize) -> RawMsg {
+        let mut body = vec![b'w'];
+        for v in [start, start + len as u64, 0] {
+            body.extend_from_slice(&v.to_be_bytes());
+        }
+        body.resize(body.len() + len, 0);
+        RawMsg {
+            tag: b'd',
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn a_batch_says_more_follows_only_when_its_wal_goes_on_in_the_next() {
+        let full = |parts_after: bool| {
+            let mut b = Batch::new(BATCH_MAX);
+            b.push_wal(largest(0).1).unwrap();
+            if parts_after {
+                b.parts.push(Part::Keepalive {
+                    end: 0,
+                    send_time: 0,
+                });
+            }
+            b
+        };
+        let mut b = full(false);
+        b.close_before(&xlogdata(128 * 1024, 1000));
+        assert!(b.more, "the next WAL follows on");
+        // A gap, another message, or something after the WAL in the batch: nothing held.
+        for (next, after) in [
+            (xlogdata(256 * 1024, 1000), false),
+            (
+                RawMsg {
+                    tag: b'c',
+                    body: Default::default(),
+                },
+                false,
+            ),
+            (xlogdata(128 * 1024, 1000), true),
+        ] {
+            let mut b = full(after);
+            b.close_before(&next);
+            assert!(!b.more, "{:?} after a keepalive: {after}", next.tag);
+        }
     }
 }

@@ -21,6 +21,9 @@ pub struct Agreed {
     pub slot: String,
     /// Most bytes of WAL (and other messages) the feed puts into one link message.
     pub batch_max: usize,
+    /// Most bytes of WAL the encode stage holds back from a batch's end for the next
+    /// ([`hold_max`]); a link message carries at most `batch_max + hold_max` bytes of WAL.
+    pub hold_max: usize,
 }
 
 /// A walsender's largest XLogData message (`MAX_SEND_SIZE`, 16 WAL pages), its header and
@@ -29,14 +32,14 @@ const XLOGDATA_MAX: usize = 128 * 1024 + 64;
 
 /// Most bytes in one batch of the feed, when the downstream takes that much: two of the
 /// primary's largest XLogData messages (256 kB of WAL; before, 256 kB with the headers, one).
-/// Each link message's end may cut a record, which then passes raw (neither images nor tuples
-/// re-encoded), and each ends the codec's blocks: on recorded WAL of the bench's pgbench
-/// window (`harness/examples/codec_profile.rs`, `WALRELAY_MESSAGE_KB`) messages of 256 kB
-/// against 128 kB carried 7.4 % fewer bytes and encoded 7 % faster, 1 MiB 13 % and 13 %. But
-/// batches of 1 MiB made both relays' replay lag under the bench's bulk load three to four
-/// times the direct standby's in three runs of three, where 128 kB and 256 kB batches kept
-/// it at 1.2–1.6 × (`docs/bench/2026-11-26-pg15-batch-size.txt`): larger batches wait
-/// for ends of records instead (not done yet).
+/// Each link message ends the codec's blocks, and a record its end cuts passes raw (neither
+/// images nor tuples re-encoded) unless it is held back ([`hold_max`]): on recorded WAL of the
+/// bench's pgbench window (`harness/examples/codec_profile.rs`, `WALRELAY_MESSAGE_KB`)
+/// messages of 256 kB against 128 kB carried 7.4 % fewer bytes and encoded 7 % faster, 1 MiB
+/// 13 % and 13 %. But batches of 1 MiB made both relays' replay lag under the bench's bulk
+/// load three to four times the direct standby's in three runs of three, where 128 kB and
+/// 256 kB batches kept it at 1.2–1.6 × (`docs/bench/2026-11-26-pg15-batch-size.txt`). So
+/// batches stay small, and the record their end cuts waits for the next one instead.
 pub const BATCH_MAX: usize = 2 * XLOGDATA_MAX;
 
 /// The feed's batches for a downstream that takes messages of up to `downstream_max` bytes
@@ -46,6 +49,23 @@ pub fn batch_max(downstream_max: u64) -> usize {
     usize::try_from(downstream_max)
         .unwrap_or(usize::MAX)
         .clamp(MAX_MESSAGE_BYTES_MIN, BATCH_MAX)
+}
+
+/// Most bytes of a batch's end the encode stage holds back for the next batch, when both
+/// halves take messages that large: the head of a record the batch's end cut, which then
+/// goes whole in the next message instead of raw in two (`WalEncoder::encode_held`). 64 kB
+/// holds any record of up to eight page images.
+pub const HOLD_MAX: usize = 64 * 1024;
+
+/// What the encode stage may hold back ([`HOLD_MAX`]) when a link message may carry
+/// `batch_max` bytes of a batch and up to this much before them: what is left of the
+/// smaller of the downstream's limit (`downstream_max`, 0 when its `Hello` said none) and
+/// this upstream's own (`own_max`); 0, nothing held, when that leaves none.
+pub fn hold_max(batch_max: usize, downstream_max: u64, own_max: usize) -> usize {
+    let limit = usize::try_from(downstream_max)
+        .unwrap_or(usize::MAX)
+        .min(own_max);
+    limit.saturating_sub(batch_max).min(HOLD_MAX)
 }
 
 /// Refuses a link protocol version other than this build's (a stream's `Hello`, a tunnel's
@@ -59,8 +79,14 @@ pub fn check_version(requested: u32) -> Result<(), Status> {
     Ok(())
 }
 
-/// Checks a `Hello` against this upstream's link settings.
-pub fn agree(hello: &Hello, link: &LinkConfig, slot: Option<&str>) -> Result<Agreed, Status> {
+/// Checks a `Hello` against this upstream's link settings; `own_max`: this upstream's
+/// `limits.max_message_bytes`.
+pub fn agree(
+    hello: &Hello,
+    link: &LinkConfig,
+    own_max: usize,
+    slot: Option<&str>,
+) -> Result<Agreed, Status> {
     check_version(hello.protocol_version)?;
     let codec = CodecKind::from_name(&hello.codec)
         .ok_or_else(|| Status::invalid_argument(format!("unknown codec {:?}", hello.codec)))?;
@@ -88,6 +114,11 @@ pub fn agree(hello: &Hello, link: &LinkConfig, slot: Option<&str>) -> Result<Agr
         block_cache_bytes,
         slot,
         batch_max: batch_max(hello.max_message_bytes),
+        hold_max: hold_max(
+            batch_max(hello.max_message_bytes),
+            hello.max_message_bytes,
+            own_max,
+        ),
     })
 }
 
@@ -170,17 +201,24 @@ mod tests {
     #[test]
     fn agreement() {
         let link = LinkConfig::default();
-        let a = agree(&hello(), &link, None).unwrap();
+        let a = agree(&hello(), &link, 4 << 20, None).unwrap();
         assert_eq!(a.slot, "walrelay");
         assert_eq!(a.codec, CodecKind::Wal);
         assert_eq!(a.block_cache_bytes, 1 << 20);
         assert_eq!(a.batch_max, BATCH_MAX);
+        assert_eq!(a.hold_max, HOLD_MAX);
+        let silent = Hello {
+            max_message_bytes: 0,
+            ..hello()
+        };
+        let a = agree(&silent, &link, 4 << 20, None).unwrap();
+        assert_eq!((a.batch_max, a.hold_max), (MAX_MESSAGE_BYTES_MIN, 0));
         let named = Hello {
             downstream_name: "dc2_b".into(),
             ..hello()
         };
         assert_eq!(
-            agree(&named, &link, Some("relay")).unwrap().slot,
+            agree(&named, &link, 4 << 20, Some("relay")).unwrap().slot,
             "relay_dc2_b"
         );
         for bad in [
@@ -197,7 +235,7 @@ mod tests {
                 ..hello()
             },
         ] {
-            assert!(agree(&bad, &link, None).is_err(), "{bad:?}");
+            assert!(agree(&bad, &link, 4 << 20, None).is_err(), "{bad:?}");
         }
     }
 
@@ -209,6 +247,30 @@ mod tests {
         // No limit said (0), or one below any downstream's: the smallest allowed.
         assert_eq!(batch_max(0), MAX_MESSAGE_BYTES_MIN);
         assert_eq!(batch_max(1000), MAX_MESSAGE_BYTES_MIN);
+    }
+
+    #[test]
+    fn held_bytes_fit_both_halves_limits() {
+        let b = BATCH_MAX;
+        assert_eq!(hold_max(b, 4 << 20, 4 << 20), HOLD_MAX);
+        assert_eq!(hold_max(b, u64::MAX, usize::MAX), HOLD_MAX);
+        // Whichever half takes less bounds the message.
+        assert_eq!(hold_max(b, (b + 1000) as u64, 4 << 20), 1000);
+        assert_eq!(hold_max(b, 4 << 20, b + 999), 999);
+        // No room over the batch, no limit said, or a limit under the batch: nothing held.
+        assert_eq!(hold_max(b, b as u64, 4 << 20), 0);
+        assert_eq!(hold_max(b, 0, 4 << 20), 0);
+        let small = batch_max(MAX_MESSAGE_BYTES_MIN as u64);
+        assert_eq!(hold_max(small, MAX_MESSAGE_BYTES_MIN as u64, 4 << 20), 0);
+        assert_eq!(hold_max(b, 4 << 20, MAX_MESSAGE_BYTES_MIN), 0);
+        for (d, o) in [
+            (300_000u64, 4usize << 20),
+            (4 << 20, 300_000),
+            (1 << 30, 1 << 30),
+        ] {
+            let h = hold_max(batch_max(d), d, o);
+            assert!(batch_max(d) + h <= (d as usize).min(o), "{d} {o}");
+        }
     }
 
     #[test]

@@ -251,7 +251,12 @@ impl Link for LinkService {
                 ))
             }
         };
-        let agreed = handshake::agree(&hello, &this.link, this.cfg.slot.as_deref())?;
+        let agreed = handshake::agree(
+            &hello,
+            &this.link,
+            this.limits.max_message_bytes,
+            this.cfg.slot.as_deref(),
+        )?;
         info!(%peer, downstream = %hello.downstream_name, slot = %agreed.slot, "link stream opened");
         let (conn, welcome) = open_feed(&this, &hello, &agreed).await.inspect_err(|e| {
             warn!(%peer, "cannot start the stream: {}", e.message());
@@ -453,7 +458,7 @@ async fn run_stream(
             pg_major: PgMajor::from_wire(welcome.pg_major),
             block_cache_bytes: agreed.block_cache_bytes,
             zstd_level: up.link.zstd_level,
-            max_message_bytes: agreed.batch_max,
+            max_message_bytes: agreed.batch_max + agreed.hold_max,
         },
     };
     let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
@@ -469,12 +474,12 @@ async fn run_stream(
         synchronous.clone(),
         sent_rx,
     );
-    let framer = encode::Framer {
+    let framer = encode::Framer::new(
         encoder,
-        state: Default::default(),
-        codec_stats: up.metrics.ops.codec.session(),
-        metrics: up.metrics.clone(),
-    };
+        up.metrics.ops.codec.session(),
+        up.metrics.clone(),
+        agreed.hold_max,
+    );
     let mut to_link = FeedToLink {
         conn,
         stage: encode::EncodeStage::spawn(framer, tx, sent)?,

@@ -1,11 +1,14 @@
 //! The encode stage under a primary that writes faster than it encodes: batches staged one
-//! ahead still give the frames, in order, that restore the primary's bytes.
+//! ahead, and records held back from a batch's end for the next, still give the frames, in
+//! order, that restore the primary's bytes.
 
 use std::time::Duration;
 
 use super::*;
 use crate::testwal::{raw_run, wal_setup};
 use walrelay_wal::linkcodec::WalDecoder;
+use walrelay_wal::pg::PgMajor;
+use walrelay_wal::walcodec::testgen::WalGen;
 
 const RUN: usize = 96 * 1024;
 
@@ -47,6 +50,7 @@ fn job(i: usize, at: &mut u64) -> (Job, Vec<u8>) {
     let job = Job {
         parts,
         wal_end: Some(Lsn(*at)),
+        more: false,
     };
     (job, all)
 }
@@ -54,12 +58,12 @@ fn job(i: usize, at: &mut u64) -> (Job, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_staged_ahead_restore_in_order() {
     let metrics = Arc::new(Metrics::default());
-    let framer = Framer {
-        encoder: WalEncoder::new(&wal_setup()).unwrap(),
-        state: DownState::default(),
-        codec_stats: metrics.ops.codec.session(),
-        metrics: metrics.clone(),
-    };
+    let framer = Framer::new(
+        WalEncoder::new(&wal_setup()).unwrap(),
+        metrics.ops.codec.session(),
+        metrics.clone(),
+        0,
+    );
     let (tx, mut rx) = mpsc::channel(1);
     let (sent, sent_rx) = watch::channel(Lsn(0));
     let stage = EncodeStage::spawn(framer, tx, sent).unwrap();
@@ -122,5 +126,131 @@ async fn batches_staged_ahead_restore_in_order() {
         .unwrap();
     // The queue was full behind some batches: those were staged ahead.
     assert!(metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0);
+    assert!(metrics.codec_staged_messages[0].load(Ordering::Relaxed) > 0);
+}
+
+/// One WAL run of `bytes` at `start`, as a batch of its own.
+fn wal_job(start: u64, bytes: &[u8], more: bool) -> Job {
+    let end = start + bytes.len() as u64;
+    Job {
+        parts: vec![Part::Wal {
+            header: WalHeader {
+                start,
+                end,
+                send_time: 0,
+                raw_len: 0,
+            },
+            data: BytesMut::from(bytes),
+        }],
+        wal_end: Some(Lsn(end)),
+        more,
+    }
+}
+
+/// Restores frames from `rx` until `len` bytes of WAL from `start` came; checks that every
+/// run follows the one before and every frame's checksum.
+async fn restore_frames(
+    rx: &mut mpsc::Receiver<Result<ToDownstream, Status>>,
+    start: u64,
+    len: usize,
+) -> Vec<u8> {
+    let mut state = DownState::default();
+    let mut dec = WalDecoder::new(&wal_setup()).unwrap();
+    let (mut got, mut restored) = (Vec::new(), Vec::new());
+    let mut next = start;
+    while got.len() < len {
+        let msg = rx.recv().await.expect("the stage ended early").unwrap();
+        let Some(to_downstream::Msg::Frame(frame)) = msg.msg else {
+            panic!("not a frame")
+        };
+        let (items, sum) = state.parse(&frame, 1 << 20, 4 << 20).unwrap();
+        let mut digest = Digest::default();
+        for item in &items {
+            let Down::Wal { header, payload } = *item else {
+                panic!("unexpected item")
+            };
+            assert_eq!(header.start, next, "runs out of order");
+            let n = header.raw_len as usize;
+            dec.restore(Lsn(header.start), payload, n, 1 << 20, &mut restored)
+                .unwrap();
+            item.digest(&mut digest, &restored);
+            got.extend_from_slice(&restored);
+            next += n as u64;
+        }
+        assert_eq!(digest.finish(), sum, "a frame's checksum");
+    }
+    got
+}
+
+/// Batches of generated WAL whose ends cut records: a batch the primary's next WAL follows
+/// (`more`) holds the cut record back, and it goes whole in the next frame, also when that
+/// next batch is small enough for the feed to encode itself; the bytes restore in order and
+/// the sent position never runs ahead of what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_record_waits_for_the_next_batch() {
+    let mut g = WalGen::new(PgMajor::V15, 1 << 24, 0x100_0000, 5);
+    while g.buf.len() < 1_200_000 {
+        g.random_record(40);
+    }
+    let (start, wal) = (g.start, g.buf.clone());
+    let metrics = Arc::new(Metrics::default());
+    let framer = Framer::new(
+        WalEncoder::new(&wal_setup()).unwrap(),
+        metrics.ops.codec.session(),
+        metrics.clone(),
+        32 * 1024,
+    );
+    let (tx, mut rx) = mpsc::channel(2);
+    let (sent, mut sent_rx) = watch::channel(Lsn(start));
+    let stage = EncodeStage::spawn(framer, tx, sent).unwrap();
+    let (len, fed) = (wal.len(), wal.clone());
+    let feed = tokio::spawn(async move {
+        let (mut at, mut i, mut held) = (0usize, 0usize, 0u64);
+        while at < fed.len() {
+            // Large batches that the next follows, now and then a small one after them.
+            let (n, more) = match i % 4 {
+                3 => (3000, false),
+                _ => (70_000, true),
+            };
+            let end = (at + n).min(fed.len());
+            let more = more && end < fed.len();
+            held += u64::from(more);
+            stage
+                .send(wal_job(start + at as u64, &fed[at..end], more))
+                .await
+                .unwrap();
+            if i % 8 == 2 {
+                // The thread goes idle holding a record back: the small batch after this one
+                // is framed by the feed itself, after the record.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (at, i) = (end, i + 1);
+        }
+        (stage, held, i as u64 - held)
+    });
+    let watch_sent = tokio::spawn(async move {
+        // What the stage says was sent never passes what the frames carried.
+        let mut highest = Lsn(start);
+        while sent_rx.changed().await.is_ok() {
+            highest = highest.max(*sent_rx.borrow_and_update());
+        }
+        highest
+    });
+    // Nobody reads the frames at first: batches queue up and are staged ahead.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = restore_frames(&mut rx, start, len).await;
+    assert_eq!(got.len(), len, "more WAL restored than was fed");
+    assert!(got == wal, "restored WAL differs from what was fed");
+    let (stage, more, rest) = feed.await.unwrap();
+    drop(stage);
+    let highest = watch_sent.await.unwrap();
+    assert_eq!(highest, Lsn(start + len as u64));
+    let t = metrics.ops.codec.snapshot();
+    // Only the ends of batches without `more` cut records; nearly every other end holds one.
+    assert!(t.records_cut <= rest, "{rest} batches without more: {t:?}");
+    assert!(
+        t.records_held * 4 >= more * 3,
+        "{more} batches with more: {t:?}"
+    );
     assert!(metrics.codec_staged_messages[0].load(Ordering::Relaxed) > 0);
 }
