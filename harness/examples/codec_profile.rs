@@ -1,6 +1,8 @@
 //! Encodes (and with `decode`, also decodes) a WAL file with the `wal` link codec only, in
-//! messages of 256 kB (the bench's replays' size; `WALRELAY_MESSAGE_KB` sets another) one at a
-//! time on this thread (no other threads), for profiling one side without the baselines:
+//! messages of 256 kB after up to 64 kB the one before held back (the bench's replays' sizes,
+//! `bench::micro::Cutter`; `WALRELAY_MESSAGE_KB` and `WALRELAY_HOLD_KB` set others, a hold of
+//! 0 cuts fixed chunks) one at a time on this thread (no other threads), for profiling one
+//! side without the baselines:
 //!
 //! ```sh
 //! cargo build --release -p walrelay-harness --example codec_profile
@@ -46,6 +48,10 @@ fn main() -> Result<()> {
         Ok(m) => m.parse().context("WALRELAY_BLOCK_CACHE_MB")?,
         Err(_) => 1024,
     };
+    let hold: usize = match std::env::var("WALRELAY_HOLD_KB") {
+        Ok(k) => k.parse::<usize>().context("WALRELAY_HOLD_KB")? << 10,
+        Err(_) => walrelay_harness::bench::micro::HOLD,
+    };
     let setup = Setup {
         kind: CodecKind::Wal,
         zstd_level: 3,
@@ -54,10 +60,9 @@ fn main() -> Result<()> {
             pg_major: walrelay_wal::pg::PgMajor::from_number(major),
             block_cache_bytes: cache_mb << 20,
             zstd_level: level,
-            max_message_bytes: message,
+            max_message_bytes: message + hold,
         },
     };
-    let at = |i: usize| Lsn(start.0 + (i * message) as u64);
     let cores = match std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1") {
         true => Cores::Staged,
         false => Cores::One,
@@ -66,25 +71,19 @@ fn main() -> Result<()> {
         Ok(m) => m.parse().context("WALRELAY_WARM_MB")?,
         Err(_) => 0,
     };
-    let all: Vec<(Lsn, &[u8])> = wal
-        .chunks(message)
-        .enumerate()
-        .map(|(i, c)| (at(i), c))
-        .collect();
-    let (warm, msgs) = all.split_at(((warm_mb << 20) / message).min(all.len()));
+    let split = ((warm_mb << 20) / message * message).min(wal.len());
+    let timed_start = Lsn(start.0 + split as u64);
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
-    let warm_encoded = encode_all(&mut enc, warm, cores)?;
+    let sizes = (message, hold);
+    let (warm, warm_encoded) = encode_all(&mut enc, start, &wal[..split], sizes, cores)?;
     let before = enc.wal_stats().cloned().unwrap_or_default();
     let t = Instant::now();
-    let encoded = encode_all(&mut enc, msgs, cores)?;
-    let mb = msgs.iter().map(|(_, c)| c.len()).sum::<usize>() as f64 / 1e6;
+    let (msgs, encoded) = encode_all(&mut enc, timed_start, &wal[split..], sizes, cores)?;
+    let mb = (wal.len() - split) as f64 / 1e6;
     let bytes: usize = encoded.iter().map(Vec::len).sum();
-    if !warm.is_empty() {
-        println!(
-            "warmed on {} MB (untimed); timed: the rest",
-            (warm.len() * message) >> 20
-        );
+    if split > 0 {
+        println!("warmed on {} MB (untimed); timed: the rest", split >> 20);
     }
     println!(
         "encode {:.0} MB/s, {bytes} B",
@@ -111,8 +110,9 @@ fn main() -> Result<()> {
             st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
         );
         println!(
-            "raw: {} records cut by a message boundary, {} B in → {} B out",
-            st.records_split, st.raw_in, st.raw_out
+            "raw: {} records cut by a message boundary ({} more held for the next), \
+             {} B in → {} B out",
+            st.records_split, st.records_held, st.raw_in, st.raw_out
         );
     }
     if decode {
@@ -120,13 +120,13 @@ fn main() -> Result<()> {
         dec.set_parallel(cores == Cores::Staged);
         decode_all(
             &mut dec,
-            warm,
+            &warm,
             &warm_encoded,
             |i| checksum(warm[i].1),
             cores,
         )?;
         let t = Instant::now();
-        decode_all(&mut dec, msgs, &encoded, |i| checksum(msgs[i].1), cores)?;
+        decode_all(&mut dec, &msgs, &encoded, |i| checksum(msgs[i].1), cores)?;
         println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
     }
     Ok(())
@@ -145,6 +145,8 @@ fn since(before: &CodecStats, now: &CodecStats) -> CodecStats {
     st.fpi_cache_hits -= before.fpi_cache_hits;
     st.fpi_identical -= before.fpi_identical;
     st.fpi_hit_out -= before.fpi_hit_out;
+    st.records_split -= before.records_split;
+    st.records_held -= before.records_held;
     st.section_in
         .copy_from_slice(&sub(&now.section_in, &before.section_in));
     st.section_out

@@ -1,7 +1,9 @@
-//! The one-core replays: WAL of the run through the link codec in 256 kB messages (what the
-//! upstream batches while WAL comes faster than it goes: two of the walsender's 128 kB
-//! messages, the upstream's `handshake::BATCH_MAX`) on this thread, then through streaming
-//! zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does) on the same bytes.
+//! The one-core replays: WAL of the run through the link codec in the messages the upstream
+//! sends while WAL comes faster than it goes (each the next 256 kB, two of the walsender's
+//! 128 kB messages, the upstream's `handshake::BATCH_MAX`, after up to 64 kB the one before
+//! held back: the head of a record its end cut, `handshake::HOLD_MAX`) on this thread, then
+//! through streaming zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does)
+//! on the same bytes.
 //! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
 //! replay runs), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
 //! codec also runs a second time as the relay's stages run it while behind: more than one
@@ -27,8 +29,10 @@ use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
 
-/// Bytes of WAL per message of the replays.
+/// Bytes of WAL per message of the replays, after what the message before held back.
 pub const MESSAGE: usize = 256 << 10;
+/// Most bytes of a message's end held back for the next (the `wal` codec only).
+pub const HOLD: usize = 64 << 10;
 /// Most WAL a replay times.
 pub const MAX_BYTES: u64 = 512 << 20;
 const PAGE: u64 = 8192;
@@ -91,9 +95,9 @@ pub enum Cores {
     Staged,
 }
 
-/// One codec over `wal` (starting at `start`) in messages of [`MESSAGE`] bytes; the messages
-/// before `timed_from` (a multiple of [`MESSAGE`]) are encoded and restored in turn without
-/// being timed, the rest are encoded, then restored, and timed.
+/// One codec over `wal` (starting at `start`) in messages as [`encode_all`] cuts them; the
+/// bytes before `timed_from` are encoded and restored in turn without being timed, the rest
+/// are encoded, then restored, and timed.
 fn pass(
     kind: CodecKind,
     level: i32,
@@ -111,7 +115,7 @@ fn pass(
             pg_major: walrelay_wal::pg::PgMajor::from_number(major),
             block_cache_bytes: 1 << 30,
             zstd_level: 3,
-            max_message_bytes: MESSAGE,
+            max_message_bytes: MESSAGE + HOLD,
         },
     };
     let mut enc = WalEncoder::new(&setup)?;
@@ -120,26 +124,18 @@ fn pass(
     dec.set_parallel(cores == Cores::Staged);
     let mut out = Vec::new();
     let mut restored = Vec::new();
-    for (i, chunk) in wal[..timed_from].chunks(MESSAGE).enumerate() {
-        let at = Lsn(start.0 + (i * MESSAGE) as u64);
-        enc.encode(at, chunk, &mut out)?;
-        dec.decode(
-            at,
-            &out,
-            chunk.len(),
-            MESSAGE,
-            checksum(chunk),
-            &mut restored,
-        )?;
+    let mut cut = Cutter::new(&wal[..timed_from], MESSAGE, HOLD);
+    while let Some((from, chunk, hold)) = cut.next_chunk() {
+        let at = Lsn(start.0 + from as u64);
+        let n = enc.encode_held(at, chunk, hold, &mut out)?;
+        cut.took(n);
+        let max = MESSAGE + HOLD;
+        let sum = checksum(&chunk[..n]);
+        dec.decode(at, &out, n, max, sum, &mut restored)?;
     }
     let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
-    let msgs: Vec<(Lsn, &[u8])> = wal
-        .chunks(MESSAGE)
-        .enumerate()
-        .map(|(i, c)| (Lsn(start.0 + (i * MESSAGE) as u64), c))
-        .collect();
     let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    let encoded = encode_all(&mut enc, &msgs, cores)?;
+    let (msgs, encoded) = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores)?;
     let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
     let enc_wall = wall.elapsed().as_secs_f64();
     let stats = enc.wal_stats().cloned();
@@ -159,25 +155,82 @@ fn pass(
     Ok((pass, stats))
 }
 
-/// Every message's payload, in order; [`Cores::Staged`]: each message staged before the one
+/// Cuts WAL into the messages the upstream sends while behind: each the next `message` bytes
+/// after what the one before held back, with up to `hold` bytes of its end allowed to be
+/// held back for the next (none from the last).
+pub struct Cutter<'a> {
+    wal: &'a [u8],
+    message: usize,
+    hold: usize,
+    /// Where the next message starts, and where its new bytes end.
+    from: usize,
+    end: usize,
+}
+
+impl<'a> Cutter<'a> {
+    pub fn new(wal: &'a [u8], message: usize, hold: usize) -> Cutter<'a> {
+        Cutter {
+            wal,
+            message,
+            hold,
+            from: 0,
+            end: 0,
+        }
+    }
+
+    /// The next message's offset, bytes and hold; then [`Cutter::took`] with how many of
+    /// them it carried.
+    pub fn next_chunk(&mut self) -> Option<(usize, &'a [u8], usize)> {
+        if self.from >= self.wal.len() {
+            return None;
+        }
+        self.end = (self.end.max(self.from) + self.message).min(self.wal.len());
+        let hold = if self.end == self.wal.len() {
+            0
+        } else {
+            self.hold
+        };
+        Some((self.from, &self.wal[self.from..self.end], hold))
+    }
+
+    /// The last message carried its first `n` bytes (the encoder's answer).
+    pub fn took(&mut self, n: usize) {
+        self.from += n.max(1);
+    }
+}
+
+/// `wal` (starting at `start`) cut into messages of `(message, hold)` bytes as [`Cutter`]
+/// does, and their payloads, in order; [`Cores::Staged`]: each message staged before the one
 /// before it is collected.
-pub fn encode_all(
+#[allow(clippy::type_complexity)]
+pub fn encode_all<'a>(
     enc: &mut WalEncoder,
-    msgs: &[(Lsn, &[u8])],
+    start: Lsn,
+    wal: &'a [u8],
+    (message, hold): (usize, usize),
     cores: Cores,
-) -> Result<Vec<Vec<u8>>> {
-    let mut encoded = Vec::with_capacity(msgs.len());
-    let mut out = Vec::new();
-    for (i, (at, chunk)) in msgs.iter().enumerate() {
-        if cores == Cores::One {
-            enc.encode(*at, chunk, &mut out)?;
-            encoded.push(out.clone());
-            continue;
-        }
-        enc.stage(*at, chunk)?;
-        if i > 0 && enc.collect(&mut out)? {
-            encoded.push(out.clone());
-        }
+) -> Result<(Vec<(Lsn, &'a [u8])>, Vec<Vec<u8>>)> {
+    let (mut msgs, mut encoded, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cut = Cutter::new(wal, message, hold);
+    while let Some((from, chunk, hold)) = cut.next_chunk() {
+        let at = Lsn(start.0 + from as u64);
+        let n = match cores {
+            Cores::One => {
+                let n = enc.encode_held(at, chunk, hold, &mut out)?;
+                encoded.push(out.clone());
+                n
+            }
+            Cores::Staged => {
+                let n = enc.stage_held(at, chunk, hold)?;
+                if !msgs.is_empty() && enc.collect(&mut out)? {
+                    encoded.push(out.clone());
+                }
+                n
+            }
+        };
+        anyhow::ensure!(n > 0 && n <= chunk.len(), "the encoder took {n} bytes");
+        msgs.push((at, &chunk[..n]));
+        cut.took(n);
     }
     while enc.collect(&mut out)? {
         encoded.push(out.clone());
@@ -186,7 +239,7 @@ pub fn encode_all(
         encoded.len() == msgs.len(),
         "a staged message's payload is missing"
     );
-    Ok(encoded)
+    Ok((msgs, encoded))
 }
 
 /// Restores every message and checks it against `sum(i)`, its checksum (computed
