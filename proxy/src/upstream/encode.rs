@@ -18,6 +18,14 @@
 //! are transformed here, then frames the first. Otherwise it encodes one batch at a time on
 //! one core, which costs the least CPU. The frames and their bytes are the same either way.
 //!
+//! A batch that ended because the primary's next WAL did not fit ([`Job::more`]) may leave
+//! the head of the record its end cuts (at most `hold_max` bytes,
+//! [`super::handshake::hold_max`]) to the next batch: the framer keeps it and puts it first in
+//! the next batch's WAL, so that the codec encodes the record whole instead of passing it raw
+//! in two pieces (`WalEncoder::encode_held`). The record could not be replayed before its
+//! end arrives anyway. The sent position ([`Job::wal_end`]) then ends where the frame's WAL
+//! does.
+//!
 //! A small batch (≤ [`INLINE_MAX`] bytes of WAL) that finds the thread idle is framed by the
 //! feed itself, under the same lock: a synchronous commit's few hundred bytes then wait for
 //! no thread to wake up, which on a busy machine means waiting for a core.
