@@ -120,6 +120,21 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         }
     }
     assert!(stdout.contains("Waiting for a core"), "{stdout}");
+    // W's codec counters per window come from its upstream's /metrics; Z's are not scraped.
+    for w in ["cold", "steady"] {
+        let c = &r[w]["w"]["raw"]["codec"];
+        for k in ["records_cut", "records_held", "fpis", "fpi_cache_hits"] {
+            assert!(
+                c[k].as_f64().is_some_and(|x| x >= 0.0),
+                "{w} W codec {k}: {c}"
+            );
+        }
+        assert!(
+            r[w]["z"]["raw"]["codec"].is_null(),
+            "{w}: Z's codec was scraped"
+        );
+    }
+    assert!(stdout.contains("W's codec over each window"), "{stdout}");
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
     assert_eq!(

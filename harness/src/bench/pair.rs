@@ -46,7 +46,19 @@ pub struct PairCounters {
     /// `walrelay_codec_staged_messages_total` of the upstream's and the downstream's half:
     /// WAL runs each staged one batch ahead while behind (NaN when not scraped).
     pub staged: [f64; 2],
+    /// The upstream's codec counters, [`CODEC_COUNTERS`] in order (NaN when not scraped).
+    pub codec: [f64; 4],
 }
+
+/// The upstream's codec counters a window reports (`PairCut::codec`): records a link
+/// message's end cut and records held back for the next, images through the block cache and
+/// of those cache hits.
+pub const CODEC_COUNTERS: [&str; 4] = [
+    "walrelay_codec_records_cut_total",
+    "walrelay_codec_records_held_total",
+    "walrelay_codec_fpis_total",
+    "walrelay_codec_fpi_cache_hits_total",
+];
 
 /// `primary_conninfo` of a standby streaming through the downstream on `down_port`.
 pub fn standby_conninfo(down_port: u16, application_name: &str) -> String {
@@ -159,6 +171,7 @@ impl RelayPair {
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],
+            codec: [f64::NAN; 4],
         };
         if scrape {
             let (up, down) = tokio::try_join!(
@@ -177,6 +190,7 @@ impl RelayPair {
                 prom::sum(&up, staged, &[("half", "upstream")]),
                 prom::sum(&down, staged, &[("half", "downstream")]),
             ];
+            c.codec = CODEC_COUNTERS.map(|name| prom::sum(&up, name, &[]));
             return Ok((c, RelayPositions::from_scrapes(&up, &down)));
         }
         Ok((c, None))

@@ -212,6 +212,7 @@ impl Report {
         }
         s.push_str(&self.stage_table());
         s.push_str(&self.wait_table());
+        s.push_str(&self.codec_table());
         s.push_str(&self.replay_table());
         s.push_str(&self.rmgr_table());
         s.push('\n');
@@ -294,6 +295,31 @@ impl Report {
                     half(w.w.downstream_cores, w.w.downstream_waiting_cores),
                     half(w.z.upstream_cores, w.z.upstream_waiting_cores),
                     half(w.z.downstream_cores, w.z.downstream_waiting_cores),
+                ));
+            }
+        }
+        s
+    }
+
+    /// Per workload and window: what W's upstream codec did with records a link message's
+    /// end cut, and with images.
+    fn codec_table(&self) -> String {
+        let mut s = String::from(
+            "\nW's codec over each window (the upstream's counters): records a link message's end cut (passed raw in two pieces) and records held back whole for the next message instead; images through the block cache and of those, cache hits\n\n| workload | PG | window | records cut | records held | images | cache hits |\n|---|---:|---|---:|---:|---:|---:|\n",
+        );
+        for r in &self.runs {
+            for w in [&r.cold, &r.steady] {
+                let c = w.w.raw.codec;
+                let f = |v: fn(&super::sample::CodecCut) -> f64| opt(c.as_ref().map(v), 0);
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} | {} |\n",
+                    r.workload.name(),
+                    r.pg_major,
+                    w.name,
+                    f(|c| c.records_cut),
+                    f(|c| c.records_held),
+                    f(|c| c.fpis),
+                    f(|c| c.fpi_cache_hits),
                 ));
             }
         }

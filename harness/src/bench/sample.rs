@@ -149,6 +149,8 @@ pub struct PairCut {
     /// scraped).
     pub staged_up: Option<f64>,
     pub staged_down: Option<f64>,
+    /// What the upstream's codec counted over the window (None when not scraped).
+    pub codec: Option<CodecCut>,
     /// Seconds the upstream's and the downstream's threads waited for a core (None where the
     /// kernel does not keep it).
     pub wait_up_s: Option<f64>,
@@ -158,6 +160,33 @@ pub struct PairCut {
     /// Largest primary position − standby receive position: the part of the lag that is the
     /// relay path (the rest is the standby's own replay).
     pub max_receive_lag: u64,
+}
+
+/// The upstream's codec over a window (`pair::CODEC_COUNTERS`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CodecCut {
+    /// Records a link message's end cut (passed raw), and records held back whole for the
+    /// next message instead.
+    pub records_cut: f64,
+    pub records_held: f64,
+    /// Images through the block cache, and of those, cache hits.
+    pub fpis: f64,
+    pub fpi_cache_hits: f64,
+}
+
+impl CodecCut {
+    /// `b − a`, when both were scraped.
+    fn between(a: &[f64; 4], b: &[f64; 4]) -> Option<CodecCut> {
+        if a.iter().chain(b).any(|x| !x.is_finite()) {
+            return None;
+        }
+        Some(CodecCut {
+            records_cut: b[0] - a[0],
+            records_held: b[1] - a[1],
+            fpis: b[2] - a[2],
+            fpi_cache_hits: b[3] - a[3],
+        })
+    }
 }
 
 /// A window cut out of the samples.
@@ -217,6 +246,7 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             payload: num(a.payload, b.payload),
             staged_up: num(a.staged[0], b.staged[0]),
             staged_down: num(a.staged[1], b.staged[1]),
+            codec: CodecCut::between(&a.codec, &b.codec),
             wait_up_s: num(a.wait_up, b.wait_up),
             wait_down_s: num(a.wait_down, b.wait_down),
             max_replay_lag: lag.replayed,
@@ -361,6 +391,7 @@ mod tests {
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [3.0 * t, t],
+            codec: [t, 2.0 * t, 10.0 * t, 4.0 * t],
         };
         Sample {
             t,
@@ -404,6 +435,9 @@ mod tests {
             (Some(6.0), Some(2.0))
         );
         assert_eq!(c.pairs[1].staged_up, Some(6.0));
+        let codec = c.pairs[0].codec.unwrap();
+        assert_eq!((codec.records_cut, codec.records_held), (2.0, 4.0));
+        assert_eq!((codec.fpis, codec.fpi_cache_hits), (20.0, 8.0));
         // Waiting likewise; unknown stays unknown; the machine's pressure over the window.
         assert_eq!(
             (c.pairs[1].wait_up_s, c.pairs[1].wait_down_s),
