@@ -127,7 +127,8 @@ pub fn op_layout(kind: u8) -> Option<OpLayout> {
 /// image after the op is written, and rewrites it (`encoder/verify.rs`).
 pub const IMG_PRIMARY: u8 = 0x20;
 
-/// Or-ed into NEW, REF and NOCACHE: the page (and REF's reference) went as it is, not
-/// transformed (the encoder tries both when the block has known tuples: they match the page
-/// as it is).
+/// Or-ed into NEW, REF, NOCACHE, STREAM and STREAM_NOCACHE (the last two since format 8):
+/// the page (and REF's reference) went as it is, not transformed: where the transform does
+/// not help (`PageXf::helps`), and for frames whichever is smaller when the block has known
+/// tuples (they match the page as it is).
 pub const IMG_PLAIN: u8 = 0x40;

@@ -42,7 +42,14 @@ const SLOTS: usize = 64;
 pub struct PageXf {
     /// (offset, head length) of every item, in line pointer order.
     items: Vec<(u16, u16)>,
+    /// Of the head bytes the last [`PageXf::forward`] replaced by differences, how many
+    /// came out zero, and how many there were.
+    head_zeros: (usize, usize),
 }
+
+/// [`PageXf::helps`]: the transform is worth it when at least this share (percent) of the
+/// head bytes it replaced by differences came out zero.
+const HELPS_ZEROS_PCT: usize = 60;
 
 fn le16(p: &[u8; PAGE_SIZE], at: usize) -> usize {
     usize::from(u16::from_le_bytes([p[at], p[at + 1]]))
@@ -135,16 +142,21 @@ impl PageXf {
     /// `out` = the transform of `page`.
     pub fn forward(&mut self, page: &[u8; PAGE_SIZE], out: &mut [u8; PAGE_SIZE]) {
         out.copy_from_slice(page);
+        self.head_zeros = (0, 0);
         let Some(n) = line_pointers(page) else {
             return;
         };
         if self.collect_items(page, n) {
+            let (mut zeros, mut total) = (0, 0);
             self.pairs(|off, r, hl| {
                 let (dst, (src, base)) = (&mut out[off..off + hl], (&page[off..], &page[r..]));
                 for ((d, &x), &y) in dst.iter_mut().zip(src).zip(base) {
                     *d = x.wrapping_sub(y);
+                    zeros += usize::from(*d == 0);
                 }
+                total += hl;
             });
+            self.head_zeros = (zeros, total);
         }
         if n > 1 {
             let lps = &page[24..24 + 4 * n];
@@ -156,6 +168,20 @@ impl PageXf {
                 d.copy_from_slice(&u32_of(cur).wrapping_sub(u32_of(prev)).to_le_bytes());
             }
         }
+    }
+
+    /// Whether the page the last [`PageXf::forward`] transformed should go transformed (the
+    /// encoder's choice; the decoder follows `IMG_PLAIN`). Differences help where items
+    /// repeat their neighbours' fields (heap tuple headers, TIDs, integer keys: most head
+    /// bytes come out zero) and hurt where the heads are text: the difference of two random
+    /// hex digits is a byte of twice the entropy, and it breaks the repeats zstd finds inside
+    /// an item. Recorded PG 15 bulk-load WAL: the pages of its text indexes' builds went 40 %
+    /// smaller plain (below zstd -3 of the same WAL, where transformed they were 1.45 ×
+    /// it), while pgbench's pages (transformed: half the bytes) kept every one of their
+    /// transforms up to a threshold of 60 % zeros.
+    pub fn helps(&self) -> bool {
+        let (zeros, total) = self.head_zeros;
+        total == 0 || zeros * 100 >= total * HELPS_ZEROS_PCT
     }
 
     /// Undoes [`PageXf::forward`] in place.
@@ -227,6 +253,37 @@ mod tests {
         xf.inverse(&mut back);
         assert!(back[..] == p[..], "the inverse did not restore the page");
         t
+    }
+
+    /// A text index's leaf page: each item a TID, its flags and a key of random hex digits.
+    fn hex_keys(seed: u64) -> Box<[u8; PAGE_SIZE]> {
+        let mut rng = Rng::new(seed);
+        let hex: Vec<u8> = (0..64 * 40)
+            .map(|_| b"0123456789abcdef"[rng.below(16) as usize])
+            .collect();
+        packed(60, 40, 16, |i, k| match k {
+            0..=1 => 0,
+            2 => 7,
+            3..=5 => (i % 3) as u8,
+            6 => 0x29,
+            7 => 0x40,
+            _ => hex[i * 40 + k],
+        })
+    }
+
+    #[test]
+    fn the_transform_is_kept_where_heads_repeat_and_dropped_for_text() {
+        let mut xf = PageXf::new();
+        let mut t = Box::new([0u8; PAGE_SIZE]);
+        // Integer keys counting up, heap-like headers: most differences are zero.
+        let ints = packed(50, 16, 16, |i, k| if k == 8 { i as u8 } else { k as u8 });
+        xf.forward(&ints, &mut t);
+        assert!(xf.helps());
+        xf.forward(&hex_keys(3), &mut t);
+        assert!(!xf.helps(), "{:?}", xf.head_zeros);
+        // A page with nothing to difference: as before, transformed.
+        xf.forward(&Box::new([0u8; PAGE_SIZE]), &mut t);
+        assert!(xf.helps());
     }
 
     #[test]

@@ -3,12 +3,12 @@
 //!
 //! ```text
 //! payload  = separate | combined
-//! separate = 0x07 present:u8 clen:varint × (sections present) section × (present) FPI-bytes
+//! separate = 0x08 present:u8 clen:varint × (sections present) section × (present) FPI-bytes
 //!            present: bit s (0..=6) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN)
 //!            has bytes this message, bit 7 when there are page frames (FPI); each present
 //!            stream's section is `clen` bytes of its own streaming zstd context, flushed
 //!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 7 set iff any)
-//! combined = 0x17 clen:varint chunk FPI-bytes
+//! combined = 0x18 clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
 //!            decompress to ulen:varint × 7 then the 7 streams' bytes in order; FPI as above
 //! ```

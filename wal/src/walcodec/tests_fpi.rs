@@ -458,3 +458,79 @@ proptest! {
         round_trip(&params(PgMajor::V16, 1), g.start, &g.buf, &cuts);
     }
 }
+
+/// A text index's leaf page (items: a TID, flags, a key of random hex digits repeated, as
+/// the bench's bulk load indexes `repeat(md5(..), 4)`), with a hole of `hole` bytes.
+fn text_index_page(seed: u64, hole: usize) -> Box<[u8; PAGE_SIZE]> {
+    let mut rng = super::testgen::Rng::new(seed);
+    let mut p = Box::new([0u8; PAGE_SIZE]);
+    let (len, special) = (8 + 4 * 32, 16);
+    let n = (PAGE_SIZE - special - 24 - hole) / (len + 4);
+    let mut off = PAGE_SIZE - special;
+    for i in 0..n {
+        off -= len;
+        let lp = off as u32 | 1 << 15 | (len as u32) << 17;
+        p[24 + 4 * i..28 + 4 * i].copy_from_slice(&lp.to_le_bytes());
+        p[off + 2] = (i / 50) as u8;
+        p[off + 4] = (i % 50) as u8;
+        p[off + 6..off + 8].copy_from_slice(&(len as u16).to_le_bytes());
+        let md5: Vec<u8> = (0..32)
+            .map(|_| b"0123456789abcdef"[rng.below(16) as usize])
+            .collect();
+        for r in 0..4 {
+            p[off + 8 + 32 * r..off + 40 + 32 * r].copy_from_slice(&md5);
+        }
+    }
+    let lower = 24 + 4 * n;
+    p[12..14].copy_from_slice(&(lower as u16).to_le_bytes());
+    p[14..16].copy_from_slice(&(off as u16).to_le_bytes());
+    p[16..18].copy_from_slice(&((PAGE_SIZE - special) as u16).to_le_bytes());
+    p
+}
+
+/// Text keys go plain (format 8: `IMG_PLAIN` on STREAM pages too, `PageXf::helps`), written
+/// whole by an index build (XLOG_FPI, STREAM_NOCACHE), imaged by a record (STREAM into the
+/// cache), or framed (a big hole): every path round-trips, and the pages cost about what
+/// their digits do.
+#[test]
+fn text_index_pages_go_plain_on_every_path() {
+    let major = PgMajor::V15;
+    for (rmid, info, hole) in [(RM_XLOG_ID, XLOG_FPI, 0), (11, 0x00, 0), (11, 0x00, 6000)] {
+        let mut g = WalGen::new(major, SEG, 3 * SEG, 21);
+        for blkno in 0..40u32 {
+            let page = text_index_page(u64::from(blkno), hole);
+            let lower = u16::from_le_bytes([page[12], page[13]]);
+            let upper = u16::from_le_bytes([page[14], page[15]]);
+            let b = GenBlock {
+                key: BlockKey {
+                    spc: 1663,
+                    db: 5,
+                    rel: 99_010,
+                    fork: 0,
+                    blkno,
+                },
+                image: Image::Given(GivenImage {
+                    page,
+                    hole_offset: lower,
+                    hole_len: upper - lower,
+                    apply: false,
+                    compressed: None,
+                }),
+                data: Vec::new(),
+            };
+            g.xid += 1;
+            let rec = g.record(rmid, info, g.xid, &[b], b"");
+            g.write_record(&rec);
+        }
+        g.switch();
+        let (st, total) = round_trip(&params(major, 64), g.start, &g.buf, &[]);
+        let what = format!(
+            "rmid {rmid} hole {hole}: {total} B of {}: {st:?}",
+            g.buf.len()
+        );
+        assert_eq!((st.fpis, st.records_raw), (40, 0), "{what}");
+        // Each item's 128 key bytes are 32 hex digits (16 bytes of entropy) repeated.
+        let items = (PAGE_SIZE - 16 - 24 - hole) / 140;
+        assert!(total < 40 * items * 30, "{what}");
+    }
+}

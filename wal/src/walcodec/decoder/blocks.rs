@@ -80,7 +80,11 @@ impl State {
         }
         let plain = op & IMG_PLAIN != 0;
         let op = op & !(IMG_RECOMPRESS | IMG_PLAIN);
-        if plain && !matches!(op, IMG_NEW | IMG_REF | IMG_NOCACHE) {
+        let plain_ok = matches!(
+            op,
+            IMG_NEW | IMG_REF | IMG_NOCACHE | IMG_STREAM | IMG_STREAM_NOCACHE
+        );
+        if plain && !plain_ok {
             return Err(corrupt(format!("image op {op} cannot be plain")));
         }
         let (reference, store, frame) = self.image_slots(op, r)?;

@@ -240,22 +240,28 @@ impl Encoder {
         // A framed page goes transformed, against a transformed reference if any; with
         // known tuples of the block (which match the page as it is) also as it is, and the
         // smaller frame is sent.
+        // Pages whose items are text go plain (`PageXf::helps`).
         self.xf.forward(&self.page, &mut self.xpage);
+        let helps = self.xf.helps();
         let xpage = &self.xpage;
         if framed {
             // (A reference comes with a slot to store into: no cache, no reference.)
             let reference = plan.store.and(plan.reference).map(|r| {
-                self.xf.forward(self.cache.page(r), &mut self.xref);
+                if helps {
+                    self.xf.forward(self.cache.page(r), &mut self.xref);
+                }
                 (r, self.cache.page(r))
             });
             let at = self.fpi.len();
-            let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
-            let mut len = self.pc.compress(xpage, &[tp, xr], &mut self.fpi)?;
-            let mut plain = 0;
-            if !tp.is_empty() {
+            let (mut len, mut plain) = (0, 0);
+            if helps {
+                let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
+                len = self.pc.compress(xpage, &[tp, xr], &mut self.fpi)?;
+            }
+            if !helps || !tp.is_empty() {
                 let r: &[u8] = reference.map_or(&[], |(_, p)| &p[..]);
                 let n = self.pc.compress(&self.page, &[tp, r], &mut self.fpi)?;
-                if n < len {
+                if !helps || n < len {
                     self.fpi.drain(at..at + len);
                     (len, plain) = (n, IMG_PLAIN);
                 } else {
@@ -282,14 +288,16 @@ impl Encoder {
             // the cache unless already there, which spares both ends the copy (and the first
             // touch of the cache's memory) and keeps the cache for the blocks that are.
             let store = plan.store.filter(|_| !self.new_pages);
+            let flags = recompress | if helps { 0 } else { IMG_PLAIN };
             match store {
                 Some(s) => {
-                    ctrl.push(IMG_STREAM | recompress);
+                    ctrl.push(IMG_STREAM | flags);
                     put_varint(ctrl, u64::from(s));
                 }
-                None => ctrl.push(IMG_STREAM_NOCACHE | recompress),
+                None => ctrl.push(IMG_STREAM_NOCACHE | flags),
             }
-            self.bufs[S_PAGE].extend_from_slice(&xpage[..]);
+            let page = if helps { xpage } else { &self.page };
+            self.bufs[S_PAGE].extend_from_slice(&page[..]);
         }
         if let Some(s) = plan.store.filter(|_| framed || !self.new_pages) {
             self.cache.store(s, key, &self.page);
