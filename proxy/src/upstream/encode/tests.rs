@@ -81,39 +81,8 @@ async fn batches_staged_ahead_restore_in_order() {
     // Nobody reads the frames for a while: the batches queue up behind the thread.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let mut state = DownState::default();
-    let mut dec = WalDecoder::new(&wal_setup()).unwrap();
-    let (mut got, mut restored) = (Vec::new(), Vec::new());
-    let mut next = 0x100_0000u64;
-    let mut keepalives = 0;
-    while got.len() < JOBS * RUN {
-        let msg = rx.recv().await.expect("the stage ended early").unwrap();
-        let Some(to_downstream::Msg::Frame(frame)) = msg.msg else {
-            panic!("not a frame")
-        };
-        let (items, sum) = state.parse(&frame, 1 << 20, 4 << 20).unwrap();
-        let mut digest = Digest::default();
-        for item in &items {
-            match *item {
-                Down::Wal { header, payload } => {
-                    assert_eq!(header.start, next, "runs out of order");
-                    let n = header.raw_len as usize;
-                    dec.restore(Lsn(header.start), payload, n, 1 << 20, &mut restored)
-                        .unwrap();
-                    item.digest(&mut digest, &restored);
-                    got.extend_from_slice(&restored);
-                    next += n as u64;
-                }
-                Down::Keepalive { end, .. } => {
-                    assert_eq!(end, next, "a keepalive out of place");
-                    keepalives += 1;
-                    item.digest(&mut digest, &[]);
-                }
-                _ => panic!("unexpected item"),
-            }
-        }
-        assert_eq!(digest.finish(), sum, "a frame's checksum");
-    }
+    let (got, keepalives) = restore_frames(&mut rx, 0x100_0000, JOBS * RUN).await;
+    let next = 0x100_0000 + got.len() as u64;
     let want = feed.await.unwrap();
     assert!(got == want, "restored WAL differs from what was fed");
     assert_eq!(keepalives, JOBS.div_ceil(3));
@@ -148,16 +117,17 @@ fn wal_job(start: u64, bytes: &[u8], more: bool) -> Job {
 }
 
 /// Restores frames from `rx` until `len` bytes of WAL from `start` came; checks that every
-/// run follows the one before and every frame's checksum.
+/// run follows the one before, every keepalive is where the WAL sent ends, and every
+/// frame's checksum. Returns the WAL and the number of keepalives.
 async fn restore_frames(
     rx: &mut mpsc::Receiver<Result<ToDownstream, Status>>,
     start: u64,
     len: usize,
-) -> Vec<u8> {
+) -> (Vec<u8>, usize) {
     let mut state = DownState::default();
     let mut dec = WalDecoder::new(&wal_setup()).unwrap();
     let (mut got, mut restored) = (Vec::new(), Vec::new());
-    let mut next = start;
+    let (mut next, mut keepalives) = (start, 0);
     while got.len() < len {
         let msg = rx.recv().await.expect("the stage ended early").unwrap();
         let Some(to_downstream::Msg::Frame(frame)) = msg.msg else {
@@ -166,20 +136,27 @@ async fn restore_frames(
         let (items, sum) = state.parse(&frame, 1 << 20, 4 << 20).unwrap();
         let mut digest = Digest::default();
         for item in &items {
-            let Down::Wal { header, payload } = *item else {
-                panic!("unexpected item")
-            };
-            assert_eq!(header.start, next, "runs out of order");
-            let n = header.raw_len as usize;
-            dec.restore(Lsn(header.start), payload, n, 1 << 20, &mut restored)
-                .unwrap();
-            item.digest(&mut digest, &restored);
-            got.extend_from_slice(&restored);
-            next += n as u64;
+            match *item {
+                Down::Wal { header, payload } => {
+                    assert_eq!(header.start, next, "runs out of order");
+                    let n = header.raw_len as usize;
+                    dec.restore(Lsn(header.start), payload, n, 1 << 20, &mut restored)
+                        .unwrap();
+                    item.digest(&mut digest, &restored);
+                    got.extend_from_slice(&restored);
+                    next += n as u64;
+                }
+                Down::Keepalive { end, .. } => {
+                    assert_eq!(end, next, "a keepalive out of place");
+                    keepalives += 1;
+                    item.digest(&mut digest, &[]);
+                }
+                _ => panic!("unexpected item"),
+            }
         }
         assert_eq!(digest.finish(), sum, "a frame's checksum");
     }
-    got
+    (got, keepalives)
 }
 
 /// Batches of generated WAL whose ends cut records: a batch the primary's next WAL follows
@@ -238,7 +215,8 @@ async fn a_cut_record_waits_for_the_next_batch() {
     });
     // Nobody reads the frames at first: batches queue up and are staged ahead.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let got = restore_frames(&mut rx, start, len).await;
+    let (got, keepalives) = restore_frames(&mut rx, start, len).await;
+    assert_eq!(keepalives, 0, "no batch had a keepalive");
     assert_eq!(got.len(), len, "more WAL restored than was fed");
     assert!(got == wal, "restored WAL differs from what was fed");
     let (stage, more, rest) = feed.await.unwrap();
