@@ -247,7 +247,7 @@ pub fn parse_area(
     out.blocks.clear();
     out.main_len = 0;
     out.data_total = 0;
-    let mut p = 0usize;
+    let mut c = Cursor { b, p: 0 };
     let mut max_block: i32 = -1;
     let mut rel: Option<(u32, u32, u32)> = None;
     let mut total: u64 = 0;
@@ -255,138 +255,159 @@ pub fn parse_area(
         Some(n) => (n as u64).saturating_sub(p as u64) > total,
         None => p < b.len(),
     };
-    macro_rules! take {
-        ($n:expr) => {{
-            let s = b.get(p..p + $n).ok_or(AreaError::Short)?;
-            p += $n;
-            s
-        }};
-    }
-    while more(p, total) {
-        let id = take!(1)[0];
+    while more(c.p, total) {
+        let id = c.u8()?;
         match id {
             XLR_BLOCK_ID_DATA_SHORT => {
-                out.main_len = u32::from(take!(1)[0]);
+                out.main_len = u32::from(c.u8()?);
                 total += u64::from(out.main_len);
                 break;
             }
             XLR_BLOCK_ID_DATA_LONG => {
-                let s = take!(4);
-                out.main_len = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                out.main_len = c.u32()?;
                 total += u64::from(out.main_len);
                 break;
             }
             XLR_BLOCK_ID_ORIGIN => {
-                take!(2);
+                c.take(2)?;
             }
             XLR_BLOCK_ID_TOPLEVEL_XID => {
-                take!(4);
+                c.take(4)?;
             }
             id if id <= XLR_MAX_BLOCK_ID => {
                 if i32::from(id) <= max_block {
                     return Err(AreaError::OutOfOrder);
                 }
                 max_block = i32::from(id);
-                let h = take!(3);
-                let fork_flags = h[0];
-                let data_len = u16::from_le_bytes([h[1], h[2]]);
-                let has_data = fork_flags & BKPBLOCK_HAS_DATA != 0;
-                if has_data != (data_len > 0) {
-                    return Err(AreaError::DataLenMismatch);
-                }
-                total += u64::from(data_len);
-                let image = if fork_flags & BKPBLOCK_HAS_IMAGE != 0 {
-                    let h = take!(5);
-                    let len = u16::from_le_bytes([h[0], h[1]]);
-                    let hole_offset = u16::from_le_bytes([h[2], h[3]]);
-                    let info = h[4];
-                    let compressed = info & compressed_mask != 0;
-                    let has_hole = info & BKPIMAGE_HAS_HOLE != 0;
-                    let hole_len = if compressed {
-                        if has_hole {
-                            let s = take!(2);
-                            u16::from_le_bytes([s[0], s[1]])
-                        } else {
-                            0
-                        }
-                    } else {
-                        // BLCKSZ - bimg_len, as PostgreSQL computes it (bimg_len <= BLCKSZ is
-                        // checked below for images without a hole).
-                        (PAGE_SIZE as u16).wrapping_sub(len)
-                    };
-                    total += u64::from(len);
-                    if has_hole
-                        && (hole_offset == 0 || hole_len == 0 || usize::from(len) == PAGE_SIZE)
-                    {
-                        return Err(AreaError::BadImage);
-                    }
-                    if !has_hole && (hole_offset != 0 || hole_len != 0) {
-                        return Err(AreaError::BadImage);
-                    }
-                    if compressed && usize::from(len) == PAGE_SIZE {
-                        return Err(AreaError::BadImage);
-                    }
-                    if !has_hole && !compressed && usize::from(len) != PAGE_SIZE {
-                        return Err(AreaError::BadImage);
-                    }
-                    if !compressed && usize::from(len) > PAGE_SIZE {
-                        return Err(AreaError::BadImage);
-                    }
-                    Some(ImageRef {
-                        len,
-                        hole_offset,
-                        hole_len,
-                        compressed,
-                        info,
-                    })
-                } else {
-                    None
-                };
-                let (spc, db, relno) = if fork_flags & BKPBLOCK_SAME_REL == 0 {
-                    let s = take!(12);
-                    let r = (
-                        u32::from_le_bytes([s[0], s[1], s[2], s[3]]),
-                        u32::from_le_bytes([s[4], s[5], s[6], s[7]]),
-                        u32::from_le_bytes([s[8], s[9], s[10], s[11]]),
-                    );
-                    rel = Some(r);
-                    r
-                } else {
-                    rel.ok_or(AreaError::NoPreviousRel)?
-                };
-                let s = take!(4);
-                let blkno = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                out.blocks.push(BlockRef {
-                    id,
-                    key: BlockKey {
-                        spc,
-                        db,
-                        rel: relno,
-                        fork: fork_flags & BKPBLOCK_FORK_MASK,
-                        blkno,
-                    },
-                    data_len,
-                    image,
-                });
+                let block = block_ref(&mut c, id, compressed_mask, &mut rel)?;
+                total += u64::from(block.data_len) + block.image.map_or(0, |i| u64::from(i.len));
+                out.blocks.push(block);
             }
             _ => return Err(AreaError::BadBlockId),
         }
     }
-    out.len = p;
+    out.len = c.p;
     out.data_total = total;
-    match body_len {
-        Some(n) => {
-            if (n as u64).checked_sub(p as u64) != Some(total) {
-                return Err(AreaError::LengthMismatch);
-            }
-        }
-        None => {
-            if p != b.len() {
-                return Err(AreaError::TrailingBytes);
-            }
-        }
+    let exact = match body_len {
+        Some(n) => (n as u64).checked_sub(c.p as u64) == Some(total),
+        None => c.p == b.len(),
+    };
+    match (exact, body_len) {
+        (true, _) => Ok(()),
+        (false, Some(_)) => Err(AreaError::LengthMismatch),
+        (false, None) => Err(AreaError::TrailingBytes),
     }
-    Ok(())
+}
+
+/// Bytes of a record's block-header area read in order; running out is [`AreaError::Short`].
+struct Cursor<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+impl<'a> Cursor<'a> {
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], AreaError> {
+        let s = self.b.get(self.p..self.p + n).ok_or(AreaError::Short)?;
+        self.p += n;
+        Ok(s)
+    }
+
+    #[inline]
+    fn u8(&mut self) -> Result<u8, AreaError> {
+        Ok(self.take(1)?[0])
+    }
+
+    #[inline]
+    fn u16(&mut self) -> Result<u16, AreaError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+
+    #[inline]
+    fn u32(&mut self) -> Result<u32, AreaError> {
+        let s = self.take(4)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+}
+
+/// One block reference (`XLogRecordBlockHeader`, its image header, its relation unless
+/// `BKPBLOCK_SAME_REL`, its block number) after its block id; `rel` is the previous block's
+/// relation, updated.
+#[inline]
+fn block_ref(
+    c: &mut Cursor<'_>,
+    id: u8,
+    compressed_mask: u8,
+    rel: &mut Option<(u32, u32, u32)>,
+) -> Result<BlockRef, AreaError> {
+    let fork_flags = c.u8()?;
+    let data_len = c.u16()?;
+    if (fork_flags & BKPBLOCK_HAS_DATA != 0) != (data_len > 0) {
+        return Err(AreaError::DataLenMismatch);
+    }
+    let image = match fork_flags & BKPBLOCK_HAS_IMAGE != 0 {
+        true => Some(image_ref(c, compressed_mask)?),
+        false => None,
+    };
+    let (spc, db, relno) = if fork_flags & BKPBLOCK_SAME_REL == 0 {
+        let r = (c.u32()?, c.u32()?, c.u32()?);
+        *rel = Some(r);
+        r
+    } else {
+        rel.ok_or(AreaError::NoPreviousRel)?
+    };
+    let blkno = c.u32()?;
+    Ok(BlockRef {
+        id,
+        key: BlockKey {
+            spc,
+            db,
+            rel: relno,
+            fork: fork_flags & BKPBLOCK_FORK_MASK,
+            blkno,
+        },
+        data_len,
+        image,
+    })
+}
+
+/// `XLogRecordBlockImageHeader` (and the compressed hole's length), with
+/// `DecodeXLogRecord`'s checks.
+#[inline]
+fn image_ref(c: &mut Cursor<'_>, compressed_mask: u8) -> Result<ImageRef, AreaError> {
+    let len = c.u16()?;
+    let hole_offset = c.u16()?;
+    let info = c.u8()?;
+    let compressed = info & compressed_mask != 0;
+    let has_hole = info & BKPIMAGE_HAS_HOLE != 0;
+    let hole_len = match (compressed, has_hole) {
+        (true, true) => c.u16()?,
+        (true, false) => 0,
+        // BLCKSZ - bimg_len, as PostgreSQL computes it (bimg_len <= BLCKSZ is checked below
+        // for images without a hole).
+        (false, _) => (PAGE_SIZE as u16).wrapping_sub(len),
+    };
+    let whole = usize::from(len) == PAGE_SIZE;
+    let bad = if has_hole {
+        hole_offset == 0 || hole_len == 0 || whole
+    } else {
+        hole_offset != 0 || hole_len != 0
+    };
+    let bad = bad
+        || (compressed && whole)
+        || (!has_hole && !compressed && !whole)
+        || (!compressed && usize::from(len) > PAGE_SIZE);
+    if bad {
+        return Err(AreaError::BadImage);
+    }
+    Ok(ImageRef {
+        len,
+        hole_offset,
+        hole_len,
+        compressed,
+        info,
+    })
 }
 
 /// PostgreSQL's record CRC: CRC-32C over the record after its header, then over the first 20

@@ -3,6 +3,7 @@
 //! compressed).
 
 use super::*;
+use crate::walcodec::cache::Plan;
 
 impl Encoder {
     /// Images and data, in block order, then main data (tuples as deltas, main data fields
@@ -188,42 +189,9 @@ impl Encoder {
         self.stats.fpis += 1;
         let plan = self.cache.plan(key);
         if let (true, Some(r), Some(s)) = (plan.hit, plan.reference, plan.store) {
-            // Against the previous image of the same block, as it is (see `pagexf`), alone:
-            // the block's records since were replayed onto it (`redo`), so it holds their
-            // tuples already (format version 5 in `walcodec`).
-            let ctrl = &mut self.bufs[S_CTRL];
-            if *self.cache.page(r) == *self.page {
-                ctrl.push(IMG_IDENT | recompress);
-                put_varint(ctrl, u64::from(s));
-                self.cache.touch(s);
-                self.stats.fpi_cache_hits += 1;
-                self.stats.fpi_identical += 1;
-                return Ok(());
-            }
-            let at = self.fpi.len();
-            let len = match self
-                .hit
-                .compress(&self.page, self.cache.page(r), &mut self.fpi)
-            {
-                Ok(len) => len,
-                Err(e) => {
-                    // The parse broke a bound (a bug; zseq refused it): zstd's own parse.
-                    debug_assert!(false, "hit frame from the encoder's own parse: {e}");
-                    self.fpi.truncate(at);
-                    self.pc_hit
-                        .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?
-                }
-            };
-            ctrl.push(IMG_SAME | recompress);
-            put_varint(ctrl, u64::from(s));
-            put_varint(ctrl, len as u64);
-            self.stats.fpi_hit_out += len as u64;
-            self.stats.fpi_cache_hits += 1;
-            self.cache.store(s, key, &self.page);
-            return Ok(());
+            return self.encode_hit(key, r, s, recompress);
         }
         tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
-        let tp = &self.tprefix[..];
         // A big image that is not a cache hit goes whole through PAGE, whose window holds the
         // recent pages, unless the block's known tuples make up half of it or more. Even when
         // the cache has a reference (the relation's most recent page) PAGE is smaller: on
@@ -235,73 +203,130 @@ impl Encoder {
         // fewer bytes, encoded 14 % faster), as long as PAGE stays within the decoder's cap.
         let content = PAGE_SIZE.saturating_sub(usize::from(img.hole_len));
         let room = self.bufs[S_PAGE].len() + PAGE_SIZE <= payload::cap(S_PAGE, self.msg_len);
-        let framed = content < MIN_STREAM_IMAGE || 2 * tp.len() >= content || !room;
-        let ctrl = &mut self.bufs[S_CTRL];
-        // A framed page goes transformed, against a transformed reference if any; with
-        // known tuples of the block (which match the page as it is) also as it is, and the
-        // smaller frame is sent.
+        let framed = content < MIN_STREAM_IMAGE || 2 * self.tprefix.len() >= content || !room;
         // Pages whose items are text go plain (`PageXf::helps`).
         self.xf.forward(&self.page, &mut self.xpage);
         let helps = self.xf.helps();
-        let xpage = &self.xpage;
         if framed {
-            // (A reference comes with a slot to store into: no cache, no reference.)
-            let reference = plan.store.and(plan.reference).map(|r| {
-                if helps {
-                    self.xf.forward(self.cache.page(r), &mut self.xref);
-                }
-                (r, self.cache.page(r))
-            });
-            let at = self.fpi.len();
-            let (mut len, mut plain) = (0, 0);
-            if helps {
-                let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
-                len = self.pc.compress(xpage, &[tp, xr], &mut self.fpi)?;
-            }
-            if !helps || !tp.is_empty() {
-                let r: &[u8] = reference.map_or(&[], |(_, p)| &p[..]);
-                let n = self.pc.compress(&self.page, &[tp, r], &mut self.fpi)?;
-                if !helps || n < len {
-                    self.fpi.drain(at..at + len);
-                    (len, plain) = (n, IMG_PLAIN);
-                } else {
-                    self.fpi.truncate(at + len);
-                }
-            }
-            let flags = recompress | plain;
-            match (reference, plan.store) {
-                (Some((r, _)), Some(s)) => {
-                    ctrl.push(IMG_REF | flags);
-                    put_varint(ctrl, u64::from(r));
-                    put_varint(ctrl, u64::from(s));
-                }
-                (_, Some(s)) => {
-                    ctrl.push(IMG_NEW | flags);
-                    put_varint(ctrl, u64::from(s));
-                }
-                (_, None) => ctrl.push(IMG_NOCACHE | flags),
-            }
-            put_varint(ctrl, len as u64);
+            self.encode_framed(&plan, helps, recompress)?;
         } else {
-            // Pages written whole by a bulk operation (an index build, a table rewrite,
-            // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: they do not enter
-            // the cache unless already there, which spares both ends the copy (and the first
-            // touch of the cache's memory) and keeps the cache for the blocks that are.
-            let store = plan.store.filter(|_| !self.new_pages);
-            let flags = recompress | if helps { 0 } else { IMG_PLAIN };
-            match store {
-                Some(s) => {
-                    ctrl.push(IMG_STREAM | flags);
-                    put_varint(ctrl, u64::from(s));
-                }
-                None => ctrl.push(IMG_STREAM_NOCACHE | flags),
-            }
-            let page = if helps { xpage } else { &self.page };
-            self.bufs[S_PAGE].extend_from_slice(&page[..]);
+            self.encode_streamed(&plan, helps, recompress);
         }
         if let Some(s) = plan.store.filter(|_| framed || !self.new_pages) {
             self.cache.store(s, key, &self.page);
         }
         Ok(())
+    }
+
+    /// A cache hit: the page against the previous image of the same block (slot `r`), as it
+    /// is (see `pagexf`), alone: the block's records since were replayed onto it (`redo`), so
+    /// it holds their tuples already (format version 5 in `walcodec`). Stored into `s`.
+    fn encode_hit(
+        &mut self,
+        key: &BlockKey,
+        r: u32,
+        s: u32,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
+        let ctrl = &mut self.bufs[S_CTRL];
+        self.stats.fpi_cache_hits += 1;
+        if *self.cache.page(r) == *self.page {
+            ctrl.push(IMG_IDENT | recompress);
+            put_varint(ctrl, u64::from(s));
+            self.cache.touch(s);
+            self.stats.fpi_identical += 1;
+            return Ok(());
+        }
+        let at = self.fpi.len();
+        let len = match self
+            .hit
+            .compress(&self.page, self.cache.page(r), &mut self.fpi)
+        {
+            Ok(len) => len,
+            Err(e) => {
+                // The parse broke a bound (a bug; zseq refused it): zstd's own parse.
+                debug_assert!(false, "hit frame from the encoder's own parse: {e}");
+                self.fpi.truncate(at);
+                self.pc_hit
+                    .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?
+            }
+        };
+        ctrl.push(IMG_SAME | recompress);
+        put_varint(ctrl, u64::from(s));
+        put_varint(ctrl, len as u64);
+        self.stats.fpi_hit_out += len as u64;
+        self.cache.store(s, key, &self.page);
+        Ok(())
+    }
+
+    /// A page framed on its own: transformed (`helps`), against the transformed reference
+    /// if `plan` has one; with known tuples of the block (`tprefix`, which match the page as
+    /// it is) also as it is, and the smaller frame is sent.
+    fn encode_framed(
+        &mut self,
+        plan: &Plan,
+        helps: bool,
+        recompress: u8,
+    ) -> Result<(), WalCodecError> {
+        let tp = &self.tprefix[..];
+        // (A reference comes with a slot to store into: no cache, no reference.)
+        let reference = plan.store.and(plan.reference).map(|r| {
+            if helps {
+                self.xf.forward(self.cache.page(r), &mut self.xref);
+            }
+            (r, self.cache.page(r))
+        });
+        let at = self.fpi.len();
+        let (mut len, mut plain) = (0, 0);
+        if helps {
+            let xr: &[u8] = reference.map_or(&[], |_| &self.xref[..]);
+            len = self.pc.compress(&self.xpage, &[tp, xr], &mut self.fpi)?;
+        }
+        if !helps || !tp.is_empty() {
+            let r: &[u8] = reference.map_or(&[], |(_, p)| &p[..]);
+            let n = self.pc.compress(&self.page, &[tp, r], &mut self.fpi)?;
+            if !helps || n < len {
+                self.fpi.drain(at..at + len);
+                (len, plain) = (n, IMG_PLAIN);
+            } else {
+                self.fpi.truncate(at + len);
+            }
+        }
+        let flags = recompress | plain;
+        let ctrl = &mut self.bufs[S_CTRL];
+        match (reference, plan.store) {
+            (Some((r, _)), Some(s)) => {
+                ctrl.push(IMG_REF | flags);
+                put_varint(ctrl, u64::from(r));
+                put_varint(ctrl, u64::from(s));
+            }
+            (_, Some(s)) => {
+                ctrl.push(IMG_NEW | flags);
+                put_varint(ctrl, u64::from(s));
+            }
+            (_, None) => ctrl.push(IMG_NOCACHE | flags),
+        }
+        put_varint(ctrl, len as u64);
+        Ok(())
+    }
+
+    /// A page whole through the PAGE stream, transformed where that `helps`.
+    fn encode_streamed(&mut self, plan: &Plan, helps: bool, recompress: u8) {
+        // Pages written whole by a bulk operation (an index build, a table rewrite,
+        // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: they do not enter
+        // the cache unless already there, which spares both ends the copy (and the first
+        // touch of the cache's memory) and keeps the cache for the blocks that are.
+        let store = plan.store.filter(|_| !self.new_pages);
+        let flags = recompress | if helps { 0 } else { IMG_PLAIN };
+        let ctrl = &mut self.bufs[S_CTRL];
+        match store {
+            Some(s) => {
+                ctrl.push(IMG_STREAM | flags);
+                put_varint(ctrl, u64::from(s));
+            }
+            None => ctrl.push(IMG_STREAM_NOCACHE | flags),
+        }
+        let page = if helps { &self.xpage } else { &self.page };
+        self.bufs[S_PAGE].extend_from_slice(&page[..]);
     }
 }
