@@ -18,6 +18,34 @@ use crate::pg::PgMajor;
 
 const SEG: u64 = 1 << 20;
 
+/// Block `blkno` of relation `rel` (tablespace 1663, database 5, main fork) with `page` as
+/// its image, `hole` (offset, length) left out, as the primary compressed it if `compressed`.
+fn given_block(
+    rel: u32,
+    blkno: u32,
+    page: Box<[u8; PAGE_SIZE]>,
+    hole: (u16, u16),
+    compressed: Option<(Vec<u8>, u8)>,
+) -> GenBlock {
+    GenBlock {
+        key: BlockKey {
+            spc: 1663,
+            db: 5,
+            rel,
+            fork: 0,
+            blkno,
+        },
+        image: Image::Given(GivenImage {
+            page,
+            hole_offset: hole.0,
+            hole_len: hole.1,
+            apply: false,
+            compressed,
+        }),
+        data: Vec::new(),
+    }
+}
+
 fn params(major: PgMajor, cache_slots: usize) -> CodecParams {
     CodecParams {
         pg_major: Some(major),
@@ -273,23 +301,13 @@ fn deferred_checks_rewrite_stream_and_ident_ops() {
     assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
     assert_ne!(compress_like_pg(Method::Zstd, &page[..]).unwrap(), bytes);
     for _ in 0..2 {
-        let b = GenBlock {
-            key: BlockKey {
-                spc: 1663,
-                db: 5,
-                rel: 99_001,
-                fork: 0,
-                blkno: 3,
-            },
-            image: Image::Given(GivenImage {
-                page: page.clone(),
-                hole_offset: 0,
-                hole_len: 0,
-                apply: false,
-                compressed: Some((bytes.clone(), flag(major, Method::Zstd))),
-            }),
-            data: Vec::new(),
-        };
+        let b = given_block(
+            99_001,
+            3,
+            page.clone(),
+            (0, 0),
+            Some((bytes.clone(), flag(major, Method::Zstd))),
+        );
         g.xid += 1;
         let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
         g.write_record(&rec);
@@ -317,23 +335,13 @@ fn small_compressed_images_go_whole_through_page_within_its_cap() {
         }
         let bytes = compress_like_pg(Method::Lz4, &page[..]).unwrap();
         assert!(bytes.len() < MIN_STREAM_IMAGE, "{} bytes", bytes.len());
-        let b = GenBlock {
-            key: BlockKey {
-                spc: 1663,
-                db: 5,
-                rel: 99_002,
-                fork: 0,
-                blkno,
-            },
-            image: Image::Given(GivenImage {
-                page,
-                hole_offset: 0,
-                hole_len: 0,
-                apply: false,
-                compressed: Some((bytes, flag(major, Method::Lz4))),
-            }),
-            data: Vec::new(),
-        };
+        let b = given_block(
+            99_002,
+            blkno,
+            page,
+            (0, 0),
+            Some((bytes, flag(major, Method::Lz4))),
+        );
         g.xid += 1;
         let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
         g.write_record(&rec);
@@ -373,23 +381,7 @@ fn pages_written_whole_stay_out_of_the_cache() {
             for (i, b) in page.iter_mut().enumerate() {
                 *b = (i % 251) as u8 ^ if i % 1000 == 0 { version } else { 0 };
             }
-            let b = GenBlock {
-                key: BlockKey {
-                    spc: 1663,
-                    db: 5,
-                    rel: 99_003,
-                    fork: 0,
-                    blkno: 7,
-                },
-                image: Image::Given(GivenImage {
-                    page,
-                    hole_offset: 0,
-                    hole_len: 0,
-                    apply: false,
-                    compressed: None,
-                }),
-                data: Vec::new(),
-            };
+            let b = given_block(99_003, 7, page, (0, 0), None);
             g.xid += 1;
             let rec = g.record(rmid, info, g.xid, &[b], b"");
             g.write_record(&rec);
@@ -501,23 +493,7 @@ fn text_index_pages_go_plain_on_every_path() {
             let page = text_index_page(u64::from(blkno), hole);
             let lower = u16::from_le_bytes([page[12], page[13]]);
             let upper = u16::from_le_bytes([page[14], page[15]]);
-            let b = GenBlock {
-                key: BlockKey {
-                    spc: 1663,
-                    db: 5,
-                    rel: 99_010,
-                    fork: 0,
-                    blkno,
-                },
-                image: Image::Given(GivenImage {
-                    page,
-                    hole_offset: lower,
-                    hole_len: upper - lower,
-                    apply: false,
-                    compressed: None,
-                }),
-                data: Vec::new(),
-            };
+            let b = given_block(99_010, blkno, page, (lower, upper - lower), None);
             g.xid += 1;
             let rec = g.record(rmid, info, g.xid, &[b], b"");
             g.write_record(&rec);
