@@ -81,47 +81,8 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::CheckConfig { config } => match Config::load(&config) {
-            Ok(r) => {
-                let halves: Vec<&str> = [
-                    r.upstream.as_ref().map(|_| "upstream"),
-                    r.downstream.as_ref().map(|_| "downstream"),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
-                println!("{}: OK ({})", config.display(), halves.join(" + "));
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_error(&e),
-        },
-        Cmd::Run { config } => {
-            let cfg = match Config::load(&config) {
-                Ok(c) => c,
-                Err(e) => return config_error(&e),
-            };
-            let log = walrelay::logging::init(&cfg.log.level, &cfg.log.format);
-            let rt = runtime();
-            let r = rt.block_on(async move {
-                use walrelay::lifecycle::Signals;
-                let mut signals = Signals::install().context("installing signal handlers")?;
-                let mut running =
-                    walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
-                let by_signal = signals.serve(&mut running, &config, &log).await;
-                signals.drain(running).await;
-                anyhow::ensure!(by_signal, "a half stopped by itself; see the log above");
-                Ok(())
-            });
-            // Whatever is still stuck (a peer that stopped reading) is dropped, not waited for.
-            rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
-            match r {
-                Err(e) if is_config_error(&e) => {
-                    eprintln!("walrelay: bad configuration: {e:#}");
-                    ExitCode::from(EXIT_CONFIG as u8)
-                }
-                r => exit(r),
-            }
-        }
+        Cmd::CheckConfig { config } => check_config(&config),
+        Cmd::Run { config } => run(config),
         Cmd::Demo { seconds } => {
             walrelay::logging::init("error", "text");
             let demo = async move {
@@ -153,31 +114,85 @@ fn main() -> ExitCode {
             };
             bench(opts)
         }
-        Cmd::Status { url } => match runtime().block_on(walrelay::monitor::client::fetch(&url)) {
-            Ok(doc) => {
-                print!("{}", walrelay::monitor::client::format(&doc));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("walrelay status: {e}");
-                ExitCode::from(1)
-            }
-        },
-        Cmd::ScramVerifier => {
-            let mut pw = String::new();
-            if let Err(e) = std::io::stdin().read_line(&mut pw) {
-                eprintln!("walrelay: cannot read the password from standard input: {e}");
-                return ExitCode::from(1);
-            }
-            let pw = pw.trim_end_matches(['\n', '\r']);
-            if pw.is_empty() {
-                eprintln!("walrelay: empty password; pipe the password on standard input");
-                return ExitCode::from(EXIT_CONFIG as u8);
-            }
-            println!("{}", walrelay_pgwire::scram::new_verifier(pw));
+        Cmd::Status { url } => status(&url),
+        Cmd::ScramVerifier => scram_verifier(),
+    }
+}
+
+/// `walrelay check-config`: loads the file as `run` would and says which halves it runs.
+fn check_config(config: &Path) -> ExitCode {
+    match Config::load(config) {
+        Ok(r) => {
+            let halves: Vec<&str> = [
+                r.upstream.as_ref().map(|_| "upstream"),
+                r.downstream.as_ref().map(|_| "downstream"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            println!("{}: OK ({})", config.display(), halves.join(" + "));
             ExitCode::SUCCESS
         }
+        Err(e) => config_error(&e),
     }
+}
+
+/// `walrelay run`: the configured halves until a signal stops them or one stops by itself.
+fn run(config: PathBuf) -> ExitCode {
+    let cfg = match Config::load(&config) {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    let log = walrelay::logging::init(&cfg.log.level, &cfg.log.format);
+    let rt = runtime();
+    let r = rt.block_on(async move {
+        use walrelay::lifecycle::Signals;
+        let mut signals = Signals::install().context("installing signal handlers")?;
+        let mut running = walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
+        let by_signal = signals.serve(&mut running, &config, &log).await;
+        signals.drain(running).await;
+        anyhow::ensure!(by_signal, "a half stopped by itself; see the log above");
+        Ok(())
+    });
+    // Whatever is still stuck (a peer that stopped reading) is dropped, not waited for.
+    rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
+    match r {
+        Err(e) if is_config_error(&e) => {
+            eprintln!("walrelay: bad configuration: {e:#}");
+            ExitCode::from(EXIT_CONFIG as u8)
+        }
+        r => exit(r),
+    }
+}
+
+/// `walrelay status`: a running relay's monitoring document, for people.
+fn status(url: &str) -> ExitCode {
+    match runtime().block_on(walrelay::monitor::client::fetch(url)) {
+        Ok(doc) => {
+            print!("{}", walrelay::monitor::client::format(&doc));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("walrelay status: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `walrelay scram-verifier`: a SCRAM-SHA-256 verifier for the password on standard input.
+fn scram_verifier() -> ExitCode {
+    let mut pw = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut pw) {
+        eprintln!("walrelay: cannot read the password from standard input: {e}");
+        return ExitCode::from(1);
+    }
+    let pw = pw.trim_end_matches(['\n', '\r']);
+    if pw.is_empty() {
+        eprintln!("walrelay: empty password; pipe the password on standard input");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
+    println!("{}", walrelay_pgwire::scram::new_verifier(pw));
+    ExitCode::SUCCESS
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -184,7 +184,23 @@ async fn record_fresh(
     // The slot keeps every segment from here on, however much WAL the workload writes.
     pg.create_physical_slot("walrec").await?;
     let start = query_lsn(&pg, "SELECT pg_current_wal_insert_lsn()").await?;
+    run_workload(&pg, opts).await?;
+    pg.execute("SELECT pg_switch_wal()").await?;
+    // Segments wholly before the flush position are complete on disk.
+    let flushed = query_lsn(&pg, "SELECT pg_current_wal_flush_lsn()").await?;
+    let (bytes, capped) = read_segments(&pg, start, flushed, cap)?;
+    pg.stop().await?;
+    Ok(Recording {
+        start_lsn: start / WAL_SEGMENT_SIZE * WAL_SEGMENT_SIZE,
+        bytes,
+        capped,
+        version,
+    })
+}
 
+/// The recording's load: a table of md5 rows and pgbench's, then pgbench for
+/// `opts.seconds` with two rounds of updates to a seventh of the rows, a checkpoint between.
+async fn run_workload(pg: &Cluster, opts: &RecordOpts) -> Result<(), ClusterError> {
     let rows = 10_000 * u64::from(opts.scale.max(1));
     pg.execute(&format!(
         "CREATE TABLE r (id int PRIMARY KEY, v text); \
@@ -216,10 +232,17 @@ async fn record_fresh(
     bench
         .await
         .map_err(|e| ClusterError::Other(format!("pgbench task: {e}")))??;
-    pg.execute("SELECT pg_switch_wal()").await?;
-    // Segments wholly before the flush position are complete on disk.
-    let flushed = query_lsn(&pg, "SELECT pg_current_wal_flush_lsn()").await?;
+    Ok(())
+}
 
+/// The complete segments from the one holding `start` up to the one holding `flushed`, at
+/// most `cap` bytes of them (the bool: whether the cap cut them).
+fn read_segments(
+    pg: &Cluster,
+    start: u64,
+    flushed: u64,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), ClusterError> {
     let first_seg = start / WAL_SEGMENT_SIZE;
     let end_seg = flushed / WAL_SEGMENT_SIZE;
     if end_seg <= first_seg {
@@ -253,13 +276,7 @@ async fn record_fresh(
         bytes.truncate(cap);
         capped = true;
     }
-    pg.stop().await?;
-    Ok(Recording {
-        start_lsn: first_seg * WAL_SEGMENT_SIZE,
-        bytes,
-        capped,
-        version,
-    })
+    Ok((bytes, capped))
 }
 
 async fn query_lsn(pg: &Cluster, sql: &str) -> Result<u64, ClusterError> {

@@ -101,33 +101,15 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
             "the spool failed ({f}); fix it and restart walrelay"
         ));
     }
-    let ext = view.extent;
-    let empty = ext.end == Lsn(0);
+    let empty = view.extent.end == Lsn(0);
     let hello = handshake::hello(&view, &sp.cfg.name, sp.codec(), &sp.link_cfg, &sp.limits);
     let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.limits.queue_messages);
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
     });
-    let max = link::max_link_message(&sp.limits);
-    let mut client = LinkClient::new(channel)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-    let open = async {
-        let mut inbound = client.stream(ReceiverStream::new(lrx)).await?.into_inner();
-        let first = inbound.next().await.transpose()?;
-        Ok::<_, tonic::Status>((inbound, first))
-    };
-    let deadline = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
-    let (mut inbound, welcome) = match tokio::time::timeout(deadline, open).await {
-        Err(_) => return other("the upstream did not answer in time"),
-        Ok(Err(status)) => return other(status.message()),
-        Ok(Ok((
-            i,
-            Some(ToDownstream {
-                msg: Some(to_downstream::Msg::Welcome(w)),
-            }),
-        ))) => (i, w),
-        Ok(Ok(_)) => return other("the upstream did not answer with Welcome"),
+    let (inbound, welcome) = match open(sp, channel, lrx).await {
+        Ok(opened) => opened,
+        Err(e) => return e,
     };
     let (mut rx, stage) = match Receiver::new(sp, &welcome, empty) {
         Ok(r) => r,
@@ -144,29 +126,7 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     } = stage;
     // Frames in to the decode stage as they arrive; when the stream ends, what the stage
     // already verified is still applied (it was received whole), then the stream's end counts.
-    let recv = async move {
-        loop {
-            let Ok(next) = tokio::time::timeout(SILENT_LIMIT, inbound.next()).await else {
-                return other(format!(
-                    "nothing from the upstream for {} s, though it sends at least every {} s: \
-                     the stream is stalled (its framing lost?)",
-                    SILENT_LIMIT.as_secs(),
-                    ALIVE_EVERY.as_secs()
-                ));
-            };
-            let f = match next {
-                None => return other("the upstream closed the stream"),
-                Some(Err(s)) => return other(s.message()),
-                Some(Ok(ToDownstream {
-                    msg: Some(to_downstream::Msg::Frame(f)),
-                })) => f,
-                Some(Ok(_)) => return other("unexpected message from the upstream"),
-            };
-            if frames.send(f).await.is_err() {
-                return other("the decode stage stopped");
-            }
-        }
-    };
+    let recv = forward_frames(inbound, frames);
     let pipeline = async {
         let apply = rx.apply_all(sp, &mut verified);
         tokio::pin!(recv, apply);
@@ -179,6 +139,63 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     tokio::select! {
         e = pipeline => e,
         e = send_loop(sp, ltx) => e,
+    }
+}
+
+/// Opens the link stream with the Hello queued in `lrx` and waits for the upstream's Welcome.
+async fn open(
+    sp: &Spooler,
+    channel: tonic::transport::Channel,
+    lrx: mpsc::Receiver<ToUpstream>,
+) -> Result<(tonic::Streaming<ToDownstream>, Welcome), Ended> {
+    let max = link::max_link_message(&sp.limits);
+    let mut client = LinkClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let open = async {
+        let mut inbound = client.stream(ReceiverStream::new(lrx)).await?.into_inner();
+        let first = inbound.next().await.transpose()?;
+        Ok::<_, tonic::Status>((inbound, first))
+    };
+    let deadline = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
+    match tokio::time::timeout(deadline, open).await {
+        Err(_) => Err(other("the upstream did not answer in time")),
+        Ok(Err(status)) => Err(other(status.message())),
+        Ok(Ok((
+            i,
+            Some(ToDownstream {
+                msg: Some(to_downstream::Msg::Welcome(w)),
+            }),
+        ))) => Ok((i, w)),
+        Ok(Ok(_)) => Err(other("the upstream did not answer with Welcome")),
+    }
+}
+
+/// Passes the stream's frames to the decode stage until the stream ends, stalls or fails.
+async fn forward_frames(
+    mut inbound: tonic::Streaming<ToDownstream>,
+    frames: decode::FrameInput,
+) -> Ended {
+    loop {
+        let Ok(next) = tokio::time::timeout(SILENT_LIMIT, inbound.next()).await else {
+            return other(format!(
+                "nothing from the upstream for {} s, though it sends at least every {} s: \
+                 the stream is stalled (its framing lost?)",
+                SILENT_LIMIT.as_secs(),
+                ALIVE_EVERY.as_secs()
+            ));
+        };
+        let f = match next {
+            None => return other("the upstream closed the stream"),
+            Some(Err(s)) => return other(s.message()),
+            Some(Ok(ToDownstream {
+                msg: Some(to_downstream::Msg::Frame(f)),
+            })) => f,
+            Some(Ok(_)) => return other("unexpected message from the upstream"),
+        };
+        if frames.send(f).await.is_err() {
+            return other("the decode stage stopped");
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use walrelay_pgwire::repl::{keepalive_wants_reply, status_positions, XLogData};
-use walrelay_pgwire::{encode, parse_tagged, ErrorFields};
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg};
 use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::{Command, StandbyInfo, StartReplication};
 use walrelay_wal::lsn::Lsn;
@@ -151,12 +151,7 @@ impl Identity {
                     }
                     Some(ToIdentity::Command(c)) if !streaming => {
                         if let Err(e) = self.command(&mut conn, c).await {
-                            let mut out = BytesMut::new();
-                            let msg = format!("walrelay: the connection to the primary failed during the command: {e}");
-                            encode::error_response(&mut out, &ErrorFields::error("08006", msg));
-                            encode::ready_for_query(&mut out);
-                            self.send(out.to_vec()).await;
-                            return Ended::Lost(e.to_string());
+                            return self.command_failed(e).await;
                         }
                     }
                     Some(ToIdentity::Command(_)) => {}
@@ -176,26 +171,55 @@ impl Identity {
                         return Ended::Lost(e);
                     }
                 }
-                m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => match m {
-                    Ok(m) if m.tag == b'd' => {
-                        // The WAL crossed the link in the stream: dropped here.
-                        if let Ok(Some(x)) = XLogData::parse(&m.body) {
-                            entry.primary_end(x.end);
-                        } else if keepalive_wants_reply(&m.body) {
-                            if let Err(e) = self.reply(&mut conn, entry).await {
-                                return Ended::Lost(e);
-                            }
-                        }
-                        entry.wal(*self.sent.borrow());
+                m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => {
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) => return Ended::Lost(e.to_string()),
+                    };
+                    if let Err(ended) = self.on_primary_message(&mut conn, entry, m).await {
+                        return ended;
                     }
-                    Ok(m) if m.tag == b'E' => {
-                        let why = ErrorFields::parse(&m.body).map(|e| e.message).unwrap_or_default();
-                        return Ended::Lost(format!("the primary ended streaming: {why}"));
-                    }
-                    Ok(_) => {}
-                    Err(e) => return Ended::Lost(e.to_string()),
-                },
+                }
             }
+        }
+    }
+
+    /// Tells the standby that its command failed with the connection to the primary.
+    async fn command_failed(&mut self, e: PgClientError) -> Ended {
+        let mut out = BytesMut::new();
+        let msg = format!("walrelay: the connection to the primary failed during the command: {e}");
+        encode::error_response(&mut out, &ErrorFields::error("08006", msg));
+        encode::ready_for_query(&mut out);
+        self.send(out.to_vec()).await;
+        Ended::Lost(e.to_string())
+    }
+
+    /// A message of the primary on this standby's streaming connection. The WAL crossed
+    /// the link in the stream: dropped here, its end noted; a keepalive that asks is
+    /// answered; an error ends the connection.
+    async fn on_primary_message(
+        &mut self,
+        conn: &mut PrimaryConn,
+        entry: &StandbyHandle,
+        m: RawMsg,
+    ) -> Result<(), Ended> {
+        match m.tag {
+            b'd' => {
+                if let Ok(Some(x)) = XLogData::parse(&m.body) {
+                    entry.primary_end(x.end);
+                } else if keepalive_wants_reply(&m.body) {
+                    self.reply(conn, entry).await.map_err(Ended::Lost)?;
+                }
+                entry.wal(*self.sent.borrow());
+                Ok(())
+            }
+            b'E' => {
+                let why = ErrorFields::parse(&m.body)
+                    .map(|e| e.message)
+                    .unwrap_or_default();
+                Err(Ended::Lost(format!("the primary ended streaming: {why}")))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -298,23 +298,7 @@ async fn open_feed(
     hello: &Hello,
     agreed: &Agreed,
 ) -> Result<(PrimaryConn, Welcome), Status> {
-    let unavailable =
-        |what: &str, e: pgclient::PgClientError| Status::unavailable(format!("{what}: {e}"));
-    let app = match hello.downstream_name.as_str() {
-        "" => "walrelay".to_string(),
-        n => format!("walrelay_{n}"),
-    };
-    let mut conn = pgclient::connect(&up.cfg.primary, &app, up.limits.max_message_bytes)
-        .await
-        .map_err(|e| unavailable("cannot connect to the primary", e))?;
-    if conn.ensure_physical_slot(&agreed.slot).await.map_err(|e| {
-        unavailable(
-            &format!("cannot create slot {:?} on the primary", agreed.slot),
-            e,
-        )
-    })? {
-        info!(slot = %agreed.slot, "created the stream's physical replication slot on the primary");
-    }
+    let mut conn = connect_with_slot(up, hello, agreed).await?;
     let id = conn
         .identify_system()
         .await
@@ -340,21 +324,7 @@ async fn open_feed(
         _ => Vec::new(),
     };
     let (switches, at, tli) = catch_up_timelines(&mut conn, &state, start).await?;
-    match primary::start_replication(&mut conn, Some(&agreed.slot), at, tli).await {
-        Ok(primary::Started::Streaming) => {}
-        Ok(primary::Started::TimelineEnded { next, .. }) => {
-            return Err(Status::unavailable(format!(
-                "the primary ended timeline {tli} at the stream's start, naming timeline {next}: try again"
-            )))
-        }
-        Err(pgclient::PgClientError::Server(e)) if e.message.contains("is active") => {
-            return Err(Status::unavailable(format!(
-                "slot {:?} is in use by another connection: give each downstream its own downstream.name ({})",
-                agreed.slot, e.message
-            )))
-        }
-        Err(e) => return Err(unavailable("START_REPLICATION on the primary", e)),
-    }
+    start_streaming(&mut conn, &agreed.slot, at, tli).await?;
     let pg_major = PgMajor::from_server_version(
         conn.params
             .iter()
@@ -392,6 +362,58 @@ async fn open_feed(
     Ok((conn, welcome))
 }
 
+/// `unavailable` status for a step on the primary that failed.
+fn unavailable(what: &str, e: pgclient::PgClientError) -> Status {
+    Status::unavailable(format!("{what}: {e}"))
+}
+
+/// A replication connection to the primary (application name `walrelay_<downstream.name>`,
+/// which `synchronous_standby_names` may list) and the stream's physical slot on it.
+async fn connect_with_slot(
+    up: &Upstream,
+    hello: &Hello,
+    agreed: &Agreed,
+) -> Result<PrimaryConn, Status> {
+    let app = match hello.downstream_name.as_str() {
+        "" => "walrelay".to_string(),
+        n => format!("walrelay_{n}"),
+    };
+    let mut conn = pgclient::connect(&up.cfg.primary, &app, up.limits.max_message_bytes)
+        .await
+        .map_err(|e| unavailable("cannot connect to the primary", e))?;
+    if conn.ensure_physical_slot(&agreed.slot).await.map_err(|e| {
+        unavailable(
+            &format!("cannot create slot {:?} on the primary", agreed.slot),
+            e,
+        )
+    })? {
+        info!(slot = %agreed.slot, "created the stream's physical replication slot on the primary");
+    }
+    Ok(conn)
+}
+
+/// START_REPLICATION on `slot` at `at` on timeline `tli`; errors say what to do.
+async fn start_streaming(
+    conn: &mut PrimaryConn,
+    slot: &str,
+    at: Lsn,
+    tli: TimeLineId,
+) -> Result<(), Status> {
+    match primary::start_replication(conn, Some(slot), at, tli).await {
+        Ok(primary::Started::Streaming) => Ok(()),
+        Ok(primary::Started::TimelineEnded { next, .. }) => Err(Status::unavailable(format!(
+            "the primary ended timeline {tli} at the stream's start, naming timeline {next}: try again"
+        ))),
+        Err(pgclient::PgClientError::Server(e)) if e.message.contains("is active") => {
+            Err(Status::unavailable(format!(
+                "slot {slot:?} is in use by another connection: give each downstream its own downstream.name ({})",
+                e.message
+            )))
+        }
+        Err(e) => Err(unavailable("START_REPLICATION on the primary", e)),
+    }
+}
+
 /// The spool may be on an older timeline than the primary (it was promoted from a standby):
 /// every timeline the spool already holds to its end is switched at once (the spool then
 /// continues at that timeline's switchpoint); the last one it does not hold to its end is
@@ -412,9 +434,7 @@ async fn catch_up_timelines(
             primary.tli
         )));
     }
-    let err = |e: pgclient::PgClientError| {
-        Status::unavailable(format!("TIMELINE_HISTORY on the primary: {e}"))
-    };
+    let err = |e| unavailable("TIMELINE_HISTORY on the primary", e);
     let file = conn.timeline_history(primary.tli).await.map_err(err)?;
     let entries = file.entries().map_err(err)?;
     while tli != primary.tli {

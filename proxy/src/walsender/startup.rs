@@ -6,6 +6,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use super::{Downstream, End, Reader, Standby, Writer};
@@ -148,26 +150,7 @@ async fn read_startup(
     sock: TcpStream,
     peer: SocketAddr,
 ) -> Result<Started, Failed> {
-    let mut first = [0u8; 1];
-    let direct_tls = matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE);
-    let mut io: BoxIo = Box::new(sock);
-    let mut encrypted = false;
-    if direct_tls {
-        let Some(tls) = &ds.tls else {
-            warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
-            return Err((None, End::Quiet));
-        };
-        let stream = tls.accept(io).await.map_err(|e| {
-            warn!(%peer, "TLS handshake failed: {e}");
-            (None, End::Quiet)
-        })?;
-        if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
-            warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
-            return Err((None, End::Quiet));
-        }
-        io = Box::new(stream);
-        encrypted = true;
-    }
+    let (io, mut encrypted) = direct_tls(ds, sock, peer).await?;
     let mut reader = MsgReader::new(io);
     loop {
         let pkt = match reader.read(parse_startup).await {
@@ -202,11 +185,7 @@ async fn read_startup(
                     return Err((None, End::Quiet));
                 }
                 let tls = ds.tls.as_ref().expect("checked above");
-                let stream = tls.accept(io).await.map_err(|e| {
-                    warn!(%peer, "TLS handshake failed: {e}");
-                    (None, End::Quiet)
-                })?;
-                reader = MsgReader::new(Box::new(stream));
+                reader = MsgReader::new(Box::new(accept_tls(tls, io, peer).await?));
                 encrypted = true;
             }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
@@ -229,6 +208,42 @@ async fn read_startup(
             }
         }
     }
+}
+
+/// The connection as it starts: TLS at once (PostgreSQL 17's `sslnegotiation=direct`, ALPN
+/// "postgresql") when its first byte is a TLS handshake, else plain until an SSLRequest. The
+/// bool says whether it is encrypted.
+async fn direct_tls(
+    ds: &Downstream,
+    sock: TcpStream,
+    peer: SocketAddr,
+) -> Result<(BoxIo, bool), Failed> {
+    let mut first = [0u8; 1];
+    if !matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE) {
+        return Ok((Box::new(sock), false));
+    }
+    let Some(tls) = &ds.tls else {
+        warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
+        return Err((None, End::Quiet));
+    };
+    let stream = accept_tls(tls, Box::new(sock), peer).await?;
+    if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
+        warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
+        return Err((None, End::Quiet));
+    }
+    Ok((Box::new(stream), true))
+}
+
+/// The server side of a TLS handshake; a failed one is logged and ends the connection.
+async fn accept_tls(
+    tls: &TlsAcceptor,
+    io: BoxIo,
+    peer: SocketAddr,
+) -> Result<TlsStream<BoxIo>, Failed> {
+    tls.accept(io).await.map_err(|e| {
+        warn!(%peer, "TLS handshake failed: {e}");
+        (None, End::Quiet)
+    })
 }
 
 fn split_fail(reader: MsgReader<BoxIo>, end: End) -> Failed {
