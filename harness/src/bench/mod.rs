@@ -298,23 +298,7 @@ async fn setup(
     let certs_dir = root.path().join("certs");
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;
-    let popts = PrimaryOpts {
-        checkpoint_timeout: "30s".into(),
-        wal_compression: compression.into(),
-        wal_level: w.wal_level().into(),
-        extra_conf: vec![
-            ("max_wal_size".into(), "4GB".into()),
-            // Each window's WAL is copied out of pg_wal once both standbys received it.
-            ("wal_keep_size".into(), "6GB".into()),
-        ],
-        ..Default::default()
-    };
-    let primary = Cluster::init_primary(install, &root, "primary", &popts)?;
-    primary.start().await?;
-    primary.create_replication_user(PRIMARY_PASSWORD).await?;
-    tokio::time::timeout(LONG_WAIT, w.prepare(&primary))
-        .await
-        .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
+    let primary = start_primary(install, &root, w, compression).await?;
     let down_ports = [free_port(), free_port()];
     // The pairs first: a downstream's spool starts at the segment the primary is writing when
     // its stream opens, so standbys backed up after that find all they need in it.
@@ -335,13 +319,58 @@ async fn setup(
     for p in &pairs {
         p.wait_stream_open().await?;
     }
+    let standbys = start_relayed_standbys(&primary, &root, down_ports).await?;
+    let direct = start_direct_standby(&primary, &root).await?;
+    Ok(Rig {
+        pairs,
+        standbys,
+        direct,
+        primary,
+        root,
+    })
+}
+
+/// The workload's primary, started, with the replication user and the workload's data.
+async fn start_primary(
+    install: &PgInstall,
+    root: &TempRoot,
+    w: Workload,
+    compression: &str,
+) -> Result<Cluster> {
+    let popts = PrimaryOpts {
+        checkpoint_timeout: "30s".into(),
+        wal_compression: compression.into(),
+        wal_level: w.wal_level().into(),
+        extra_conf: vec![
+            ("max_wal_size".into(), "4GB".into()),
+            // Each window's WAL is copied out of pg_wal once both standbys received it.
+            ("wal_keep_size".into(), "6GB".into()),
+        ],
+        ..Default::default()
+    };
+    let primary = Cluster::init_primary(install, root, "primary", &popts)?;
+    primary.start().await?;
+    primary.create_replication_user(PRIMARY_PASSWORD).await?;
+    tokio::time::timeout(LONG_WAIT, w.prepare(&primary))
+        .await
+        .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
+    Ok(primary)
+}
+
+/// The standbys of W and Z, backed up from the primary, streaming through the downstreams
+/// on `down_ports`.
+async fn start_relayed_standbys(
+    primary: &Cluster,
+    root: &TempRoot,
+    down_ports: [u16; 2],
+) -> Result<[Cluster; 2]> {
     let mut standbys = Vec::new();
     for (i, app) in APPS.iter().enumerate() {
         let mut so = StandbyOpts::new(pair::standby_conninfo(down_ports[i], app));
         so.application_name = Some(app.to_string());
         standbys.push(
             primary
-                .basebackup_standby(&root, &format!("standby_{}", CODECS[i]), &so)
+                .basebackup_standby(root, &format!("standby_{}", CODECS[i]), &so)
                 .context("pg_basebackup of a standby")?,
         );
     }
@@ -352,8 +381,13 @@ async fn setup(
         s.start().await?;
     }
     for (s, port) in standbys.iter().zip(down_ports) {
-        wait_streaming(&primary, s, port).await?;
+        wait_streaming(primary, s, port).await?;
     }
+    Ok(standbys)
+}
+
+/// The reference standby, streaming from the primary itself.
+async fn start_direct_standby(primary: &Cluster, root: &TempRoot) -> Result<Cluster> {
     let mut so = StandbyOpts::new(format!(
         "host=127.0.0.1 port={} user={} password={PRIMARY_PASSWORD} application_name={DIRECT_APP}",
         primary.port(),
@@ -361,17 +395,11 @@ async fn setup(
     ));
     so.application_name = Some(DIRECT_APP.to_string());
     let direct = primary
-        .basebackup_standby(&root, "standby_lag_ref", &so)
+        .basebackup_standby(root, "standby_lag_ref", &so)
         .context("pg_basebackup of the direct standby")?;
     direct.start().await?;
-    wait_streaming(&primary, &direct, primary.port()).await?;
-    Ok(Rig {
-        pairs,
-        standbys,
-        direct,
-        primary,
-        root,
-    })
+    wait_streaming(primary, &direct, primary.port()).await?;
+    Ok(direct)
 }
 
 /// Waits until `standby` streams through the downstream on `port` and has received all the

@@ -182,6 +182,7 @@ fn fmt_value(v: f64) -> String {
 pub fn render(m: &Metrics, p: &ProcessStats) -> String {
     let mut e = Expo(String::with_capacity(16 * 1024));
     wal_and_link_families(&mut e, m);
+    codec_time_families(&mut e, m);
     codec_families(&mut e, m);
     session_families(&mut e, m);
     tunnel_families(&mut e, m);
@@ -243,7 +244,7 @@ fn tunnel_families(e: &mut Expo, m: &Metrics) {
     }
 }
 
-/// Build info, WAL in and out, the link's bytes and messages, compression and codec CPU.
+/// Build info, WAL in and out, the link's bytes and messages.
 fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
     e.family(
         "walrelay_build_info",
@@ -300,6 +301,10 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
             Some(count(&m.ops.link_messages_out_downstream)),
         ],
     );
+}
+
+/// The codec's ratio, its CPU time and how often its extra threads ran.
+fn codec_time_families(e: &mut Expo, m: &Metrics) {
     let ratio = |wal: &AtomicU64, link: &AtomicU64| {
         let (wal, link) = (wal.load(Relaxed), link.load(Relaxed));
         (link > 0).then(|| wal as f64 / link as f64)
