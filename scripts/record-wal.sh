@@ -8,7 +8,9 @@
 # WORKLOAD: pgbench (TPC-B, scale 10, 4 clients), bulk (batches of 20,000 md5 rows by
 # INSERT ... SELECT and by COPY in turn for 13 s, then two CREATE INDEX and TRUNCATE, in
 # cycles: the bench's `bulk`),
-# pgbench-pglz, pgbench-lz4, pgbench-zstd (pgbench with the primary's `wal_compression`).
+# pgbench-pglz, pgbench-lz4, pgbench-zstd (pgbench with the primary's `wal_compression`),
+# updates (300k rows of md5 text, two random rows updated per transaction, 4 clients),
+# moves (40k wide rows of md5 text on full pages, one small column updated: the rows move).
 # SECONDS (default 60) of load; checkpoints at the bench's pace (checkpoint_timeout = 30s),
 # never forced (`wal_keep_size` keeps every segment for the copy). OUT.wal is the segment
 # files from the one holding the load's start to the last complete one, concatenated;
@@ -26,9 +28,9 @@ workload=$1 out=$2 secs=${3:-60}
 bin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 [[ -x $bin/postgres ]] || die "no PostgreSQL server in $bin: set PG_BIN or run scripts/install-deps.sh"
 case $workload in
-    pgbench | bulk) compression=off ;;
+    pgbench | bulk | updates | moves) compression=off ;;
     pgbench-pglz | pgbench-lz4 | pgbench-zstd) compression=${workload#pgbench-} ;;
-    *) die "unknown workload '$workload' (pgbench, bulk, pgbench-pglz, pgbench-lz4, pgbench-zstd)" ;;
+    *) die "unknown workload '$workload' (pgbench, bulk, updates, moves, pgbench-pglz, pgbench-lz4, pgbench-zstd)" ;;
 esac
 
 dir=$(mktemp -d)
@@ -60,11 +62,21 @@ EOF
 psql=("${as_pg[@]}" "$bin/psql" -h "$dir" -p "$port" -U postgres -qAtX -v ON_ERROR_STOP=1 postgres)
 pgbench=("${as_pg[@]}" "$bin/pgbench" -h "$dir" -p "$port" -U postgres)
 
-if [[ $workload == bulk ]]; then
-    "${psql[@]}" -c "create table bulk (id bigint, k text, v text)"
-else
-    "${pgbench[@]}" -i -s 10 -q postgres >/dev/null 2>&1
-fi
+# The bench's tables (harness/src/bench/workloads.rs, `prepare`).
+case $workload in
+    bulk) "${psql[@]}" -c "create table bulk (id bigint, k text, v text)" ;;
+    updates)
+        "${psql[@]}" -c "create table updates (id int primary key, payload text)" \
+            -c "insert into updates select g, md5(random()::text) from generate_series(1, 300000) g" \
+            -c "vacuum analyze updates"
+        ;;
+    moves)
+        "${psql[@]}" -c "create table movers (id int primary key, n int not null default 0, payload text) with (fillfactor = 100)" \
+            -c "insert into movers select g, 0, (select string_agg(md5(random()::text || i), '') from generate_series(1, 12 + 0 * g) i) from generate_series(1, 40000) g" \
+            -c "vacuum analyze movers"
+        ;;
+    *) "${pgbench[@]}" -i -s 10 -q postgres >/dev/null 2>&1 ;;
+esac
 # The load starts in a fresh segment right after a checkpoint, as the bench's does (its
 # standbys' base backups checkpoint): every block's first change is a full-page image.
 "${psql[@]}" -c "checkpoint" -c "select pg_switch_wal()" >/dev/null
@@ -88,6 +100,17 @@ if [[ $workload == bulk ]]; then
         "${psql[@]}" -c "create index bulk_k on bulk (k)" -c "create index bulk_v on bulk (v)" \
             -c "drop index bulk_k" -c "drop index bulk_v" -c "truncate bulk"
     done
+elif [[ $workload == updates || $workload == moves ]]; then
+    script=$dir/$workload.sql
+    if [[ $workload == updates ]]; then
+        printf '%s\n' '\set id1 random(1, 300000)' '\set id2 random(1, 300000)' 'begin;' \
+            'update updates set payload = md5(random()::text) where id = :id1;' \
+            'update updates set payload = md5(random()::text) where id = :id2;' 'end;' >"$script"
+    else
+        printf '%s\n' '\set id random(1, 40000)' 'update movers set n = n + 1 where id = :id;' >"$script"
+    fi
+    chmod 644 "$script"
+    "${pgbench[@]}" -n -j 2 -c 4 ${RATE:+-R "$RATE"} -T "$secs" -f "$script" postgres >/dev/null 2>&1
 else
     "${pgbench[@]}" -j 2 -c 4 ${RATE:+-R "$RATE"} -T "$secs" postgres >/dev/null 2>&1
 fi
