@@ -424,3 +424,6 @@ pub fn seal_record(rec: &mut [u8]) {
     let crc = record_crc(rec);
     rec[20..24].copy_from_slice(&crc.to_le_bytes());
 }
+
+#[cfg(test)]
+mod area_tests;
