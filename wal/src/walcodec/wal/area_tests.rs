@@ -137,6 +137,15 @@ fn origin_toplevel_xid_and_long_main_data_are_skipped_or_read() {
     );
 }
 
+/// Block 4 of relation (1, 2, 3), block id 0, with an image of these header fields, no data.
+fn image_block(len: u16, hole_offset: u16, info: u8, hole_len: u16) -> AreaBuf {
+    AreaBuf::default()
+        .block(0, BKPBLOCK_HAS_IMAGE, 0)
+        .image(len, hole_offset, info, hole_len)
+        .rel(1, 2, 3)
+        .blkno(4)
+}
+
 #[test]
 fn every_check_refuses_its_case() {
     let ok_block = || AreaBuf::default().block(0, 0, 0).rel(1, 2, 3).blkno(4);
@@ -161,56 +170,32 @@ fn every_check_refuses_its_case() {
         ),
         (
             "a hole at offset 0",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(8000, 0, BKPIMAGE_HAS_HOLE, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(8000, 0, BKPIMAGE_HAS_HOLE, 0),
             AreaError::BadImage,
         ),
         (
             "a hole in a whole page",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(8192, 100, BKPIMAGE_HAS_HOLE, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(8192, 100, BKPIMAGE_HAS_HOLE, 0),
             AreaError::BadImage,
         ),
         (
             "no hole, but an offset",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(8192, 100, 0, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(8192, 100, 0, 0),
             AreaError::BadImage,
         ),
         (
             "no hole, uncompressed, short",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(8000, 0, 0, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(8000, 0, 0, 0),
             AreaError::BadImage,
         ),
         (
             "compressed to a whole page",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(8192, 0, 0x04, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(8192, 0, 0x04, 0),
             AreaError::BadImage,
         ),
         (
             "compressed with a hole of 0 bytes",
-            AreaBuf::default()
-                .block(0, BKPBLOCK_HAS_IMAGE, 0)
-                .image(900, 300, BKPIMAGE_HAS_HOLE | 0x04, 0)
-                .rel(1, 2, 3)
-                .blkno(4),
+            image_block(900, 300, BKPIMAGE_HAS_HOLE | 0x04, 0),
             AreaError::BadImage,
         ),
         (
