@@ -152,13 +152,13 @@ async fn open(
     let mut client = LinkClient::new(channel)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    let open = async {
+    let welcome = async {
         let mut inbound = client.stream(ReceiverStream::new(lrx)).await?.into_inner();
         let first = inbound.next().await.transpose()?;
         Ok::<_, tonic::Status>((inbound, first))
     };
     let deadline = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
-    match tokio::time::timeout(deadline, open).await {
+    match tokio::time::timeout(deadline, welcome).await {
         Err(_) => Err(other("the upstream did not answer in time")),
         Ok(Err(status)) => Err(other(status.message())),
         Ok(Ok((
