@@ -171,6 +171,8 @@ mod tests;
 #[cfg(test)]
 mod tests_fpi;
 #[cfg(test)]
+mod tests_garbage;
+#[cfg(test)]
 mod tests_hold;
 #[cfg(test)]
 mod tests_inserts;
