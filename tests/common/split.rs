@@ -250,6 +250,32 @@ impl Split {
             .unwrap()
     }
 
+    /// Waits until the downstream's spool holds the primary's WAL up to now (IDENTIFY_SYSTEM
+    /// on the downstream answers with the spool's end), so link bytes counted afterwards are
+    /// the backup's.
+    pub async fn wait_spool_caught_up(&self) {
+        let target = self.lsn().await;
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
+            self.down_port
+        );
+        let primary = &self.primary;
+        walrelay_harness::cluster::wait_until("the spool to catch up", TIMEOUT, || {
+            let conninfo = conninfo.clone();
+            async move {
+                let (ok, out, err) =
+                    psql_repl(primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+                if !ok {
+                    return Err(walrelay_harness::cluster::ClusterError::Other(err));
+                }
+                let pos = out.trim().split('|').nth(2).unwrap_or("0/0");
+                Ok(parse_lsn(pos) >= target)
+            }
+        })
+        .await
+        .unwrap();
+    }
+
     /// Total bytes of the spool's segment files.
     pub fn spool_bytes(&self) -> u64 {
         std::fs::read_dir(&self.spool)
