@@ -21,10 +21,45 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use walrelay_harness::bench::micro::{decode_all, encode_all, Cores};
+use walrelay_harness::bench::micro::{self, decode_all, encode_all, Cores};
 use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
+
+/// The run's settings from the environment (the module docs list them).
+struct Options {
+    level: i32,
+    message: usize,
+    hold: usize,
+    cache_mb: usize,
+    warm_mb: usize,
+    cores: Cores,
+}
+
+impl Options {
+    fn from_env() -> Result<Options> {
+        let staged = std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1");
+        Ok(Options {
+            level: env_or("WALRELAY_ZSTD_LEVEL", 3)?,
+            message: env_or("WALRELAY_MESSAGE_KB", micro::MESSAGE >> 10)? << 10,
+            hold: env_or("WALRELAY_HOLD_KB", micro::HOLD >> 10)? << 10,
+            cache_mb: env_or("WALRELAY_BLOCK_CACHE_MB", 1024)?,
+            warm_mb: env_or("WALRELAY_WARM_MB", 0)?,
+            cores: if staged { Cores::Staged } else { Cores::One },
+        })
+    }
+}
+
+/// Environment variable `name` as a number, `default` when it is not set.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    match std::env::var(name) {
+        Ok(v) => v.parse().with_context(|| format!("{name}={v}")),
+        Err(_) => Ok(default),
+    }
+}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,46 +71,24 @@ fn main() -> Result<()> {
     let start: Lsn = start.parse().context("the start LSN, as X/Y")?;
     let major: u32 = major.parse().context("the PostgreSQL major, e.g. 15")?;
     let wal = std::fs::read(file).with_context(|| format!("reading {file}"))?;
-    let level: i32 = match std::env::var("WALRELAY_ZSTD_LEVEL") {
-        Ok(l) => l.parse().context("WALRELAY_ZSTD_LEVEL")?,
-        Err(_) => 3,
-    };
-    let message: usize = match std::env::var("WALRELAY_MESSAGE_KB") {
-        Ok(k) => k.parse::<usize>().context("WALRELAY_MESSAGE_KB")? << 10,
-        Err(_) => walrelay_harness::bench::micro::MESSAGE,
-    };
-    let cache_mb: usize = match std::env::var("WALRELAY_BLOCK_CACHE_MB") {
-        Ok(m) => m.parse().context("WALRELAY_BLOCK_CACHE_MB")?,
-        Err(_) => 1024,
-    };
-    let hold: usize = match std::env::var("WALRELAY_HOLD_KB") {
-        Ok(k) => k.parse::<usize>().context("WALRELAY_HOLD_KB")? << 10,
-        Err(_) => walrelay_harness::bench::micro::HOLD,
-    };
+    let o = Options::from_env()?;
+    let (message, cores) = (o.message, o.cores);
     let setup = Setup {
         kind: CodecKind::Wal,
         zstd_level: 3,
         window_log: 23,
         wal: CodecParams {
             pg_major: walrelay_wal::pg::PgMajor::from_number(major),
-            block_cache_bytes: cache_mb << 20,
-            zstd_level: level,
-            max_message_bytes: message + hold,
+            block_cache_bytes: o.cache_mb << 20,
+            zstd_level: o.level,
+            max_message_bytes: message + o.hold,
         },
     };
-    let cores = match std::env::var("WALRELAY_STAGE").is_ok_and(|v| v == "1") {
-        true => Cores::Staged,
-        false => Cores::One,
-    };
-    let warm_mb: usize = match std::env::var("WALRELAY_WARM_MB") {
-        Ok(m) => m.parse().context("WALRELAY_WARM_MB")?,
-        Err(_) => 0,
-    };
-    let split = ((warm_mb << 20) / message * message).min(wal.len());
+    let split = ((o.warm_mb << 20) / message * message).min(wal.len());
     let timed_start = Lsn(start.0 + split as u64);
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
-    let sizes = (message, hold);
+    let sizes = (message, o.hold);
     let (warm, warm_encoded) = encode_all(&mut enc, start, &wal[..split], sizes, cores)?;
     let before = enc.wal_stats().cloned().unwrap_or_default();
     let t = Instant::now();
@@ -90,30 +103,7 @@ fn main() -> Result<()> {
         mb / t.elapsed().as_secs_f64()
     );
     if let Some(now) = enc.wal_stats() {
-        let st = since(&before, now);
-        println!(
-            "images: {} recompressed, {} did not reproduce, {} undecodable, {} opaque",
-            st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
-        );
-        let names = [
-            "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "frames",
-        ];
-        let sections: Vec<String> = names
-            .iter()
-            .zip(st.section_in.iter().zip(&st.section_out))
-            .map(|(n, (i, o))| format!("{n} {:.1} → {:.1}", *i as f64 / 1e6, *o as f64 / 1e6))
-            .collect();
-        println!("sections MB in → out: {}", sections.join(", "));
-        println!(
-            "records {}, images {} ({} cache hits: {} identical, the rest in {} B of frames), \
-             image ops by kind {:?}",
-            st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
-        );
-        println!(
-            "raw: {} records cut by a message boundary ({} more held for the next), \
-             {} B in → {} B out",
-            st.records_split, st.records_held, st.raw_in, st.raw_out
-        );
+        print_stats(&since(&before, now));
     }
     if decode {
         let mut dec = WalDecoder::new(&setup)?;
@@ -130,6 +120,33 @@ fn main() -> Result<()> {
         println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// The encoder's counters for the timed part: images, sections, records, raw bytes.
+fn print_stats(st: &CodecStats) {
+    println!(
+        "images: {} recompressed, {} did not reproduce, {} undecodable, {} opaque",
+        st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
+    );
+    let names = [
+        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "frames",
+    ];
+    let sections: Vec<String> = names
+        .iter()
+        .zip(st.section_in.iter().zip(&st.section_out))
+        .map(|(n, (i, o))| format!("{n} {:.1} → {:.1}", *i as f64 / 1e6, *o as f64 / 1e6))
+        .collect();
+    println!("sections MB in → out: {}", sections.join(", "));
+    println!(
+        "records {}, images {} ({} cache hits: {} identical, the rest in {} B of frames), \
+         image ops by kind {:?}",
+        st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
+    );
+    println!(
+        "raw: {} records cut by a message boundary ({} more held for the next), \
+         {} B in → {} B out",
+        st.records_split, st.records_held, st.raw_in, st.raw_out
+    );
 }
 
 /// The counters `now` less `before` (the timed part's, after a warm-up).
