@@ -103,6 +103,9 @@ fn chromium(profile: &Path, args: &[&str], url: &str) -> std::process::Output {
     run_bounded(&mut cmd, Duration::from_secs(90))
 }
 
+/// The standby's row in the scrape's per-standby families.
+const STANDBY1: [(&str, &str); 2] = [("half", "downstream"), ("application_name", "standby1")];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_status_page_and_dashboard() {
     let mport = free_port();
@@ -111,6 +114,37 @@ async fn metrics_status_page_and_dashboard() {
         ..Default::default()
     })
     .await;
+    http_requests_are_answered(mport);
+    catch_up_progress_is_logged(&env).await;
+
+    // Traffic with full-page images: a checkpoint first, so first touches log FPIs.
+    env.primary.execute("checkpoint").await.unwrap();
+    pgbench(&env.primary, &["-c", "2", "-T", "4", "postgres"]);
+    env.wait_caught_up().await;
+    wait_replay_lsn_scraped(&env.standby, mport).await;
+
+    let (status, text) = http_get(mport, "/metrics");
+    assert_eq!(status, 200);
+    let samples = parse_exposition(&text);
+    let wal_in = wal_counters_cover_the_stream(&env.standby, &samples).await;
+    link_counters_agree(&samples, mport, wal_in);
+    other_families_are_exported(&samples);
+    status_command_prints_the_standby(mport);
+
+    let relay = &env.relay;
+    wait_until("the caught-up line", TIMEOUT, || async move {
+        Ok(relay.log_text().contains("standby caught up"))
+    })
+    .await
+    .unwrap();
+
+    status_page_in_chromium(env.root.path(), mport);
+    dashboard_uses_exported_metrics(&samples);
+    env.relay.assert_no_panic();
+}
+
+/// `/healthz`, an unknown path, a POST and an oversized request head get their answers.
+fn http_requests_are_answered(mport: u16) {
     let (status, body) = http_get(mport, "/healthz");
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     assert_eq!(http_get(mport, "/nonexistent").0, 404);
@@ -119,9 +153,11 @@ async fn metrics_status_page_and_dashboard() {
     // Request heads are bounded (16 KiB).
     let big = format!("GET / HTTP/1.0\r\nX-Big: {}\r\n\r\n", "a".repeat(40_000));
     assert_eq!(http_request(mport, &big).0, 431);
+}
 
-    // With replay paused the standby falls more than 16 MB behind while still receiving and
-    // reporting: the downstream logs progress lines until it has caught up.
+/// With replay paused the standby falls more than 16 MB behind while still receiving and
+/// reporting: the downstream logs progress lines until it has caught up.
+async fn catch_up_progress_is_logged(env: &Env) {
     env.standby
         .execute("select pg_wal_replay_pause()")
         .await
@@ -152,16 +188,11 @@ async fn metrics_status_page_and_dashboard() {
         .execute("select pg_wal_replay_resume()")
         .await
         .unwrap();
+}
 
-    // Traffic with full-page images: a checkpoint first, so first touches log FPIs.
-    env.primary.execute("checkpoint").await.unwrap();
-    pgbench(&env.primary, &["-c", "2", "-T", "4", "postgres"]);
-    env.wait_caught_up().await;
-
-    // The downstream's replay position for standby1 reaches the standby's own (the standby
-    // reports every second, wal_receiver_status_interval = 1s).
-    let standby = &env.standby;
-    let labels = [("half", "downstream"), ("application_name", "standby1")];
+/// The downstream's replay position for standby1 reaches the standby's own (the standby
+/// reports every second, wal_receiver_status_interval = 1s).
+async fn wait_replay_lsn_scraped(standby: &walrelay_harness::cluster::Cluster, mport: u16) {
     wait_until(
         "replay LSN in /metrics = the standby's",
         TIMEOUT,
@@ -172,31 +203,36 @@ async fn metrics_status_page_and_dashboard() {
                     .await?,
             );
             let samples = parse_exposition(&http_get(mport, "/metrics").1);
-            Ok(find(&samples, "walrelay_standby_replay_lsn_bytes", &labels)
-                .is_some_and(|s| s.value == replay as f64))
+            Ok(
+                find(&samples, "walrelay_standby_replay_lsn_bytes", &STANDBY1)
+                    .is_some_and(|s| s.value == replay as f64),
+            )
         },
     )
     .await
     .unwrap();
+}
 
-    let (status, text) = http_get(mport, "/metrics");
-    assert_eq!(status, 200);
-    let samples = parse_exposition(&text);
+/// The scrape's replay position is the standby's, and the WAL the standby received through
+/// the relay all came through the WAL-in and delivered counters and the codec's; returns the
+/// WAL-in counter.
+async fn wal_counters_cover_the_stream(
+    standby: &walrelay_harness::cluster::Cluster,
+    samples: &[Sample],
+) -> f64 {
     let replay = parse_lsn(
-        &env.standby
+        &standby
             .query_one_string("select pg_last_wal_replay_lsn()::text")
             .await
             .unwrap(),
     );
-    let scraped = value(&samples, "walrelay_standby_replay_lsn_bytes", &labels);
+    let scraped = value(samples, "walrelay_standby_replay_lsn_bytes", &STANDBY1);
     assert!(
         scraped <= replay as f64 && scraped > 0.0,
         "scraped replay {scraped} vs standby {replay}"
     );
-    // The WAL the standby received through the relay all came through the WAL-in counter.
     let (start, received) = {
-        let row = env
-            .standby
+        let row = standby
             .query_one_string(
                 "select receive_start_lsn::text || ' ' || flushed_lsn::text from pg_stat_wal_receiver",
             )
@@ -207,8 +243,8 @@ async fn metrics_status_page_and_dashboard() {
     };
     let streamed = (received - start) as f64;
     assert!(streamed > 1e6, "only {streamed} bytes streamed");
-    let wal_in = value(&samples, "walrelay_wal_received_bytes_total", &[]);
-    let delivered = value(&samples, "walrelay_wal_delivered_bytes_total", &[]);
+    let wal_in = value(samples, "walrelay_wal_received_bytes_total", &[]);
+    let delivered = value(samples, "walrelay_wal_delivered_bytes_total", &[]);
     assert!(wal_in >= streamed, "WAL in {wal_in} < streamed {streamed}");
     assert!(
         delivered >= streamed,
@@ -221,12 +257,17 @@ async fn metrics_status_page_and_dashboard() {
         ("walrelay_codec_output_bytes_total", [("kind", "fpi")]),
     ] {
         assert!(
-            value(&samples, name, &labels) > 0.0,
+            value(samples, name, &labels) > 0.0,
             "{name} {labels:?} is 0"
         );
     }
+    wal_in
+}
+
+/// The link carried less than the WAL, and both ends count its sockets consistently.
+fn link_counters_agree(samples: &[Sample], mport: u16, wal_in: f64) {
     let link_out = value(
-        &samples,
+        samples,
         "walrelay_link_sent_bytes_total",
         &[("half", "upstream")],
     );
@@ -238,8 +279,8 @@ async fn metrics_status_page_and_dashboard() {
     // bytes sent cover the downstream's bytes received now, and those cover the WAL payload it
     // had received by now.
     let down = [("half", "downstream")];
-    let link_in_down = value(&samples, "walrelay_link_received_bytes_total", &down);
-    let payload_down = value(&samples, "walrelay_link_payload_bytes_total", &down);
+    let link_in_down = value(samples, "walrelay_link_received_bytes_total", &down);
+    let payload_down = value(samples, "walrelay_link_payload_bytes_total", &down);
     let later = parse_exposition(&http_get(mport, "/metrics").1);
     let later_out = value(
         &later,
@@ -257,45 +298,51 @@ async fn metrics_status_page_and_dashboard() {
     );
     assert!(
         value(
-            &samples,
+            samples,
             "walrelay_compression_ratio",
             &[("half", "upstream")]
         ) > 1.0
     );
-    assert!(value(&samples, "walrelay_codec_fpis_total", &[]) > 0.0);
+}
+
+/// The codec's, the spool's, the sessions' and the process's families have plausible values.
+fn other_families_are_exported(samples: &[Sample]) {
+    assert!(value(samples, "walrelay_codec_fpis_total", &[]) > 0.0);
     // pgbench's heap inserts and updates are tuple sites: the tuple counters are wired up.
     assert!(
-        value(&samples, "walrelay_codec_tuple_deltas_total", &[])
-            + value(&samples, "walrelay_codec_tuple_misses_total", &[])
+        value(samples, "walrelay_codec_tuple_deltas_total", &[])
+            + value(samples, "walrelay_codec_tuple_misses_total", &[])
             > 0.0
     );
-    assert!(value(&samples, "walrelay_block_cache_bytes", &[]) > 0.0);
+    assert!(value(samples, "walrelay_block_cache_bytes", &[]) > 0.0);
     // Exported for both halves (they move only when a stage falls behind).
     for half in ["upstream", "downstream"] {
         for name in [
             "walrelay_codec_parallel_messages_total",
             "walrelay_codec_staged_messages_total",
         ] {
-            assert!(value(&samples, name, &[("half", half)]) >= 0.0);
+            assert!(value(samples, name, &[("half", half)]) >= 0.0);
         }
     }
     // The spool's disk time: appends happened, and the periodic fsync ran.
-    assert!(value(&samples, "walrelay_spool_write_seconds_total", &[]) > 0.0);
-    assert!(value(&samples, "walrelay_spool_syncs_total", &[]) > 0.0);
-    assert!(value(&samples, "walrelay_spool_sync_seconds_total", &[]) > 0.0);
+    assert!(value(samples, "walrelay_spool_write_seconds_total", &[]) > 0.0);
+    assert!(value(samples, "walrelay_spool_syncs_total", &[]) > 0.0);
+    assert!(value(samples, "walrelay_spool_sync_seconds_total", &[]) > 0.0);
     assert_eq!(
-        value(&samples, "walrelay_integrity_failures_total", &[]),
+        value(samples, "walrelay_integrity_failures_total", &[]),
         0.0
     );
     assert_eq!(
-        value(&samples, "walrelay_sessions", &[("half", "downstream")]),
+        value(samples, "walrelay_sessions", &[("half", "downstream")]),
         1.0
     );
-    assert!(value(&samples, "walrelay_standby_lag_seconds", &labels) >= 0.0);
-    assert!(value(&samples, "process_cpu_seconds_total", &[]) > 0.0);
-    assert!(value(&samples, "process_resident_memory_bytes", &[]) > 1e6);
+    assert!(value(samples, "walrelay_standby_lag_seconds", &STANDBY1) >= 0.0);
+    assert!(value(samples, "process_cpu_seconds_total", &[]) > 0.0);
+    assert!(value(samples, "process_resident_memory_bytes", &[]) > 1e6);
+}
 
-    // `walrelay status` prints the standby's row.
+/// `walrelay status` prints the standby's row, and names the cause when nothing listens.
+fn status_command_prints_the_standby(mport: u16) {
     let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
         .args(["status", "--url", &format!("http://127.0.0.1:{mport}")])
         .output()
@@ -308,7 +355,6 @@ async fn metrics_status_page_and_dashboard() {
     );
     assert!(stdout.contains("standby1"), "{stdout}");
     assert!(stdout.contains("integrity failures"), "{stdout}");
-    // ... and names the cause when nothing listens.
     let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
         .args([
             "status",
@@ -319,17 +365,6 @@ async fn metrics_status_page_and_dashboard() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("[metrics] listen"));
-
-    let relay = &env.relay;
-    wait_until("the caught-up line", TIMEOUT, || async move {
-        Ok(relay.log_text().contains("standby caught up"))
-    })
-    .await
-    .unwrap();
-
-    status_page_in_chromium(env.root.path(), mport);
-    dashboard_uses_exported_metrics(&samples);
-    env.relay.assert_no_panic();
 }
 
 /// Loads `/` in headless Chromium: the rendered DOM has standby1's row and a chart with data

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use common::split::{Split, SplitOpts};
 use common::*;
+use walrelay_harness::cluster::Cluster;
 use walrelay_pgwire::{encode, parse_tagged};
 
 /// psql 18 asking for protocol 3.2 gets NegotiateProtocolVersion (3.0) and works; a startup
@@ -130,7 +131,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     let (tar_bytes, zstd3) = zstd3_of_tar_backup(&direct);
 
     let link0 = env.link_bytes();
-    let standby = walrelay_harness::cluster::Cluster::standby_from_basebackup(
+    let standby = Cluster::standby_from_basebackup(
         env.primary.install(),
         &env.root,
         "seeded",
@@ -157,6 +158,15 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     let auto = std::fs::read_to_string(standby.dir().join("postgresql.auto.conf")).unwrap();
     assert!(auto.contains(&format!("port={}", env.down_port)), "{auto}");
 
+    seeded_standby_follows_the_primary(&env, &standby).await;
+    fetch_and_tar_backups_through_the_relay(&env);
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}
+
+/// The seeded standby starts, streams through the relay, replays the primary's changes made
+/// after the backup and ends with its contents.
+async fn seeded_standby_follows_the_primary(env: &Split, standby: &Cluster) {
     standby.start().await.unwrap();
     env.primary
         .execute("create table after_backup as select g from generate_series(1, 5000) g")
@@ -164,9 +174,8 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
         .unwrap();
     pgbench(&env.primary, &["-t", "200", "-c", "2", "postgres"]);
     let port = env.down_port;
-    let s = &standby;
     walrelay_harness::cluster::wait_until("the seeded standby to stream through the relay", TIMEOUT, || async move {
-        let r = s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await?;
+        let r = standby.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await?;
         Ok(r == format!("streaming:{port}"))
     })
     .await
@@ -174,7 +183,8 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     let target = env.lsn().await;
     walrelay_harness::cluster::wait_until("the seeded standby to replay", TIMEOUT, || async move {
         Ok(parse_lsn(
-            &s.query_one_string("select pg_last_wal_replay_lsn()::text")
+            &standby
+                .query_one_string("select pg_last_wal_replay_lsn()::text")
                 .await?,
         ) >= target)
     })
@@ -183,10 +193,13 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     let mut tables = PGBENCH_TABLES.to_vec();
     tables.push("after_backup");
     assert_eq!(
-        tables_digest(&standby, &tables).await,
+        tables_digest(standby, &tables).await,
         tables_digest(&env.primary, &tables).await
     );
+}
 
+/// `-X fetch` (plain, checked by pg_verifybackup) and tar format through the downstream.
+fn fetch_and_tar_backups_through_the_relay(env: &Split) {
     // -X fetch, plain: the WAL comes inside the backup stream; pg_verifybackup checks it all.
     let fetched = env.root.path().join("fetched");
     let (ok, err) = env.basebackup(&fetched, &["-X", "fetch"]);
@@ -209,8 +222,6 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
     for f in ["base.tar", "pg_wal.tar"] {
         assert!(std::fs::metadata(tar.join(f)).unwrap().len() > 0, "{f}");
     }
-    env.downstream.assert_no_panic();
-    env.upstream.assert_no_panic();
 }
 
 /// A subscriber's connection string to the primary's database through the downstream.
@@ -221,12 +232,7 @@ fn sub_conninfo(env: &Split, app: &str) -> String {
     )
 }
 
-async fn wait_same(
-    what: &str,
-    a: &walrelay_harness::cluster::Cluster,
-    b: &walrelay_harness::cluster::Cluster,
-    sql: &str,
-) {
+async fn wait_same(what: &str, a: &Cluster, b: &Cluster, sql: &str) {
     walrelay_harness::cluster::wait_until(what, TIMEOUT, || async move {
         Ok(a.query_one_string(sql).await? == b.query_one_string(sql).await?)
     })
@@ -234,7 +240,7 @@ async fn wait_same(
     .unwrap_or_else(|e| panic!("{e}\nsubscriber log:\n{}", b.log_tail(30)));
 }
 
-async fn confirmed_flush(primary: &walrelay_harness::cluster::Cluster, slot: &str) -> u64 {
+async fn confirmed_flush(primary: &Cluster, slot: &str) -> u64 {
     parse_lsn(
         &primary
             .query_one_string(&format!(
@@ -270,40 +276,50 @@ async fn logical_subscription_through_the_relay() {
         .unwrap();
     let pg16 = walrelay_harness::cluster::majors::install_for_major(16)
         .expect("PostgreSQL 16 (scripts/install-pg-majors.sh)");
-    let sub = walrelay_harness::cluster::Cluster::init_primary(
-        &pg16,
-        &env.root,
-        "subscriber",
-        &Default::default(),
-    )
-    .unwrap();
+    let sub = Cluster::init_primary(&pg16, &env.root, "subscriber", &Default::default()).unwrap();
     sub.start().await.unwrap();
     sub.execute("create table items(id int primary key, v text); insert into items values (1, 'a'), (2, 'b'), (3, 'c'); create table more(id int primary key)").await.unwrap();
 
-    // Slot creation is refused while downstream.allow_slot_commands is off, with the reason.
+    slot_creation_is_refused(&env, &sub).await;
+    subscription_on_a_primary_slot_streams(&env, &sub).await;
+    recvlogical_through_the_downstream(&env).await;
+    allow_slot_commands(&env).await;
+    subscription_creates_copies_and_drops_its_slot(&env, &sub).await;
+    tunnel_metrics_count(mport).await;
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}
+
+/// Slot creation is refused while downstream.allow_slot_commands is off, with the reason.
+async fn slot_creation_is_refused(env: &Split, sub: &Cluster) {
     let err = sub
         .execute(&format!(
             "create subscription sub_x connection '{}' publication pub",
-            sub_conninfo(&env, "sub_x")
+            sub_conninfo(env, "sub_x")
         ))
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("allow_slot_commands"), "{err}");
     assert_eq!(
-        confirmed_flush(p, "sub_x").await,
+        confirmed_flush(&env.primary, "sub_x").await,
         0,
         "the refused slot must not exist"
     );
+}
 
-    sub.execute(&format!("create subscription sub_a connection '{}' publication pub with (create_slot = false, slot_name = 'sub_a', copy_data = false)", sub_conninfo(&env, "sub_a"))).await.unwrap();
+/// A subscription on slot `sub_a` (made on the primary) receives inserts, updates and
+/// deletes while its feedback advances the slot, and goes on after a link cut.
+async fn subscription_on_a_primary_slot_streams(env: &Split, sub: &Cluster) {
+    let p = &env.primary;
+    sub.execute(&format!("create subscription sub_a connection '{}' publication pub with (create_slot = false, slot_name = 'sub_a', copy_data = false)", sub_conninfo(env, "sub_a"))).await.unwrap();
     let flush0 = confirmed_flush(p, "sub_a").await;
     p.execute("insert into items values (4, 'd'), (5, 'e'); update items set v = 'A' where id = 1; delete from items where id = 2").await.unwrap();
     let all = "select string_agg(id || ':' || v, ',' order by id) from items";
     wait_same(
         "inserts, updates and deletes at the subscriber",
         p,
-        &sub,
+        sub,
         all,
     )
     .await;
@@ -326,9 +342,12 @@ async fn logical_subscription_through_the_relay() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     env.link.restore();
-    wait_same("changes made while the link was cut", p, &sub, all).await;
+    wait_same("changes made while the link was cut", p, sub, all).await;
+}
 
-    // pg_recvlogical through the downstream, on a slot made on the primary.
+/// pg_recvlogical through the downstream, on a slot made on the primary.
+async fn recvlogical_through_the_downstream(env: &Split) {
+    let p = &env.primary;
     p.execute("select pg_create_logical_replication_slot('recv', 'test_decoding')")
         .await
         .unwrap();
@@ -343,7 +362,7 @@ async fn logical_subscription_through_the_relay() {
         .command("pg_recvlogical")
         .args([
             "-d",
-            &sub_conninfo(&env, "recv"),
+            &sub_conninfo(env, "recv"),
             "-S",
             "recv",
             "--start",
@@ -361,8 +380,10 @@ async fn logical_subscription_through_the_relay() {
         "pg_recvlogical: {text} {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
 
-    // allow_slot_commands on (SIGHUP): the subscription creates its slot and copies the table.
+/// Turns allow_slot_commands on in the downstream's config and reloads it (SIGHUP).
+async fn allow_slot_commands(env: &Split) {
     let toml = std::fs::read_to_string(&env.downstream.config).unwrap();
     std::fs::write(
         &env.downstream.config,
@@ -381,19 +402,25 @@ async fn logical_subscription_through_the_relay() {
     })
     .await
     .unwrap();
+}
+
+/// With allow_slot_commands on, a subscription creates its slot, copies the table (table
+/// synchronization through the tunnel), streams, and DROP SUBSCRIPTION drops the slot.
+async fn subscription_creates_copies_and_drops_its_slot(env: &Split, sub: &Cluster) {
+    let p = &env.primary;
     p.execute("create table more(id int primary key); insert into more select generate_series(1, 100); create publication pub2 for table more; grant select on more to replicator").await.unwrap();
     sub.execute(&format!(
         "create subscription sub_b connection '{}' publication pub2",
-        sub_conninfo(&env, "sub_b")
+        sub_conninfo(env, "sub_b")
     ))
     .await
     .unwrap();
     let count = "select count(*)::text from more";
-    wait_same("table synchronization through the tunnel", p, &sub, count).await;
+    wait_same("table synchronization through the tunnel", p, sub, count).await;
     p.execute("insert into more select generate_series(101, 110)")
         .await
         .unwrap();
-    wait_same("streaming after table synchronization", p, &sub, count).await;
+    wait_same("streaming after table synchronization", p, sub, count).await;
     assert_eq!(sub.query_one_string(count).await.unwrap(), "110");
     assert!(confirmed_flush(p, "sub_b").await > 0);
     sub.execute("drop subscription sub_b").await.unwrap();
@@ -402,8 +429,10 @@ async fn logical_subscription_through_the_relay() {
         0,
         "DROP SUBSCRIPTION dropped the slot"
     );
+}
 
-    // The downstream's metrics: the refusal counted, bytes relayed both ways.
+/// The downstream's metrics: the refusal counted, bytes relayed both ways.
+async fn tunnel_metrics_count(mport: u16) {
     let text = walrelay_harness::prom::http_get(mport, "/metrics", Duration::from_secs(10))
         .await
         .unwrap();
@@ -429,8 +458,6 @@ async fn logical_subscription_through_the_relay() {
             ) > 0.0
         );
     }
-    env.downstream.assert_no_panic();
-    env.upstream.assert_no_panic();
 }
 
 /// Slot synchronization (PostgreSQL 17): a standby behind the relay with
