@@ -194,7 +194,6 @@ fn rss(pid: u32) -> u64 {
 /// anything near it; then the client reads on and gets the whole backup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
-    const MIB: u64 = 1 << 20;
     let env = Split::new(SplitOpts::default()).await;
     let p = &env.primary;
     p.execute("create table noise(b bytea); alter table noise alter column b set storage external")
@@ -209,32 +208,7 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
     let pids = [env.upstream.pid().unwrap(), env.downstream.pid().unwrap()];
     let before = pids.map(rss);
 
-    let mut child = env
-        .primary
-        .command("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.down_port.to_string(),
-            "-U",
-            STANDBY_USER,
-        ])
-        .args([
-            "-D",
-            "-",
-            "-Ft",
-            "-X",
-            "none",
-            "-c",
-            "fast",
-            "--no-password",
-        ])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = tar_backup_to_stdout(&env);
     let mut out = child.stdout.take().unwrap();
     let mut buf = vec![0u8; 1 << 16];
     let mut read = 0u64;
@@ -243,24 +217,7 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
         assert!(n > 0, "the backup ended early");
         read += n as u64;
     }
-    // The client stalls: wait until the primary stops streaming (two equal readings).
-    let streamed =
-        "select coalesce((select backup_streamed::text from pg_stat_progress_basebackup), '-1')";
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let mut last = String::new();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = p.query_one_string(streamed).await.unwrap();
-        if now == last && now != "-1" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the primary kept streaming: {now}"
-        );
-        last = now;
-    }
-    let held: u64 = last.parse().unwrap();
+    let held = wait_primary_stops_streaming(p).await;
     // The session continued in a tunnel: that tunnel is its one connection to the primary
     // (the standby connection opened for it at the session's start was closed).
     let senders = "select count(*)::text from pg_stat_activity where backend_type = 'walsender' and application_name = 'pg_basebackup'";
@@ -308,4 +265,57 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
     );
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
+}
+
+const MIB: u64 = 1 << 20;
+
+/// `pg_basebackup` through the downstream, tar format to its stdout (piped, not read yet).
+fn tar_backup_to_stdout(env: &Split) -> std::process::Child {
+    env.primary
+        .command("pg_basebackup")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &env.down_port.to_string(),
+            "-U",
+            STANDBY_USER,
+        ])
+        .args([
+            "-D",
+            "-",
+            "-Ft",
+            "-X",
+            "none",
+            "-c",
+            "fast",
+            "--no-password",
+        ])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The client stalls: waits until the primary stops streaming (two equal readings of
+/// pg_stat_progress_basebackup); returns the bytes it streamed.
+async fn wait_primary_stops_streaming(p: &Cluster) -> u64 {
+    let streamed =
+        "select coalesce((select backup_streamed::text from pg_stat_progress_basebackup), '-1')";
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = p.query_one_string(streamed).await.unwrap();
+        if now == last && now != "-1" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the primary kept streaming: {now}"
+        );
+        last = now;
+    }
+    last.parse().unwrap()
 }
