@@ -177,6 +177,29 @@ fn measure(label: &str, p: &CodecParams, start: u64, wal: &[u8]) -> (f64, CodecS
     first.unwrap_or_default()
 }
 
+/// Per resource manager: every encoded record counted once, Heap and Btree carry most bytes,
+/// and the attributed output stays within what was sent.
+fn rmgr_tallies_add_up(stats: &CodecStats) {
+    let by: Vec<_> = stats.by_rmgr.iter().collect();
+    let records: u64 = by.iter().map(|(_, t)| t.records).sum();
+    let (rin, rout): (u64, u64) = by
+        .iter()
+        .fold((0, 0), |(a, b), (_, t)| (a + t.bytes_in, b + t.bytes_out));
+    assert_eq!(records, stats.records, "{by:?}");
+    assert!(
+        rin <= stats.bytes_in && rout <= stats.bytes_out,
+        "{by:?} vs {stats:?}"
+    );
+    let heap = by
+        .iter()
+        .find(|(id, _)| rmgr::rmgr_name(*id) == "Heap")
+        .map(|x| x.1);
+    assert!(
+        heap.is_some_and(|h| h.bytes_in > rin / 4 && h.bytes_out > 0),
+        "{by:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg15_pgbench_wal_round_trips() {
     let pg15 = Path::new("/usr/lib/postgresql/15/bin");
@@ -244,26 +267,7 @@ async fn pg15_pgbench_wal_round_trips() {
         "{stats:?}"
     );
     assert!(stats.fpis > 0 && stats.records > 10_000, "{stats:?}");
-    // Per resource manager: every encoded record counted once, Heap and Btree carry most bytes,
-    // and the attributed output stays within what was sent.
-    let by: Vec<_> = stats.by_rmgr.iter().collect();
-    let records: u64 = by.iter().map(|(_, t)| t.records).sum();
-    let (rin, rout): (u64, u64) = by
-        .iter()
-        .fold((0, 0), |(a, b), (_, t)| (a + t.bytes_in, b + t.bytes_out));
-    assert_eq!(records, stats.records, "{by:?}");
-    assert!(
-        rin <= stats.bytes_in && rout <= stats.bytes_out,
-        "{by:?} vs {stats:?}"
-    );
-    let heap = by
-        .iter()
-        .find(|(id, _)| rmgr::rmgr_name(*id) == "Heap")
-        .map(|x| x.1);
-    assert!(
-        heap.is_some_and(|h| h.bytes_in > rin / 4 && h.bytes_out > 0),
-        "{by:?}"
-    );
+    rmgr_tallies_add_up(&stats);
     // The WAL after the initial load only (pgbench rounds with checkpoints).
     let (_, tail) = wal.split_at(wal.len() * 2 / 3);
     let tail_start = start + (wal.len() - tail.len()) as u64;
