@@ -5,9 +5,9 @@ use super::format::*;
 use super::fpi::{self, Recompressor};
 use super::mainxf::MainXf;
 use super::pagexf::PageXf;
-use super::payload;
+use super::payload::{self, DecSections};
 use super::redo::{self, Redo};
-use super::streams::{unzigzag, PageDecompressor, Reader};
+use super::streams::{history_log, unzigzag, PageDecompressor, Reader};
 use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, seal_record, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
@@ -22,7 +22,7 @@ mod deferred;
 mod unpacker;
 
 use deferred::Deferred;
-use unpacker::{Contexts, Unpacker};
+use unpacker::Unpacker;
 
 pub struct Decoder {
     /// The parameters it was made with (for `persist`).
@@ -100,7 +100,7 @@ impl Decoder {
             magic,
             max_message: p.max_message_bytes,
             next_pos: None,
-            unpacker: Unpacker::new(Contexts::new(p)?),
+            unpacker: Unpacker::new(DecSections::new(history_log(p.block_cache_bytes))?),
             st: State {
                 compressed_mask: p.pg_major.map_or(0, PgMajor::bimg_compressed_mask),
                 pg_major: p.pg_major,

@@ -199,87 +199,132 @@ impl Sections {
     }
 }
 
-/// The decoder's side: restores the sections of `payload` into `bufs` (one per stream;
-/// `scratch` holds a combined chunk); returns the page frames (FPI bytes).
-pub fn read<'a>(
-    payload: &'a [u8],
-    raw_len: usize,
-    streams: &mut [DStream],
-    combined: &mut DStream,
-    scratch: &mut Vec<u8>,
-    bufs: &mut [Vec<u8>],
-    parallel: bool,
-) -> Result<&'a [u8], WalCodecError> {
-    let mut hdr = Reader::new(payload, "payload header");
-    match hdr.u8()? {
-        SEPARATE => {
-            let present = hdr.u8()?;
-            let mut clens = [0usize; STREAMS];
-            for (s, c) in clens.iter_mut().enumerate() {
-                if present & (1 << s) != 0 {
-                    *c = hdr.len(payload.len())?;
-                }
-            }
-            let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
-            let mut items = Vec::with_capacity(STREAMS);
-            for ((s, (stream, buf)), &clen) in streams
-                .iter_mut()
-                .zip(bufs.iter_mut())
-                .enumerate()
-                .zip(&clens)
-            {
-                buf.clear();
-                if present & (1 << s) == 0 {
-                    continue;
-                }
-                let chunk = rest.get(..clen).ok_or_else(|| {
-                    corrupt(format!("the {} section is cut short", STREAM_NAMES[s]))
-                })?;
-                rest = &rest[clen..];
-                items.push((s, (stream, buf, chunk)));
-            }
-            let parallel = parallel && clens.iter().sum::<usize>() >= PARALLEL_MIN;
-            each_section(
-                items,
-                |(_, _, chunk)| chunk.len(),
-                parallel,
-                |s, (stream, buf, chunk)| {
-                    stream.decode_capped(chunk, cap(s, raw_len), buf, STREAM_NAMES[s])
-                },
-            )?;
-            if (present & 0x80 != 0) == rest.is_empty() {
-                return Err(corrupt("page frames present or absent against the header"));
-            }
-            Ok(rest)
+/// The decoder's zstd contexts: one per stream and the combined one, with the combined
+/// chunk's buffer; the counterpart of [`Sections`]. Owned by whichever thread decompresses
+/// the message (see the decoder's `unpacker`).
+pub struct DecSections {
+    streams: Vec<DStream>,
+    combined: DStream,
+    /// The combined chunk, decompressed.
+    scratch: Vec<u8>,
+}
+
+impl DecSections {
+    /// The contexts; DATA's refuses windows above 2^`data_log` bytes, the others above
+    /// [`WINDOW_LOG`].
+    pub fn new(data_log: u32) -> Result<DecSections, WalCodecError> {
+        let streams = (0..STREAMS)
+            .map(|s| DStream::new(if s == S_DATA { data_log } else { WINDOW_LOG }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(DecSections {
+            streams,
+            combined: DStream::new(WINDOW_LOG)?,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Restores the sections of `payload` (a message of `raw_len` bytes) into `bufs`, one
+    /// per stream; returns the page frames (FPI bytes). `parallel`: large sections on
+    /// threads of their own ([`PARALLEL_MIN`]).
+    pub fn read<'a>(
+        &mut self,
+        payload: &'a [u8],
+        raw_len: usize,
+        bufs: &mut [Vec<u8>],
+        parallel: bool,
+    ) -> Result<&'a [u8], WalCodecError> {
+        let mut hdr = Reader::new(payload, "payload header");
+        match hdr.u8()? {
+            SEPARATE => self.read_separate(payload, hdr, raw_len, bufs, parallel),
+            COMBINED => self.read_combined(payload, hdr, raw_len, bufs),
+            v => Err(corrupt(format!(
+                "payload format byte 0x{v:02x}, this decoder reads version {FORMAT_VERSION} \
+                 (0x{SEPARATE:02x}, 0x{COMBINED:02x})"
+            ))),
         }
-        COMBINED => {
-            let clen = hdr.len(payload.len())?;
-            let rest = payload.get(hdr.position()..).unwrap_or(&[]);
+    }
+
+    /// A separate payload, `hdr` past its mode byte.
+    fn read_separate<'a>(
+        &mut self,
+        payload: &'a [u8],
+        mut hdr: Reader,
+        raw_len: usize,
+        bufs: &mut [Vec<u8>],
+        parallel: bool,
+    ) -> Result<&'a [u8], WalCodecError> {
+        let present = hdr.u8()?;
+        let mut clens = [0usize; STREAMS];
+        for (s, c) in clens.iter_mut().enumerate() {
+            if present & (1 << s) != 0 {
+                *c = hdr.len(payload.len())?;
+            }
+        }
+        let mut rest = payload.get(hdr.position()..).unwrap_or(&[]);
+        let mut items = Vec::with_capacity(STREAMS);
+        for ((s, (stream, buf)), &clen) in self
+            .streams
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .enumerate()
+            .zip(&clens)
+        {
+            buf.clear();
+            if present & (1 << s) == 0 {
+                continue;
+            }
             let chunk = rest
                 .get(..clen)
-                .ok_or_else(|| corrupt("the combined section is cut short"))?;
-            let all = (0..STREAMS)
-                .map(|s| cap(s, raw_len))
-                .fold(10 * STREAMS, usize::saturating_add);
-            combined.decode_capped(chunk, all, scratch, "combined")?;
-            let mut r = Reader::new(scratch, "combined");
-            let mut ulens = [0usize; STREAMS];
-            for (s, u) in ulens.iter_mut().enumerate() {
-                *u = r.len(cap(s, raw_len))?;
-            }
-            for (buf, &u) in bufs.iter_mut().zip(&ulens) {
-                buf.clear();
-                buf.extend_from_slice(r.bytes(u)?);
-            }
-            if !r.done() {
-                return Err(corrupt("the combined section has bytes left over"));
-            }
-            Ok(&rest[clen..])
+                .ok_or_else(|| corrupt(format!("the {} section is cut short", STREAM_NAMES[s])))?;
+            rest = &rest[clen..];
+            items.push((s, (stream, buf, chunk)));
         }
-        v => Err(corrupt(format!(
-            "payload format byte 0x{v:02x}, this decoder reads version {FORMAT_VERSION} \
-             (0x{SEPARATE:02x}, 0x{COMBINED:02x})"
-        ))),
+        let parallel = parallel && clens.iter().sum::<usize>() >= PARALLEL_MIN;
+        each_section(
+            items,
+            |(_, _, chunk)| chunk.len(),
+            parallel,
+            |s, (stream, buf, chunk)| {
+                stream.decode_capped(chunk, cap(s, raw_len), buf, STREAM_NAMES[s])
+            },
+        )?;
+        if (present & 0x80 != 0) == rest.is_empty() {
+            return Err(corrupt("page frames present or absent against the header"));
+        }
+        Ok(rest)
+    }
+
+    /// A combined payload, `hdr` past its mode byte.
+    fn read_combined<'a>(
+        &mut self,
+        payload: &'a [u8],
+        mut hdr: Reader,
+        raw_len: usize,
+        bufs: &mut [Vec<u8>],
+    ) -> Result<&'a [u8], WalCodecError> {
+        let clen = hdr.len(payload.len())?;
+        let rest = payload.get(hdr.position()..).unwrap_or(&[]);
+        let chunk = rest
+            .get(..clen)
+            .ok_or_else(|| corrupt("the combined section is cut short"))?;
+        let all = (0..STREAMS)
+            .map(|s| cap(s, raw_len))
+            .fold(10 * STREAMS, usize::saturating_add);
+        self.combined
+            .decode_capped(chunk, all, &mut self.scratch, "combined")?;
+        let mut r = Reader::new(&self.scratch, "combined");
+        let mut ulens = [0usize; STREAMS];
+        for (s, u) in ulens.iter_mut().enumerate() {
+            *u = r.len(cap(s, raw_len))?;
+        }
+        for (buf, &u) in bufs.iter_mut().zip(&ulens) {
+            buf.clear();
+            buf.extend_from_slice(r.bytes(u)?);
+        }
+        if !r.done() {
+            return Err(corrupt("the combined section has bytes left over"));
+        }
+        Ok(&rest[clen..])
     }
 }
 

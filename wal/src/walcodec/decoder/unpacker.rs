@@ -1,10 +1,10 @@
 //! The decoder's first half: a message's sections decompressed, here or on a thread while
 //! the caller restores the message before.
 //!
-//! Decoding a message is two halves: decompressing its sections ([`payload::read`]), then
+//! Decoding a message is two halves: decompressing its sections ([`DecSections::read`]), then
 //! restoring its records from them (the rest of the decoder). On one core a bulk load spends
 //! about two fifths of its decoding in the first half. [`Decoder::stage`] hands a message's
-//! payload (copied) to a [`Handoff`] of the zstd contexts ([`Contexts`]): decompressed on the
+//! payload (copied) to a [`Handoff`] of the zstd contexts ([`DecSections`]): decompressed on the
 //! `walcodec-unpack` thread when the caller allows more than one core and the payload holds
 //! at least [`AWAY_MIN`] bytes, else when it is decoded. [`Decoder::decode`] then takes the
 //! staged sections of the message it is given, which must be the oldest staged one (same
@@ -20,58 +20,13 @@
 use std::collections::VecDeque;
 
 use super::super::handoff::{Handoff, Work};
-use super::super::payload;
-use super::super::streams::{history_log, DStream, WINDOW_LOG};
-use super::super::{CodecParams, WalCodecError, STAGED_MAX, STREAMS, S_DATA};
+use super::super::payload::DecSections;
+use super::super::{WalCodecError, STAGED_MAX, STREAMS};
 use crate::lsn::Lsn;
 
 /// Least payload (bytes) of a message decompressed on the thread: below it the hand-over
 /// costs about what it saves.
 pub const AWAY_MIN: usize = 16 * 1024;
-
-/// The decoder's zstd contexts: one per stream, the combined one and its chunk.
-pub(crate) struct Contexts {
-    streams: Vec<DStream>,
-    combined: DStream,
-    scratch: Vec<u8>,
-}
-
-impl Contexts {
-    pub fn new(p: &CodecParams) -> Result<Contexts, WalCodecError> {
-        Ok(Contexts {
-            streams: (0..STREAMS)
-                .map(|s| {
-                    DStream::new(match s {
-                        S_DATA => history_log(p.block_cache_bytes),
-                        _ => WINDOW_LOG,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            combined: DStream::new(WINDOW_LOG)?,
-            scratch: Vec::new(),
-        })
-    }
-
-    /// Decompresses `payload`'s sections into `u.bufs`; sets `u.fpi_at`.
-    fn read(
-        &mut self,
-        payload: &[u8],
-        u: &mut Unpacked,
-        parallel: bool,
-    ) -> Result<(), WalCodecError> {
-        let rest = payload::read(
-            payload,
-            u.raw_len,
-            &mut self.streams,
-            &mut self.combined,
-            &mut self.scratch,
-            &mut u.bufs,
-            parallel,
-        )?;
-        u.fpi_at = payload.len() - rest.len();
-        Ok(())
-    }
-}
 
 /// A message's sections, decompressed.
 pub(crate) struct Unpacked {
@@ -83,13 +38,27 @@ pub(crate) struct Unpacked {
     pub fpi_at: usize,
 }
 
-impl Work for Contexts {
+impl Unpacked {
+    /// Decompresses `payload`'s sections into `self.bufs` with `sections`; sets `fpi_at`.
+    fn read(
+        &mut self,
+        sections: &mut DecSections,
+        payload: &[u8],
+        parallel: bool,
+    ) -> Result<(), WalCodecError> {
+        let rest = sections.read(payload, self.raw_len, &mut self.bufs, parallel)?;
+        self.fpi_at = payload.len() - rest.len();
+        Ok(())
+    }
+}
+
+impl Work for DecSections {
     type Job = Unpacked;
     type Out = Unpacked;
     fn run(&mut self, mut u: Unpacked, away: bool) -> Result<Unpacked, WalCodecError> {
         let payload = std::mem::take(&mut u.payload);
         // On the thread the caller is busy restoring: no more threads for the sections.
-        let r = self.read(&payload, &mut u, !away);
+        let r = u.read(self, &payload, !away);
         u.payload = payload;
         r.map(|()| u)
     }
@@ -97,16 +66,16 @@ impl Work for Contexts {
 
 /// The contexts' handoff, what is staged, and emptied buffers for the next messages.
 pub(crate) struct Unpacker {
-    handoff: Handoff<Contexts>,
+    handoff: Handoff<DecSections>,
     /// Start, raw length and payload length of each staged message, oldest first.
     keys: VecDeque<(Lsn, usize, usize)>,
     spare: Vec<Unpacked>,
 }
 
 impl Unpacker {
-    pub fn new(contexts: Contexts) -> Unpacker {
+    pub fn new(sections: DecSections) -> Unpacker {
         Unpacker {
-            handoff: Handoff::new(contexts, "walcodec-unpack", STAGED_MAX),
+            handoff: Handoff::new(sections, "walcodec-unpack", STAGED_MAX),
             keys: VecDeque::with_capacity(STAGED_MAX),
             spare: Vec::new(),
         }
@@ -157,10 +126,10 @@ impl Unpacker {
         let Some(key) = self.keys.pop_front() else {
             let mut u = self.fresh(raw_len);
             u.payload.clear();
-            let contexts = self.handoff.home().ok_or_else(|| {
+            let sections = self.handoff.home().ok_or_else(|| {
                 WalCodecError::Zstd("the session's zstd contexts were lost with a thread".into())
             })?;
-            contexts.read(payload, &mut u, parallel)?;
+            u.read(sections, payload, parallel)?;
             return Ok(u);
         };
         let out_of_order = || {
