@@ -95,64 +95,74 @@ pub enum Cores {
     Staged,
 }
 
-/// One codec over `wal` (starting at `start`) in messages as [`encode_all`] cuts them; the
-/// bytes before `timed_from` are encoded and restored in turn without being timed, the rest
-/// are encoded, then restored, and timed.
-fn pass(
-    kind: CodecKind,
-    level: i32,
+/// WAL to replay: `wal`, which starts at `start`, of PostgreSQL `major`; the bytes before
+/// `timed_from` go through the codecs untimed first.
+#[derive(Clone, Copy)]
+struct Recording<'a> {
     major: u32,
     start: Lsn,
-    wal: &[u8],
+    wal: &'a [u8],
     timed_from: usize,
-    cores: Cores,
-) -> Result<(Pass, Option<CodecStats>)> {
-    let setup = Setup {
-        kind,
-        zstd_level: level,
-        window_log: 23,
-        wal: CodecParams {
-            pg_major: walrelay_wal::pg::PgMajor::from_number(major),
-            block_cache_bytes: 1 << 30,
-            zstd_level: 3,
-            max_message_bytes: MESSAGE + HOLD,
-        },
-    };
-    let mut enc = WalEncoder::new(&setup)?;
-    let mut dec = WalDecoder::new(&setup)?;
-    enc.set_parallel(cores == Cores::Staged);
-    dec.set_parallel(cores == Cores::Staged);
-    let mut out = Vec::new();
-    let mut restored = Vec::new();
-    let mut cut = Cutter::new(&wal[..timed_from], MESSAGE, HOLD);
-    while let Some((from, chunk, hold)) = cut.next_chunk() {
-        let at = Lsn(start.0 + from as u64);
-        let n = enc.encode_held(at, chunk, hold, &mut out)?;
-        cut.took(n);
-        let max = MESSAGE + HOLD;
-        let sum = checksum(&chunk[..n]);
-        dec.decode(at, &out, n, max, sum, &mut restored)?;
+}
+
+impl Recording<'_> {
+    /// One codec (`kind` at zstd `level`) over the WAL in messages as [`encode_all`] cuts
+    /// them: the bytes before `timed_from` are encoded and restored in turn without being
+    /// timed, the rest are encoded, then restored, and timed.
+    fn pass(self, kind: CodecKind, level: i32, cores: Cores) -> Result<(Pass, Option<CodecStats>)> {
+        let Recording {
+            major,
+            start,
+            wal,
+            timed_from,
+        } = self;
+        let setup = Setup {
+            kind,
+            zstd_level: level,
+            window_log: 23,
+            wal: CodecParams {
+                pg_major: walrelay_wal::pg::PgMajor::from_number(major),
+                block_cache_bytes: 1 << 30,
+                zstd_level: 3,
+                max_message_bytes: MESSAGE + HOLD,
+            },
+        };
+        let mut enc = WalEncoder::new(&setup)?;
+        let mut dec = WalDecoder::new(&setup)?;
+        enc.set_parallel(cores == Cores::Staged);
+        dec.set_parallel(cores == Cores::Staged);
+        let mut out = Vec::new();
+        let mut restored = Vec::new();
+        let mut cut = Cutter::new(&wal[..timed_from], MESSAGE, HOLD);
+        while let Some((from, chunk, hold)) = cut.next_chunk() {
+            let at = Lsn(start.0 + from as u64);
+            let n = enc.encode_held(at, chunk, hold, &mut out)?;
+            cut.took(n);
+            let max = MESSAGE + HOLD;
+            let sum = checksum(&chunk[..n]);
+            dec.decode(at, &out, n, max, sum, &mut restored)?;
+        }
+        let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
+        let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+        let (msgs, encoded) = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores)?;
+        let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
+        let enc_wall = wall.elapsed().as_secs_f64();
+        let stats = enc.wal_stats().cloned();
+        let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
+        let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+        decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
+        let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
+        let dec_wall = wall.elapsed().as_secs_f64();
+        let mb = wal.len() as f64 / 1e6;
+        let pass = Pass {
+            encoded_bytes: encoded.iter().map(|e| e.len() as u64).sum(),
+            encode_mb_s: mb / enc_s.max(1e-9),
+            decode_mb_s: mb / dec_s.max(1e-9),
+            encode_wall_mb_s: mb / enc_wall.max(1e-9),
+            decode_wall_mb_s: mb / dec_wall.max(1e-9),
+        };
+        Ok((pass, stats))
     }
-    let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
-    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    let (msgs, encoded) = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores)?;
-    let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
-    let enc_wall = wall.elapsed().as_secs_f64();
-    let stats = enc.wal_stats().cloned();
-    let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
-    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
-    decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
-    let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
-    let dec_wall = wall.elapsed().as_secs_f64();
-    let mb = wal.len() as f64 / 1e6;
-    let pass = Pass {
-        encoded_bytes: encoded.iter().map(|e| e.len() as u64).sum(),
-        encode_mb_s: mb / enc_s.max(1e-9),
-        decode_mb_s: mb / dec_s.max(1e-9),
-        encode_wall_mb_s: mb / enc_wall.max(1e-9),
-        decode_wall_mb_s: mb / dec_wall.max(1e-9),
-    };
-    Ok((pass, stats))
 }
 
 /// Cuts WAL into the messages the upstream sends while behind: each the next `message` bytes
@@ -284,10 +294,16 @@ fn read_wal(file: &Path, start: Lsn, max: u64) -> Result<(Lsn, Vec<u8>)> {
 pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
     let (start, wal) = read_wal(file, start, MAX_BYTES)?;
     let wal = &wal[..];
-    let (walrelay, stats) = pass(CodecKind::Wal, 3, major, start, wal, 0, Cores::One)?;
-    let (walrelay_staged, _) = pass(CodecKind::Wal, 3, major, start, wal, 0, Cores::Staged)?;
-    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, start, wal, 0, Cores::One)?;
-    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, start, wal, 0, Cores::One)?;
+    let rec = Recording {
+        major,
+        start,
+        wal,
+        timed_from: 0,
+    };
+    let (walrelay, stats) = rec.pass(CodecKind::Wal, 3, Cores::One)?;
+    let (walrelay_staged, _) = rec.pass(CodecKind::Wal, 3, Cores::Staged)?;
+    let (zstd1, _) = rec.pass(CodecKind::Zstd, 1, Cores::One)?;
+    let (zstd3, _) = rec.pass(CodecKind::Zstd, 3, Cores::One)?;
     let stats = stats.unwrap_or_default();
     let mut by_rmgr: Vec<RmgrRow> = stats
         .by_rmgr
@@ -336,12 +352,16 @@ pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmRe
     let (at, wal) = read_wal(file, start, warm.saturating_add(MAX_BYTES))?;
     let warm = warm.saturating_sub(at.0 - start.0) as usize;
     let timed_from = (warm.min(wal.len().saturating_sub(1)) / MESSAGE) * MESSAGE;
-    let one = Cores::One;
-    let (walrelay, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from, one)?;
-    let staged = Cores::Staged;
-    let (walrelay_staged, _) = pass(CodecKind::Wal, 3, major, at, &wal, timed_from, staged)?;
-    let (zstd1, _) = pass(CodecKind::Zstd, 1, major, at, &wal, timed_from, one)?;
-    let (zstd3, _) = pass(CodecKind::Zstd, 3, major, at, &wal, timed_from, one)?;
+    let rec = Recording {
+        major,
+        start: at,
+        wal: &wal,
+        timed_from,
+    };
+    let (walrelay, _) = rec.pass(CodecKind::Wal, 3, Cores::One)?;
+    let (walrelay_staged, _) = rec.pass(CodecKind::Wal, 3, Cores::Staged)?;
+    let (zstd1, _) = rec.pass(CodecKind::Zstd, 1, Cores::One)?;
+    let (zstd3, _) = rec.pass(CodecKind::Zstd, 3, Cores::One)?;
     Ok(WarmReplay {
         warm_bytes: timed_from as u64,
         wal_bytes: (wal.len() - timed_from) as u64,
