@@ -302,18 +302,16 @@ async fn setup(
     let down_ports = [free_port(), free_port()];
     // The pairs first: a downstream's spool starts at the segment the primary is writing when
     // its stream opens, so standbys backed up after that find all they need in it.
+    let site = pair::Site {
+        bin: &opts.binary,
+        dir: root.path(),
+        primary: &primary,
+        certs: &certs,
+    };
     let mut pairs = Vec::new();
     for (i, codec) in CODECS.into_iter().enumerate() {
         let tag = ["w", "z"][i];
-        pairs.push(RelayPair::start(
-            &opts.binary,
-            root.path(),
-            tag,
-            codec,
-            &primary,
-            &certs,
-            down_ports[i],
-        )?);
+        pairs.push(RelayPair::start(&site, tag, codec, down_ports[i])?);
     }
     let pairs: [RelayPair; 2] = pairs.try_into().map_err(|_| anyhow::anyhow!("two pairs"))?;
     for p in &pairs {

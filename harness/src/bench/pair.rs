@@ -24,6 +24,16 @@ pub const USER: &str = "replicator";
 /// How long an orderly stop (SIGTERM, drain) may take before the process is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// What every pair of a run shares: the `walrelay` binary, the directory for its files, the
+/// primary and the link's certificates.
+#[derive(Clone, Copy)]
+pub struct Site<'a> {
+    pub bin: &'a Path,
+    pub dir: &'a Path,
+    pub primary: &'a Cluster,
+    pub certs: &'a LinkCerts,
+}
+
 /// Counters of one pair at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PairCounters {
@@ -96,18 +106,16 @@ impl RelayPair {
         .await
     }
 
-    /// Starts the upstream (dialing `primary`), the forwarder and the downstream with link
-    /// codec `codec`, standbys served on `down_port`; files go to `dir` (`<tag>-upstream.toml`,
-    /// `.log`, ...).
-    pub fn start(
-        bin: &Path,
-        dir: &Path,
-        tag: &str,
-        codec: &'static str,
-        primary: &Cluster,
-        certs: &LinkCerts,
-        down_port: u16,
-    ) -> Result<RelayPair> {
+    /// Starts the upstream (dialing the site's primary), the forwarder and the downstream
+    /// with link codec `codec`, standbys served on `down_port`; files go to the site's
+    /// directory (`<tag>-upstream.toml`, `.log`, ...).
+    pub fn start(site: &Site, tag: &str, codec: &'static str, down_port: u16) -> Result<RelayPair> {
+        let Site {
+            bin,
+            dir,
+            primary,
+            certs,
+        } = *site;
         let (up_port, up_metrics, down_metrics) = (free_port(), free_port(), free_port());
         let up_toml = format!(
             "[upstream]\nprimary = {}\nlisten = \"127.0.0.1:{up_port}\"\n\n[link]\n{}\n[metrics]\nlisten = \"127.0.0.1:{up_metrics}\"\n",
