@@ -38,11 +38,28 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     let json = dir.path().join("bench.json");
     // Not there yet: the bench makes it.
     let timeline = dir.path().join("out").join("timeline");
+    let stdout = run_tiny_bench(&timeline, &json);
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r = the_only_run(&report);
+    assert_wal_and_link_bytes_counted(r);
+    assert_staged_counters_read(r);
+    assert_waiting_for_a_core_read(r, &stdout);
+    assert_codec_counters_read(r, &stdout);
+    assert_windows_verified(r);
+    assert_warm_replay_times_the_steady_window(r, &stdout);
+    assert_every_stage_sampled(r, &stdout);
+    assert_timeline_written(&timeline, r);
+}
+
+/// Runs the tiny bench with a timeline and a JSON report, checks that it succeeded, and
+/// returns its standard output.
+fn run_tiny_bench(timeline: &std::path::Path, json: &std::path::Path) -> String {
     let out = tiny_bench("3")
         .arg("--timeline-dir")
-        .arg(&timeline)
+        .arg(timeline)
         .arg("--json")
-        .arg(&json)
+        .arg(json)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -52,12 +69,21 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         "walrelay bench failed:\n{stderr}\n{stdout}"
     );
     assert!(stdout.contains("| updates |"), "{stdout}");
+    stdout.into_owned()
+}
 
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+/// Checks that the report holds one run, of the `updates` workload, and returns it.
+fn the_only_run(report: &Value) -> &Value {
     let runs = report["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 1);
     let r = &runs[0];
     assert_eq!(r["workload"], "updates");
+    r
+}
+
+/// Checks that each window counted WAL and its zstd size, and each pair link bytes, feedback
+/// and messages.
+fn assert_wal_and_link_bytes_counted(r: &Value) {
     // The debug binary may fall behind the load, so a pair may be charged its bytes in one
     // window rather than the other (the report marks such figures): counts are checked over
     // both windows together.
@@ -85,6 +111,10 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         both(&["w", "raw", "messages"]) > 0.0,
         "no link message counted"
     );
+}
+
+/// Checks that W's staged-ahead counters were read and Z's were not.
+fn assert_staged_counters_read(r: &Value) {
     // W's staged-ahead counters are read from its /metrics (a tiny load seldom falls behind,
     // so only that they were read); Z is not scraped.
     for half in ["upstream_staged", "downstream_staged"] {
@@ -92,6 +122,11 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         assert!(w.as_f64().is_some_and(|n| n >= 0.0), "W {half}: {w}");
         assert!(r["steady"]["z"][half].is_null(), "Z {half} was not scraped");
     }
+}
+
+/// Checks the waiting-for-a-core figures per half and the CPU pressure, where the kernel
+/// keeps them, and their table.
+fn assert_waiting_for_a_core_read(r: &Value, stdout: &str) {
     // Waiting for a core is read per half from each process's threads and for the machine
     // from its CPU pressure, where the kernel keeps them (this one's do, when the files exist).
     let schedstat = std::path::Path::new("/proc/self/schedstat").exists();
@@ -120,6 +155,10 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         }
     }
     assert!(stdout.contains("Waiting for a core"), "{stdout}");
+}
+
+/// Checks that W's codec counters were read for each window, Z's were not, and their table.
+fn assert_codec_counters_read(r: &Value, stdout: &str) {
     // W's codec counters per window come from its upstream's /metrics; Z's are not scraped.
     for w in ["cold", "steady"] {
         let c = &r[w]["w"]["raw"]["codec"];
@@ -135,6 +174,11 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
         );
     }
     assert!(stdout.contains("W's codec over each window"), "{stdout}");
+}
+
+/// Checks that both windows' WAL and the table were compared without an integrity failure,
+/// and that the replay encoded something.
+fn assert_windows_verified(r: &Value) {
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
     assert_eq!(
@@ -144,6 +188,11 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert_eq!(r["verified"]["tables"], serde_json::json!(["updates"]));
     assert_eq!(num(r, &["verified", "integrity_failures"]), 0.0);
     assert!(r["replay"]["walrelay"]["encoded_bytes"].as_f64().unwrap() > 0.0);
+}
+
+/// Checks that the warm replay timed the steady window (from a message boundary) after
+/// warming the codecs, and its table.
+fn assert_warm_replay_times_the_steady_window(r: &Value, stdout: &str) {
     // The warm replay times the steady window from the replay's message boundary at or before
     // its start, after the WAL before it went through the codecs.
     let warm = &r["warm_replay"];
@@ -156,7 +205,10 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert!(num(warm, &["warm_bytes"]) > 0.0, "nothing warmed: {warm}");
     assert!(num(warm, &["walrelay", "encoded_bytes"]) > 0.0, "{warm}");
     assert!(stdout.contains("Replay of the steady window"), "{stdout}");
+}
 
+/// Checks that every stage along each path was sampled in both windows, and the lag table.
+fn assert_every_stage_sampled(r: &Value, stdout: &str) {
     // Every stage was sampled: the primary's walsenders toward both feeds and the direct
     // standby (found by application_name), W's relay stages (read from its metrics).
     for w in ["cold", "steady"] {
@@ -173,6 +225,10 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     }
     assert_eq!(r["lag_over_run"].as_array().map(Vec::len), Some(3));
     assert!(stdout.contains("Lag along each path"), "{stdout}");
+}
+
+/// Checks the timeline CSV: its header and ~10 samples a second.
+fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     let csv =
         std::fs::read_to_string(timeline.join(format!("updates-pg{}.csv", r["pg_major"]))).unwrap();
     let mut lines = csv.lines();

@@ -85,11 +85,24 @@ async fn unauthenticated_peers_do_not_lock_standbys_out() {
         ok,
         "psql refused while idle peers held sockets: {out} {err}"
     );
+    assert_idle_connections_are_refused_or_cut(&mut idle).await;
 
+    let _flood = flood_the_startup_budget(port).await;
+    assert_a_newcomer_gets_in_after_the_flood(&env).await;
+
+    assert_password_guessing_is_slowed(&env).await;
+    // The streaming standby never noticed.
+    env.wait_streaming_through_relay().await;
+    env.relay.assert_no_panic();
+}
+
+/// Checks that the relay closes every `idle` connection: some refused with 53300, some cut
+/// at the startup deadline.
+async fn assert_idle_connections_are_refused_or_cut(idle: &mut [TcpStream]) {
     // Every idle connection is closed by the relay: refused ones with 53300, the others
     // when limits.startup_timeout_secs (4 s) ends; none is held longer.
     let (mut refused, mut cut) = (0, 0);
-    for s in &mut idle {
+    for s in idle {
         let (bytes, closed) = read_to_close(s, Duration::from_secs(30)).await;
         assert!(closed, "an unauthenticated connection was held for 30 s");
         match first_error(&bytes) {
@@ -106,7 +119,11 @@ async fn unauthenticated_peers_do_not_lock_standbys_out() {
         }
     }
     assert!(refused >= 24 && cut >= 1, "refused {refused}, cut {cut}");
+}
 
+/// Opens six connections from each of three hosts to `port`, filling the whole
+/// pre-authentication budget; returns them (to hold).
+async fn flood_the_startup_budget(port: u16) -> Vec<TcpStream> {
     // Many hosts at once fill the whole pre-authentication budget (16): a newcomer is
     // refused while it is full, and gets in once the deadline has freed it.
     let mut flood = Vec::new();
@@ -115,6 +132,12 @@ async fn unauthenticated_peers_do_not_lock_standbys_out() {
             flood.push(connect_from(host, port).await);
         }
     }
+    flood
+}
+
+/// Waits until psql gets in (refused meanwhile only for max_startups), and checks the log.
+async fn assert_a_newcomer_gets_in_after_the_flood(env: &Env) {
+    let port = env.down_port;
     let pr = &env.primary;
     wait_until(
         "psql gets in after the flood's deadline",
@@ -134,7 +157,11 @@ async fn unauthenticated_peers_do_not_lock_standbys_out() {
     .unwrap();
     let log = env.relay.log_text();
     assert!(log.contains("limits.max_startups reached"), "{log}");
+}
 
+/// Checks that two wrong passwords each fail after the auth failure delay.
+async fn assert_password_guessing_is_slowed(env: &Env) {
+    let port = env.down_port;
     // Password guessing is slowed down: each failure comes after limits.auth_failure_delay_ms.
     for _ in 0..2 {
         let t = Instant::now();
@@ -154,9 +181,6 @@ async fn unauthenticated_peers_do_not_lock_standbys_out() {
             t.elapsed()
         );
     }
-    // The streaming standby never noticed.
-    env.wait_streaming_through_relay().await;
-    env.relay.assert_no_panic();
 }
 
 async fn primary(root: &TempRoot) -> Cluster {
@@ -183,25 +207,72 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
     let root = TempRoot::new().unwrap();
     let dir = root.path();
     let p = primary(&root).await;
+    let pki = issue_link_certificates(dir);
+    let (up, mport) = (free_port(), free_port());
+    let upstream = start_tls_upstream(dir, &p, &pki, up, mport);
+
+    let mut stalled = stall_handshakes(up).await;
+    let mut silent = silent_after_mutual_tls(&pki, up).await;
+    // A real downstream connects and serves a standby-side client meanwhile.
+    let down = free_port();
+    let downstream = start_tls_downstream(dir, &pki, up, down);
+    let (ok, out, err) = psql_repl(
+        &p,
+        &repl_conninfo(down),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(ok, "{out} {err}\n{}", downstream.log_text());
+
+    assert_stalled_and_silent_peers_are_cut(&mut stalled, &mut silent).await;
+    assert_cuts_are_logged(&upstream).await;
+    assert_handshake_failures_are_counted(mport);
+    upstream.assert_no_panic();
+    downstream.assert_no_panic();
+}
+
+/// The link's TLS material: the CA's certificate, the upstream's and the downstream's.
+struct Pki {
+    ca_pem: std::path::PathBuf,
+    server: CertFiles,
+    client: CertFiles,
+}
+
+/// Makes a CA in `dir` and issues the upstream's (server) and downstream's (client)
+/// certificates.
+fn issue_link_certificates(dir: &std::path::Path) -> Pki {
     let ca = Ca::new("walrelay test CA").unwrap();
     let ca_pem = ca.write_ca(dir, "ca").unwrap();
     let server = ca
         .issue(dir, "upstream", &["localhost", "127.0.0.1"])
         .unwrap();
     let client = ca.issue(dir, "downstream", &["downstream"]).unwrap();
-    let (up, mport) = (free_port(), free_port());
-    let upstream = Relay::start(
+    Pki {
+        ca_pem,
+        server,
+        client,
+    }
+}
+
+/// Starts an upstream on `up` for `p` with a TLS link, a 3 s startup deadline, 4 startups per
+/// address, and metrics on `mport`.
+fn start_tls_upstream(dir: &std::path::Path, p: &Cluster, pki: &Pki, up: u16, mport: u16) -> Relay {
+    Relay::start(
         dir,
         "upstream",
         &format!(
             "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\n{}\n[limits]\nstartup_timeout_secs = 3\nmax_startups_per_address = 4\n\n[metrics]\nlisten = \"127.0.0.1:{mport}\"\n",
             p.port(),
-            tls_link(&ca_pem, &server)
+            tls_link(&pki.ca_pem, &pki.server)
         ),
         None,
         Some(up),
-    );
+    )
+}
 
+/// Opens ten connections to the link port `up` from another host, every other one stalled
+/// inside a ClientHello.
+async fn stall_handshakes(up: u16) -> Vec<TcpStream> {
     // Ten connections from another host: idle, or stalled inside a ClientHello.
     let mut stalled = Vec::new();
     for i in 0..10 {
@@ -211,45 +282,52 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
         }
         stalled.push(s);
     }
+    stalled
+}
+
+/// Completes mutual TLS with the link port `up` from a third host, with a valid client
+/// certificate, and returns the connection (which then says nothing).
+async fn silent_after_mutual_tls(pki: &Pki, up: u16) -> tokio_rustls::client::TlsStream<TcpStream> {
     // One from a third address with a valid client certificate: it completes mutual TLS,
     // then says nothing (no HTTP/2 preface). Before, it held its socket for good.
     walrelay::tls::install_default_provider();
     let tls = walrelay::link::tls::client_config(&walrelay::config::LinkConfig {
-        tls_ca: Some(ca_pem.clone()),
-        tls_cert: Some(client.cert.clone()),
-        tls_key: Some(client.key.clone()),
+        tls_ca: Some(pki.ca_pem.clone()),
+        tls_cert: Some(pki.client.cert.clone()),
+        tls_key: Some(pki.client.key.clone()),
         ..Default::default()
     })
     .unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost".to_string()).unwrap();
-    let mut silent = tokio_rustls::TlsConnector::from(tls)
+    tokio_rustls::TlsConnector::from(tls)
         .connect(name, connect_from("127.0.0.3", up).await)
         .await
-        .expect("mutual TLS with a valid certificate");
-    // A real downstream connects and serves a standby-side client meanwhile.
-    let down = free_port();
-    let downstream = Relay::start(
+        .expect("mutual TLS with a valid certificate")
+}
+
+/// Starts a downstream on `down` with a TLS link to the upstream on `up`.
+fn start_tls_downstream(dir: &std::path::Path, pki: &Pki, up: u16, down: u16) -> Relay {
+    Relay::start(
         dir,
         "downstream",
         &format!(
             "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n\n[link]\n{}connect_timeout_secs = 3\n",
             walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
             dir.join("spool").display(),
-            tls_link(&ca_pem, &client)
+            tls_link(&pki.ca_pem, &pki.client)
         ),
         Some(down),
         None,
-    );
-    let (ok, out, err) = psql_repl(
-        &p,
-        &repl_conninfo(down),
-        STANDBY_PASSWORD,
-        "IDENTIFY_SYSTEM",
-    );
-    assert!(ok, "{out} {err}\n{}", downstream.log_text());
+    )
+}
 
+/// Checks that the upstream closes every stalled connection and the silent TLS peer.
+async fn assert_stalled_and_silent_peers_are_cut(
+    stalled: &mut [TcpStream],
+    silent: &mut tokio_rustls::client::TlsStream<TcpStream>,
+) {
     // Every stalled connection is closed by the upstream (3 s deadline; before #14: 300 s).
-    for s in &mut stalled {
+    for s in stalled {
         let (_, closed) = read_to_close(s, Duration::from_secs(30)).await;
         assert!(closed, "a stalled link handshake was held for 30 s");
     }
@@ -259,6 +337,11 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
         matches!(r, Ok(Ok(0) | Err(_))),
         "a link peer silent after mutual TLS was held for 30 s (or sent to): {r:?}"
     );
+}
+
+/// Checks the upstream's log for the silent peer, the stalled handshakes and the per-address
+/// limit.
+async fn assert_cuts_are_logged(upstream: &Relay) {
     // Logged with the peer and the reason (the socket closes as the deadline ends, the line
     // follows), and counted.
     let silent_logged = || {
@@ -281,6 +364,11 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
         log.contains("limits.max_startups_per_address reached"),
         "{log}"
     );
+}
+
+/// Checks that the metrics on `mport` count handshake failures for timeouts and for a busy
+/// port.
+fn assert_handshake_failures_are_counted(mport: u16) {
     let samples = prom::parse_exposition(&http_get(mport, "/metrics").1);
     let failures = |reason: &str| {
         samples
@@ -295,8 +383,6 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
             })
     };
     assert!(failures("timeout") >= 1.0 && failures("busy") >= 1.0);
-    upstream.assert_no_panic();
-    downstream.assert_no_panic();
 }
 
 /// GET `path` on 127.0.0.1:`port` with a fresh connection: (status, body); status 0 when the

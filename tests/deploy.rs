@@ -212,7 +212,37 @@ fn k8s_configs_pass_check_config_with_the_secret_mounted() {
 #[test]
 fn k8s_manifests_are_consistent_and_hardened() {
     let docs = manifests();
-    for (file, d) in &docs {
+    assert_every_document_is_named(&docs);
+    assert_the_kustomization_lists_every_manifest(&docs);
+    let cm = of_kind(&docs, "ConfigMap")[0];
+    let secret = of_kind(&docs, "Secret")[0];
+    let deployments = of_kind(&docs, "Deployment");
+    let services = of_kind(&docs, "Service");
+    assert_eq!(deployments.len(), 2);
+    let shared = Shared {
+        cm,
+        secret,
+        services,
+    };
+    let mut halves = Vec::new();
+    for dep in &deployments {
+        halves.push(check_deployment(dep, &shared));
+    }
+    halves.sort();
+    assert_eq!(halves, ["downstream", "upstream"]);
+}
+
+/// What every Deployment refers to: the ConfigMap, the Secret and the Services.
+struct Shared<'a> {
+    cm: &'a Value,
+    secret: &'a Value,
+    services: Vec<&'a Value>,
+}
+
+/// Checks that every document has an apiVersion and a kind, and a name but for the
+/// Kustomization.
+fn assert_every_document_is_named(docs: &[(String, Value)]) {
+    for (file, d) in docs {
         for k in ["apiVersion", "kind"] {
             assert!(d[k].as_str().is_some(), "{file}: no {k}");
         }
@@ -220,8 +250,12 @@ fn k8s_manifests_are_consistent_and_hardened() {
             assert!(d["metadata"]["name"].as_str().is_some(), "{file}: no name");
         }
     }
+}
+
+/// Checks that the kustomization lists every manifest under deploy/k8s.
+fn assert_the_kustomization_lists_every_manifest(docs: &[(String, Value)]) {
     // The kustomization lists every manifest.
-    let kust = of_kind(&docs, "Kustomization");
+    let kust = of_kind(docs, "Kustomization");
     let listed: Vec<&str> = kust[0]["resources"]
         .as_sequence()
         .unwrap()
@@ -235,120 +269,158 @@ fn k8s_manifests_are_consistent_and_hardened() {
             "{n} not in the kustomization"
         );
     }
-    let cm = of_kind(&docs, "ConfigMap")[0];
-    let secret = of_kind(&docs, "Secret")[0];
-    let deployments = of_kind(&docs, "Deployment");
-    let services = of_kind(&docs, "Service");
-    assert_eq!(deployments.len(), 2);
-    let mut halves = Vec::new();
-    for dep in &deployments {
-        let name = s(dep, &["metadata", "name"]);
-        let pod = get(dep, &["spec", "template", "spec"]);
-        let labels = get(dep, &["spec", "template", "metadata", "labels"]);
-        assert_eq!(&dep["spec"]["selector"]["matchLabels"], labels, "{name}");
-        let psc = &pod["securityContext"];
-        assert_eq!(psc["runAsNonRoot"].as_bool(), Some(true), "{name}");
-        assert!(
-            psc["runAsUser"].as_u64().is_some_and(|u| u > 0),
-            "{name}: runAsUser"
-        );
-        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-        let c = &pod["containers"][0];
-        let csc = &c["securityContext"];
-        assert_eq!(
-            csc["readOnlyRootFilesystem"].as_bool(),
-            Some(true),
-            "{name}"
-        );
-        assert_eq!(
-            csc["allowPrivilegeEscalation"].as_bool(),
-            Some(false),
-            "{name}"
-        );
-        assert_eq!(csc["capabilities"]["drop"][0].as_str(), Some("ALL"));
-        for r in ["cpu", "memory"] {
-            assert!(
-                c["resources"]["limits"][r].as_str().is_some()
-                    && c["resources"]["requests"][r].as_str().is_some(),
-                "{name}: resources {r}"
-            );
-        }
-        // Ports by name; probes on GET /healthz of the metrics port 9187.
-        let ports: BTreeMap<&str, u64> = c["ports"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .map(|p| (s(p, &["name"]), p["containerPort"].as_u64().unwrap()))
-            .collect();
-        assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
-        for probe in ["livenessProbe", "readinessProbe"] {
-            let h = &c[probe]["httpGet"];
-            assert_eq!(h["path"].as_str(), Some("/healthz"), "{name} {probe}");
-            let port = match &h["port"] {
-                Value::String(n) => ports[n.as_str()],
-                p => p.as_u64().unwrap(),
-            };
-            assert_eq!(port, 9187, "{name} {probe}");
-        }
-        // The config it runs is a key of the ConfigMap, mounted where the args say, and the
-        // Secret is mounted where the configs look for it.
-        let args: Vec<&str> = c["args"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap())
-            .collect();
-        let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
-        let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .map(|m| (s(m, &["name"]), s(m, &["mountPath"])))
-            .collect();
-        let volumes = pod["volumes"].as_sequence().unwrap();
-        let vol = |kind: &str, field: &str, target: &Value| -> &str {
-            let v = volumes
-                .iter()
-                .find(|v| v[kind][field] == target["metadata"]["name"])
-                .unwrap_or_else(|| panic!("{name}: no {kind} volume"));
-            mounts[s(v, &["name"])]
-        };
-        let cm_dir = vol("configMap", "name", cm);
-        let key = config
-            .strip_prefix(&format!("{cm_dir}/"))
-            .unwrap_or_else(|| panic!("{name}: {config} is not under {cm_dir}"));
-        let toml = cm["data"][key]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {key}"));
-        assert_eq!(vol("secret", "secretName", secret), "/etc/walrelay/secrets");
-        let drain: toml::Table = toml::from_str(toml).unwrap();
-        let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
-        assert!(
-            grace > drain,
-            "{name}: terminationGracePeriodSeconds {grace} <= drain {drain}"
-        );
-        // Each listener of the config has a Service selecting this pod.
-        let cfg: toml::Table = toml::from_str(toml).unwrap();
-        let half = key.trim_end_matches(".toml");
-        let listen = cfg[half]["listen"].as_str().unwrap();
-        let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
-        for want in [port, 9187] {
-            let found = services.iter().any(|svc| {
-                let sel = svc["spec"]["selector"].as_mapping().unwrap();
-                sel.iter().all(|(k, v)| &labels[k] == v)
-                    && svc["spec"]["ports"].as_sequence().unwrap().iter().any(|p| {
-                        match &p["targetPort"] {
-                            Value::String(n) => ports.get(n.as_str()) == Some(&want),
-                            t => t.as_u64() == Some(want),
-                        }
-                    })
-            });
-            assert!(found, "{name}: no Service for port {want}");
-        }
-        halves.push(half.to_string());
+}
+
+/// Checks one Deployment (hardening, probes, mounts, grace period, Services); returns the
+/// half it runs.
+fn check_deployment(dep: &Value, shared: &Shared) -> String {
+    let name = s(dep, &["metadata", "name"]);
+    let pod = get(dep, &["spec", "template", "spec"]);
+    let labels = get(dep, &["spec", "template", "metadata", "labels"]);
+    assert_eq!(&dep["spec"]["selector"]["matchLabels"], labels, "{name}");
+    assert_pod_runs_as_non_root(name, pod);
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let c = &pod["containers"][0];
+    assert_container_is_hardened(name, c);
+    // Ports by name; probes on GET /healthz of the metrics port 9187.
+    let ports: BTreeMap<&str, u64> = c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| (s(p, &["name"]), p["containerPort"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
+    assert_probes_on_healthz(name, c, &ports);
+    let (key, toml) = mounted_config(name, pod, c, shared);
+    let drain: toml::Table = toml::from_str(toml).unwrap();
+    let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
+    assert!(
+        grace > drain,
+        "{name}: terminationGracePeriodSeconds {grace} <= drain {drain}"
+    );
+    // Each listener of the config has a Service selecting this pod.
+    let cfg: toml::Table = toml::from_str(toml).unwrap();
+    let half = key.trim_end_matches(".toml");
+    let listen = cfg[half]["listen"].as_str().unwrap();
+    let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+    for want in [port, 9187] {
+        assert_a_service_selects(name, want, labels, &ports, &shared.services);
     }
-    halves.sort();
-    assert_eq!(halves, ["downstream", "upstream"]);
+    half.to_string()
+}
+
+/// Checks the pod's security context: not root, a user id above 0.
+fn assert_pod_runs_as_non_root(name: &str, pod: &Value) {
+    let psc = &pod["securityContext"];
+    assert_eq!(psc["runAsNonRoot"].as_bool(), Some(true), "{name}");
+    assert!(
+        psc["runAsUser"].as_u64().is_some_and(|u| u > 0),
+        "{name}: runAsUser"
+    );
+}
+
+/// Checks the container's security context (read-only root, no escalation, no capabilities)
+/// and its resource limits and requests.
+fn assert_container_is_hardened(name: &str, c: &Value) {
+    let csc = &c["securityContext"];
+    assert_eq!(
+        csc["readOnlyRootFilesystem"].as_bool(),
+        Some(true),
+        "{name}"
+    );
+    assert_eq!(
+        csc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{name}"
+    );
+    assert_eq!(csc["capabilities"]["drop"][0].as_str(), Some("ALL"));
+    for r in ["cpu", "memory"] {
+        assert!(
+            c["resources"]["limits"][r].as_str().is_some()
+                && c["resources"]["requests"][r].as_str().is_some(),
+            "{name}: resources {r}"
+        );
+    }
+}
+
+/// Checks that both probes GET /healthz on the metrics port 9187.
+fn assert_probes_on_healthz(name: &str, c: &Value, ports: &BTreeMap<&str, u64>) {
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let h = &c[probe]["httpGet"];
+        assert_eq!(h["path"].as_str(), Some("/healthz"), "{name} {probe}");
+        let port = match &h["port"] {
+            Value::String(n) => ports[n.as_str()],
+            p => p.as_u64().unwrap(),
+        };
+        assert_eq!(port, 9187, "{name} {probe}");
+    }
+}
+
+/// Finds the ConfigMap key the container runs with (checking the mounts of the ConfigMap and
+/// the Secret); returns the key and its TOML.
+fn mounted_config<'a>(
+    name: &str,
+    pod: &'a Value,
+    c: &'a Value,
+    shared: &Shared<'a>,
+) -> (&'a str, &'a str) {
+    // The config it runs is a key of the ConfigMap, mounted where the args say, and the
+    // Secret is mounted where the configs look for it.
+    let args: Vec<&str> = c["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+    let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|m| (s(m, &["name"]), s(m, &["mountPath"])))
+        .collect();
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    let vol = |kind: &str, field: &str, target: &Value| -> &str {
+        let v = volumes
+            .iter()
+            .find(|v| v[kind][field] == target["metadata"]["name"])
+            .unwrap_or_else(|| panic!("{name}: no {kind} volume"));
+        mounts[s(v, &["name"])]
+    };
+    let cm_dir = vol("configMap", "name", shared.cm);
+    let key = config
+        .strip_prefix(&format!("{cm_dir}/"))
+        .unwrap_or_else(|| panic!("{name}: {config} is not under {cm_dir}"));
+    let toml = shared.cm["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key}"));
+    assert_eq!(
+        vol("secret", "secretName", shared.secret),
+        "/etc/walrelay/secrets"
+    );
+    (key, toml)
+}
+
+/// Checks that a Service selects the pod with `labels` and targets its port `want`.
+fn assert_a_service_selects(
+    name: &str,
+    want: u64,
+    labels: &Value,
+    ports: &BTreeMap<&str, u64>,
+    services: &[&Value],
+) {
+    let found =
+        services.iter().any(|svc| {
+            let sel = svc["spec"]["selector"].as_mapping().unwrap();
+            sel.iter().all(|(k, v)| &labels[k] == v)
+                && svc["spec"]["ports"].as_sequence().unwrap().iter().any(|p| {
+                    match &p["targetPort"] {
+                        Value::String(n) => ports.get(n.as_str()) == Some(&want),
+                        t => t.as_u64() == Some(want),
+                    }
+                })
+        });
+    assert!(found, "{name}: no Service for port {want}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use common::split::{pause, Split, SplitOpts};
 use common::*;
-use walrelay_harness::cluster::wait_until;
+use walrelay_harness::cluster::{free_port, wait_until, Cluster, StandbyOpts, TempRoot};
 
 /// Runs `transactions` pgbench transactions per client (4 clients) and returns (WAL bytes the
 /// primary wrote, link bytes) over them, the standbys caught up.
@@ -155,6 +155,27 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
         env.wait_streaming(i).await;
     }
     let p = &env.primary;
+    require_any_1_of_a_and_b(p).await;
+    p.execute("create table t(x int)").await.unwrap();
+
+    let receivers = stop_the_walreceivers(&env).await;
+    let mut commit = commit_in_the_background(p);
+    assert_the_commit_waits(p, &mut commit).await;
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(receivers[1], libc::SIGCONT) };
+    let status = tokio::task::spawn_blocking(move || commit.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    // SAFETY: as above.
+    unsafe { libc::kill(receivers[0], libc::SIGCONT) };
+    env.wait_caught_up(0).await;
+}
+
+/// Sets `synchronous_standby_names = 'ANY 1 (a, b)'` on `p` and waits until both standbys are
+/// in the quorum.
+async fn require_any_1_of_a_and_b(p: &Cluster) {
     p.execute("alter system set synchronous_standby_names = 'ANY 1 (a, b)'")
         .await
         .unwrap();
@@ -164,8 +185,10 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
     })
     .await
     .unwrap();
-    p.execute("create table t(x int)").await.unwrap();
+}
 
+/// Stops (SIGSTOP) every standby's walreceiver; returns their pids.
+async fn stop_the_walreceivers(env: &Split) -> Vec<i32> {
     let receivers: Vec<i32> = {
         let mut v = Vec::new();
         for s in &env.standbys {
@@ -183,8 +206,12 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
         // SAFETY: kill(2) takes plain integers; no memory is involved.
         unsafe { libc::kill(*r, libc::SIGSTOP) };
     }
-    let mut commit = p
-        .command("psql")
+    receivers
+}
+
+/// Starts psql inserting into `t` on `p`, a commit that waits for a synchronous standby.
+fn commit_in_the_background(p: &Cluster) -> std::process::Child {
+    p.command("psql")
         .args([
             "-h",
             "127.0.0.1",
@@ -198,7 +225,11 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
         ])
         .stdout(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Checks that the `commit` waits on SyncRep and has not returned 3 s later.
+async fn assert_the_commit_waits(p: &Cluster, commit: &mut std::process::Child) {
     // The commit is there, waiting for a synchronous standby.
     wait_until(
         "the commit waits for a synchronous standby",
@@ -226,16 +257,6 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
         commit.try_wait().unwrap().is_none(),
         "the commit returned with both standbys stopped"
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(receivers[1], libc::SIGCONT) };
-    let status = tokio::task::spawn_blocking(move || commit.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success());
-    // SAFETY: as above.
-    unsafe { libc::kill(receivers[0], libc::SIGCONT) };
-    env.wait_caught_up(0).await;
 }
 
 /// No single point of failure: two upstreams, two downstreams (each its own spool and slot,
@@ -244,7 +265,6 @@ async fn any_1_of_two_standbys_behind_one_downstream() {
 /// through the survivors and ends byte-identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_of_each_half_killed() {
-    use walrelay_harness::cluster::{free_port, Cluster, StandbyOpts, TempRoot};
     let root = TempRoot::new().unwrap();
     let primary = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
     primary.start().await.unwrap();
@@ -253,8 +273,29 @@ async fn one_of_each_half_killed() {
         .await
         .unwrap();
     let ups = [free_port(), free_port()];
-    let mut upstreams: Vec<Relay> = ups
-        .iter()
+    let mut upstreams = start_upstreams(&root, &primary, ups);
+    let downs = [free_port(), free_port()];
+    let mut downstreams = start_downstreams(&root, ups, downs);
+    let standby = start_a_standby_listing_both(&root, &primary, downs).await;
+    pgbench(&primary, &["-i", "-s", "2", "-q", "postgres"]);
+    let load = pgbench_background(&primary, &["-c", "2", "-T", "16", "-n", "postgres"]);
+    let s = &standby;
+    wait_streaming_via(s, downs[0]).await;
+    pause(3).await;
+    upstreams[0].kill();
+    pause(3).await;
+    downstreams[0].kill();
+    wait_streaming_via(s, downs[1]).await;
+    let _ = load.wait_with_output();
+    wait_caught_up_past_a_new_segment(&primary, s, &downstreams[1]).await;
+    assert_standby_identical(&primary, &standby).await;
+    drop(upstreams);
+    drop(downstreams);
+}
+
+/// Starts an upstream for `primary` on each port of `ups`.
+fn start_upstreams(root: &TempRoot, primary: &Cluster, ups: [u16; 2]) -> Vec<Relay> {
+    ups.iter()
         .enumerate()
         .map(|(i, up)| {
             Relay::start(
@@ -268,9 +309,13 @@ async fn one_of_each_half_killed() {
                 Some(*up),
             )
         })
-        .collect();
-    let downs = [free_port(), free_port()];
-    let mut downstreams: Vec<Relay> = downs
+        .collect()
+}
+
+/// Starts a downstream on each port of `downs`, each with its own spool and name, each
+/// listing both upstreams `ups`.
+fn start_downstreams(root: &TempRoot, ups: [u16; 2], downs: [u16; 2]) -> Vec<Relay> {
+    downs
         .iter()
         .enumerate()
         .map(|(i, down)| {
@@ -288,31 +333,38 @@ async fn one_of_each_half_killed() {
                 None,
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Makes and starts a standby (application_name `ha`) whose primary_conninfo lists both
+/// downstreams `downs`.
+async fn start_a_standby_listing_both(
+    root: &TempRoot,
+    primary: &Cluster,
+    downs: [u16; 2],
+) -> Cluster {
     let mut o = StandbyOpts::new(format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user={STANDBY_USER} password={STANDBY_PASSWORD} application_name=ha",
         downs[0], downs[1]
     ));
     o.application_name = Some("ha".into());
-    let standby = primary.basebackup_standby(&root, "standby", &o).unwrap();
+    let standby = primary.basebackup_standby(root, "standby", &o).unwrap();
     standby.start().await.unwrap();
-    pgbench(&primary, &["-i", "-s", "2", "-q", "postgres"]);
-    let load = pgbench_background(&primary, &["-c", "2", "-T", "16", "-n", "postgres"]);
-    let s = &standby;
-    let streaming_via = |port: u16| async move {
-        wait_until(&format!("the standby streams through {port}"), TIMEOUT, || async move {
-            Ok(s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await? == format!("streaming:{port}"))
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", s.log_tail(30)));
-    };
-    streaming_via(downs[0]).await;
-    pause(3).await;
-    upstreams[0].kill();
-    pause(3).await;
-    downstreams[0].kill();
-    streaming_via(downs[1]).await;
-    let _ = load.wait_with_output();
+    standby
+}
+
+/// Waits until the standby `s` streams through the downstream on `port`.
+async fn wait_streaming_via(s: &Cluster, port: u16) {
+    wait_until(&format!("the standby streams through {port}"), TIMEOUT, || async move {
+        Ok(s.query_one_string("select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')").await? == format!("streaming:{port}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.log_tail(30)));
+}
+
+/// Switches `primary` to a new segment, writes into it, and waits until the standby `s` has
+/// replayed it (through the surviving downstream `survivor`).
+async fn wait_caught_up_past_a_new_segment(primary: &Cluster, s: &Cluster, survivor: &Relay) {
     primary.execute("select pg_switch_wal()").await.unwrap();
     primary.execute("create table after(x int)").await.unwrap();
     let target = primary
@@ -331,10 +383,14 @@ async fn one_of_each_half_killed() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", s.log_tail(30), downstreams[1].log_text()));
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", s.log_tail(30), survivor.log_text()));
+}
+
+/// Checks that the standby's pgbench tables and complete WAL segments match the primary's.
+async fn assert_standby_identical(primary: &Cluster, standby: &Cluster) {
     assert_eq!(
-        tables_digest(&primary, PGBENCH_TABLES).await,
-        tables_digest(&standby, PGBENCH_TABLES).await
+        tables_digest(primary, PGBENCH_TABLES).await,
+        tables_digest(standby, PGBENCH_TABLES).await
     );
     let received = standby
         .query_one_string("select flushed_lsn::text from pg_stat_wal_receiver")
@@ -347,6 +403,4 @@ async fn one_of_each_half_killed() {
             &segment_name(1, parse_lsn(&received))
         ) >= 1
     );
-    drop(upstreams);
-    drop(downstreams);
 }

@@ -68,6 +68,17 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     .await;
     let port = env.down_port;
 
+    assert_bad_startups_are_refused(port);
+    assert_sessions_that_are_not_physical_get_answers(port);
+    assert_refused_and_empty_commands_are_answered(port);
+    assert_bad_messages_after_auth_are_fatal(port);
+    flood_with_bad_clients(port);
+    assert_still_serves_a_standby(env).await;
+}
+
+/// Checks what comes before a startup is accepted: garbage, absurd lengths, truncated or
+/// silent clients, protocol 2.
+fn assert_bad_startups_are_refused(port: u16) {
     // Garbage before startup.
     let (msgs, took) = exchange(port, b"GET / HTTP/1.1\r\nHost: relay\r\n\r\n", false);
     assert!(
@@ -98,6 +109,11 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     // Protocol 2.
     let (msgs, _) = exchange(port, &[0, 0, 0, 8, 0, 2, 0, 0], false);
     assert!(error_of(&msgs).is_some(), "{msgs:?}");
+}
+
+/// Checks the answers to an SQL session, a logical replication session to a missing database
+/// and a startup without a user.
+fn assert_sessions_that_are_not_physical_get_answers(port: u16) {
     // An SQL session goes through a tunnel (#13): the allowlist refuses a write before it
     // reaches the primary, with a reason; the session goes on.
     let mut b = startup(&[("user", "replicator"), ("database", "postgres")]);
@@ -127,7 +143,11 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
         error_of(&msgs).is_some_and(|e| e.code == "28000"),
         "{msgs:?}"
     );
+}
 
+/// Checks that refused and empty commands after authentication get answers and the session
+/// goes on.
+fn assert_refused_and_empty_commands_are_answered(port: u16) {
     // After authentication: refused and empty commands get answers, the session goes on.
     let mut b = startup(REPL);
     encode::query(&mut b, "DROP_REPLICATION_SLOT some_slot");
@@ -150,7 +170,11 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     assert_eq!(errors[0].code, "42501");
     assert!(errors[0].message.contains("allow_slot_commands"));
     assert_eq!(errors[1].code, "42601");
+}
 
+/// Checks that an absurd length, an extended-protocol message or a bad CopyData after
+/// authentication each end the session with a FATAL, quickly.
+fn assert_bad_messages_after_auth_are_fatal(port: u16) {
     // After authentication: an absurd message length, an extended-protocol message, CopyData
     // outside COPY with a bad shape: each a FATAL and a close.
     for (what, tail) in [
@@ -181,7 +205,10 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
         );
         assert!(took < Duration::from_secs(8), "{what}: took {took:?}");
     }
+}
 
+/// Sends garbage from 40 clients at once, half of them closing their write side.
+fn flood_with_bad_clients(port: u16) {
     // Many bad clients at once.
     let handles: Vec<_> = (0..40u8)
         .map(|i| std::thread::spawn(move || exchange(port, &[i; 64], i % 2 == 0)))
@@ -189,7 +216,10 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     for h in handles {
         h.join().unwrap();
     }
+}
 
+/// Checks that the relay is alive, never panicked, and still replicates to the standby.
+async fn assert_still_serves_a_standby(env: Env) {
     // The relay is alive, never panicked, and still serves a real standby.
     env.primary
         .execute("create table still_ok as select 1 as x")

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use walrelay_harness::cluster::wait_until;
+use walrelay_harness::cluster::{wait_until, Cluster, TempRoot};
 
 /// The harness's drain_timeout_secs (see `both_halves_toml`) and the margin allowed on top.
 const GRACE: Duration = Duration::from_secs(3);
@@ -59,6 +59,9 @@ async fn walreceiver_pid(env: &Env) -> String {
         .unwrap()
 }
 
+/// The standby user's password after the reload.
+const NEW_PASSWORD: &str = "rotated-secret";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
     let env = env(EnvOpts {
@@ -72,9 +75,29 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
     assert!(ok, "{err}");
     let receiver = walreceiver_pid(&env).await;
 
+    let toml = reload_with_new_users_level_and_limits(&env);
+    assert_new_password_works_and_the_session_goes_on(&env, &conninfo, &receiver).await;
+
+    let mut relay = env.relay;
+    assert_broken_configs_are_not_reloaded(&relay, &toml).await;
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "a broken config on SIGHUP stopped serving: {err}");
+    assert!(relay.is_running());
+
+    let status = relay.terminate(GRACE + MARGIN);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {status:?}"
+    );
+
+    assert_json_logs_parse(&relay);
+}
+
+/// Writes a config with a new password, a debug log filter, a lower session limit and a
+/// restart-only change, sends SIGHUP and checks what the relay reports; returns the config.
+fn reload_with_new_users_level_and_limits(env: &Env) -> String {
     // New password for the standby user, a debug log filter, a lower session limit, and a
     // restart-only change (the codec).
-    const NEW_PASSWORD: &str = "rotated-secret";
     let old_toml = std::fs::read_to_string(&env.relay.config).unwrap();
     let mut toml = set_line(
         &old_toml,
@@ -100,14 +123,23 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
     let restart = wait_log(&env.relay, "take effect only after a restart");
     assert!(restart.contains("link.codec"), "{restart}");
     assert!(!restart.contains("downstream.users"), "{restart}");
+    toml
+}
 
+/// Checks that new connections need the new password while the standby's session (walreceiver
+/// `receiver`) streams on.
+async fn assert_new_password_works_and_the_session_goes_on(
+    env: &Env,
+    conninfo: &str,
+    receiver: &str,
+) {
     // New connections see the new verifier; the old password is refused.
-    let (ok, _, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    let (ok, _, err) = psql_repl(&env.primary, conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
     assert!(
         !ok && err.contains("password authentication failed"),
         "the old password still works after the reload: {err}"
     );
-    let (ok, _, err) = psql_repl(&env.primary, &conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
+    let (ok, _, err) = psql_repl(&env.primary, conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
     assert!(ok, "the new password is refused after the reload: {err}");
     // The session in flight (authenticated with the old password) goes on untouched.
     env.primary
@@ -116,20 +148,23 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
         .unwrap();
     env.wait_caught_up().await;
     assert_eq!(
-        walreceiver_pid(&env).await,
+        walreceiver_pid(env).await,
         receiver,
         "the standby reconnected"
     );
+}
 
+/// Writes `toml` with an invalid session limit, then a file that is not TOML, each with a
+/// SIGHUP, and checks that both are refused in the log.
+async fn assert_broken_configs_are_not_reloaded(relay: &Relay, toml: &str) {
     // A config that does not validate: logged with its cause, the running one stays.
     std::fs::write(
-        &env.relay.config,
-        set_line(&toml, "max_sessions = ", "max_sessions = 0"),
+        &relay.config,
+        set_line(toml, "max_sessions = ", "max_sessions = 0"),
     )
     .unwrap();
-    let mut relay = env.relay;
     relay.signal(libc::SIGHUP);
-    let refused = wait_log(&relay, "configuration not reloaded");
+    let refused = wait_log(relay, "configuration not reloaded");
     assert!(refused.contains("limits.max_sessions"), "{refused}");
     assert!(refused.contains("\"ERROR\""), "{refused}");
     // Also one that is not TOML at all.
@@ -144,16 +179,11 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
     })
     .await
     .unwrap();
-    let (ok, _, err) = psql_repl(&env.primary, &conninfo, NEW_PASSWORD, "IDENTIFY_SYSTEM");
-    assert!(ok, "a broken config on SIGHUP stopped serving: {err}");
-    assert!(relay.is_running());
+}
 
-    let status = relay.terminate(GRACE + MARGIN);
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "exit after SIGTERM: {status:?}"
-    );
-
+/// Checks that every line of the relay's log is JSON with the documented fields, that events
+/// carry the standby span, and that DEBUG lines appear only after the reload.
+fn assert_json_logs_parse(relay: &Relay) {
     // Every line on standard error is a JSON object with the documented fields.
     let log = relay.log_text();
     let mut lines = 0;
@@ -161,18 +191,8 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
     for l in log.lines() {
         let v: serde_json::Value =
             serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert_documented_fields(&v, l);
         let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
-        let ts = field("timestamp");
-        assert!(
-            ts.len() >= 20 && ts.starts_with("20") && ts.ends_with('Z'),
-            "timestamp {ts:?}: {l}"
-        );
-        assert!(
-            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&field("level")),
-            "{l}"
-        );
-        assert!(!field("target").is_empty(), "no target: {l}");
-        assert!(!field("message").is_empty(), "no message: {l}");
         if field("level") == "DEBUG" {
             assert!(reload_seen, "a DEBUG line before the reload: {l}");
             debug_after_reload |= field("target").starts_with("walrelay");
@@ -193,6 +213,22 @@ async fn sighup_reloads_users_limits_and_log_level_and_json_logs_parse() {
         debug_after_reload,
         "log.level = debug did not take effect on SIGHUP:\n{log}"
     );
+}
+
+/// Checks one JSON log line `l` (parsed: `v`): a timestamp, a level, a target and a message.
+fn assert_documented_fields(v: &serde_json::Value, l: &str) {
+    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
+    let ts = field("timestamp");
+    assert!(
+        ts.len() >= 20 && ts.starts_with("20") && ts.ends_with('Z'),
+        "timestamp {ts:?}: {l}"
+    );
+    assert!(
+        ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&field("level")),
+        "{l}"
+    );
+    assert!(!field("target").is_empty(), "no target: {l}");
+    assert!(!field("message").is_empty(), "no message: {l}");
 }
 
 /// SIGTERM in the middle of a load: the relay tells the standby, exits 0 within the grace
@@ -286,14 +322,34 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
         walrelay_harness::cluster::free_port(),
         walrelay_harness::cluster::free_port(),
     );
+    let mut relay = start_relay_with_long_keepalives(&root, &p, up, down);
+    let mut receiver = start_pg_receivewal(&root, &p, down).await;
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(receiver.id() as i32, libc::SIGSTOP) };
+    // ~60 MB of WAL it does not read: the relay spools it and its session toward the stopped
+    // client blocks once the socket is full.
+    p.execute("create table big as select g, md5(g::text) || md5((g + 1)::text) t from generate_series(1, 400000) g")
+        .await
+        .unwrap();
+    wait_until_the_load_is_spooled(&p, down, &relay).await;
+    assert_sigint_cuts_the_stuck_session(&mut relay, &mut receiver);
+}
+
+/// Starts both halves in one relay process, with link keepalives of 10 s.
+fn start_relay_with_long_keepalives(root: &TempRoot, p: &Cluster, up: u16, down: u16) -> Relay {
     // A longer keepalive than the harness's 2 s: with 2 s, a stream blocked this long has been
     // seen to end the whole link connection (h2 error) before the signal comes.
-    let toml = both_halves_toml(&p, up, down, up, "", "")
+    let toml = both_halves_toml(p, up, down, up, "", "")
         .replace("keepalive_secs = 2", "keepalive_secs = 10");
-    let mut relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
+    Relay::start(root.path(), "relay", &toml, Some(down), Some(up))
+}
+
+/// Starts pg_receivewal (application_name `stuck`) on the relay's `down` port and waits until
+/// it streams.
+async fn start_pg_receivewal(root: &TempRoot, p: &Cluster, down: u16) -> std::process::Child {
     let dir = root.path().join("receivewal");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut receiver = p
+    let receiver = p
         .command("pg_receivewal")
         .arg("-D")
         .arg(&dir)
@@ -306,22 +362,19 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pr = &p;
     let streaming = "select count(*)::text from pg_stat_replication where application_name = 'stuck' and state = 'streaming'";
     wait_until(
         "pg_receivewal streaming through the relay",
         TIMEOUT,
-        || async move { Ok(pr.query_one_string(streaming).await? == "1") },
+        || async move { Ok(p.query_one_string(streaming).await? == "1") },
     )
     .await
     .unwrap();
-    // SAFETY: kill(2) takes plain integers; no memory is involved.
-    unsafe { libc::kill(receiver.id() as i32, libc::SIGSTOP) };
-    // ~60 MB of WAL it does not read: the relay spools it and its session toward the stopped
-    // client blocks once the socket is full.
-    p.execute("create table big as select g, md5(g::text) || md5((g + 1)::text) t from generate_series(1, 400000) g")
-        .await
-        .unwrap();
+    receiver
+}
+
+/// Waits until the relay's spool (for its `down` port) holds 48 MB.
+async fn wait_until_the_load_is_spooled(p: &Cluster, down: u16, relay: &Relay) {
     let spool = p.dir().with_file_name(format!("spool-{down}"));
     let spooled = || -> u64 {
         std::fs::read_dir(&spool)
@@ -341,9 +394,13 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
+/// Sends SIGINT to the relay, then resumes and kills the stopped `receiver`; checks that the
+/// relay exited 0 after cutting the stuck session.
+fn assert_sigint_cuts_the_stuck_session(relay: &mut Relay, receiver: &mut std::process::Child) {
     let status = relay.stop_with(libc::SIGINT, GRACE + MARGIN);
-    // SAFETY: as above.
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
     unsafe { libc::kill(receiver.id() as i32, libc::SIGCONT) };
     let _ = receiver.kill();
     let _ = receiver.wait();

@@ -39,20 +39,7 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
         ..Default::default()
     })
     .await;
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres replication=database",
-        env.down_port
-    );
-    let child = env
-        .primary
-        .command("psql")
-        .args([&conninfo, "-XAt", "-c", LONG_QUERY])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .env("PGCONNECT_TIMEOUT", "20")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = psql_running_the_long_query(&env);
     let p = &env.primary;
     let running = format!(
         "select count(*)::text from pg_stat_activity where state = 'active' and query = '{LONG_QUERY}'"
@@ -64,6 +51,39 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", env.downstream.log_text()));
 
+    assert_a_stray_cancel_is_dropped(&env, running).await;
+
+    // Ctrl-C: psql sends a CancelRequest with the key its startup reply gave it.
+    let t0 = Instant::now();
+    let out = ctrl_c(child, &env).await;
+    assert_psql_was_cancelled(&out, t0, &env);
+    assert_eq!(p.query_one_string(running).await.unwrap(), "0");
+    assert_cancels_are_counted(mport).await;
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}
+
+/// Starts psql running [`LONG_QUERY`] on a logical replication session through the
+/// downstream.
+fn psql_running_the_long_query(env: &Split) -> std::process::Child {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres replication=database",
+        env.down_port
+    );
+    env.primary
+        .command("psql")
+        .args([&conninfo, "-XAt", "-c", LONG_QUERY])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "20")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Sends a cancel request with a key no tunnel has; checks that the downstream drops it and
+/// the query (counted by the query `running`) runs on.
+async fn assert_a_stray_cancel_is_dropped(env: &Split, running: &str) {
     // A key no tunnel has: dropped at the downstream; the query runs on.
     let port = env.down_port;
     tokio::task::spawn_blocking(move || send_cancel(port, 4242, 123_456))
@@ -76,10 +96,11 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
     )
     .await
     .unwrap();
-    assert_eq!(p.query_one_string(running).await.unwrap(), "1");
+    assert_eq!(env.primary.query_one_string(running).await.unwrap(), "1");
+}
 
-    // Ctrl-C: psql sends a CancelRequest with the key its startup reply gave it.
-    let t0 = Instant::now();
+/// Sends SIGINT to psql (`child`) and waits up to 60 s for it to exit; returns its output.
+async fn ctrl_c(child: std::process::Child, env: &Split) -> std::process::Output {
     let pid = child.id() as libc::pid_t;
     // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
     let rc = unsafe { libc::kill(pid, libc::SIGINT) };
@@ -97,7 +118,12 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
             env.downstream.log_text()
         );
     };
-    let out = out.unwrap().unwrap();
+    out.unwrap().unwrap()
+}
+
+/// Checks that psql's query was cancelled (within 30 s of `t0`) by a cancel request the
+/// upstream relayed.
+fn assert_psql_was_cancelled(out: &std::process::Output, t0: Instant, env: &Split) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the query was not cancelled");
     assert!(
@@ -110,7 +136,11 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
         .upstream
         .log_text()
         .contains("relayed a tunnelled client's cancel request"));
-    assert_eq!(p.query_one_string(running).await.unwrap(), "0");
+}
+
+/// Checks the downstream's cancel counters on the metrics port `mport`: one relayed, one
+/// naming no tunnel, none failed.
+async fn assert_cancels_are_counted(mport: u16) {
     let text = walrelay_harness::prom::http_get(mport, "/metrics", Duration::from_secs(10))
         .await
         .unwrap();
@@ -131,6 +161,4 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
         (cancels("relayed"), cancels("no_tunnel"), cancels("failed")),
         (1.0, 1.0, 0.0)
     );
-    env.downstream.assert_no_panic();
-    env.upstream.assert_no_panic();
 }
