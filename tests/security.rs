@@ -190,13 +190,10 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_toward_standbys_and_toward_the_primary() {
-    let root = TempRoot::new().unwrap();
+/// A primary that serves TLS with a certificate for localhost issued by `ca`, and logs its
+/// connections.
+async fn tls_primary(root: &TempRoot, ca: &Ca) -> Cluster {
     let dir = root.path();
-    let ca = Ca::new("walrelay test CA").unwrap();
-    let ca_pem = ca.write_ca(dir, "ca").unwrap();
-    // The primary serves TLS with a certificate for localhost.
     let pg_cert = ca
         .issue(dir, "pgserver", &["localhost", "127.0.0.1"])
         .unwrap();
@@ -204,8 +201,8 @@ async fn tls_toward_standbys_and_toward_the_primary() {
         std::os::unix::fs::chown(f, Some(postgres_uid()), None).ok();
         std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     }
-    let p = primary(
-        &root,
+    primary(
+        root,
         vec![
             ("ssl".into(), "on".into()),
             ("ssl_cert_file".into(), pg_cert.cert.display().to_string()),
@@ -213,7 +210,16 @@ async fn tls_toward_standbys_and_toward_the_primary() {
             ("log_connections".into(), "on".into()),
         ],
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_toward_standbys_and_toward_the_primary() {
+    let root = TempRoot::new().unwrap();
+    let dir = root.path();
+    let ca = Ca::new("walrelay test CA").unwrap();
+    let ca_pem = ca.write_ca(dir, "ca").unwrap();
+    let p = tls_primary(&root, &ca).await;
     let standby_cert = ca
         .issue(dir, "standbyside", &["localhost", "127.0.0.1"])
         .unwrap();
