@@ -198,6 +198,20 @@ fn load_cmd(
     }
 }
 
+/// The primary's WAL from the start of `load_start`'s segment up to `end`: its start LSN and
+/// bytes.
+fn read_wal(pg: &Cluster, load_start: u64, end: u64) -> (u64, Vec<u8>) {
+    let first_seg = load_start / WAL_SEGMENT_SIZE;
+    let mut bytes = Vec::new();
+    for segno in first_seg..=end / WAL_SEGMENT_SIZE {
+        let path = pg.wal_dir().join(segment_file_name(1, segno));
+        bytes.extend_from_slice(&std::fs::read(&path).unwrap());
+    }
+    let start = first_seg * WAL_SEGMENT_SIZE;
+    bytes.truncate((end - start) as usize);
+    (start, bytes)
+}
+
 async fn record(install: &PgInstall, s: &Spec, seconds: u64, dir: &std::path::Path) {
     let root = TempRoot::new().unwrap();
     let opts = PrimaryOpts {
@@ -244,14 +258,7 @@ async fn record(install: &PgInstall, s: &Spec, seconds: u64, dir: &std::path::Pa
         String::from_utf8_lossy(&out.stderr)
     );
     let end = samples.last().unwrap().1;
-    let first_seg = load_start / WAL_SEGMENT_SIZE;
-    let mut bytes = Vec::new();
-    for segno in first_seg..=end / WAL_SEGMENT_SIZE {
-        let path = pg.wal_dir().join(segment_file_name(1, segno));
-        bytes.extend_from_slice(&std::fs::read(&path).unwrap());
-    }
-    let start = first_seg * WAL_SEGMENT_SIZE;
-    bytes.truncate((end - start) as usize);
+    let (start, bytes) = read_wal(&pg, load_start, end);
     let tps = pg
         .query_one_string(
             "select xact_commit::text from pg_stat_database where datname = 'postgres'",
