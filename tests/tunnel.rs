@@ -135,14 +135,7 @@ async fn pg_basebackup_through_the_relay_seeds_a_standby() {
         env.primary.install(),
         &env.root,
         "seeded",
-        &[
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.down_port.to_string(),
-            "-U",
-            STANDBY_USER,
-        ],
+        &env.client_args().each_ref().map(String::as_str),
         &["-X", "stream", "-c", "fast"],
         &[("PGPASSWORD", STANDBY_PASSWORD)],
     )

@@ -273,14 +273,7 @@ const MIB: u64 = 1 << 20;
 fn tar_backup_to_stdout(env: &Split) -> std::process::Child {
     env.primary
         .command("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &env.down_port.to_string(),
-            "-U",
-            STANDBY_USER,
-        ])
+        .args(env.client_args())
         .args([
             "-D",
             "-",

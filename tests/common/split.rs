@@ -110,6 +110,13 @@ impl Split {
         self.pg_basebackup(port, (STANDBY_USER, STANDBY_PASSWORD), dir, args)
     }
 
+    /// `-h`, `-p` and `-U` for a PostgreSQL client tool reaching the downstream as the standby
+    /// user (its password in `PGPASSWORD`: [`STANDBY_PASSWORD`]).
+    pub fn client_args(&self) -> [String; 6] {
+        let port = self.down_port.to_string();
+        ["-h", "127.0.0.1", "-p", &port, "-U", STANDBY_USER].map(String::from)
+    }
+
     /// The same straight from the primary (as its superuser), for a reference.
     pub fn basebackup_direct(&self, dir: &std::path::Path, args: &[&str]) -> (bool, String) {
         let port = self.primary.port();
