@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use walrelay_harness::cluster::majors::install_for_major;
-use walrelay_harness::cluster::walrec::{cache_dir, segment_file_name, WAL_SEGMENT_SIZE};
+use walrelay_harness::cluster::walrec::{cache_dir, WAL_SEGMENT_SIZE};
 use walrelay_harness::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
 use walrelay_wal::lsn::Lsn;
 
@@ -201,14 +201,8 @@ fn load_cmd(
 /// The primary's WAL from the start of `load_start`'s segment up to `end`: its start LSN and
 /// bytes.
 fn read_wal(pg: &Cluster, load_start: u64, end: u64) -> (u64, Vec<u8>) {
-    let first_seg = load_start / WAL_SEGMENT_SIZE;
-    let mut bytes = Vec::new();
-    for segno in first_seg..=end / WAL_SEGMENT_SIZE {
-        let path = pg.wal_dir().join(segment_file_name(1, segno));
-        bytes.extend_from_slice(&std::fs::read(&path).unwrap());
-    }
-    let start = first_seg * WAL_SEGMENT_SIZE;
-    bytes.truncate((end - start) as usize);
+    let start = load_start / WAL_SEGMENT_SIZE * WAL_SEGMENT_SIZE;
+    let bytes = walrelay_harness::bench::walrange::read_range(&pg.wal_dir(), start, end).unwrap();
     (start, bytes)
 }
 

@@ -26,7 +26,7 @@ mod report;
 mod sample;
 mod stages;
 mod synclat;
-mod walrange;
+pub mod walrange;
 mod workloads;
 
 use std::path::PathBuf;

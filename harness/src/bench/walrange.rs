@@ -1,6 +1,6 @@
 //! A WAL byte range [from, to) read from a `pg_wal` directory (timeline 1, 16 MiB segments:
-//! what the harness's initdb makes), copied to a file, compared between two directories, and
-//! compressed offline with the `zstd` command.
+//! what the harness's initdb makes), read into memory or copied to a file, compared between
+//! two directories, and compressed offline with the `zstd` command.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -45,6 +45,16 @@ fn for_each_piece(
         }
     }
     Ok(())
+}
+
+/// WAL bytes [from, to) of `dir`.
+pub fn read_range(dir: &Path, from: u64, to: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(to.saturating_sub(from) as usize);
+    for_each_piece(dir, from, to, |_, b| {
+        out.extend_from_slice(b);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Copies WAL bytes [from, to) of `dir` into the file `out`.
@@ -106,4 +116,34 @@ pub async fn zstd_size(file: &Path, args: &[&str]) -> Result<u64> {
     tokio::time::timeout(timeout, count)
         .await
         .with_context(|| format!("zstd {args:?} took more than {timeout:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A range across a segment boundary comes back byte for byte, and ends where asked.
+    #[test]
+    fn a_range_across_segments_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        for segno in [3u64, 4] {
+            let f = File::create(dir.path().join(segment_file_name(1, segno))).unwrap();
+            f.set_len(WAL_SEGMENT_SIZE).unwrap();
+        }
+        let mut tail = File::options()
+            .write(true)
+            .open(dir.path().join(segment_file_name(1, 3)))
+            .unwrap();
+        tail.seek(SeekFrom::Start(WAL_SEGMENT_SIZE - 3)).unwrap();
+        tail.write_all(&[1, 2, 3]).unwrap();
+        let mut head = File::options()
+            .write(true)
+            .open(dir.path().join(segment_file_name(1, 4)))
+            .unwrap();
+        head.write_all(&[4, 5]).unwrap();
+        let boundary = 4 * WAL_SEGMENT_SIZE;
+        let got = read_range(dir.path(), boundary - 3, boundary + 2).unwrap();
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        assert!(read_range(dir.path(), boundary, 5 * WAL_SEGMENT_SIZE + 1).is_err());
+    }
 }
