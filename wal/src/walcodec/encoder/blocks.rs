@@ -207,12 +207,17 @@ impl Encoder {
         // Pages whose items are text go plain (`PageXf::helps`).
         self.xf.forward(&self.page, &mut self.xpage);
         let helps = self.xf.helps();
+        // Pages written whole by a bulk operation (an index build, a table rewrite,
+        // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: streamed, they do
+        // not enter the cache unless already there, which spares both ends the copy (and the
+        // first touch of the cache's memory) and keeps the cache for the blocks that are.
+        let store = plan.store.filter(|_| framed || !self.new_pages);
         if framed {
             self.encode_framed(&plan, helps, recompress)?;
         } else {
-            self.encode_streamed(&plan, helps, recompress);
+            self.encode_streamed(store, helps, recompress);
         }
-        if let Some(s) = plan.store.filter(|_| framed || !self.new_pages) {
+        if let Some(s) = store {
             self.cache.store(s, key, &self.page);
         }
         Ok(())
@@ -310,13 +315,9 @@ impl Encoder {
         Ok(())
     }
 
-    /// A page whole through the PAGE stream, transformed where that `helps`.
-    fn encode_streamed(&mut self, plan: &Plan, helps: bool, recompress: u8) {
-        // Pages written whole by a bulk operation (an index build, a table rewrite,
-        // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: they do not enter
-        // the cache unless already there, which spares both ends the copy (and the first
-        // touch of the cache's memory) and keeps the cache for the blocks that are.
-        let store = plan.store.filter(|_| !self.new_pages);
+    /// A page whole through the PAGE stream, transformed where that `helps`; stored into
+    /// the cache slot `store`, if any.
+    fn encode_streamed(&mut self, store: Option<u32>, helps: bool, recompress: u8) {
         let flags = recompress | if helps { 0 } else { IMG_PLAIN };
         let ctrl = &mut self.bufs[S_CTRL];
         match store {
