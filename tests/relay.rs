@@ -21,6 +21,18 @@ async fn pgbench_through_relay_is_byte_identical_on_pg17() {
     pgbench_byte_identical(Some(17)).await;
 }
 
+/// The oldest major walrelay supports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_through_relay_is_byte_identical_on_pg14() {
+    pgbench_byte_identical(Some(14)).await;
+}
+
+/// The newest major walrelay supports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_through_relay_is_byte_identical_on_pg18() {
+    pgbench_byte_identical(Some(18)).await;
+}
+
 async fn pgbench_byte_identical(major: Option<u32>) {
     let env = env(EnvOpts {
         major,
@@ -28,6 +40,20 @@ async fn pgbench_byte_identical(major: Option<u32>) {
         ..Default::default()
     })
     .await;
+    if let Some(m) = major {
+        // Both servers run the major asked for, not the system's.
+        for pg in [&env.primary, &env.standby] {
+            let v = pg
+                .query_one_string("select current_setting('server_version_num')")
+                .await
+                .unwrap();
+            assert_eq!(
+                v.parse::<u32>().unwrap() / 10000,
+                m,
+                "server_version_num {v}"
+            );
+        }
+    }
     let flush_sql = "select coalesce((select flush_lsn::text from pg_stat_replication where application_name = 'standby1'), '0/0')";
     let p = &env.primary;
     wait_until(
