@@ -1,4 +1,5 @@
-//! Base backups through the relay beyond the plain ones of `tests/tunnel.rs` (#13): server-side
+//! Base backups through the relay beyond the plain ones of `tests/tunnel.rs` (#13): plain and
+//! tar backups from PostgreSQL 14 and 18 primaries (the ends of the supported range), server-side
 //! compression (PostgreSQL 15+) and incremental backups (PostgreSQL 17: `UPLOAD_MANIFEST`, a
 //! COPY from the client, then `BASE_BACKUP ( INCREMENTAL )` on the same connection), each
 //! checked with PostgreSQL's own tools and, for the incremental one, by starting the combined
@@ -79,6 +80,64 @@ async fn server_compressed_backups_through_the_relay() {
     verify(&env, &unpacked);
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
+}
+
+/// The ends of the supported range: PostgreSQL 14's pg_basebackup sends the old
+/// `BASE_BACKUP LABEL '…' …` syntax and gets one COPY stream per tablespace and one for the
+/// manifest, 18's the parenthesized options and one COPY stream with typed messages. Through
+/// the relay, `-X fetch` (plain) passes pg_verifybackup and `-Ft -X stream` writes both tars,
+/// which unpacked (with the WAL in `pg_wal/`) pass it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_backups_through_the_relay_on_pg14_and_pg18() {
+    for major in [14, 18] {
+        let env = Split::new(SplitOpts {
+            major: Some(major),
+            ..Default::default()
+        })
+        .await;
+        pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+        let plain = env.root.path().join("plain");
+        let (ok, err) = env.basebackup(&plain, &["-X", "fetch"]);
+        assert!(
+            ok,
+            "PG {major}: pg_basebackup -X fetch through the relay: {err}"
+        );
+        verify(&env, &plain);
+
+        let tar = env.root.path().join("tar");
+        let (ok, err) = env.basebackup(&tar, &["-Ft", "-X", "stream"]);
+        assert!(
+            ok,
+            "PG {major}: pg_basebackup -Ft -X stream through the relay: {err}"
+        );
+        let unpacked = env.root.path().join("tar-unpacked");
+        std::fs::create_dir_all(unpacked.join("pg_wal")).unwrap();
+        for (archive, into) in [
+            ("base.tar", unpacked.clone()),
+            ("pg_wal.tar", unpacked.join("pg_wal")),
+        ] {
+            let out = std::process::Command::new("tar")
+                .arg("-xf")
+                .arg(tar.join(archive))
+                .arg("-C")
+                .arg(&into)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "PG {major} {archive}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::copy(
+            tar.join("backup_manifest"),
+            unpacked.join("backup_manifest"),
+        )
+        .unwrap();
+        verify(&env, &unpacked);
+        env.downstream.assert_no_panic();
+        env.upstream.assert_no_panic();
+    }
 }
 
 /// Names of the files under `dir` (recursively) whose name starts with `prefix`.
