@@ -283,6 +283,39 @@ async fn logical_subscription_through_the_relay() {
     env.upstream.assert_no_panic();
 }
 
+/// The ends of the supported range, publisher and subscriber of the same major: the
+/// subscriber's catalog queries and pgoutput's protocol version depend on both, so a
+/// PostgreSQL 14 and an 18 subscriber each create their slot through the downstream, copy the
+/// table, stream an insert and drop the slot again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_subscriptions_on_pg14_and_pg18() {
+    for major in [14, 18] {
+        let env = Split::new(SplitOpts {
+            primary: walrelay_harness::cluster::PrimaryOpts {
+                wal_level: "logical".into(),
+                ..Default::default()
+            },
+            downstream_extra: "allow_slot_commands = true\n".into(),
+            major: Some(major),
+        })
+        .await;
+        let sub = Cluster::init_primary(
+            env.primary.install(),
+            &env.root,
+            "subscriber",
+            &Default::default(),
+        )
+        .unwrap();
+        sub.start().await.unwrap();
+        sub.execute("create table more(id int primary key)")
+            .await
+            .unwrap();
+        subscription_creates_copies_and_drops_its_slot(&env, &sub).await;
+        env.downstream.assert_no_panic();
+        env.upstream.assert_no_panic();
+    }
+}
+
 /// Slot creation is refused while downstream.allow_slot_commands is off, with the reason.
 async fn slot_creation_is_refused(env: &Split, sub: &Cluster) {
     let err = sub
