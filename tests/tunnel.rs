@@ -492,12 +492,22 @@ async fn tunnel_metrics_count(mport: u16) {
 /// slot as synced; an SQL session asking for anything else is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_synchronization_through_the_relay() {
+    slot_synchronization(17).await;
+}
+
+/// The same on PostgreSQL 18, whose slot-sync worker asks for more columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_synchronization_through_the_relay_on_pg18() {
+    slot_synchronization(18).await;
+}
+
+async fn slot_synchronization(major: u32) {
     let env = Split::new(SplitOpts {
         primary: walrelay_harness::cluster::PrimaryOpts {
             wal_level: "logical".into(),
             ..Default::default()
         },
-        major: Some(17),
+        major: Some(major),
         ..Default::default()
     })
     .await;
