@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use walrelay_harness::cluster::PrimaryOpts;
+use walrelay_harness::cluster::{Cluster, PrimaryOpts};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_slot_on_a_pg16_standby_behind_the_relay_decodes_the_primarys_changes() {
@@ -37,25 +37,7 @@ async fn logical_slot_on_a_pg16_standby_behind_the_relay_decodes_the_primarys_ch
         .unwrap();
     env.wait_caught_up().await;
 
-    // A logical slot on the standby: its creation waits for a running-xacts record from the
-    // primary, which pg_log_standby_snapshot() writes at once.
-    let create =
-        standby.execute("select pg_create_logical_replication_slot('on_standby', 'test_decoding')");
-    let nudge = async {
-        loop {
-            let _ = primary.execute("select pg_log_standby_snapshot()").await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    };
-    tokio::time::timeout(TIMEOUT, async {
-        tokio::select! {
-            r = create => r.expect("creating a logical slot on the standby"),
-            () = nudge => unreachable!(),
-        }
-    })
-    .await
-    .expect("the logical slot on the standby was not created in time");
-
+    create_slot_on_standby(primary, standby).await;
     primary
         .execute(
             "update movers set n = n + 1 where id % 3 = 0;
@@ -91,4 +73,25 @@ async fn logical_slot_on_a_pg16_standby_behind_the_relay_decodes_the_primarys_ch
     let n = env.assert_identical().await;
     assert!(n >= 1, "no complete segment to compare");
     env.relay.assert_no_panic();
+}
+
+/// A logical slot on the standby: its creation waits for a running-xacts record from the
+/// primary, which pg_log_standby_snapshot() writes at once.
+async fn create_slot_on_standby(primary: &Cluster, standby: &Cluster) {
+    let create =
+        standby.execute("select pg_create_logical_replication_slot('on_standby', 'test_decoding')");
+    let nudge = async {
+        loop {
+            let _ = primary.execute("select pg_log_standby_snapshot()").await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::time::timeout(TIMEOUT, async {
+        tokio::select! {
+            r = create => r.expect("creating a logical slot on the standby"),
+            () = nudge => unreachable!(),
+        }
+    })
+    .await
+    .expect("the logical slot on the standby was not created in time");
 }
