@@ -118,7 +118,24 @@ async fn standby_and_relay_restart_mid_load() {
 /// writes segments identical to the primary's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_receivewal_through_relay_writes_identical_segments() {
-    let env = env(EnvOpts::default()).await;
+    receivewal_identical(None).await;
+}
+
+/// The same with PostgreSQL 14's pg_receivewal (no READ_REPLICATION_SLOT: it starts at the
+/// segment of the position IDENTIFY_SYSTEM reports) and 18's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_receivewal_through_relay_on_pg14_and_pg18() {
+    for major in [14, 18] {
+        receivewal_identical(Some(major)).await;
+    }
+}
+
+async fn receivewal_identical(major: Option<u32>) {
+    let env = env(EnvOpts {
+        major,
+        ..Default::default()
+    })
+    .await;
     env.primary
         .create_physical_slot("receivewal")
         .await
@@ -142,10 +159,19 @@ async fn pg_receivewal_through_relay_writes_identical_segments() {
         &format!("--endpos={end}"),
     ]);
     cmd.env("PGPASSWORD", STANDBY_PASSWORD);
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
+    // pg_receivewal stops once it has received WAL past --endpos, so the primary writes a
+    // little more until it does (else it waits for the next running-xacts record, ~15 s).
+    let receive = tokio::task::spawn_blocking(move || cmd.output());
+    let nudge = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = env.primary.execute("select txid_current()").await;
+        }
+    };
+    let out = tokio::select! {
+        out = receive => out.unwrap().unwrap(),
+        () = nudge => unreachable!(),
+    };
     assert!(
         out.status.success(),
         "pg_receivewal failed: {}",
