@@ -103,7 +103,7 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     }
     let empty = view.extent.end == Lsn(0);
     let hello = handshake::hello(&view, &sp.cfg.name, sp.codec(), &sp.link_cfg, &sp.limits);
-    let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.limits.queue_messages);
+    let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.queue_messages());
     let _ = ltx.try_send(ToUpstream {
         msg: Some(to_upstream::Msg::Hello(hello)),
     });

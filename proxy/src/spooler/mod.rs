@@ -110,6 +110,8 @@ pub struct Spooler {
     primary_end: std::sync::atomic::AtomicU64,
     /// The link's gRPC channel (one HTTP/2 connection, shared with tunnels' calls).
     channel: std::sync::OnceLock<tonic::transport::Channel>,
+    /// `limits.queue_messages` (live): the next stream's queue toward the upstream takes it.
+    queue_messages: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -132,6 +134,7 @@ impl Spooler {
         let (writer, view) =
             writer::start(spool, metrics.clone()).context("starting the spool's writer thread")?;
         let (link_tx, link) = watch::channel(None);
+        let queue_messages = limits.queue_messages.into();
         Ok(Arc::new(Spooler {
             cfg,
             link_cfg,
@@ -148,6 +151,7 @@ impl Spooler {
             fallback_until: Mutex::default(),
             last_error: Mutex::default(),
             primary_end: Default::default(),
+            queue_messages,
             channel: Default::default(),
         }))
     }
@@ -158,6 +162,18 @@ impl Spooler {
     }
 
     /// The link's gRPC channel for a tunnel's call (None before the link was set up).
+    /// A reloaded `limits.queue_messages`, for the streams opened from now on.
+    pub fn set_queue_messages(&self, n: usize) {
+        self.queue_messages
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The queue size a stream opened now takes.
+    pub fn queue_messages(&self) -> usize {
+        self.queue_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn channel(&self) -> Option<tonic::transport::Channel> {
         self.channel.get().cloned()
     }

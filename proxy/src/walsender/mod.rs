@@ -106,8 +106,10 @@ impl Downstream {
 
     /// The same half with reloaded users, auth method and limits for the connections that
     /// arrive from now on. The listener, the spooler (link, spool) and TLS stay as they are
-    /// (they need a restart), and so does the session count.
+    /// (they need a restart), and so does the session count; the spooler's next link stream
+    /// takes the new `limits.queue_messages`.
     pub fn reconfigured(&self, cfg: &ResolvedDownstream, limits: Limits) -> Arc<Downstream> {
+        self.spooler.set_queue_messages(limits.queue_messages);
         Arc::new(Downstream {
             cfg: ResolvedDownstream {
                 auth: cfg.auth,
