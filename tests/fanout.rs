@@ -96,6 +96,38 @@ async fn a_late_standby_catches_up_from_the_spool() {
     env.assert_all_identical().await;
 }
 
+/// A standby more than the upstream's `limits.max_sessions` allows is refused on its own,
+/// with the limit named in its log; the link stream and the standby already served go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_past_the_upstreams_max_sessions_is_refused_alone() {
+    let mut env = Split::new(SplitOpts {
+        upstream_limits: "max_sessions = 1".into(),
+        ..Default::default()
+    })
+    .await;
+    env.add_standby("served");
+    env.standbys[0].start().await.unwrap();
+    env.wait_streaming(0).await;
+    let extra = env.add_standby("extra");
+    env.standbys[extra].start().await.unwrap();
+    let s = &env.standbys[extra];
+    walrelay_harness::cluster::wait_until("the extra standby's refusal", TIMEOUT, || async move {
+        Ok(s.log_tail(50).contains("limits.max_sessions (1)"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.log_tail(30)));
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    env.wait_caught_up(0).await;
+    let opened = env
+        .downstream
+        .log_text()
+        .matches("link stream open")
+        .count();
+    assert_eq!(opened, 1, "the link stream was opened {opened} times");
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_link_ends_no_standby_session() {
     let mut env = Split::new(SplitOpts::default()).await;

@@ -29,6 +29,8 @@ pub struct SplitOpts {
     pub downstream_extra: String,
     /// PostgreSQL major of the primary (default: the system's, see `install()`).
     pub major: Option<u32>,
+    /// Extra keys for the upstream's `[limits]` (e.g. `max_sessions = 1`).
+    pub upstream_limits: String,
 }
 
 impl Split {
@@ -50,8 +52,9 @@ impl Split {
             root.path(),
             "upstream",
             &format!(
-                "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\n\n[limits]\ndrain_timeout_secs = 3\n",
-                primary.port()
+                "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
+                primary.port(),
+                opts.upstream_limits,
             ),
             None,
             Some(up),

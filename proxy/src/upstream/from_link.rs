@@ -10,14 +10,14 @@ use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
-use tracing::Instrument;
+use tracing::{warn, Instrument};
 
 use walrelay_proto::frame::{self, Digest, Feedback, Up, UpState, SILENT_LIMIT};
 use walrelay_proto::link::{to_upstream, Command, StandbyInfo, StartReplication, ToUpstream};
 use walrelay_wal::lsn::Lsn;
 
 use super::encode::Event;
-use super::identity::{Identity, ToIdentity};
+use super::identity::{refuse, Identity, ToIdentity};
 use super::Upstream;
 
 /// Largest command, standby info or start item (a slot name, an address, a few numbers).
@@ -27,6 +27,8 @@ const MAX_ITEM: usize = 4096;
 struct Channel {
     tx: mpsc::Sender<ToIdentity>,
     feedback: watch::Sender<[Option<Feedback>; 2]>,
+    /// Refused for `limits.max_sessions`: answered with an error, no connection to the primary.
+    refused: bool,
 }
 
 /// The link → upstream direction of a stream.
@@ -39,6 +41,8 @@ pub struct LinkToUpstream {
     pub synchronous: Arc<AtomicUsize>,
     pub sent: watch::Receiver<Lsn>,
     channels: HashMap<u32, Channel>,
+    /// Channels with an identity (not refused).
+    identities: usize,
 }
 
 fn bad(what: impl std::fmt::Display) -> Status {
@@ -63,6 +67,7 @@ impl LinkToUpstream {
             synchronous,
             sent,
             channels: HashMap::new(),
+            identities: 0,
         }
     }
 
@@ -123,7 +128,9 @@ impl LinkToUpstream {
                 Ok(())
             }
             Up::Close { chan } => {
-                self.channels.remove(&chan);
+                if self.channels.remove(&chan).is_some_and(|c| !c.refused) {
+                    self.identities -= 1;
+                }
                 Ok(())
             }
             Up::Durable { end, .. } => {
@@ -151,13 +158,32 @@ impl LinkToUpstream {
         if self.channels.contains_key(&chan) {
             return Err(bad(format!("channel {chan} opened twice")));
         }
-        if self.channels.len() >= self.up.limits.max_sessions {
-            return Err(Status::resource_exhausted(
-                "the downstream has more standbys than the upstream's limits.max_sessions",
-            ));
-        }
+        let max = self.up.limits.max_sessions;
         let (tx, rx) = mpsc::channel(4);
         let (feedback, feedback_rx) = watch::channel([None, None]);
+        if self.identities >= max {
+            // One standby too many is refused on its own; the stream and the other standbys
+            // go on. Only a downstream with as many refused as served ends the stream.
+            if self.channels.len() >= max.saturating_mul(2) {
+                return Err(Status::resource_exhausted(format!(
+                    "the downstream keeps opening standbys past the upstream's limits.max_sessions ({max})"
+                )));
+            }
+            warn!(application_name = %info.application_name, standby = %info.addr, "standby refused: this downstream's standbys already hold the upstream's limits.max_sessions ({max})");
+            self.up
+                .tasks
+                .spawn(refuse(chan, rx, self.events.clone(), max));
+            let refused = true;
+            self.channels.insert(
+                chan,
+                Channel {
+                    tx,
+                    feedback,
+                    refused,
+                },
+            );
+            return Ok(());
+        }
         let span = tracing::info_span!("standby_identity", application_name = %info.application_name, standby = %info.addr);
         let identity = Identity {
             up: self.up.clone(),
@@ -170,7 +196,16 @@ impl LinkToUpstream {
             sent: self.sent.clone(),
         };
         self.up.tasks.spawn(identity.run().instrument(span));
-        self.channels.insert(chan, Channel { tx, feedback });
+        let refused = false;
+        self.channels.insert(
+            chan,
+            Channel {
+                tx,
+                feedback,
+                refused,
+            },
+        );
+        self.identities += 1;
         Ok(())
     }
 }

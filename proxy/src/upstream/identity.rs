@@ -45,6 +45,38 @@ pub enum ToIdentity {
     Start(StartReplication),
 }
 
+/// A standby the upstream has no room for (`limits.max_sessions`): each of its commands and
+/// its START_REPLICATION are answered with an error naming the limit, as PostgreSQL answers
+/// past `max_wal_senders` (SQLSTATE 53300); it never connects to the primary.
+pub async fn refuse(
+    chan: u32,
+    mut rx: mpsc::Receiver<ToIdentity>,
+    events: mpsc::Sender<Event>,
+    max: usize,
+) {
+    let why = format!(
+        "walrelay: the upstream already serves limits.max_sessions ({max}) standbys of this \
+         downstream; raise it in the upstream's configuration or stop a standby"
+    );
+    while let Some(m) = rx.recv().await {
+        let mut out = BytesMut::new();
+        encode::error_response(&mut out, &ErrorFields::error("53300", why.clone()));
+        if matches!(m, ToIdentity::Command(_)) {
+            encode::ready_for_query(&mut out);
+        }
+        if events
+            .send(Event::Backend {
+                chan,
+                bytes: out.to_vec(),
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
 /// One standby's identity task.
 pub struct Identity {
     pub up: Arc<Upstream>,
