@@ -179,7 +179,7 @@ impl ConnInfo {
     }
 
     /// Parses `key=value ...`. Defaults as libpq: host localhost, port 5432, sslmode prefer,
-    /// target_session_attrs any; connect_timeout 10 s (at least 1 s is used). `user` is
+    /// target_session_attrs any; connect_timeout 10 s (1..=3600). `user` is
     /// required.
     pub fn parse(s: &str) -> Result<ConnInfo, ConnInfoError> {
         let mut ci = ConnInfo {
@@ -231,8 +231,13 @@ impl ConnInfo {
                 self.connect_timeout_secs = value
                     .parse()
                     .ok()
-                    .filter(|&t| t <= MAX_CONNECT_TIMEOUT_SECS)
-                    .ok_or_else(|| bad("expected a number of seconds, at most 3600"))?
+                    .filter(|t| (1..=MAX_CONNECT_TIMEOUT_SECS).contains(t))
+                    .ok_or_else(|| {
+                        bad(
+                            "expected a number of seconds from 1 to 3600 (walrelay does not wait \
+                             forever for a host, as libpq's 0 would)",
+                        )
+                    })?
             }
             "target_session_attrs" => {
                 self.target_session_attrs = match value.as_str() {

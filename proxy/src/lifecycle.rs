@@ -11,9 +11,9 @@
 //! |---|---|
 //! | `log.level` (unless RUST_LOG is set) | yes |
 //! | `limits.*` except `limits.max_message_bytes` | yes |
-//! | `downstream.users`, `downstream.auth` | yes |
+//! | `downstream.users`, `downstream.auth`, `downstream.allow_slot_commands`, `downstream.allow_sql` | yes |
 //! | `upstream.primary`, `upstream.primary_password`, `upstream.slot` | yes |
-//! | `upstream.listen`, `downstream.listen`, `downstream.upstream`, `downstream.tls_*`, `link.*`, `limits.max_message_bytes`, `log.format`, `metrics.listen`, adding or removing a half | restart |
+//! | `upstream.listen`, `downstream.listen`, `downstream.upstream`, `downstream.tls_*`, `downstream.spool_dir`, `downstream.spool_bytes`, `downstream.name`, `link.*`, `limits.max_message_bytes`, `log.format`, `metrics.listen`, adding or removing a half | restart |
 //!
 //! A changed restart-only key is logged as a warning naming it, and keeps its running value.
 //! Files named by the configuration (TLS certificates and keys) are read at start only; secrets

@@ -151,6 +151,7 @@ fn bad_hosts_ports_and_addresses_are_errors() {
     assert_eq!(key_of("hostaddr=db1 user=u"), "hostaddr");
     assert_eq!(key_of("user=u connect_timeout=-1"), "connect_timeout");
     assert_eq!(key_of("user=u connect_timeout=3601"), "connect_timeout");
+    assert_eq!(key_of("user=u connect_timeout=0"), "connect_timeout");
 }
 
 #[test]

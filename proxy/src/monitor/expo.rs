@@ -265,7 +265,7 @@ fn wal_and_link_families(e: &mut Expo, m: &Metrics) {
     e.one(
         "walrelay_wal_delivered_bytes_total",
         "counter",
-        "WAL bytes delivered to standbys after verification (downstream half).",
+        "WAL bytes verified and spooled by the downstream (downstream half).",
         count(&m.wal_bytes_delivered),
     );
     e.halves(
@@ -405,13 +405,13 @@ fn session_families(e: &mut Expo, m: &Metrics) {
     e.halves(
         "walrelay_sessions",
         "gauge",
-        "Standby sessions connected now (downstream: standby connections; upstream: link sessions).",
+        "Connected now (downstream: standby and tunnelled client sessions; upstream: link streams, one per downstream).",
         [Some(count(&m.sessions_active_upstream)), Some(count(&m.sessions_active_downstream))],
     );
     e.halves(
         "walrelay_sessions_started_total",
         "counter",
-        "Link sessions started; every standby (re)connection starts one.",
+        "Downstream: standby sessions served from the spool opened; upstream: link streams opened.",
         [
             Some(count(&m.sessions_total)),
             Some(count(&m.ops.sessions_started_downstream)),
@@ -420,7 +420,7 @@ fn session_families(e: &mut Expo, m: &Metrics) {
     e.halves(
         "walrelay_sessions_failed_total",
         "counter",
-        "Sessions that ended with an error (link lost, primary gone, verification failed); the standby reconnects.",
+        "Downstream: link streams lost (the stream reconnects, standbys are not cut) and standby sessions ended by an error; upstream: link streams ended by an error.",
         [Some(count(&m.ops.sessions_failed_upstream)), Some(count(&m.ops.sessions_failed_downstream))],
     );
     e.one(

@@ -105,6 +105,12 @@ pub fn agree(
         "" => base.to_string(),
         n => format!("{base}_{n}"),
     };
+    if slot.len() > 63 {
+        return Err(Status::invalid_argument(format!(
+            "the stream's slot name {slot:?} (upstream.slot, '_', downstream.name) is longer \
+             than PostgreSQL's 63 bytes: shorten upstream.slot or downstream.name"
+        )));
+    }
     let block_cache_bytes =
         usize::try_from(link.block_cache_bytes.min(hello.block_cache_bytes_max))
             .map_err(|_| Status::invalid_argument("block_cache_bytes_max does not fit"))?;
@@ -221,6 +227,11 @@ mod tests {
             agree(&named, &link, 4 << 20, Some("relay")).unwrap().slot,
             "relay_dc2_b"
         );
+        // 57 + '_' + 5 bytes fit PostgreSQL's 63; one more does not.
+        let long = "s".repeat(57);
+        assert!(agree(&named, &link, 4 << 20, Some(&long)).is_ok());
+        let e = agree(&named, &link, 4 << 20, Some(&format!("{long}s"))).unwrap_err();
+        assert!(e.message().contains("shorten upstream.slot"), "{e:?}");
         for bad in [
             Hello {
                 protocol_version: 3,
