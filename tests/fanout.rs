@@ -149,13 +149,29 @@ async fn a_cut_link_ends_no_standby_session() {
         }
     };
     let before = (pid(0).await, pid(1).await);
+    let mut leaving = receivewal_streaming(&env, "gone_b").await;
     let load = pgbench_background(&env.primary, &["-c", "4", "-T", "40", "-n", "postgres"]);
     pause(3).await;
     env.link.cut();
-    pause(30).await;
+    // A session that streamed before the cut ends during it, and one comes and goes during
+    // it: neither may come back as a connection to the primary when the link returns.
+    let _ = leaving.kill();
+    let _ = leaving.wait();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true application_name=gone_a",
+        env.down_port
+    );
+    let _ = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    pause(28).await;
     env.link.restore();
     let _ = load.wait_with_output();
     env.assert_all_identical().await;
+    let names = "select string_agg(application_name, ',' order by application_name) from pg_stat_replication";
+    assert_eq!(
+        env.primary.query_one_string(names).await.unwrap(),
+        "a,b,walrelay",
+        "sessions that ended during the cut came back on the primary"
+    );
     assert_eq!(
         (pid(0).await, pid(1).await),
         before,
@@ -174,6 +190,38 @@ async fn a_cut_link_ends_no_standby_session() {
         .downstream
         .log_text()
         .contains("link to the upstream lost"));
+}
+
+/// `pg_receivewal` through the downstream as `name`, once its own connection to the primary
+/// streams.
+async fn receivewal_streaming(env: &Split, name: &str) -> std::process::Child {
+    let dir = env.root.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} application_name={name}",
+        env.down_port
+    );
+    let child = env
+        .primary
+        .command("pg_receivewal")
+        .arg("-D")
+        .arg(&dir)
+        .args(["-d", &conninfo])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let p = &env.primary;
+    let sql = format!("select count(*)::text from pg_stat_replication where application_name = '{name}' and state = 'streaming'");
+    let sql = &sql;
+    walrelay_harness::cluster::wait_until(
+        "pg_receivewal's own connection to stream",
+        TIMEOUT,
+        || async move { Ok(p.query_one_string(sql).await? == "1") },
+    )
+    .await
+    .unwrap();
+    child
 }
 
 /// `ANY 1 (a, b)`: with both walreceivers stopped a commit waits; when one resumes, it

@@ -88,7 +88,7 @@ pub(super) async fn run(sp: Arc<Spooler>) {
 /// Tells the sessions the link is down: a command waiting for the primary's answer fails.
 fn link_down(sp: &Spooler) {
     let mut ch = lock(&sp.channels);
-    ch.queue.retain(|o| matches!(o, Out::Close(_)));
+    ch.link_down();
     for c in ch.open.values() {
         let _ = c.events.try_send(ChanEvent::LinkDown);
     }
@@ -202,30 +202,7 @@ async fn forward_frames(
 /// After a (re)connect, every channel is opened again, started again if it was, and its
 /// latest feedback goes again.
 fn reopen_channels(sp: &Spooler) {
-    let mut ch = lock(&sp.channels);
-    let closing: Vec<Out> = std::mem::take(&mut ch.queue);
-    let mut chans: Vec<u32> = ch.open.keys().copied().collect();
-    chans.sort_unstable();
-    let now = Instant::now();
-    let mut queue = Vec::new();
-    for chan in chans {
-        if let Some(c) = ch.open.get_mut(&chan) {
-            queue.push(Out::Open(chan, c.info.clone()));
-            if let Some(s) = &c.start {
-                queue.push(Out::Start(chan, s.clone()));
-            }
-            for i in 0..2 {
-                c.pending[i] = c.pending[i].or(c.last[i]);
-            }
-            if c.pending.iter().any(Option::is_some) {
-                c.due = Some(now);
-            }
-        }
-    }
-    // Channels that closed while the link was down need no CLOSE: they were never opened.
-    drop(closing);
-    ch.queue = queue;
-    drop(ch);
+    lock(&sp.channels).reopen(Instant::now());
     sp.wake.notify_one();
 }
 

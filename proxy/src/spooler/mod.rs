@@ -12,6 +12,7 @@
 //! kind goes) unless its standby is synchronous, or the standby leaves; commands, starts and
 //! closes go at once.
 
+mod channels;
 mod client;
 mod decode;
 pub mod handshake;
@@ -19,7 +20,6 @@ mod syncer;
 pub mod writer;
 mod writing;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use walrelay_proto::link::{Command, StandbyInfo, StartReplication, Welcome};
 use crate::config::{CodecKind, Limits, LinkConfig, ResolvedDownstream};
 use crate::metrics::Metrics;
 use crate::spool::Spool;
+use channels::{Channels, Out};
 use writer::{SpoolView, SpoolWriter};
 
 /// How long sessions use plain zstd after WAL failed verification with the `wal` codec.
@@ -53,36 +54,6 @@ pub enum ChanEvent {
     Started { synchronous: bool },
     /// The link went down: an answer the session waits for will not come.
     LinkDown,
-}
-
-/// An item for the upstream, in order.
-#[derive(Debug, Clone)]
-pub(crate) enum Out {
-    Open(u32, StandbyInfo),
-    Command(u32, Command),
-    Start(u32, StartReplication),
-    Close(u32),
-}
-
-/// A standby's channel as the spooler holds it (to open it again after a reconnect).
-struct Chan {
-    events: mpsc::Sender<ChanEvent>,
-    info: StandbyInfo,
-    start: Option<StartReplication>,
-    /// Latest feedback not yet sent ([status, hot-standby]), and until when it may wait.
-    pending: [Option<Feedback>; 2],
-    due: Option<Instant>,
-    /// Latest feedback sent (sent again after a reconnect).
-    last: [Option<Feedback>; 2],
-    synchronous: bool,
-}
-
-#[derive(Default)]
-pub(crate) struct Channels {
-    next: u32,
-    open: HashMap<u32, Chan>,
-    /// Control items waiting for the stream.
-    queue: Vec<Out>,
 }
 
 /// The downstream's end of the stream, shared by the standbys' sessions.
@@ -231,31 +202,13 @@ impl Spooler {
     }
 
     /// Opens a channel for a standby; its events arrive on the receiver. The channel is
-    /// opened on the stream now or when the link is back.
-    pub fn open_channel(&self, info: StandbyInfo) -> (u32, mpsc::Receiver<ChanEvent>) {
+    /// opened on the stream now or when the link is back. None when the stream's channel ids
+    /// ([`walrelay_proto::frame::MAX_CHANNELS`]) are all in use.
+    pub fn open_channel(&self, info: StandbyInfo) -> Option<(u32, mpsc::Receiver<ChanEvent>)> {
         let (tx, rx) = mpsc::channel(16);
-        let mut ch = lock(&self.channels);
-        let mut chan = ch.next;
-        while ch.open.contains_key(&chan) {
-            chan = (chan + 1) % walrelay_proto::frame::MAX_CHANNELS;
-        }
-        ch.next = (chan + 1) % walrelay_proto::frame::MAX_CHANNELS;
-        ch.queue.push(Out::Open(chan, info.clone()));
-        ch.open.insert(
-            chan,
-            Chan {
-                events: tx,
-                info,
-                start: None,
-                pending: [None, None],
-                due: None,
-                last: [None, None],
-                synchronous: false,
-            },
-        );
-        drop(ch);
+        let chan = lock(&self.channels).open(info, tx)?;
         self.wake.notify_one();
-        (chan, rx)
+        Some((chan, rx))
     }
 
     pub fn command(&self, chan: u32, c: Command) {
@@ -290,12 +243,7 @@ impl Spooler {
 
     /// The standby left: its latest feedback still goes, then the channel closes.
     pub fn close_channel(&self, chan: u32) {
-        let mut ch = lock(&self.channels);
-        if let Some(c) = ch.open.get_mut(&chan) {
-            c.due = Some(Instant::now());
-        }
-        ch.queue.push(Out::Close(chan));
-        drop(ch);
+        lock(&self.channels).close(chan, Instant::now());
         self.wake.notify_one();
     }
 

@@ -56,11 +56,20 @@ pub(super) async fn run(
     }
     info!(peer = %standby.peer, application_name = %standby.application_name, "standby session open (served from the spool)");
     Metrics::add(&ds.metrics.ops.sessions_started_downstream, 1);
-    let (chan, events) = ds.spooler.open_channel(StandbyInfo {
+    let Some((chan, events)) = ds.spooler.open_channel(StandbyInfo {
         application_name: standby.application_name.clone(),
         user: standby.user.clone(),
         addr: standby.peer.to_string(),
-    });
+    }) else {
+        return End::Fatal(ErrorFields::fatal(
+            "53300",
+            format!(
+                "walrelay: the link stream carries at most {} standby sessions and has no room \
+                 for another; lower limits.max_sessions or run another downstream",
+                walrelay_proto::frame::MAX_CHANNELS
+            ),
+        ));
+    };
     let entry = ds.metrics.ops.standbys.register(
         Half::Downstream,
         &standby.application_name,
