@@ -297,6 +297,7 @@ async fn logical_subscriptions_on_pg14_and_pg18() {
             },
             downstream_extra: "allow_slot_commands = true\n".into(),
             major: Some(major),
+            ..Default::default()
         })
         .await;
         let sub = Cluster::init_primary(
