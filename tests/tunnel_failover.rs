@@ -51,6 +51,7 @@ async fn primary_and_syncing_standby() -> (Split, Cluster) {
         },
         major: Some(17),
         downstream_extra: "allow_slot_commands = true\n".into(),
+        ..Default::default()
     })
     .await;
     let p = &env.primary;
