@@ -366,3 +366,49 @@ async fn link_peer_names_refuse_a_certificate_with_another_name() {
         .unwrap_or_else(|_| panic!("{name}: no peer_names refusal logged:\n{text}"));
     }
 }
+
+/// The tunnel's SQL allowlist against what PostgreSQL reads differently from a simple scan:
+/// on a `replication=database` session through the downstream (no `allow_sql`, no
+/// `allow_slot_commands`), a lower-case `show` (SQL to PostgreSQL, whose replication keywords
+/// are capitals), a string that hides a second statement, and a function spelt with Unicode
+/// escapes are all refused; the primary's table and slot are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
+    let env = common::split::Split::new(common::split::SplitOpts {
+        primary: PrimaryOpts {
+            wal_level: "logical".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let p = &env.primary;
+    p.create_physical_slot("victim").await.unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=database dbname=postgres",
+        env.down_port
+    );
+    for sql in [
+        "show work_mem; CREATE TABLE pwned(x int)",
+        "SELECT E'\\''; CREATE TABLE pwned(x int); --'",
+        "SELECT $a$'$a$; CREATE TABLE pwned(x int); --'",
+        "SELECT U&\"pg\\005fdrop_replication_slot\"('victim')",
+        "SELECT query_to_xml('SELECT pg_drop_replication_slot(''victim'')', true, true, '')",
+    ] {
+        let (ok, _, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, sql);
+        assert!(!ok && err.contains("allow_sql"), "{sql}: {err}");
+    }
+    // What the allowlist is for still passes.
+    let (ok, out, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, "SELECT 'it''s'");
+    assert!(ok && out.trim() == "it's", "{err}");
+    let count = |sql: &'static str| async move { p.query_one_string(sql).await.unwrap() };
+    assert_eq!(
+        count("select count(*)::text from pg_class where relname = 'pwned'").await,
+        "0"
+    );
+    assert_eq!(
+        count("select count(*)::text from pg_replication_slots where slot_name = 'victim'").await,
+        "1"
+    );
+    env.downstream.assert_no_panic();
+}

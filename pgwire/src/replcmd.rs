@@ -11,7 +11,8 @@
 //! READ_REPLICATION_SLOT ident
 //! ```
 //!
-//! Each command may be followed by one `;`. Keywords are case-insensitive; tokens are separated by
+//! Each command may be followed by one `;`. Keywords are in capitals, as `repl_scanner.l` matches
+//! them (`identify_system` is SQL to PostgreSQL, refused on a physical connection); tokens are separated by
 //! any of space, `\t`, `\n`, `\r`, `\v`, `\f`. Identifiers are either plain,
 //! `[A-Za-z_][A-Za-z0-9_$]*`, folded to lower case like PostgreSQL's `repl_scanner.l` does, or
 //! double-quoted with `""` standing for `"`, kept as written. An LSN is `hex/hex` with no spaces
@@ -208,9 +209,10 @@ impl<'a> Lexer<'a> {
         Ok(self.peeked.as_ref().and_then(|t| t.as_ref()))
     }
 
-    /// Consumes the next token if it is the keyword `kw` (case-insensitive).
+    /// Consumes the next token if it is the keyword `kw` (in capitals, as `repl_scanner.l`
+    /// matches keywords; other spellings are identifiers there).
     fn eat_keyword(&mut self, kw: &str) -> Result<bool, ReplCmdError> {
-        let hit = matches!(self.peek()?, Some(Tok::Word(w)) if w.eq_ignore_ascii_case(kw));
+        let hit = matches!(self.peek()?, Some(Tok::Word(w)) if *w == kw);
         if hit {
             self.peeked = None;
         }
@@ -314,7 +316,7 @@ pub fn parse(sql: &str) -> Result<ReplCommand, ReplCmdError> {
     let keyword = match lx.next()? {
         None => return Err(ReplCmdError::Empty),
         Some(Tok::Semicolon) if lx.next()?.is_none() => return Err(ReplCmdError::Empty),
-        Some(Tok::Word(w)) => w.to_ascii_uppercase(),
+        Some(Tok::Word(w)) => w.to_string(),
         other => {
             return Err(syntax(format!(
                 "expected a command keyword such as IDENTIFY_SYSTEM or START_REPLICATION, found {}",

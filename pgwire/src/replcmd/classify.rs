@@ -44,7 +44,9 @@ pub fn classify(text: &str) -> Result<TunnelCmd, ReplCmdError> {
         Ok(Some(Tok::Semicolon)) if matches!(lx.next(), Ok(None)) => {
             return Err(ReplCmdError::Empty)
         }
-        Ok(Some(Tok::Word(w))) => w.to_ascii_uppercase(),
+        // `repl_scanner.l` matches its keywords as written, in capitals: `show x; ...` is SQL
+        // to the primary, so it must be SQL here too (the allowlist checks SQL, not SHOW).
+        Ok(Some(Tok::Word(w))) => w.to_string(),
         // Anything else starts no replication command: the scanner hands it to SQL.
         _ => return Ok(TunnelCmd::Sql),
     };
@@ -154,14 +156,16 @@ mod tests {
         );
         assert_eq!(c("SELECT 1"), TunnelCmd::Sql);
         assert_eq!(c("(SELECT 1)"), TunnelCmd::Sql);
+        // Keywords count in capitals only, as PostgreSQL's scanner reads them.
         assert_eq!(
             c("  create_replication_slot x temporary physical"),
-            TunnelCmd::CreateSlot {
-                slot: "x".into(),
-                temporary: true,
-                logical: false
-            }
+            TunnelCmd::Sql
         );
+        assert_eq!(
+            c("show x; SET default_transaction_read_only = off"),
+            TunnelCmd::Sql
+        );
+        assert_eq!(c("Show x"), TunnelCmd::Sql);
     }
 
     #[test]

@@ -55,10 +55,10 @@ fn real_client_commands() {
 #[test]
 fn lexical_variants() {
     let cases = [
-        ("  identify_system ;\n", ReplCommand::IdentifySystem),
-        ("Identify_System;", ReplCommand::IdentifySystem),
+        ("  IDENTIFY_SYSTEM ;\n", ReplCommand::IdentifySystem),
+        ("IDENTIFY_SYSTEM;", ReplCommand::IdentifySystem),
         (
-            "show\n\tWAL_Segment_Size",
+            "SHOW\n\tWAL_Segment_Size",
             ReplCommand::Show("wal_segment_size".into()),
         ),
         ("SHOW \"Foo\".bar", ReplCommand::Show("foo.bar".into())),
@@ -72,9 +72,9 @@ fn lexical_variants() {
             "READ_REPLICATION_SLOT \"My\"\"Slot\"",
             ReplCommand::ReadReplicationSlot("My\"Slot".into()),
         ),
-        ("start_replication physical 0/0", start(None, 0, None)),
+        ("START_REPLICATION PHYSICAL 0/0", start(None, 0, None)),
         (
-            "START_REPLICATION slot a$1 PHYSICAL ABC/DEF0 timeline 4294967295",
+            "START_REPLICATION SLOT a$1 PHYSICAL ABC/DEF0 TIMELINE 4294967295",
             start(Some("a$1"), 0xABC_0000_DEF0, Some(u32::MAX)),
         ),
         (
@@ -91,6 +91,31 @@ fn lexical_variants() {
     }
 }
 
+/// `repl_scanner.l` matches keywords in capitals only: any other spelling is an identifier, so
+/// as a command's first word it is SQL (refused on a physical connection), and in the middle
+/// of one a syntax error, as PostgreSQL answers.
+#[test]
+fn keywords_count_in_capitals_only() {
+    for (sql, word) in [
+        ("identify_system", "identify_system"),
+        ("Identify_System;", "Identify_System"),
+        ("show wal_segment_size", "show"),
+        ("start_replication 0/0", "start_replication"),
+    ] {
+        assert_eq!(
+            parse(sql),
+            Err(ReplCmdError::Unsupported(word.into())),
+            "{sql}"
+        );
+    }
+    for sql in [
+        "START_REPLICATION slot s 0/0",
+        "START_REPLICATION 0/0 timeline 1",
+    ] {
+        assert!(matches!(parse(sql), Err(ReplCmdError::Syntax(_))), "{sql}");
+    }
+}
+
 #[test]
 fn unsupported_commands() {
     for (sql, kw) in [
@@ -99,13 +124,13 @@ fn unsupported_commands() {
             "CREATE_REPLICATION_SLOT s PHYSICAL RESERVE_WAL",
             "CREATE_REPLICATION_SLOT",
         ),
-        ("drop_replication_slot s WAIT", "DROP_REPLICATION_SLOT"),
+        ("DROP_REPLICATION_SLOT s WAIT", "DROP_REPLICATION_SLOT"),
         (
             "ALTER_REPLICATION_SLOT s (FAILOVER true)",
             "ALTER_REPLICATION_SLOT",
         ),
         ("UPLOAD_MANIFEST", "UPLOAD_MANIFEST"),
-        ("select * from pg_stat_replication", "SELECT"),
+        ("select * from pg_stat_replication", "select"),
         (
             "START_REPLICATION SLOT s LOGICAL 0/0 (\"proto_version\" '1')",
             LOGICAL_REPLICATION,

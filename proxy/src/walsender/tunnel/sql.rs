@@ -53,6 +53,14 @@ const STATEFUL_FUNCTIONS: &[&str] = &[
     "pg_stat_file",
     "pg_stat_reset",
     "pg_advisory",
+    "pg_try_advisory",
+    "pg_notify",
+    "pg_log_",
+    "pg_file_",
+    // These run the SQL text they are given: the words of that text are not seen here.
+    "query_to_xml",
+    "cursor_to_xml",
+    "ts_stat",
     "pg_backup_",
     "pg_wal_replay_",
     "pg_sleep",
@@ -114,24 +122,41 @@ pub fn is_slot_sync_query(text: &str) -> bool {
     false
 }
 
-/// Whether `text` has a `;` outside quotes and comments before its end (several statements).
-fn has_inner_semicolon(text: &str) -> bool {
+/// Whether `text` is one statement whose words this module can read: no `;` before its end
+/// outside string literals and quoted identifiers, and nothing a simple scan could misread
+/// where one starts or ends: comments, dollar quotes (any `$` outside a string), backslashes
+/// anywhere (escape strings `E'\''`, and every string once `standard_conforming_strings` is
+/// off), Unicode escapes (`U&'…'`, `U&"…"`, which also spell identifiers the word checks would
+/// not see), NUL bytes and unterminated quotes. The subscriptions' and slot synchronization's
+/// queries use none of these.
+fn is_one_plain_statement(text: &str) -> bool {
     let t = text.trim_end();
-    let t = t.strip_suffix(';').unwrap_or(t);
-    let (mut single, mut double) = (false, false);
-    let b = t.as_bytes();
-    for (i, &c) in b.iter().enumerate() {
-        match c {
-            b'\'' if !double => single = !single,
-            b'"' if !single => double = !double,
-            b';' if !single && !double => return true,
-            // A comment could hide a quote; refuse rather than parse comments.
-            b'-' if !single && !double && b.get(i + 1) == Some(&b'-') => return true,
-            b'/' if !single && !double && b.get(i + 1) == Some(&b'*') => return true,
+    let b = t.strip_suffix(';').unwrap_or(t).as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            q @ (b'\'' | b'"') => {
+                // A literal or quoted identifier; the quote doubled stands for itself.
+                i += 1;
+                loop {
+                    match b.get(i) {
+                        None => return false,
+                        Some(&c) if c == q && b.get(i + 1) == Some(&q) => i += 2,
+                        Some(&c) if c == q => break,
+                        Some(b'\\' | 0) => return false,
+                        Some(_) => i += 1,
+                    }
+                }
+            }
+            b';' | b'$' | b'\\' | 0 => return false,
+            b'-' if b.get(i + 1) == Some(&b'-') => return false,
+            b'/' if b.get(i + 1) == Some(&b'*') => return false,
+            b'&' if matches!(b.get(i + 1), Some(b'\'' | b'"')) => return false,
             _ => {}
         }
+        i += 1;
     }
-    single || double
+    true
 }
 
 /// A read-only statement of the kinds subscriptions run (see the module docs).
@@ -139,7 +164,7 @@ pub fn is_read_only_statement(text: &str) -> bool {
     if normalize(text) == SECURE_SEARCH_PATH {
         return true;
     }
-    if has_inner_semicolon(text) {
+    if !is_one_plain_statement(text) {
         return false;
     }
     let lower = text.to_ascii_lowercase();
@@ -206,6 +231,7 @@ mod tests {
             "COPY (SELECT id, v FROM public.items WHERE (id > 1)) TO STDOUT",
             "COMMIT",
             "SELECT pg_catalog.set_config('search_path', '', false);",
+            "SELECT 'it''s; fine', \"a\"\"b;\" FROM t;",
         ] {
             assert!(is_read_only_statement(q), "{q}");
         }
@@ -225,6 +251,18 @@ mod tests {
             "SELECT 1 -- ' ; drop table t",
             "COPY t FROM STDIN",
             "COPY (SELECT ' to stdout') TO '/tmp/x'",
+            // What a scan that only toggles on quotes misreads (PostgreSQL sees two
+            // statements, or a function these checks do not see by name).
+            "SELECT E'\\''; SET default_transaction_read_only = off; --'",
+            "SELECT $a$'$a$; CREATE TABLE t(x int); --'",
+            "SELECT 1 AS \"a'b\"; DROP TABLE t; --'",
+            "SELECT U&\"pg\\005fdrop_replication_slot\"('s')",
+            "SELECT U&\"pg!005fdrop_replication_slot\" UESCAPE '!' ('s')",
+            "SELECT 'a' /* ' */; DROP TABLE t",
+            "SELECT query_to_xml('SELECT pg_'||'terminate_backend(1)', true, true, '')",
+            "SELECT pg_try_advisory_lock(1)",
+            "SELECT 'unterminated",
+            "SELECT \"unterminated",
             "WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d",
             "SELECT nextval('s')",
         ] {
