@@ -39,6 +39,10 @@ impl std::fmt::Display for Ended {
     }
 }
 
+/// Longest wait for the last stream's queued WAL to reach the spool before the next stream
+/// starts (then the spool's own gap check decides).
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+
 fn other(s: impl std::fmt::Display) -> Ended {
     Ended::Other(s.to_string())
 }
@@ -95,6 +99,9 @@ fn link_down(sp: &Spooler) {
 }
 
 async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> Ended {
+    // The last stream's WAL still queued for the spool lands first: the Hello says where
+    // the spool ends, and the upstream resumes there.
+    sp.writer.settled(&mut sp.view.clone(), SETTLE_MAX).await;
     let view = sp.view.borrow().clone();
     if let Some(f) = &view.failed {
         return other(format!(

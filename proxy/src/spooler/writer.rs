@@ -133,6 +133,20 @@ impl SpoolWriter {
         }
     }
 
+    /// Waits until every op handed on is applied, the writer failed, or `max` passed. A
+    /// stream must not start before: its Hello states where the spool ends, and ops of the
+    /// stream before it still queued here would move that end after the upstream resumed
+    /// from it (a gap, which fails the spool).
+    pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) {
+        let until = tokio::time::Instant::now() + max;
+        while self.in_flight.load(Ordering::Acquire) != 0
+            && view.borrow_and_update().failed.is_none()
+            && tokio::time::Instant::now() < until
+        {
+            let _ = tokio::time::timeout(Duration::from_millis(50), view.changed()).await;
+        }
+    }
+
     /// Hands an op to the thread, blocking while its queue is full (the few ops of a
     /// handshake).
     pub fn send_now(&self, op: Op) -> Result<(), Stopped> {
@@ -324,6 +338,40 @@ mod tests {
             .await
             .expect("the spool's view within 5 s")
             .expect("the writer publishes");
+    }
+
+    /// Ops queued behind a busy writer (here: its lock held, as during a slow write) are
+    /// applied before `settled` returns, so the spool's end a new stream states is final.
+    #[tokio::test]
+    async fn settled_waits_for_the_ops_in_flight() {
+        let d = tempfile::tempdir().unwrap();
+        let spool = Spool::open(d.path(), 100 * MIB).unwrap();
+        let (w, mut view) = start(spool, Metrics::new()).unwrap();
+        w.send_now(Op::Bind {
+            system_id: 7,
+            seg: WalSegSize::new(MIB).unwrap(),
+        })
+        .unwrap();
+        let mut at = MIB;
+        let (op, end) = append(&mut at, 100);
+        w.send(op).await.unwrap();
+        until(&mut view, |v| v.extent.end == Lsn(end)).await;
+        let (held_tx, held) = std_mpsc::channel();
+        let writing = w.writing.clone();
+        let release = std::thread::spawn(move || {
+            let _busy = lock(&writing);
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        held.recv().unwrap();
+        for _ in 0..5 {
+            let (op, _) = append(&mut at, 100_000);
+            w.send(op).await.unwrap();
+        }
+        assert_eq!(view.borrow().extent.end, Lsn(end), "still queued");
+        w.settled(&mut view, Duration::from_secs(10)).await;
+        assert_eq!(view.borrow().extent.end, Lsn(at), "all applied");
+        release.join().unwrap();
     }
 
     /// A sync falls due on the append that fills a segment exactly: the filled segment's job
