@@ -335,6 +335,44 @@ async fn sigint_with_a_client_that_stopped_reading_exits_in_bounded_time() {
     assert_sigint_cuts_the_stuck_session(&mut relay, &mut receiver);
 }
 
+/// A standby that stops (SIGSTOP: it neither reads nor replies) while WAL comes is cut after
+/// `limits.standby_timeout_secs`, as PostgreSQL's `wal_sender_timeout` cuts it, also with its
+/// socket full; its own connection to the primary ends with it, so the primary stops waiting
+/// for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_standby_is_cut_after_standby_timeout_secs() {
+    let root = walrelay_harness::cluster::TempRoot::new().unwrap();
+    let p = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
+    p.start().await.unwrap();
+    p.create_replication_user(REPL_PASSWORD).await.unwrap();
+    let (up, down) = (
+        walrelay_harness::cluster::free_port(),
+        walrelay_harness::cluster::free_port(),
+    );
+    let toml = both_halves_toml(&p, up, down, up, "", "standby_timeout_secs = 4");
+    let relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
+    let mut receiver = start_pg_receivewal(&root, &p, down).await;
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(receiver.id() as i32, libc::SIGSTOP) };
+    p.execute("create table big as select g, md5(g::text) || md5((g + 1)::text) t from generate_series(1, 400000) g")
+        .await
+        .unwrap();
+    let stuck = "select count(*)::text from pg_stat_replication where application_name = 'stuck'";
+    let pr = &p;
+    let gone = wait_until("the stopped standby cut", TIMEOUT, || async move {
+        Ok(pr.query_one_string(stuck).await? == "0")
+    })
+    .await;
+    // SAFETY: as above.
+    unsafe { libc::kill(receiver.id() as i32, libc::SIGCONT) };
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+    gone.unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+    let log = relay.log_text();
+    assert!(log.contains("no reply from the standby for 4 s"), "{log}");
+    relay.assert_no_panic();
+}
+
 /// Starts both halves in one relay process, with link keepalives of 10 s.
 fn start_relay_with_long_keepalives(root: &TempRoot, p: &Cluster, up: u16, down: u16) -> Relay {
     // A longer keepalive than the harness's 2 s: with 2 s, a stream blocked this long has been

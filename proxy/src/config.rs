@@ -289,6 +289,9 @@ section! {
         live auth_failure_delay_ms: u64,
         /// On SIGTERM/SIGINT, time allowed for sessions to end before they are cut, seconds.
         live drain_timeout_secs: u64,
+        /// A streaming standby silent this long is cut, as PostgreSQL's `wal_sender_timeout`
+        /// cuts it (a reply is asked for at half of it), seconds; 0: never.
+        live standby_timeout_secs: u64,
     }
 }
 
@@ -304,6 +307,7 @@ impl Default for Limits {
             auth_timeout_secs: 60,
             auth_failure_delay_ms: 1000,
             drain_timeout_secs: 10,
+            standby_timeout_secs: 60,
         }
     }
 }

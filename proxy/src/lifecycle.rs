@@ -342,6 +342,7 @@ mod tests {
             ("limits.auth_timeout_secs", s("60"), s("9")),
             ("limits.auth_failure_delay_ms", s("1000"), s("0")),
             ("limits.drain_timeout_secs", s("10"), s("9")),
+            ("limits.standby_timeout_secs", s("60"), s("30")),
             ("log.level", q("info"), q("debug")),
             ("log.format", q("text"), q("json")),
             ("metrics.listen", q("127.0.0.1:9187"), q("127.0.0.1:9188")),
@@ -418,6 +419,7 @@ mod tests {
                 "limits.auth_timeout_secs",
                 "limits.auth_failure_delay_ms",
                 "limits.drain_timeout_secs",
+                "limits.standby_timeout_secs",
                 "log.level",
             ],
             "README.md (Signals) and the table above name the live keys: change them together"

@@ -53,7 +53,7 @@ impl Config {
 /// Every numeric key of `[link]` and `[limits]` with its smallest and largest value. The
 /// maxima keep each value where the code that uses it cannot overflow or panic (tokio
 /// semaphores, `Instant` arithmetic) and far above any sensible setting.
-fn ranges(link: &LinkConfig, limits: &Limits) -> [(&'static str, i128, i128, i128); 15] {
+fn ranges(link: &LinkConfig, limits: &Limits) -> [(&'static str, i128, i128, i128); 16] {
     const HOUR: i128 = 3600;
     let n = |v: usize| v as i128;
     [
@@ -114,6 +114,12 @@ fn ranges(link: &LinkConfig, limits: &Limits) -> [(&'static str, i128, i128, i12
         (
             "limits.drain_timeout_secs",
             limits.drain_timeout_secs.into(),
+            0,
+            HOUR,
+        ),
+        (
+            "limits.standby_timeout_secs",
+            limits.standby_timeout_secs.into(),
             0,
             HOUR,
         ),

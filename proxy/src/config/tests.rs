@@ -168,6 +168,7 @@ fn every_number_has_a_maximum() {
         ("limits", "auth_timeout_secs"),
         ("limits", "auth_failure_delay_ms"),
         ("limits", "drain_timeout_secs"),
+        ("limits", "standby_timeout_secs"),
         ("limits", "max_message_bytes"),
         ("link", "keepalive_secs"),
         ("link", "connect_timeout_secs"),

@@ -45,6 +45,65 @@ pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 /// Longest the start of the standby's own connection may hold up streaming.
 const START_WAIT: Duration = Duration::from_secs(10);
 
+/// Whether a streaming standby is still there, as PostgreSQL's walsender judges it
+/// (`WalSndKeepaliveIfNecessary`, `WalSndCheckTimeOut`): any message from it counts; when it
+/// was silent for half of `limits.standby_timeout_secs` a keepalive asks for a reply, after all
+/// of it the session ends, also while a write to it is stuck.
+#[derive(Debug)]
+struct Liveness {
+    timeout: Option<Duration>,
+    last_heard: Instant,
+    pinged: bool,
+}
+
+impl Liveness {
+    fn new(timeout_secs: u64, now: Instant) -> Liveness {
+        Liveness {
+            timeout: (timeout_secs > 0).then(|| Duration::from_secs(timeout_secs)),
+            last_heard: now,
+            pinged: false,
+        }
+    }
+
+    fn heard(&mut self, now: Instant) {
+        self.last_heard = now;
+        self.pinged = false;
+    }
+
+    /// When to ask for a reply, unless already asked since the standby last spoke.
+    fn ping_at(&self) -> Option<Instant> {
+        let t = self.timeout?;
+        (!self.pinged).then(|| self.last_heard + t / 2)
+    }
+
+    /// When the session ends if the standby stays silent.
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.last_heard + self.timeout?)
+    }
+
+    fn timed_out(&self) -> End {
+        let secs = self.timeout.map_or(0, |t| t.as_secs());
+        tracing::warn!("standby session ended: no reply from the standby for {secs} s (limits.standby_timeout_secs)");
+        End::fatal(
+            "08006",
+            format!("walrelay: terminating the session due to replication timeout (nothing from the standby for {secs} s)"),
+        )
+    }
+
+    /// `io` (a write to the standby), ended by the deadline if the standby stops reading.
+    async fn bounded<T>(
+        &self,
+        io: impl std::future::Future<Output = Result<T, End>>,
+    ) -> Result<T, End> {
+        match self.deadline() {
+            Some(d) => tokio::time::timeout_at(d, io)
+                .await
+                .map_err(|_| self.timed_out())?,
+            None => io.await,
+        }
+    }
+}
+
 /// Where the timeline being sent ends, if it is an older one.
 #[derive(Debug, Clone, Copy)]
 struct Historic {
@@ -221,6 +280,7 @@ async fn copy(
 ) -> Result<CopyEnd, End> {
     let mut view = s.ds.spooler.view.clone();
     let mut last_sent = Instant::now();
+    let mut live = Liveness::new(s.ds.limits.standby_timeout_secs, last_sent);
     loop {
         let ext = view.borrow_and_update().extent;
         if hist.is_none() && ext.tli != tli {
@@ -238,17 +298,23 @@ async fn copy(
             }
         }
         let more = pos < limit;
+        let (ping_at, deadline) = (live.ping_at(), live.deadline());
+        let never = || Instant::now() + Duration::from_secs(86_400);
         tokio::select! {
             biased;
             m = s.reader.read(walrelay_pgwire::parse_frontend) => {
-                match standby_message(s, m, limit, pos).await? {
+                live.heard(Instant::now());
+                match live.bounded(standby_message(s, m, limit, pos)).await? {
                     Some(end) => return Ok(end),
                     None => continue,
                 }
             }
             _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(never)), if deadline.is_some() => {
+                return Err(live.timed_out());
+            }
             _ = std::future::ready(()), if more => {
-                pos = send_wal(s, tli, pos, limit, ext.end).await?;
+                pos = live.bounded(send_wal(s, tli, pos, limit, ext.end)).await?;
                 last_sent = Instant::now();
             }
             r = view.changed(), if !more => {
@@ -259,8 +325,13 @@ async fn copy(
             e = s.events.recv() => if e.is_none() {
                 return Err(End::fatal("XX000", "walrelay: the spooler stopped"));
             },
+            _ = tokio::time::sleep_until(ping_at.unwrap_or_else(never)), if ping_at.is_some() => {
+                live.pinged = true;
+                live.bounded(keepalive(s, limit, true)).await?;
+                last_sent = Instant::now();
+            }
             _ = tokio::time::sleep_until(last_sent + KEEPALIVE_EVERY) => {
-                keepalive(s, limit, false).await?;
+                live.bounded(keepalive(s, limit, false)).await?;
                 last_sent = Instant::now();
             }
         }
@@ -457,5 +528,21 @@ mod tests {
             assert_eq!(end.0 % WAL_PAGE, 0, "{pos:#x} -> {end}");
         }
         assert_eq!(send_end(Lsn(7), Lsn(7)), Lsn(7));
+    }
+
+    #[test]
+    fn a_silent_standby_is_asked_at_half_the_timeout_and_cut_at_all_of_it() {
+        let t0 = Instant::now();
+        let mut live = Liveness::new(60, t0);
+        assert_eq!(live.ping_at(), Some(t0 + Duration::from_secs(30)));
+        assert_eq!(live.deadline(), Some(t0 + Duration::from_secs(60)));
+        live.pinged = true;
+        assert_eq!(live.ping_at(), None, "asked once until it speaks");
+        let t1 = t0 + Duration::from_secs(45);
+        live.heard(t1);
+        assert_eq!(live.ping_at(), Some(t1 + Duration::from_secs(30)));
+        assert_eq!(live.deadline(), Some(t1 + Duration::from_secs(60)));
+        let off = Liveness::new(0, t0);
+        assert_eq!((off.ping_at(), off.deadline()), (None, None), "0: never");
     }
 }
