@@ -126,6 +126,28 @@ fn assert_sessions_that_are_not_physical_get_answers(port: u16) {
         error_of(&msgs).is_some_and(|e| e.code == "42501" && e.message.contains("allow_sql")),
         "{msgs:?}"
     );
+    // The extended protocol (refused without allow_sql) is answered as PostgreSQL answers an
+    // error in it: one ErrorResponse, the messages up to Sync dropped, one ReadyForQuery at the
+    // Sync; the next (refused) simple query is answered in step.
+    let mut b = startup(&[("user", "replicator"), ("database", "postgres")]);
+    for (tag, body) in [
+        (b'P', &b"\0select 1\0\0\0"[..]),
+        (b'B', &b"\0\0\0\0\0\0\0\0\0\0"[..]),
+        (b'D', &b"P\0"[..]),
+        (b'E', &b"\0\0\0\0\0"[..]),
+        (b'S', &b""[..]),
+    ] {
+        encode::tagged(&mut b, tag, |o| o.put_slice(body));
+    }
+    encode::query(&mut b, "DELETE FROM pg_class");
+    encode::terminate(&mut b);
+    let (msgs, _) = exchange(port, &b, false);
+    let tags: String = msgs.iter().map(|(t, _)| *t as char).collect();
+    assert!(tags.ends_with("KZEZEZ"), "{tags} {msgs:?}");
+    assert!(
+        error_of(&msgs).is_some_and(|e| e.code == "0A000"),
+        "{msgs:?}"
+    );
     // A logical replication connection to a database that does not exist: the primary's own
     // error comes back.
     let (msgs, _) = exchange(

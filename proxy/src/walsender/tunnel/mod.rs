@@ -58,6 +58,9 @@ pub(crate) struct TunnelSession<'a> {
     outstanding: u32,
     /// A refusal waiting for the answers to what was sent before it.
     held: Option<ErrorFields>,
+    /// A message of the extended protocol was refused: as PostgreSQL after an error there,
+    /// the client's messages are dropped up to its Sync, which the refusal answers.
+    skip_to_sync: bool,
     /// Transaction status of the primary's last ReadyForQuery (for a refusal's).
     status: u8,
     tx: TunnelTx,
@@ -197,6 +200,7 @@ impl<'a> TunnelSession<'a> {
             scanner: Scanner::default(),
             outstanding: 0,
             held: None,
+            skip_to_sync: false,
             status: b'I',
             tx: TunnelTx::new(Dir::Up, ds.link_cfg.zstd_level, ds.link_cfg.zstd_window_log)
                 .map_err(io)?,
@@ -285,7 +289,7 @@ impl<'a> TunnelSession<'a> {
         let cap = self.ds.limits.max_message_bytes;
         loop {
             tokio::select! {
-                m = self.reader.read(|b| parse_tagged(b, |_| cap)), if self.held.is_none() => {
+                m = self.reader.read(|b| parse_tagged(b, |_| cap)), if self.held.is_none() || self.skip_to_sync => {
                     let m = match m {
                         Ok(m) => m,
                         Err(WireError::Closed | WireError::Io(_)) => return self.leave(out, "the client left").await,
@@ -315,6 +319,16 @@ impl<'a> TunnelSession<'a> {
         out: &mpsc::Sender<TunnelFrame>,
         m: RawMsg,
     ) -> Result<(), End> {
+        if self.skip_to_sync {
+            return match m.tag {
+                b'S' => {
+                    self.skip_to_sync = false;
+                    self.answer_held().await
+                }
+                b'X' => Err(self.leave(out, "").await),
+                _ => Ok(()),
+            };
+        }
         match self.policy.check(m.tag, &m.body) {
             Ok(()) => {
                 self.forward(out, &m).await?;
@@ -328,7 +342,12 @@ impl<'a> TunnelSession<'a> {
                 Metrics::add(&self.ds.metrics.tunnel_refused, 1);
                 warn!(tag = %(m.tag as char), "tunnel: refused a client message: {}", e.message);
                 self.held = Some(e);
-                self.answer_held().await
+                if m.tag == b'Q' {
+                    self.answer_held().await
+                } else {
+                    self.skip_to_sync = true;
+                    Ok(())
+                }
             }
         }
     }
@@ -424,7 +443,7 @@ impl<'a> TunnelSession<'a> {
 
     /// Answers a held refusal once everything sent before it has been answered.
     async fn answer_held(&mut self) -> Result<(), End> {
-        if self.outstanding > 0 {
+        if self.outstanding > 0 || self.skip_to_sync {
             return Ok(());
         }
         let Some(e) = self.held.take() else {
