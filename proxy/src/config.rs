@@ -164,6 +164,8 @@ pub const DEFAULT_SLOT: &str = "walrelay";
 /// Smallest `limits.max_message_bytes` allowed: room for one of the primary's largest
 /// XLogData messages (128 kB) and what joins it in a batch of the upstream's.
 pub const MAX_MESSAGE_BYTES_MIN: usize = 256 << 10;
+/// Largest `limits.max_message_bytes`.
+pub const MAX_MESSAGE_BYTES_MAX: usize = 1 << 30;
 
 /// `downstream.upstream` as written: `"host:port"` or `["host:port", ...]`.
 #[derive(Debug, Clone, PartialEq, Eq)]

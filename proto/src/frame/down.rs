@@ -52,6 +52,16 @@ impl Down<'_> {
     }
 }
 
+/// Most WAL bytes the items of one down frame may restore together when each may restore up
+/// to `max_raw`: twice `max_raw`. A correct upstream puts at most `max_raw` in a frame (one
+/// batch of at most `batch_max` bytes, or a single larger XLogData, and at most `hold_max`
+/// bytes held back before it, `batch_max + hold_max` within the downstream's limit); the
+/// factor 2 is margin against a false refusal, which would stop replication (see the module
+/// docs of `frame`).
+pub fn wal_frame_max(max_raw: usize) -> u64 {
+    (max_raw as u64).saturating_mul(2)
+}
+
 /// Per-stream state of the upstream → downstream direction (one on each end).
 #[derive(Debug, Default, Clone)]
 pub struct DownState {
@@ -104,8 +114,11 @@ impl DownState {
         }
     }
 
-    /// Parses a frame into items (WAL raw lengths capped at `max_raw`, payloads and other
-    /// byte strings at `max_bytes`) and its checksum. The state advances as items are parsed.
+    /// Parses a frame into items (WAL raw lengths capped at `max_raw` each and at
+    /// [`wal_frame_max`]`(max_raw)` together, payloads and other byte strings at `max_bytes`)
+    /// and its checksum. The state advances as items are parsed. Nothing is restored here:
+    /// a frame whose WAL would restore to more than one frame may carry is refused before the
+    /// caller restores any of it.
     pub fn parse<'a>(
         &mut self,
         frame: &'a [u8],
@@ -115,9 +128,24 @@ impl DownState {
         let (body, sum) = body(frame)?;
         let mut c = Cursor { buf: body };
         let mut items = Vec::new();
+        let max_total = wal_frame_max(max_raw);
+        let mut total = 0u64;
         while !c.buf.is_empty() {
             items.push(match c.u8("item")? {
-                ITEM_WAL => self.wal(&mut c, max_raw, max_bytes)?,
+                ITEM_WAL => {
+                    let item = self.wal(&mut c, max_raw, max_bytes)?;
+                    if let Down::Wal { ref header, .. } = item {
+                        total = total
+                            .checked_add(u64::from(header.raw_len))
+                            .filter(|&t| t <= max_total)
+                            .ok_or(FrameError::TotalTooLong {
+                                what: "WAL items",
+                                total: total.saturating_add(u64::from(header.raw_len)),
+                                max: max_total,
+                            })?;
+                    }
+                    item
+                }
                 ITEM_BACKEND => Down::Backend {
                     chan: c.chan()?,
                     bytes: c.bytes("backend messages", max_bytes)?,

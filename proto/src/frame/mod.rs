@@ -31,6 +31,22 @@
 //!   ALIVE     0x19                                    -- nothing else to say (protocol 9)
 //! ```
 //!
+//! A down frame's WAL items restore at most `max_raw` bytes each (the downstream's
+//! `limits.max_message_bytes`) and at most [`wal_frame_max`]`(max_raw)` = 2 × `max_raw`
+//! together: [`DownState::parse`] sums the announced raw lengths and refuses a frame past that
+//! ([`FrameError::TotalTooLong`]), and the receiver restores nothing of a frame before it
+//! parsed, so a small frame of many compressible items cannot make it allocate more. A correct
+//! upstream puts one batch of its feed in a frame, after at most `hold_max` bytes held back
+//! from the batch before (`proxy/src/upstream/encode.rs` `Framer::take_carry`, `held`). A
+//! batch's WAL is at most `batch_max` bytes, or a single XLogData that alone was larger
+//! (`proxy/src/upstream/feed.rs` `Batch::fits`, `gather`), and `batch_max + hold_max` is at
+//! most the downstream's limit (`proxy/src/upstream/handshake.rs` `batch_max`, `hold_max`;
+//! `limits.max_message_bytes` ≥ 256 kB). So a frame carries at most `max_raw` (held bytes
+//! join the larger XLogData they precede in one item), and at most 2 × `max_raw` from the
+//! parts alone (held bytes ≤ `max_raw`, the batch ≤ `batch_max` or one item ≤ `max_raw`),
+//! which is the bound checked: the sender checks no per-frame total itself, and a refused
+//! frame would stop replication (the upstream sends the same WAL again).
+//!
 //! Each half sends a frame at least every [`ALIVE_EVERY`] (the downstream an ALIVE item, the
 //! upstream a KEEPALIVE with the primary's last end, when nothing else is due), and ends a
 //! stream it has heard nothing from for [`SILENT_LIMIT`]: HTTP/2 pings prove the connection,
@@ -57,7 +73,18 @@
 //!
 //! T_DATA bytes are zstd-compressed in one streaming context per direction of a tunnel
 //! (the window spans frames), flushed at the end of every item, so each frame restores whole;
-//! raw_len ≤ [`TUNNEL_DATA_MAX`] and the restored length must equal it. A tunnel frame's
+//! raw_len ≤ [`TUNNEL_DATA_MAX`] and the restored length must equal it. The DATA items of one
+//! frame restore at most the receiver's budget together ([`TunnelRx::new`]; past it,
+//! [`FrameError::TotalTooLong`] before the item that would pass it is decompressed):
+//! [`tunnel_frame_max`]`(m)` = `m` + [`TUNNEL_DATA_MAX`], `m` the downstream's
+//! `limits.max_message_bytes` (the upstream reads it from the `TunnelOpen`, at most 1 GiB,
+//! and takes its own for the first frame, which carries the OPEN and at most one replication
+//! command of 64 kB).
+//! A correct downstream sends each client message (at most `m` + 5 bytes) in a frame of its
+//! own (`proxy/src/walsender/tunnel/mod.rs` `TunnelSession::forward`); a correct upstream
+//! sends per frame at most `read_chunk` ≤ [`TUNNEL_DATA_MAX`] bytes read from the primary
+//! (`proxy/src/upstream/tunnel.rs` `TunnelSession::relay`), or the primary's startup reply (a
+//! few parameters and what followed its ReadyForQuery), or an error. A tunnel frame's
 //! checksum covers, per item, its kind, channel 0 and its restored bytes (OPEN: the protobuf;
 //! DATA: the uncompressed bytes; END: the reason).
 //!
@@ -72,16 +99,19 @@
 //! byte, then for WAL the header fields and the restored WAL bytes, for the others the channel
 //! (u32le), the length (u64le) and the item's restored bytes (feedback: the standby's message;
 //! KEEPALIVE: end and send time; TIMELINE: tli and history; STARTED: the flag; DURABLE: tli
-//! and end; ALIVE: nothing). The receiver restores every item, then checks the sum before anything of the
-//! frame leaves it: a corrupted position, length, WAL byte or feedback field never reaches a
-//! standby or the primary.
+//! and end; ALIVE: nothing). The receiver restores every item (within the per-frame totals
+//! above, checked first), then checks the sum before anything of the frame leaves it: a
+//! corrupted position, length, WAL byte or feedback field never reaches a standby or the
+//! primary.
 
 mod down;
 mod tunnel;
 mod up;
 
-pub use down::{Down, DownState};
-pub use tunnel::{Dir, TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX, TUNNEL_META_MAX};
+pub use down::{wal_frame_max, Down, DownState};
+pub use tunnel::{
+    tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX, TUNNEL_META_MAX,
+};
 pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, STATUS_LEN};
 
 use xxhash_rust::xxh3::Xxh3;
@@ -123,6 +153,15 @@ pub enum FrameError {
     TooLong {
         what: &'static str,
         len: u64,
+        max: u64,
+    },
+    #[error(
+        "link frame's {what} restore to more than {max} bytes together (at least {total}), \
+         more than one frame may carry"
+    )]
+    TotalTooLong {
+        what: &'static str,
+        total: u64,
         max: u64,
     },
     #[error("link frame has no items")]

@@ -200,6 +200,98 @@ fn lengths_and_channels_are_capped_before_use() {
         .is_err());
 }
 
+/// A down frame of WAL items with these raw lengths and a few bytes of payload each (the
+/// parser never looks into payloads: the caller restores them after it).
+fn wal_lengths_frame(lens: &[u32]) -> Vec<u8> {
+    let (mut st, mut out, mut d) = (DownState::default(), Vec::new(), Digest::default());
+    let mut start = 0x3000000;
+    for &raw_len in lens {
+        let h = WalHeader {
+            start,
+            end: start + u64::from(raw_len),
+            send_time: 5,
+            raw_len,
+        };
+        st.put_wal(&mut out, &h, b"payload");
+        d.wal(&h, b"payload");
+        start += u64::from(raw_len);
+    }
+    finish(&mut out, &d);
+    out
+}
+
+#[test]
+fn wal_items_of_a_frame_restore_at_most_twice_max_raw_together() {
+    let max_raw = 1000;
+    assert_eq!(wal_frame_max(max_raw), 2000);
+    // At the bound, in any split, with other items between: parses.
+    for lens in [&[1000, 1000][..], &[700, 700, 600], &[1, 999, 0, 1000]] {
+        let f = wal_lengths_frame(lens);
+        let (items, _) = DownState::default().parse(&f, max_raw, 100).unwrap();
+        assert_eq!(items.len(), lens.len());
+    }
+    let mut f = Vec::new();
+    let mut st = DownState::default();
+    for it in [
+        wal_item(0, 1000, 1, &[7; 1000]),
+        Down::Keepalive {
+            end: 1000,
+            send_time: 2,
+        },
+        wal_item(1000, 2000, 3, &[8; 1000]),
+    ] {
+        st.put(&mut f, &it);
+    }
+    f.extend_from_slice(&[0; 8]);
+    assert_eq!(
+        DownState::default()
+            .parse(&f, max_raw, 1000)
+            .unwrap()
+            .0
+            .len(),
+        3
+    );
+    // One byte past it: refused, naming what and the numbers.
+    let f = wal_lengths_frame(&[1000, 1000, 1]);
+    let e = DownState::default().parse(&f, max_raw, 100).unwrap_err();
+    assert_eq!(
+        e,
+        FrameError::TotalTooLong {
+            what: "WAL items",
+            total: 2001,
+            max: 2000
+        }
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("WAL items") && msg.contains("2000") && msg.contains("2001"),
+        "{msg}"
+    );
+    // The per-item cap still comes first.
+    assert!(matches!(
+        DownState::default().parse(&wal_lengths_frame(&[1001]), max_raw, 100),
+        Err(FrameError::TooLong { .. })
+    ));
+}
+
+#[test]
+fn many_compressible_wal_items_are_refused_before_any_is_restored() {
+    // The audit's frame: tiny payloads announcing max_raw (4 MiB) each, 64 of them (256 MiB
+    // once restored) in under 2 kB. The parse, which the receiver runs before restoring
+    // anything, stops at the third item.
+    let max_raw = 4 << 20;
+    let f = wal_lengths_frame(&[max_raw as u32; 64]);
+    assert!(f.len() < 2048, "{} bytes", f.len());
+    assert_eq!(
+        DownState::default().parse(&f, max_raw, max_raw + (64 << 10)),
+        Err(FrameError::TotalTooLong {
+            what: "WAL items",
+            total: 3 * max_raw as u64,
+            max: 2 * max_raw as u64
+        })
+    );
+}
+
 #[test]
 fn status_updates_are_small_and_exact_per_channel() {
     let (mut tx, mut rx) = (UpState::default(), UpState::default());
@@ -312,10 +404,11 @@ proptest! {
     }
 }
 
+/// A sender and a receiver with the budget of a downstream at the default 4 MiB limit.
 fn tunnel_pair(dir: Dir) -> (TunnelTx, TunnelRx) {
     (
         TunnelTx::new(dir, 3, 23).unwrap(),
-        TunnelRx::new(dir).unwrap(),
+        TunnelRx::new(dir, tunnel_frame_max(4 << 20)).unwrap(),
     )
 }
 
@@ -421,4 +514,81 @@ proptest! {
         let (_, mut rx) = tunnel_pair(Dir::Down);
         let _ = rx.parse(&bytes);
     }
+}
+
+#[test]
+fn tunnel_data_of_a_frame_is_capped_together() {
+    let budget = 3000;
+    let tx_rx = |dir| {
+        (
+            TunnelTx::new(dir, 3, 23).unwrap(),
+            TunnelRx::new(dir, budget).unwrap(),
+        )
+    };
+    let (mut tx, mut rx) = tx_rx(Dir::Up);
+    // At the budget, in three items: parses.
+    tx.open(b"open-info");
+    for i in 0..3u8 {
+        tx.data(&[i; 1000]).unwrap();
+    }
+    let items = rx.parse(&tx.finish()).unwrap();
+    assert_eq!(items.len(), 4);
+    assert_eq!(items[3], TunnelItem::Data(vec![2; 1000]));
+    // The budget is per frame: the next frame starts again from zero.
+    tx.data(&[9; 3000]).unwrap();
+    tx.end("");
+    assert_eq!(rx.parse(&tx.finish()).unwrap().len(), 2);
+    // One byte past it: refused, before the item that passes it is decompressed (its
+    // payload here is not zstd at all, which decompressing would have reported instead).
+    let (mut tx, mut rx) = tx_rx(Dir::Down);
+    tx.data(&[1; 2000]).unwrap();
+    let mut f = tx.finish();
+    f.truncate(f.len() - 8);
+    f.push(ITEM_TUNNEL_DATA_DOWN);
+    put_varint(&mut f, 1001);
+    put_bytes(&mut f, b"not zstd");
+    f.extend_from_slice(&[0; 8]);
+    let e = rx.parse(&f).unwrap_err();
+    assert_eq!(
+        e,
+        FrameError::TotalTooLong {
+            what: "tunnel data items",
+            total: 3001,
+            max: 3000
+        }
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("3000") && msg.contains("3001"), "{msg}");
+    // The budget can change between frames (the upstream learns the downstream's limit from
+    // the OPEN): the same kind of frame within the new one parses.
+    let (mut tx, mut rx) = tx_rx(Dir::Up);
+    rx.set_max_data(4000);
+    tx.data(&[3; 4000]).unwrap();
+    assert_eq!(
+        rx.parse(&tx.finish()).unwrap(),
+        vec![TunnelItem::Data(vec![3; 4000])]
+    );
+    assert_eq!(tunnel_frame_max(4 << 20), (4 << 20) + TUNNEL_DATA_MAX);
+}
+
+#[test]
+fn many_compressible_tunnel_items_are_refused_at_the_budget() {
+    // The audit's frame: 64 DATA items of 1 MiB of zeros (64 MiB restored) in a few kB. The
+    // receiver of a downstream at the default 4 MiB limit restores 5 MiB of it, then refuses
+    // the sixth item without decompressing it or anything after.
+    let (mut tx, mut rx) = tunnel_pair(Dir::Down);
+    let zeros = vec![0u8; TUNNEL_DATA_MAX];
+    for _ in 0..64 {
+        tx.data(&zeros).unwrap();
+    }
+    let f = tx.finish();
+    assert!(f.len() < 16 << 10, "{} bytes", f.len());
+    assert_eq!(
+        rx.parse(&f),
+        Err(FrameError::TotalTooLong {
+            what: "tunnel data items",
+            total: 6 * TUNNEL_DATA_MAX as u64,
+            max: tunnel_frame_max(4 << 20) as u64
+        })
+    );
 }

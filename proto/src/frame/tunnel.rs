@@ -14,6 +14,15 @@ pub const TUNNEL_DATA_MAX: usize = 1024 * 1024;
 /// Longest OPEN or END content.
 pub const TUNNEL_META_MAX: usize = 64 * 1024;
 
+/// Most bytes the DATA items of one tunnel frame restore together, in either direction, for a
+/// downstream whose `limits.max_message_bytes` is `max_message`: `max_message` +
+/// [`TUNNEL_DATA_MAX`] (the budget a [`TunnelRx`] is made with). A correct downstream sends
+/// one client message (at most `max_message` + 5 bytes) per frame, a correct upstream at most
+/// [`TUNNEL_DATA_MAX`] bytes of the primary's (see the module docs of `frame`).
+pub fn tunnel_frame_max(max_message: usize) -> usize {
+    max_message.saturating_add(TUNNEL_DATA_MAX)
+}
+
 /// Which way a tunnel frame goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {
@@ -144,22 +153,35 @@ fn reserve(z: &mut Vec<u8>) {
 pub struct TunnelRx {
     dir: Dir,
     dec: Decoder<'static>,
+    /// Most bytes the DATA items of one frame may restore together.
+    max_data: usize,
 }
 
 impl TunnelRx {
-    pub fn new(dir: Dir) -> std::io::Result<TunnelRx> {
+    /// A receiver whose frames' DATA items may restore at most `max_data` bytes together
+    /// ([`tunnel_frame_max`] of the downstream's `limits.max_message_bytes`).
+    pub fn new(dir: Dir, max_data: usize) -> std::io::Result<TunnelRx> {
         Ok(TunnelRx {
             dir,
             dec: Decoder::new()?,
+            max_data,
         })
     }
 
-    /// A frame's items, restored and verified.
+    /// Changes the per-frame budget of [`TunnelRx::new`] for the frames that follow (the
+    /// upstream learns the downstream's limit from the first frame's OPEN).
+    pub fn set_max_data(&mut self, max_data: usize) {
+        self.max_data = max_data;
+    }
+
+    /// A frame's items, restored and verified. DATA items that would restore to more than the
+    /// budget together are refused before the one that passes it is decompressed.
     pub fn parse(&mut self, frame: &[u8]) -> Result<Vec<TunnelItem>, FrameError> {
         let (body, sum) = body(frame)?;
         let mut c = Cursor { buf: body };
         let mut items = Vec::new();
         let mut digest = Digest::default();
+        let mut total = 0usize;
         while !c.buf.is_empty() {
             let kind = c.u8("item")?;
             let item = match kind {
@@ -174,6 +196,14 @@ impl TunnelRx {
                         "tunnel payload",
                         zstd::zstd_safe::compress_bound(TUNNEL_DATA_MAX) + 1024,
                     )?;
+                    total = total
+                        .checked_add(raw_len)
+                        .filter(|&t| t <= self.max_data)
+                        .ok_or(FrameError::TotalTooLong {
+                            what: "tunnel data items",
+                            total: (total as u64).saturating_add(raw_len as u64),
+                            max: self.max_data as u64,
+                        })?;
                     let raw = self.restore(z, raw_len)?;
                     digest.item(kind, 0, &raw);
                     TunnelItem::Data(raw)

@@ -83,7 +83,7 @@ fn ranges(link: &LinkConfig, limits: &Limits) -> [(&'static str, i128, i128, i12
             "limits.max_message_bytes",
             n(limits.max_message_bytes),
             n(super::MAX_MESSAGE_BYTES_MIN),
-            1 << 30,
+            n(super::MAX_MESSAGE_BYTES_MAX),
         ),
         ("limits.max_sessions", n(limits.max_sessions), 1, 100_000),
         ("limits.max_startups", n(limits.max_startups), 1, 100_000),

@@ -45,7 +45,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn, Instrument};
 
 use walrelay_pgwire::syncrep;
-use walrelay_proto::frame::{Dir, TunnelRx, TunnelTx};
+use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
     to_downstream, to_upstream, Hello, Param, ToDownstream, ToUpstream, TunnelCancel,
@@ -185,9 +185,14 @@ impl Link for LinkService {
         let this = self.0.get();
         let (peer, permit) = admit(&this, &request)?;
         let mut inbound = request.into_inner();
-        let mut rx = TunnelRx::new(Dir::Up).map_err(|e| Status::internal(e.to_string()))?;
+        // The first frame carries the OPEN and at most one replication command (64 kB);
+        // after it, one client message of up to the downstream's limit per frame.
+        let own_max = this.limits.max_message_bytes;
+        let mut rx = TunnelRx::new(Dir::Up, tunnel_frame_max(own_max))
+            .map_err(|e| Status::internal(e.to_string()))?;
         let (open, pending) = tunnel::first_frame(&mut inbound, &mut rx).await?;
         handshake::check_version(open.protocol_version)?;
+        rx.set_max_data(tunnel::data_budget(own_max, open.max_message_bytes));
         let level = open.zstd_level.clamp(1, 19);
         let tx = TunnelTx::new(Dir::Down, level, open.zstd_window_log.clamp(10, 27))
             .map_err(|e| Status::internal(e.to_string()))?;

@@ -18,7 +18,7 @@ use tonic::{Status, Streaming};
 use tracing::{info, warn};
 
 use walrelay_pgwire::{encode, ErrorFields};
-use walrelay_proto::frame::{TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
+use walrelay_proto::frame::{tunnel_frame_max, TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX};
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 
 use super::Upstream;
@@ -38,6 +38,19 @@ pub fn read_chunk(own_max: usize, downstream_max: u64) -> usize {
         n => usize::try_from(n).unwrap_or(usize::MAX),
     };
     (own_max.min(theirs) / 2).clamp(16 * 1024, TUNNEL_DATA_MAX)
+}
+
+/// Most bytes one frame from the downstream may restore after the first
+/// ([`tunnel_frame_max`]): the downstream forwards each client message (at most its
+/// `limits.max_message_bytes`, `downstream_max` from `TunnelOpen`) in a frame of its own, so
+/// its limit decides, at most the largest any half may have; this upstream's own (`own_max`)
+/// when the downstream did not say (0).
+pub fn data_budget(own_max: usize, downstream_max: u64) -> usize {
+    let theirs = match downstream_max {
+        0 => own_max,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    tunnel_frame_max(theirs.min(crate::config::MAX_MESSAGE_BYTES_MAX))
 }
 
 pub type Out = mpsc::Sender<Result<TunnelFrame, Status>>;
@@ -320,7 +333,22 @@ fn greeting(params: &[(String, String)], key: (u32, u32)) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::read_chunk;
+    use super::{data_budget, read_chunk};
+    use walrelay_proto::frame::TUNNEL_DATA_MAX;
+
+    #[test]
+    fn the_budget_of_a_frame_from_the_downstream_follows_its_limit() {
+        // One client message of up to the downstream's limit (and its 5-byte header) fits.
+        assert_eq!(data_budget(4 << 20, 4 << 20), (4 << 20) + TUNNEL_DATA_MAX);
+        assert_eq!(data_budget(4 << 20, 64 << 20), (64 << 20) + TUNNEL_DATA_MAX);
+        assert_eq!(
+            data_budget(64 << 20, 256 << 10),
+            (256 << 10) + TUNNEL_DATA_MAX
+        );
+        assert_eq!(data_budget(4 << 20, 0), (4 << 20) + TUNNEL_DATA_MAX);
+        // A downstream claiming more than any half may have gets the most a half may have.
+        assert_eq!(data_budget(4 << 20, u64::MAX), (1 << 30) + TUNNEL_DATA_MAX);
+    }
 
     #[test]
     fn a_frame_fits_the_smaller_message_limit_of_the_halves() {

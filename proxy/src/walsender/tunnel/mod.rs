@@ -32,7 +32,7 @@ use tracing::{info, warn};
 
 use walrelay_pgwire::scan::Scanner;
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
-use walrelay_proto::frame::{Dir, TunnelItem, TunnelRx, TunnelTx};
+use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 use walrelay_proto::PROTOCOL_VERSION;
@@ -204,7 +204,8 @@ impl<'a> TunnelSession<'a> {
             status: b'I',
             tx: TunnelTx::new(Dir::Up, ds.link_cfg.zstd_level, ds.link_cfg.zstd_window_log)
                 .map_err(io)?,
-            rx: TunnelRx::new(Dir::Down).map_err(io)?,
+            rx: TunnelRx::new(Dir::Down, tunnel_frame_max(ds.limits.max_message_bytes))
+                .map_err(io)?,
             progress: Progress {
                 started: Instant::now(),
                 last: Instant::now(),
