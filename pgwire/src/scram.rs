@@ -251,20 +251,59 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 /// Process-wide secret for mock salts (PostgreSQL keeps its `mock_auth_nonce` in pg_control).
-fn mock_secret() -> &'static [u8; 32] {
-    static SECRET: OnceLock<[u8; 32]> = OnceLock::new();
-    SECRET.get_or_init(rand::random)
+/// What unknown users' mock verifiers look like: the secret their salts derive from, and
+/// their iteration count.
+#[derive(Clone)]
+pub struct MockParams {
+    secret: [u8; 32],
+    iterations: u32,
 }
 
-/// Verifier used for unknown users: a salt derived from the user name and `secret` (stable for a
-/// given secret, like PostgreSQL's `scram_mock_salt`) and keys no proof can match.
-fn mock_verifier(username: &str, secret: &[u8]) -> ScramVerifier {
+impl MockParams {
+    /// Derived from the configured verifiers (in a stable order): the same across restarts,
+    /// as PostgreSQL's mock salts are (from pg_control's nonce), so an unknown user's salt does
+    /// not change where a known user's stays; and with the iteration count most of them have,
+    /// so the exchange looks like a known user's. The secret hashes their server keys, which
+    /// never leave the server.
+    pub fn from_verifiers<'a>(verifiers: impl IntoIterator<Item = &'a ScramVerifier>) -> Self {
+        let mut h = Sha256::new().chain_update(b"walrelay scram mock salt");
+        let mut counts: Vec<(u32, usize)> = Vec::new();
+        for v in verifiers {
+            h.update(v.server_key);
+            match counts.iter_mut().find(|(i, _)| *i == v.iterations) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((v.iterations, 1)),
+            }
+        }
+        let iterations = counts
+            .iter()
+            .max_by_key(|(i, n)| (*n, std::cmp::Reverse(*i)))
+            .map_or(DEFAULT_ITERATIONS, |(i, _)| *i);
+        MockParams {
+            secret: h.finalize().into(),
+            iterations,
+        }
+    }
+
+    /// A random secret for this process, and PostgreSQL's default iteration count.
+    fn per_process() -> &'static MockParams {
+        static PARAMS: OnceLock<MockParams> = OnceLock::new();
+        PARAMS.get_or_init(|| MockParams {
+            secret: rand::random(),
+            iterations: DEFAULT_ITERATIONS,
+        })
+    }
+}
+
+/// Verifier used for unknown users: a salt derived from the user name and the secret (stable
+/// for a given secret, like PostgreSQL's `scram_mock_salt`) and keys no proof can match.
+fn mock_verifier(username: &str, mock: &MockParams) -> ScramVerifier {
     let digest = Sha256::new()
         .chain_update(username.as_bytes())
-        .chain_update(secret)
+        .chain_update(mock.secret)
         .finalize();
     ScramVerifier {
-        iterations: DEFAULT_ITERATIONS,
+        iterations: mock.iterations,
         salt: digest.iter().copied().take(DEFAULT_SALT_LEN).collect(),
         stored_key: [0; 32],
         server_key: [0; 32],
@@ -315,19 +354,19 @@ impl ScramServer {
     /// (deterministic per username within this process, like PostgreSQL's scram_mock_salt) and
     /// fail at the end, so an unknown user is indistinguishable from a wrong password.
     pub fn new(verifier: Option<ScramVerifier>, username_for_mock: &str) -> Self {
-        Self::with_mock_secret(verifier, username_for_mock, mock_secret())
+        Self::with_mock(verifier, username_for_mock, MockParams::per_process())
     }
 
-    /// Like [`ScramServer::new`], with the secret for mock salts given by the caller, so that
-    /// mock salts stay the same across restarts (pass a persistent random secret).
-    pub fn with_mock_secret(
+    /// Like [`ScramServer::new`], with mock verifiers as `mock` says (see
+    /// [`MockParams::from_verifiers`]: the same across restarts).
+    pub fn with_mock(
         verifier: Option<ScramVerifier>,
         username_for_mock: &str,
-        mock_secret: &[u8],
+        mock: &MockParams,
     ) -> Self {
         let (verifier, doomed) = match verifier {
             Some(v) => (v, false),
-            None => (mock_verifier(username_for_mock, mock_secret), true),
+            None => (mock_verifier(username_for_mock, mock), true),
         };
         ScramServer {
             verifier,
@@ -440,166 +479,8 @@ impl ScramServer {
     }
 }
 
-/// Truncates peer-supplied text quoted in an error message.
-fn clip(s: &str) -> String {
-    crate::clip(s, 64)
-}
-
-fn message_str<'a>(data: &'a [u8], what: &str) -> Result<&'a str, ScramError> {
-    if data.len() > MAX_MESSAGE_LEN {
-        return Err(protocol(format!(
-            "{what} is {} bytes, more than the {MAX_MESSAGE_LEN} accepted",
-            data.len()
-        )));
-    }
-    std::str::from_utf8(data).map_err(|_| protocol(format!("{what} is not valid UTF-8")))
-}
-
-/// Splits `letter=value` and checks the letter; values never contain ','.
-fn attr(part: &str) -> Option<(u8, &str)> {
-    let (name, value) = part.split_once('=')?;
-    match name.as_bytes() {
-        [c] if c.is_ascii_alphabetic() => Some((*c, value)),
-        _ => None,
-    }
-}
-
-/// Splits off the gs2 header (`n,,` or `y,,`), returning it and client-first-bare.
-fn split_gs2_header(msg: &str) -> Result<(&str, &str), ScramError> {
-    match msg.as_bytes().first() {
-        Some(b'n' | b'y') => {}
-        Some(b'p') => {
-            return Err(protocol(
-                "the client requested channel binding, which walrelay does not support; \
-                 connect with channel_binding=disable or prefer",
-            ))
-        }
-        Some(_) => {
-            return Err(protocol(
-                "client-first-message must start with a gs2 header \"n,,\" or \"y,,\"",
-            ))
-        }
-        None => return Err(protocol("client-first-message is empty")),
-    }
-    let rest = msg.get(1..).unwrap_or_default();
-    let rest = rest.strip_prefix(',').ok_or_else(|| {
-        protocol("client-first-message must start with a gs2 header \"n,,\" or \"y,,\"")
-    })?;
-    if rest.starts_with("a=") {
-        return Err(protocol(
-            "the client sent an authorization identity (a=), which is not supported; \
-             the user of the startup packet is used",
-        ));
-    }
-    let bare = rest.strip_prefix(',').ok_or_else(|| {
-        protocol("client-first-message must start with a gs2 header \"n,,\" or \"y,,\"")
-    })?;
-    let header = msg.get(..3).unwrap_or_default();
-    Ok((header, bare))
-}
-
-/// Parses client-first-bare `n=<user>,r=<nonce>[,ext...]`, returning the client nonce.
-fn parse_client_first_bare(bare: &str) -> Result<&str, ScramError> {
-    if bare.starts_with("m=") {
-        return Err(protocol(
-            "the client requires an unsupported SCRAM extension (m=)",
-        ));
-    }
-    let mut parts = bare.split(',');
-    match parts.next().and_then(attr) {
-        Some((b'n', _user)) => {}
-        _ => {
-            return Err(protocol(
-                "client-first-message must contain the user name attribute n= after the gs2 header",
-            ))
-        }
-    }
-    let nonce = match parts.next().and_then(attr) {
-        Some((b'r', nonce)) => nonce,
-        _ => {
-            return Err(protocol(
-                "client-first-message must contain the nonce attribute r= after n=",
-            ))
-        }
-    };
-    if nonce.is_empty()
-        || !nonce
-            .bytes()
-            .all(|b| (0x21..=0x7e).contains(&b) && b != b',')
-    {
-        return Err(protocol(
-            "the client nonce must be non-empty printable ASCII without ','",
-        ));
-    }
-    for ext in parts {
-        if attr(ext).is_none() {
-            return Err(protocol(
-                "malformed attribute in client-first-message: expected letter=value",
-            ));
-        }
-    }
-    Ok(nonce)
-}
-
-struct ClientFinal<'a> {
-    channel_binding: &'a str,
-    nonce: &'a str,
-    proof: &'a str,
-    without_proof: &'a str,
-}
-
-/// Parses `c=..,r=..[,ext...],p=..`.
-fn parse_client_final(msg: &str) -> Result<ClientFinal<'_>, ScramError> {
-    let (without_proof, last) = msg
-        .rsplit_once(',')
-        .ok_or_else(|| protocol("client-final-message must be c=<binding>,r=<nonce>,p=<proof>"))?;
-    let proof = match attr(last) {
-        Some((b'p', proof)) => proof,
-        _ => {
-            return Err(protocol(
-                "client-final-message must end with the proof attribute p=",
-            ))
-        }
-    };
-    let mut parts = without_proof.split(',');
-    let channel_binding = match parts.next().and_then(attr) {
-        Some((b'c', v)) => v,
-        _ => {
-            return Err(protocol(
-                "client-final-message must start with the channel-binding attribute c=",
-            ))
-        }
-    };
-    let nonce = match parts.next().and_then(attr) {
-        Some((b'r', v)) => v,
-        _ => {
-            return Err(protocol(
-                "client-final-message must contain the nonce attribute r= after c=",
-            ))
-        }
-    };
-    for ext in parts {
-        match attr(ext) {
-            Some((b'p', _)) => {
-                return Err(protocol(
-                    "the proof attribute p= must be the last of client-final-message",
-                ))
-            }
-            Some(_) => {}
-            None => {
-                return Err(protocol(
-                    "malformed attribute in client-final-message: expected letter=value",
-                ))
-            }
-        }
-    }
-    Ok(ClientFinal {
-        channel_binding,
-        nonce,
-        proof,
-        without_proof,
-    })
-}
+mod parse;
+use parse::{clip, message_str, parse_client_final, parse_client_first_bare, split_gs2_header};
 
 #[cfg(test)]
 mod tests;

@@ -112,10 +112,20 @@ fn mock_salt_is_stable_per_user() {
     };
     assert_eq!(salt_of("bob"), salt_of("bob"));
     assert_ne!(salt_of("bob"), salt_of("carol"));
-    let a = ScramServer::with_mock_secret(None, "bob", b"k1").verifier;
-    let b = ScramServer::with_mock_secret(None, "bob", b"k2").verifier;
+    // From the configured verifiers: the same for the same configuration (across restarts),
+    // another for another, with the iteration count most of them use.
+    let v = |pw: &str, iterations: u32| ScramVerifier::from_password(pw, b"salt", iterations);
+    let mock = |vs: &[ScramVerifier]| MockParams::from_verifiers(vs);
+    let (k1, k2) = ([v("a", 4096), v("b", 4096)], [v("a", 4096), v("c", 4096)]);
+    let a = ScramServer::with_mock(None, "bob", &mock(&k1)).verifier;
+    let again = ScramServer::with_mock(None, "bob", &mock(&k1)).verifier;
+    let b = ScramServer::with_mock(None, "bob", &mock(&k2)).verifier;
+    assert_eq!(a.salt, again.salt);
     assert_ne!(a.salt, b.salt);
     assert_eq!(a.iterations, DEFAULT_ITERATIONS);
+    let many = [v("a", 10_000), v("b", 10_000), v("c", 4096)];
+    assert_eq!(mock(&many).iterations, 10_000);
+    assert_eq!(mock(&[]).iterations, DEFAULT_ITERATIONS);
 }
 
 #[test]
