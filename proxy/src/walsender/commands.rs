@@ -273,6 +273,9 @@ impl Session<'_> {
 
     /// A command the primary answers, through the standby's own connection.
     async fn relay(&mut self, cmd: ReplCommand) -> Result<(), End> {
+        // What is pending is old: an answer that came after an earlier command timed out
+        // belongs to that command, and the link's state is looked at here and now.
+        while self.events.try_recv().is_ok() {}
         if self.ds.spooler.link.borrow().is_none() {
             return self
                 .error(ErrorFields::error(
