@@ -160,9 +160,14 @@ async fn read_startup(
                 if !matches!(e, WireError::Closed) {
                     warn!(%peer, "invalid startup packet: {e}");
                 }
+                // As PostgreSQL: an unsupported protocol is "feature not supported".
+                let code = match e {
+                    WireError::UnsupportedProtocol { .. } => "0A000",
+                    _ => "08P01",
+                };
                 return Err(split_fail(
                     reader,
-                    End::fatal("08P01", format!("invalid startup packet: {e}")),
+                    End::fatal(code, format!("invalid startup packet: {e}")),
                 ));
             }
         };
