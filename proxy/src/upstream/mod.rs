@@ -415,6 +415,17 @@ async fn start_streaming(
                 e.message
             )))
         }
+        Err(pgclient::PgClientError::Server(e))
+            if e.code == "58P01" || e.message.contains("has already been removed") =>
+        {
+            Err(Status::failed_precondition(format!(
+                "the primary no longer has the WAL the spool continues from ({at}): {}. The \
+                 spool and the standbys behind it cannot catch up from this primary: empty \
+                 downstream.spool_dir, restart the downstream and seed the standbys again \
+                 (pg_basebackup through it)",
+                e.message
+            )))
+        }
         Err(e) => Err(unavailable("START_REPLICATION on the primary", e)),
     }
 }
