@@ -134,7 +134,10 @@ impl LinkToUpstream {
                 Ok(())
             }
             Up::Durable { end, .. } => {
-                self.durable.send_replace(Lsn(end));
+                // Never past what this stream sent (it starts at the spool's end the Hello
+                // stated): a downstream claiming more would let the slot drop WAL it lacks.
+                let sent = *self.sent.borrow();
+                self.durable.send_replace(Lsn(end).min(sent));
                 Ok(())
             }
             Up::Alive => Ok(()),
