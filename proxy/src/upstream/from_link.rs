@@ -164,7 +164,8 @@ impl LinkToUpstream {
         let max = self.up.limits.max_sessions;
         let (tx, rx) = mpsc::channel(4);
         let (feedback, feedback_rx) = watch::channel([None, None]);
-        if self.identities >= max {
+        let refused = self.identities >= max;
+        if refused {
             // One standby too many is refused on its own; the stream and the other standbys
             // go on. Only a downstream with as many refused as served ends the stream.
             if self.channels.len() >= max.saturating_mul(2) {
@@ -173,42 +174,29 @@ impl LinkToUpstream {
                 )));
             }
             warn!(application_name = %info.application_name, standby = %info.addr, "standby refused: this downstream's standbys already hold the upstream's limits.max_sessions ({max})");
-            self.up
-                .tasks
-                .spawn(refuse(chan, rx, self.events.clone(), max));
-            let refused = true;
-            self.channels.insert(
+            let events = self.events.clone();
+            self.up.tasks.spawn(refuse(chan, rx, events, max));
+        } else {
+            let span = tracing::info_span!("standby_identity", application_name = %info.application_name, standby = %info.addr);
+            let identity = Identity {
+                up: self.up.clone(),
                 chan,
-                Channel {
-                    tx,
-                    feedback,
-                    refused,
-                },
-            );
-            return Ok(());
+                info,
+                rx,
+                feedback: feedback_rx,
+                events: self.events.clone(),
+                synchronous: self.synchronous.clone(),
+                sent: self.sent.clone(),
+            };
+            self.up.tasks.spawn(identity.run().instrument(span));
+            self.identities += 1;
         }
-        let span = tracing::info_span!("standby_identity", application_name = %info.application_name, standby = %info.addr);
-        let identity = Identity {
-            up: self.up.clone(),
-            chan,
-            info,
-            rx,
-            feedback: feedback_rx,
-            events: self.events.clone(),
-            synchronous: self.synchronous.clone(),
-            sent: self.sent.clone(),
+        let channel = Channel {
+            tx,
+            feedback,
+            refused,
         };
-        self.up.tasks.spawn(identity.run().instrument(span));
-        let refused = false;
-        self.channels.insert(
-            chan,
-            Channel {
-                tx,
-                feedback,
-                refused,
-            },
-        );
-        self.identities += 1;
+        self.channels.insert(chan, channel);
         Ok(())
     }
 }
