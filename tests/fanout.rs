@@ -149,7 +149,8 @@ async fn a_cut_link_ends_no_standby_session() {
         }
     };
     let before = (pid(0).await, pid(1).await);
-    let mut leaving = receivewal_streaming(&env, "gone_b").await;
+    let dir = env.root.path().join("gone_b");
+    let mut leaving = receivewal_streaming(&env.primary, &dir, env.down_port, "gone_b").await;
     let load = pgbench_background(&env.primary, &["-c", "4", "-T", "40", "-n", "postgres"]);
     pause(3).await;
     env.link.cut();
@@ -190,38 +191,6 @@ async fn a_cut_link_ends_no_standby_session() {
         .downstream
         .log_text()
         .contains("link to the upstream lost"));
-}
-
-/// `pg_receivewal` through the downstream as `name`, once its own connection to the primary
-/// streams.
-async fn receivewal_streaming(env: &Split, name: &str) -> std::process::Child {
-    let dir = env.root.path().join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} application_name={name}",
-        env.down_port
-    );
-    let child = env
-        .primary
-        .command("pg_receivewal")
-        .arg("-D")
-        .arg(&dir)
-        .args(["-d", &conninfo])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let p = &env.primary;
-    let sql = format!("select count(*)::text from pg_stat_replication where application_name = '{name}' and state = 'streaming'");
-    let sql = &sql;
-    walrelay_harness::cluster::wait_until(
-        "pg_receivewal's own connection to stream",
-        TIMEOUT,
-        || async move { Ok(p.query_one_string(sql).await? == "1") },
-    )
-    .await
-    .unwrap();
-    child
 }
 
 /// `ANY 1 (a, b)`: with both walreceivers stopped a commit waits; when one resumes, it

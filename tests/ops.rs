@@ -385,30 +385,7 @@ fn start_relay_with_long_keepalives(root: &TempRoot, p: &Cluster, up: u16, down:
 /// Starts pg_receivewal (application_name `stuck`) on the relay's `down` port and waits until
 /// it streams.
 async fn start_pg_receivewal(root: &TempRoot, p: &Cluster, down: u16) -> std::process::Child {
-    let dir = root.path().join("receivewal");
-    std::fs::create_dir_all(&dir).unwrap();
-    let receiver = p
-        .command("pg_receivewal")
-        .arg("-D")
-        .arg(&dir)
-        .args([
-            "-d",
-            &format!("host=127.0.0.1 port={down} user={STANDBY_USER} application_name=stuck"),
-            "--no-loop",
-        ])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let streaming = "select count(*)::text from pg_stat_replication where application_name = 'stuck' and state = 'streaming'";
-    wait_until(
-        "pg_receivewal streaming through the relay",
-        TIMEOUT,
-        || async move { Ok(p.query_one_string(streaming).await? == "1") },
-    )
-    .await
-    .unwrap();
-    receiver
+    receivewal_streaming(p, &root.path().join("receivewal"), down, "stuck").await
 }
 
 /// Waits until the relay's spool (for its `down` port) holds 48 MB.

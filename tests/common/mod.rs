@@ -460,3 +460,35 @@ pub fn psql_repl(c: &Cluster, conninfo: &str, password: &str, sql: &str) -> (boo
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `pg_receivewal --no-loop` (the primary `p`'s) into `dir`, through the downstream on `port`
+/// as `name`; returns once its own connection to the primary streams.
+pub async fn receivewal_streaming(
+    p: &Cluster,
+    dir: &Path,
+    port: u16,
+    name: &str,
+) -> std::process::Child {
+    std::fs::create_dir_all(dir).unwrap();
+    let conninfo =
+        format!("host=127.0.0.1 port={port} user={STANDBY_USER} application_name={name}");
+    let child = p
+        .command("pg_receivewal")
+        .arg("-D")
+        .arg(dir)
+        .args(["-d", &conninfo, "--no-loop"])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let sql = format!("select count(*)::text from pg_stat_replication where application_name = '{name}' and state = 'streaming'");
+    let sql = &sql;
+    walrelay_harness::cluster::wait_until(
+        "pg_receivewal's own connection to stream",
+        TIMEOUT,
+        || async move { Ok(p.query_one_string(sql).await? == "1") },
+    )
+    .await
+    .unwrap();
+    child
+}
