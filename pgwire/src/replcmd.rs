@@ -63,7 +63,7 @@ pub enum ReplCmdError {
     Unsupported(String),
     #[error("syntax error in replication command: {0}")]
     Syntax(String),
-    /// Only whitespace (and possibly a `;`); PostgreSQL answers EmptyQueryResponse.
+    /// Only whitespace (and possibly a `;`): SQL to PostgreSQL 15+, which a physical walsender refuses.
     #[error(
         "empty replication command: expected IDENTIFY_SYSTEM, SHOW, TIMELINE_HISTORY, \
          START_REPLICATION or READ_REPLICATION_SLOT"

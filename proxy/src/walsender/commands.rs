@@ -183,7 +183,15 @@ impl Session<'_> {
             Err(e) => {
                 let mut out = BytesMut::new();
                 match e {
-                    replcmd::ReplCmdError::Empty => encode::tagged(&mut out, b'I', |_| {}),
+                    // PostgreSQL 15+ hands a query with no replication keyword to SQL, which a
+                    // physical connection refuses: also an empty one.
+                    replcmd::ReplCmdError::Empty => encode::error_response(
+                        &mut out,
+                        &ErrorFields::error(
+                            "0A000",
+                            "cannot execute SQL commands in WAL sender for physical replication",
+                        ),
+                    ),
                     replcmd::ReplCmdError::Unsupported(_) => encode::error_response(
                         &mut out,
                         &ErrorFields::error("0A000", e.to_string()),
