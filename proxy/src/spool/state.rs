@@ -57,15 +57,19 @@ impl SpoolState {
 /// The state in `dir`, or None for a new spool.
 pub fn read(dir: &Path) -> Result<Option<SpoolState>, SpoolError> {
     let path = dir.join(STATE_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(s) => SpoolState::parse(&s).map(Some).ok_or_else(|| {
-            SpoolError::Invalid(
-                path,
-                format!(
-                    "unreadable state {s:?}; remove the spool directory's contents to start over"
-                ),
-            )
-        }),
+    match std::fs::read(&path) {
+        Ok(b) => {
+            let s = String::from_utf8_lossy(&b);
+            SpoolState::parse(&s).map(Some).ok_or_else(|| {
+                SpoolError::Invalid(
+                    path,
+                    format!(
+                        "unreadable state {:?}; remove the spool directory's contents to start over",
+                        walrelay_pgwire::clip(&s, 200)
+                    ),
+                )
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(SpoolError::Io { path, source }),
     }
@@ -97,5 +101,10 @@ mod tests {
         ] {
             assert_eq!(SpoolState::parse(bad), None, "{bad:?}");
         }
+        // A file that is not even text: the same advice as for garbage text.
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(STATE_FILE), [0xff, 0xfe, 0, 1]).unwrap();
+        let e = read(d.path()).unwrap_err().to_string();
+        assert!(e.contains("remove the spool directory's contents"), "{e}");
     }
 }
