@@ -370,8 +370,9 @@ async fn link_peer_names_refuse_a_certificate_with_another_name() {
 /// The tunnel's SQL allowlist against what PostgreSQL reads differently from a simple scan:
 /// on a `replication=database` session through the downstream (no `allow_sql`, no
 /// `allow_slot_commands`), a lower-case `show` (SQL to PostgreSQL, whose replication keywords
-/// are capitals), a string that hides a second statement, and a function spelt with Unicode
-/// escapes are all refused; the primary's table and slot are untouched.
+/// are capitals), a string that hides a second statement, a function spelt with Unicode
+/// escapes, a read-write transaction spelt past a simple check and a write inside COPY are all
+/// refused; the primary's table and slot are untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
     let env = common::split::Split::new(common::split::SplitOpts {
@@ -394,6 +395,9 @@ async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
         "SELECT $a$'$a$; CREATE TABLE pwned(x int); --'",
         "SELECT U&\"pg\\005fdrop_replication_slot\"('victim')",
         "SELECT query_to_xml('SELECT pg_drop_replication_slot(''victim'')', true, true, '')",
+        "BEGIN READ ONLY READ  WRITE",
+        "COPY (CREATE TABLE pwned AS SELECT 1 RETURNING 1) TO STDOUT",
+        "COPY (DELETE FROM pg_class WHERE false RETURNING 1) TO STDOUT",
     ] {
         let (ok, _, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, sql);
         assert!(!ok && err.contains("allow_sql"), "{sql}: {err}");

@@ -172,15 +172,24 @@ pub fn is_read_only_statement(text: &str) -> bool {
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
         .filter(|w| !w.is_empty())
         .collect();
+    let norm = normalize(&lower);
     let kind_ok = match words.first().copied() {
         Some("select") => true,
         // Table synchronization's `COPY t (cols) TO STDOUT` / `COPY (SELECT ...) TO STDOUT`:
-        // to the client only, never to or from a server file.
-        Some("copy") => normalize(&lower).ends_with(" to stdout") && words.get(1) != Some(&"to"),
-        Some("begin") | Some("start") => {
-            lower.contains("read only") && !lower.contains("read write")
+        // to the client only, never to or from a server file, and a query inside only a
+        // SELECT (`COPY (DELETE ... RETURNING *) TO STDOUT` writes).
+        Some("copy") => {
+            let query = norm["copy".len()..].trim_start().starts_with('(');
+            norm.ends_with(" to stdout")
+                && words.get(1) != Some(&"to")
+                && (!query || words.get(1) == Some(&"select"))
         }
-        Some("commit") | Some("rollback") | Some("end") | Some("abort") => words.len() <= 2,
+        // The last transaction mode counts (`READ ONLY READ WRITE` is read-write): none may
+        // say WRITE.
+        Some("begin") | Some("start") => words.contains(&"only") && !words.contains(&"write"),
+        Some("commit") | Some("rollback") | Some("end") | Some("abort") => {
+            matches!(words[1..], [] | ["work"] | ["transaction"])
+        }
         _ => false,
     };
     kind_ok
@@ -230,6 +239,9 @@ mod tests {
             "COPY public.items (id, v) TO STDOUT",
             "COPY (SELECT id, v FROM public.items WHERE (id > 1)) TO STDOUT",
             "COMMIT",
+            "rollback work",
+            "START TRANSACTION READ ONLY",
+            "COPY ( SELECT 1 ) TO STDOUT",
             "SELECT pg_catalog.set_config('search_path', '', false);",
             "SELECT 'it''s; fine', \"a\"\"b;\" FROM t;",
         ] {
@@ -262,6 +274,13 @@ mod tests {
             "SELECT query_to_xml('SELECT pg_'||'terminate_backend(1)', true, true, '')",
             "SELECT pg_try_advisory_lock(1)",
             "SELECT 'unterminated",
+            // The last transaction mode counts, whatever the white space before it.
+            "BEGIN READ ONLY READ  WRITE",
+            "START TRANSACTION READ ONLY READ\nWRITE",
+            "COPY (DELETE FROM t RETURNING *) TO STDOUT",
+            "COPY ( UPDATE t SET x = 1 RETURNING x ) TO STDOUT",
+            "COMMIT PREPARED '-'",
+            "ROLLBACK PREPARED '-'",
             "SELECT \"unterminated",
             "WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d",
             "SELECT nextval('s')",
