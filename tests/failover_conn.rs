@@ -63,6 +63,8 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
     let read_write = two_hosts(hot.port(), primary.port(), "read-write");
     let before = choices_while_the_primary_runs(&primary, &hot).await;
     let (relay, behind, down) = standby_behind_walrelay(&root, &primary, &hot, &read_write).await;
+    let received = root.path().join("received");
+    let mut receiver = receivewal_streaming(&primary, &received, down, "recv").await;
 
     primary.stop().await.unwrap();
     no_host_qualifies(&read_write, &primary, &hot).await;
@@ -91,7 +93,41 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}\n{}", relay.log_text(), behind.log_tail(30)));
+    receiver_follows_onto_timeline_2(&mut receiver, &received).await;
     relay.assert_no_panic();
+}
+
+/// pg_receivewal (`--no-loop`: it exits on any error) streamed timeline 1 through the
+/// downstream: at its end it takes the next timeline from START_REPLICATION's answer, fetches
+/// the history file and goes on streaming timeline 2.
+async fn receiver_follows_onto_timeline_2(
+    receiver: &mut std::process::Child,
+    dir: &std::path::Path,
+) {
+    let on_2 = || {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .any(|n| n.starts_with("00000002") && n.len() >= 24)
+    };
+    let history = dir.join("00000002.history");
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !(history.exists() && on_2()) {
+        if let Some(status) = receiver.try_wait().unwrap() {
+            panic!("pg_receivewal exited at the timeline switch: {status}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pg_receivewal did not reach timeline 2"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        receiver.try_wait().unwrap().is_none(),
+        "pg_receivewal exited"
+    );
+    let _ = receiver.kill();
+    let _ = receiver.wait();
 }
 
 /// Directly: `any` takes the first host (the standby), read-write and primary the second.

@@ -168,7 +168,7 @@ pub(super) async fn stream(
         if start == h.end {
             let mut out = BytesMut::new();
             results::next_timeline(&mut out, h.next, h.end);
-            encode::ready_for_query(&mut out);
+            end_start_replication(&mut out);
             return s.write(&out).await;
         }
     }
@@ -200,8 +200,18 @@ pub(super) async fn stream(
     } else {
         results::command_complete(&mut out, "START_STREAMING");
     }
-    encode::ready_for_query(&mut out);
+    end_start_replication(&mut out);
     s.write(&out).await
+}
+
+/// What ends START_REPLICATION after its own CommandComplete (START_STREAMING), as
+/// PostgreSQL's `exec_replication_command` ends it: a second CommandComplete ("dupe, but
+/// necessary per libpqrcv_endstreaming", which reads the next-timeline result set and then
+/// one more command result; pg_receivewal fails at a timeline's end without it), then
+/// ReadyForQuery.
+fn end_start_replication(out: &mut BytesMut) {
+    results::command_complete(out, "START_REPLICATION");
+    encode::ready_for_query(out);
 }
 
 /// Longest a standby ahead of the spool waits for the spool to catch up.
