@@ -308,13 +308,15 @@ impl FeedToLink<'_> {
         }
     }
 
-    /// Tells the primary where the spool is durable (write = flush = apply = that position).
+    /// Tells the primary where the spool is durable (write = flush = that position). Apply is
+    /// none (0), as pg_receivewal says it: the spool replays nothing, and a stream matched by
+    /// `synchronous_standby_names` (`*`) must not let a `remote_apply` commit return.
     async fn status(&mut self) -> Result<(), Status> {
         let at = self.durable.borrow_and_update().0;
         self.slot_gauge(|s| s.confirmed = at);
         let mut msg = Vec::with_capacity(34);
         msg.push(b'r');
-        for v in [at, at, at] {
+        for v in [at, at, 0] {
             msg.extend_from_slice(&v.to_be_bytes());
         }
         msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
