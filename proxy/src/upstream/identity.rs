@@ -121,6 +121,11 @@ impl Identity {
         let mut started: Option<StartReplication> = None;
         let shutdown = self.up.shutdown.clone();
         loop {
+            // The standby left while there was no connection (the primary down or refusing):
+            // nothing more will come, so no connection is opened for it again.
+            if self.rx.is_closed() && self.rx.is_empty() {
+                return;
+            }
             let end = self.connection(&entry, &mut started).await;
             match end {
                 Ended::Closed => return,
@@ -187,6 +192,17 @@ impl Identity {
                         }
                     }
                     Some(ToIdentity::Command(_)) => {}
+                    // The standby starts again (the next timeline, on the same session): this
+                    // connection streams from the primary's position already; a second
+                    // START_REPLICATION in COPY would end it.
+                    Some(ToIdentity::Start(s)) if streaming => {
+                        *started = Some(s);
+                        let chan = self.chan;
+                        let _ = self.events.send(Event::Started { chan, synchronous: sync }).await;
+                        if let Err(e) = self.pass_feedback(&mut conn, entry).await {
+                            return Ended::Lost(e);
+                        }
+                    }
                     Some(ToIdentity::Start(s)) => match self.start(&mut conn, &s, sync, entry).await {
                         Ok(()) => {
                             *started = Some(s);

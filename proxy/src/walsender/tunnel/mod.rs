@@ -444,7 +444,9 @@ impl<'a> TunnelSession<'a> {
 
     /// Answers a held refusal once everything sent before it has been answered.
     async fn answer_held(&mut self) -> Result<(), End> {
-        if self.outstanding > 0 || self.skip_to_sync {
+        // Also not inside one of the primary's messages (a frame can end within its
+        // ReadyForQuery): the next frame's call answers.
+        if self.outstanding > 0 || self.skip_to_sync || !self.scanner.at_boundary() {
             return Ok(());
         }
         let Some(e) = self.held.take() else {
