@@ -402,6 +402,28 @@ async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
         let (ok, _, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, sql);
         assert!(!ok && err.contains("allow_sql"), "{sql}: {err}");
     }
+    // A physical session handed over by creating a temporary slot may stream on that slot
+    // only, not on another client's (whose position its status updates would move).
+    let physical = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
+        env.down_port
+    );
+    let out = p
+        .command("psql")
+        .args([&physical, "-XAt"])
+        .args([
+            "-c",
+            "CREATE_REPLICATION_SLOT tmp TEMPORARY PHYSICAL RESERVE_WAL",
+        ])
+        .args(["-c", "START_REPLICATION SLOT victim PHYSICAL 0/1000000"])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("stream from replication slot \"victim\""),
+        "{err}"
+    );
     // What the allowlist is for still passes.
     let (ok, out, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, "SELECT 'it''s'");
     assert!(ok && out.trim() == "it's", "{err}");

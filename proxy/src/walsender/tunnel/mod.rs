@@ -19,6 +19,7 @@
 pub mod cancel;
 pub mod policy;
 pub mod sql;
+mod watch;
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tracing::{info, warn};
 
-use walrelay_pgwire::scan::Scanner;
+use walrelay_pgwire::replcmd::TunnelCmd;
+use walrelay_pgwire::scan::{Scanner, Seen};
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_client::LinkClient;
@@ -63,6 +65,8 @@ pub(crate) struct TunnelSession<'a> {
     skip_to_sync: bool,
     /// Transaction status of the primary's last ReadyForQuery (for a refusal's).
     status: u8,
+    /// What the primary's answers say: WAL sent, temporary slots created.
+    watch: watch::PrimaryWatch,
     tx: TunnelTx,
     rx: TunnelRx,
     progress: Progress,
@@ -193,7 +197,9 @@ impl<'a> TunnelSession<'a> {
                 mode,
                 allow_slot_commands: ds.cfg.allow_slot_commands,
                 allow_sql: ds.cfg.allow_sql,
+                temp_slots: Vec::new(),
             },
+            watch: watch::PrimaryWatch::new(mode == Mode::Logical),
             ds,
             reader,
             writer,
@@ -332,6 +338,13 @@ impl<'a> TunnelSession<'a> {
         }
         match self.policy.check(m.tag, &m.body) {
             Ok(()) => {
+                let m = match (m.tag, self.watch.clamp(&m.body)) {
+                    (b'd', Some(lowered)) => RawMsg {
+                        tag: b'd',
+                        body: lowered.into(),
+                    },
+                    _ => m,
+                };
                 self.forward(out, &m).await?;
                 if m.tag == b'X' {
                     return Err(self.leave(out, "").await);
@@ -359,6 +372,18 @@ impl<'a> TunnelSession<'a> {
         m.encode(&mut b);
         self.progress.up += b.len() as u64;
         Metrics::add(&self.ds.metrics.tunnel_bytes_to_primary[1], b.len() as u64);
+        if m.tag == b'Q' {
+            let text = m.body.strip_suffix(b"\0").unwrap_or(&m.body);
+            let cmd = std::str::from_utf8(text).map(walrelay_pgwire::replcmd::classify);
+            if let Ok(Ok(TunnelCmd::CreateSlot {
+                slot,
+                temporary: true,
+                ..
+            })) = cmd
+            {
+                self.watch.creating(slot, self.outstanding);
+            }
+        }
         if matches!(m.tag, b'Q' | b'S') {
             self.outstanding = self.outstanding.saturating_add(1);
         }
@@ -404,14 +429,24 @@ impl<'a> TunnelSession<'a> {
             match it {
                 TunnelItem::Data(d) => {
                     let mut ready = 0u32;
+                    let watch = &mut self.watch;
                     self.scanner
-                        .feed(&d, |t| ready += u32::from(t == b'Z'))
+                        .feed_seen(&d, |s| match s {
+                            Seen::Start(t) => {
+                                ready += u32::from(t == b'Z');
+                                watch.tag(t);
+                            }
+                            Seen::Head { tag, head, len } => watch.head(tag, head, len),
+                        })
                         .map_err(|e| {
                             End::fatal(
                                 "08P01",
                                 format!("walrelay: the primary's messages are malformed: {e}"),
                             )
                         })?;
+                    if self.policy.temp_slots.len() != self.watch.temp_slots.len() {
+                        self.policy.temp_slots.clone_from(&self.watch.temp_slots);
+                    }
                     if let [.., b'Z', 0, 0, 0, 5, st] = d[..] {
                         self.status = st;
                     }

@@ -36,11 +36,14 @@ impl Mode {
 }
 
 /// The downstream's allowlist for one session.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub mode: Mode,
     pub allow_slot_commands: bool,
     pub allow_sql: bool,
+    /// Temporary slots this session created on the primary (see `watch`): the only ones a
+    /// physical START_REPLICATION may name without `allow_slot_commands`.
+    pub temp_slots: Vec<String>,
 }
 
 const EXTENDED: &[u8] = b"PBDECF";
@@ -89,6 +92,11 @@ impl Policy {
                 temporary: true, ..
             } => Ok(()),
             TunnelCmd::CreateSlot { slot, .. } => self.slot_command("create", &slot),
+            // Streaming on a permanent slot moves it where the client says it flushed: another
+            // client's (a backup tool's, a standby's of the primary) would lose its WAL.
+            TunnelCmd::StartPhysical { slot: Some(slot) } if !self.temp_slots.contains(&slot) => {
+                self.slot_command("stream from", &slot)
+            }
             TunnelCmd::DropSlot { slot } => self.slot_command("drop", &slot),
             TunnelCmd::AlterSlot { slot } => self.slot_command("alter", &slot),
             _ => Ok(()),
@@ -149,6 +157,7 @@ mod tests {
             mode,
             allow_slot_commands: slots,
             allow_sql: sql,
+            temp_slots: vec!["pg_basebackup_77".into()],
         }
     }
 
@@ -181,6 +190,7 @@ mod tests {
         for mode in [Mode::Physical, Mode::Logical] {
             let off = p(mode, false, false);
             for cmd in [
+                "START_REPLICATION SLOT \"someone_elses\" PHYSICAL 0/2000000",
                 "CREATE_REPLICATION_SLOT \"sub\" LOGICAL pgoutput (SNAPSHOT 'nothing')",
                 "CREATE_REPLICATION_SLOT s PHYSICAL",
                 "DROP_REPLICATION_SLOT \"sub\" WAIT",
