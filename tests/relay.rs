@@ -220,3 +220,40 @@ async fn configured_slot_is_created_and_advances() {
     .await
     .unwrap();
 }
+
+/// A primary whose stream connection goes silent without closing (here its walsender is
+/// stopped with SIGSTOP, as a lost host leaves a TCP connection open) is given up after the
+/// upstream's 60 s, as a walreceiver gives it up after `wal_receiver_timeout`; the stream
+/// opens again and the standby gets what the primary wrote meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_primary_connection_is_given_up_and_opened_again() {
+    let env = env(EnvOpts::default()).await;
+    env.wait_caught_up().await;
+    let pid: i32 = env
+        .primary
+        .query_one_string(
+            "select pid::text from pg_stat_replication where application_name = 'walrelay'",
+        )
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let relay = &env.relay;
+    let given_up = wait_until("the silent primary given up", TIMEOUT, || async move {
+        Ok(relay
+            .log_text()
+            .contains("nothing from the primary for 60 s"))
+    })
+    .await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    given_up.unwrap();
+    env.primary
+        .execute("create table after_silence as select 1 x")
+        .await
+        .unwrap();
+    env.wait_caught_up().await;
+    env.relay.assert_no_panic();
+}

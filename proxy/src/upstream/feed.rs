@@ -40,6 +40,10 @@ use crate::pgclient::PrimaryConn;
 
 /// The feed tells the primary where the spool is at least this often.
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// A primary that sent nothing for this long is taken for gone (a host lost without a reset
+/// keeps a TCP connection open for many minutes), as `wal_receiver_timeout` takes it: after
+/// half of it the status update asks for a reply, which a live primary sends at once.
+pub const PRIMARY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct Batch {
@@ -141,6 +145,9 @@ pub struct FeedToLink<'a> {
     pub last_sent: tokio::time::Instant,
     /// The primary's WAL end as last seen (that keepalive's position).
     pub primary_end: u64,
+    /// When the primary last sent something, and whether it was asked for a reply since.
+    pub last_heard: tokio::time::Instant,
+    pub pinged: bool,
 }
 
 fn primary_gone(e: WireError) -> Status {
@@ -162,7 +169,7 @@ impl FeedToLink<'_> {
                     wal_end: batch.wal_end,
                     more: batch.more,
                 };
-                self.stage.send(job).await?;
+                self.send_down(job).await?;
                 self.last_sent = tokio::time::Instant::now();
             }
             if timeline_end {
@@ -171,13 +178,38 @@ impl FeedToLink<'_> {
         }
     }
 
+    /// Hands a batch to the encode stage. While its queue is full (the link slow) the primary
+    /// is not read, so it still hears from us every [`STATUS_EVERY`]: its `wal_sender_timeout`
+    /// would otherwise end the connection of a stream that is only waiting.
+    async fn send_down(&mut self, job: Job) -> Result<(), Status> {
+        let mut send = std::pin::pin!(self.stage.send(job));
+        loop {
+            tokio::select! {
+                r = &mut send => return r,
+                _ = tokio::time::sleep_until(self.last_status + STATUS_EVERY) => {
+                    let at = self.durable.borrow_and_update().0;
+                    write_status(&mut self.conn, at, false).await?;
+                    self.last_status = tokio::time::Instant::now();
+                }
+            }
+        }
+    }
+
     async fn read(&mut self) -> Result<RawMsg, Status> {
         let max = self.conn.max_message_bytes;
-        self.conn
+        let m = self
+            .conn
             .reader
             .read(|b| parse_tagged(b, |_| max))
             .await
-            .map_err(primary_gone)
+            .map_err(primary_gone)?;
+        self.heard();
+        Ok(m)
+    }
+
+    fn heard(&mut self) {
+        self.last_heard = tokio::time::Instant::now();
+        self.pinged = false;
     }
 
     fn window(&self) -> Duration {
@@ -210,6 +242,10 @@ impl FeedToLink<'_> {
                 }
             };
             let max = self.conn.max_message_bytes;
+            let (ping_at, gone_at) = (
+                self.last_heard + PRIMARY_TIMEOUT / 2,
+                self.last_heard + PRIMARY_TIMEOUT,
+            );
             tokio::select! {
                 biased;
                 e = self.events.recv() => match e {
@@ -218,6 +254,7 @@ impl FeedToLink<'_> {
                 },
                 m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
                     let m = m.map_err(primary_gone)?;
+                    self.heard();
                     if !batch.fits(m.body.len()) {
                         batch.close_before(&m);
                         self.pending = Some(m);
@@ -232,6 +269,20 @@ impl FeedToLink<'_> {
                     self.status().await?;
                 }
                 _ = tokio::time::sleep_until(status_due) => self.status().await?,
+                _ = tokio::time::sleep_until(ping_at), if !self.pinged => {
+                    self.pinged = true;
+                    let at = self.durable.borrow_and_update().0;
+                    write_status(&mut self.conn, at, true).await?;
+                    self.last_status = tokio::time::Instant::now();
+                }
+                _ = tokio::time::sleep_until(gone_at) => {
+                    return Err(Status::unavailable(format!(
+                        "nothing from the primary for {} s, though it was asked for a reply: \
+                         taken for gone (its host lost?); connecting again, to the promoted \
+                         server if upstream.primary lists it",
+                        PRIMARY_TIMEOUT.as_secs()
+                    )));
+                }
                 _ = window_over => return Ok(batch),
                 _ = tokio::time::sleep_until(self.last_sent + ALIVE_EVERY), if batch.parts.is_empty() => {
                     batch.bytes += 16;
@@ -314,21 +365,7 @@ impl FeedToLink<'_> {
     async fn status(&mut self) -> Result<(), Status> {
         let at = self.durable.borrow_and_update().0;
         self.slot_gauge(|s| s.confirmed = at);
-        let mut msg = Vec::with_capacity(34);
-        msg.push(b'r');
-        for v in [at, at, 0] {
-            msg.extend_from_slice(&v.to_be_bytes());
-        }
-        msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
-        // walrelay never asks the primary for a reply.
-        msg.push(0);
-        let mut out = BytesMut::new();
-        encode::copy_data(&mut out, &msg);
-        self.conn
-            .writer
-            .write_all(&out)
-            .await
-            .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))?;
+        write_status(&mut self.conn, at, false).await?;
         self.last_status = tokio::time::Instant::now();
         Ok(())
     }
@@ -408,6 +445,24 @@ impl FeedToLink<'_> {
             }
         }
     }
+}
+
+/// A status update to the primary: written and flushed up to `at`, nothing applied; `reply`:
+/// the primary is asked to answer at once (whether it is still there).
+async fn write_status(conn: &mut PrimaryConn, at: u64, reply: bool) -> Result<(), Status> {
+    let mut msg = Vec::with_capacity(34);
+    msg.push(b'r');
+    for v in [at, at, 0] {
+        msg.extend_from_slice(&v.to_be_bytes());
+    }
+    msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
+    msg.push(u8::from(reply));
+    let mut out = BytesMut::new();
+    encode::copy_data(&mut out, &msg);
+    conn.writer
+        .write_all(&out)
+        .await
+        .map_err(|e| Status::unavailable(format!("writing to the primary: {e}")))
 }
 
 #[cfg(test)]

@@ -535,6 +535,8 @@ async fn run_stream(
         last_status: tokio::time::Instant::now(),
         last_sent: tokio::time::Instant::now(),
         primary_end: welcome.start,
+        last_heard: tokio::time::Instant::now(),
+        pinged: false,
     };
     let end = tokio::select! {
         r = to_link.run() => r,
