@@ -76,17 +76,6 @@ pub fn segments(dir: &Path, seg: WalSegSize) -> Result<Vec<(SegmentFile, PathBuf
     Ok(out)
 }
 
-/// The complete segment files in `dir`.
-pub fn complete_segments(
-    dir: &Path,
-    seg: WalSegSize,
-) -> Result<Vec<(SegmentFile, PathBuf)>, SpoolError> {
-    Ok(segments(dir, seg)?
-        .into_iter()
-        .filter(|(f, _)| !f.partial)
-        .collect())
-}
-
 /// Start of the oldest segment of timelines up to `tli`, if any.
 pub fn oldest_start(
     dir: &Path,

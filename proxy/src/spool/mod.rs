@@ -367,9 +367,15 @@ impl Spool {
         Ok(xxhash_rust::xxh3::xxh3_64(&buf))
     }
 
-    /// Removes the oldest complete segments while the spool holds more than its cap.
+    /// Removes the oldest complete segments while the spool holds more than its cap. An older
+    /// timeline's last, partial segment counts as complete: nothing more will be written to
+    /// it (else it would stay for good and pin the spool's start).
     fn retain(&mut self) -> Result<(), SpoolError> {
-        let mut segs = files::complete_segments(&self.dir, self.seg)?;
+        let tli = self.ext.tli;
+        let mut segs: Vec<_> = files::segments(&self.dir, self.seg)?
+            .into_iter()
+            .filter(|(f, _)| !f.partial || f.tli < tli)
+            .collect();
         let mut total: u64 = segs.len() as u64 * self.seg.bytes();
         segs.sort_by_key(|(f, _)| (f.segno, f.tli));
         for (f, path) in segs {

@@ -185,6 +185,27 @@ fn the_oldest_segments_go_when_the_spool_is_full() {
     );
 }
 
+/// After a switch inside a segment, the old timeline's partial segment goes when it is the
+/// oldest, like a complete one, and the spool's start follows.
+#[test]
+fn an_old_timelines_partial_segment_goes_when_the_spool_is_full() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path(), 42, 2 * MIB);
+    s.append(T1, Lsn(MIB), &wal(MIB, 1000)).unwrap();
+    let sp = MIB + 1000;
+    let history = format!("1\t0/{sp:X}\tno recovery target specified\n");
+    s.switch_timeline(TimeLineId(2), history.as_bytes())
+        .unwrap();
+    s.append(TimeLineId(2), Lsn(sp), &wal(sp, (5 * MIB) as usize))
+        .unwrap();
+    let left = names(d.path());
+    assert!(
+        !left.iter().any(|n| n.starts_with("00000001")),
+        "timeline 1's partial segment stayed: {left:?}"
+    );
+    assert!(s.extent().start >= Lsn(3 * MIB), "{}", s.extent().start);
+}
+
 #[test]
 fn a_timeline_switch_starts_the_new_timeline_with_the_old_bytes() {
     let d = tempfile::tempdir().unwrap();
