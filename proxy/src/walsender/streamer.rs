@@ -324,7 +324,7 @@ async fn copy(
                 return Err(live.timed_out());
             }
             _ = std::future::ready(()), if more => {
-                pos = live.bounded(send_wal(s, tli, pos, limit, ext.end)).await?;
+                pos = live.bounded(send_wal(s, tli, pos, *hist, ext.end)).await?;
                 last_sent = Instant::now();
             }
             r = view.changed(), if !more => {
@@ -369,28 +369,47 @@ fn send_end(pos: Lsn, limit: Lsn) -> Lsn {
     Lsn(end - end % WAL_PAGE)
 }
 
+/// WAL of timeline `tli` from `pos` to `to`. A standby keeping up is served from the spool's
+/// memory, here. Otherwise what the spool writer just wrote is in the page cache: a few kB (a
+/// commit) are read here in microseconds, sparing a synchronous commit a hop to a blocking
+/// thread; more is read on one.
+async fn read_spool(
+    files: &crate::spool::SpoolFiles,
+    tli: TimeLineId,
+    pos: Lsn,
+    to: Lsn,
+) -> Result<Result<Vec<u8>, SpoolError>, End> {
+    if let Some(d) = files.read_recent(tli, pos, to, MAX_SEND) {
+        return Ok(Ok(d));
+    }
+    if to.0 - pos.0 <= INLINE_READ {
+        return Ok(files.read(tli, pos, to, MAX_SEND));
+    }
+    let files = files.clone();
+    tokio::task::spawn_blocking(move || files.read(tli, pos, to, MAX_SEND))
+        .await
+        .map_err(|_| End::fatal("XX000", "walrelay: reading the spool failed"))
+}
+
 /// One XLogData from the spool.
 async fn send_wal(
     s: &mut Session<'_>,
     tli: TimeLineId,
     pos: Lsn,
-    limit: Lsn,
+    hist: Option<Historic>,
     end: Lsn,
 ) -> Result<Lsn, End> {
     let files = s.ds.spooler.view.borrow().files.clone();
-    let to = send_end(pos, limit);
-    // A standby keeping up is served from the spool's memory, here. Otherwise what the spool
-    // writer just wrote is in the page cache: a few kB (a commit) are read here in
-    // microseconds, sparing a synchronous commit a hop to a blocking thread.
-    let read = if let Some(d) = files.read_recent(tli, pos, to, MAX_SEND) {
-        Ok(d)
-    } else if to.0 - pos.0 <= INLINE_READ {
-        files.read(tli, pos, to, MAX_SEND)
-    } else {
-        tokio::task::spawn_blocking(move || files.read(tli, pos, to, MAX_SEND))
-            .await
-            .map_err(|_| End::fatal("XX000", "walrelay: reading the spool failed"))?
-    };
+    let to = send_end(pos, hist.map_or(end, |h| h.end));
+    let mut read = read_spool(&files, tli, pos, to).await?;
+    if let (Err(SpoolError::Removed(_)), Some(h)) = (&read, hist) {
+        // An older timeline's last segment: the next timeline's file holds the same bytes up
+        // to the switchpoint, and is there when the spool began on that timeline
+        // (PostgreSQL's walsender reads that segment from the next timeline's file too).
+        if let found @ Ok(_) = read_spool(&files, h.next, pos, to).await? {
+            read = found;
+        }
+    }
     let data = match read {
         Ok(d) => d,
         Err(e @ SpoolError::Removed(_)) => {
