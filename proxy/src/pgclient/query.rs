@@ -13,7 +13,7 @@ use walrelay_wal::segment::history_file_name;
 use walrelay_wal::timeline::{self, HistoryEntry};
 
 /// Most messages one command may answer with (row description, rows, notices, completion).
-const MAX_REPLY_MESSAGES: usize = 256;
+pub const MAX_REPLY_MESSAGES: usize = 256;
 
 /// What a server is, as far as a replication connection can tell (PostgreSQL 14+ reports
 /// `in_hot_standby`; before, a read-only server counts as a standby).
