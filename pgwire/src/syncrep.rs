@@ -38,7 +38,8 @@ pub struct SyncRepParseError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Token {
     Name(String),
-    Num,
+    /// A number: the count of FIRST/ANY, or a standby's name.
+    Num(String),
     Star,
     Comma,
     Open,
@@ -92,7 +93,7 @@ fn tokens(s: &str) -> Result<Vec<Token>, &'static str> {
                     return Err("unexpected character");
                 }
                 out.push(if word.bytes().all(|b| b.is_ascii_digit()) {
-                    Token::Num
+                    Token::Num(word)
                 } else {
                     Token::Name(word)
                 });
@@ -110,12 +111,12 @@ fn listed(setting: &str) -> Result<Vec<Option<String>>, &'static str> {
     }
     // Strip "FIRST n (" / "ANY n (" / "n (" ... ")" around the list.
     let inner: &[Token] = match toks.as_slice() {
-        [Token::Name(kw), Token::Num, Token::Open, rest @ .., Token::Close]
+        [Token::Name(kw), Token::Num(_), Token::Open, rest @ .., Token::Close]
             if kw.eq_ignore_ascii_case("first") || kw.eq_ignore_ascii_case("any") =>
         {
             rest
         }
-        [Token::Num, Token::Open, rest @ .., Token::Close] => rest,
+        [Token::Num(_), Token::Open, rest @ .., Token::Close] => rest,
         all => all,
     };
     let mut names = Vec::new();
@@ -124,7 +125,7 @@ fn listed(setting: &str) -> Result<Vec<Option<String>>, &'static str> {
         match (want_name, t) {
             (true, Token::Name(n)) => names.push(Some(n.clone())),
             // A bare number is a valid standby name in the grammar.
-            (true, Token::Num) => names.push(Some(String::new())),
+            (true, Token::Num(n)) => names.push(Some(n.clone())),
             (true, Token::Star) => names.push(None),
             (false, Token::Comma) => {}
             _ => return Err("expected a list of standby names"),
@@ -143,9 +144,10 @@ pub fn role(setting: &str, application_name: &str) -> Result<SyncRole, SyncRepPa
         setting: setting.to_string(),
         why,
     })?;
+    // As syncrep.c: a name matches case-insensitively, and "*" (quoted too) matches all.
     let hit = names.iter().any(|n| match n {
         None => true,
-        Some(n) => n.eq_ignore_ascii_case(application_name),
+        Some(n) => n == "*" || n.eq_ignore_ascii_case(application_name),
     });
     Ok(if hit {
         SyncRole::Candidate
@@ -182,6 +184,10 @@ mod tests {
         assert_eq!(r("ANY 1 (*)", "z"), SyncRole::Candidate);
         // A standby literally named FIRST is a list of one name.
         assert_eq!(r("first", "first"), SyncRole::Candidate);
+        // A number is a name too; "*" matches all, quoted or not (syncrep.c's strcmp).
+        assert_eq!(r("FIRST 1 (2, b)", "2"), SyncRole::Candidate);
+        assert_eq!(r("FIRST 1 (2, b)", "3"), SyncRole::Async);
+        assert_eq!(r("ANY 1 (\"*\")", "z"), SyncRole::Candidate);
     }
 
     #[test]
