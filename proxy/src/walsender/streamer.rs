@@ -303,7 +303,7 @@ async fn copy(
                 let mut out = BytesMut::new();
                 encode::copy_done(&mut out);
                 s.write(&out).await?;
-                drain_until_copy_done(s, pos).await?;
+                drain_until_copy_done(s, pos.min(h.end)).await?;
                 return Ok(CopyEnd::TimelineEnd(h));
             }
         }
@@ -314,7 +314,11 @@ async fn copy(
             biased;
             m = s.reader.read(walrelay_pgwire::parse_frontend) => {
                 live.heard(Instant::now());
-                match live.bounded(standby_message(s, m, limit, pos)).await? {
+                // On a timeline the spool has left, nothing past its switchpoint counts: a
+                // standby that got more of it before the switch has WAL the new primary never
+                // wrote, and must not tell it otherwise.
+                let sent = hist.map_or(pos, |h| pos.min(h.end));
+                match live.bounded(standby_message(s, m, limit, sent)).await? {
                     Some(end) => return Ok(end),
                     None => continue,
                 }
