@@ -221,39 +221,69 @@ async fn configured_slot_is_created_and_advances() {
     .unwrap();
 }
 
-/// A primary whose stream connection goes silent without closing (here its walsender is
-/// stopped with SIGSTOP, as a lost host leaves a TCP connection open) is given up after the
-/// upstream's 60 s, as a walreceiver gives it up after `wal_receiver_timeout`; the stream
-/// opens again and the standby gets what the primary wrote meanwhile.
+/// A primary connection that goes silent without closing (its walsender stopped with
+/// SIGSTOP, as a lost host leaves a TCP connection open) is given up after the upstream's
+/// 60 s, as a walreceiver gives it up after `wal_receiver_timeout`, and opened again: first a
+/// standby's own connection (its identity), then the stream's, after which the standby gets
+/// what the primary wrote meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_primary_connection_is_given_up_and_opened_again() {
     let env = env(EnvOpts::default()).await;
     env.wait_caught_up().await;
-    let pid: i32 = env
-        .primary
-        .query_one_string(
-            "select pid::text from pg_stat_replication where application_name = 'walrelay'",
-        )
+    let p = &env.primary;
+    let standby1_streams = || async move {
+        let sql = "select count(*)::text from pg_stat_replication where application_name = 'standby1' and state = 'streaming'";
+        Ok(p.query_one_string(sql).await? == "1")
+    };
+    wait_until("standby1's own connection", TIMEOUT, standby1_streams)
         .await
-        .unwrap()
-        .parse()
         .unwrap();
-    // SAFETY: kill(2) takes plain integers; no memory is involved.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let relay = &env.relay;
-    let given_up = wait_until("the silent primary given up", TIMEOUT, || async move {
-        Ok(relay
-            .log_text()
-            .contains("nothing from the primary for 60 s"))
-    })
+    let identity = silence(
+        &env,
+        "standby1",
+        "connection to the primary ended (nothing from the primary for 60 s",
+    )
     .await;
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
-    given_up.unwrap();
+    wait_until("standby1's own connection again", TIMEOUT, standby1_streams)
+        .await
+        .unwrap();
+    assert_ne!(
+        walsender_pid(p, "standby1").await,
+        identity,
+        "not opened again"
+    );
+    silence(
+        &env,
+        "walrelay",
+        "nothing from the primary for 60 s, though it was asked for a reply: taken for gone",
+    )
+    .await;
     env.primary
         .execute("create table after_silence as select 1 x")
         .await
         .unwrap();
     env.wait_caught_up().await;
     env.relay.assert_no_panic();
+}
+
+async fn walsender_pid(p: &walrelay_harness::cluster::Cluster, name: &str) -> i32 {
+    let sql =
+        format!("select pid::text from pg_stat_replication where application_name = '{name}'");
+    p.query_one_string(&sql).await.unwrap().parse().unwrap()
+}
+
+/// Stops the primary's walsender for `name` until the relay logs `given_up`; returns its pid.
+async fn silence(env: &Env, name: &str, given_up: &'static str) -> i32 {
+    let pid = walsender_pid(&env.primary, name).await;
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let relay = &env.relay;
+    let r = wait_until(given_up, TIMEOUT, || async move {
+        Ok(relay.log_text().contains(given_up))
+    })
+    .await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    r.unwrap_or_else(|e| panic!("{e}\n{}", env.relay.log_text()));
+    pid
 }

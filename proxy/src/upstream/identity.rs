@@ -33,6 +33,7 @@ use walrelay_proto::link::{Command, StandbyInfo, StartReplication};
 use walrelay_wal::lsn::Lsn;
 
 use super::encode::Event;
+use super::feed::PRIMARY_TIMEOUT;
 use super::{primary, Upstream};
 use crate::link;
 use crate::monitor::{standbys::StandbyHandle, Half};
@@ -172,8 +173,13 @@ impl Identity {
         let shutdown = self.up.shutdown.clone();
         // The stream's sender is gone when the stream ended; then no more updates.
         let mut stream_open = true;
+        let (mut last_heard, mut pinged) = (tokio::time::Instant::now(), false);
         loop {
             let max = conn.max_message_bytes;
+            let (ping_at, gone_at) = (
+                last_heard + PRIMARY_TIMEOUT / 2,
+                last_heard + PRIMARY_TIMEOUT,
+            );
             tokio::select! {
                 r = self.sent.changed(), if stream_open => match r {
                     // The entry's `sent` follows the stream as it goes down, not only when
@@ -223,11 +229,23 @@ impl Identity {
                         return Ended::Lost(e);
                     }
                 }
+                // A primary silent for long (a lost host keeps the TCP connection open) is
+                // asked for a reply, then given up, as the stream's own connection does.
+                _ = tokio::time::sleep_until(ping_at), if streaming && !pinged => {
+                    pinged = true;
+                    if let Err(e) = self.ping(&mut conn).await {
+                        return Ended::Lost(e);
+                    }
+                }
+                _ = tokio::time::sleep_until(gone_at), if streaming => {
+                    return Ended::Lost(format!("nothing from the primary for {} s, though it was asked for a reply", PRIMARY_TIMEOUT.as_secs()));
+                }
                 m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => {
                     let m = match m {
                         Ok(m) => m,
                         Err(e) => return Ended::Lost(e.to_string()),
                     };
+                    (last_heard, pinged) = (tokio::time::Instant::now(), false);
                     if let Err(ended) = self.on_primary_message(&mut conn, entry, m).await {
                         return ended;
                     }
@@ -393,6 +411,30 @@ impl Identity {
         msg.extend_from_slice(&[0u8; 24]);
         msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
         msg.push(0);
+        let mut out = BytesMut::new();
+        encode::copy_data(&mut out, &msg);
+        conn.writer
+            .write_all(&out)
+            .await
+            .map_err(|e| format!("writing to the primary: {e}"))
+    }
+
+    /// Asks the primary to answer at once: the standby's latest status update (or one with
+    /// no positions) with its reply flag set.
+    async fn ping(&self, conn: &mut PrimaryConn) -> Result<(), String> {
+        let mut msg = match self.feedback.borrow()[0] {
+            Some(f) if f.is_status() => f.bytes().to_vec(),
+            _ => {
+                let mut m = vec![b'r'];
+                m.extend_from_slice(&[0u8; 24]);
+                m.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
+                m.push(0);
+                m
+            }
+        };
+        if let Some(reply) = msg.last_mut() {
+            *reply = 1;
+        }
         let mut out = BytesMut::new();
         encode::copy_data(&mut out, &msg);
         conn.writer
