@@ -407,16 +407,7 @@ impl Identity {
         if self.feedback.borrow().iter().any(Option::is_some) {
             return self.pass_feedback(conn, entry).await;
         }
-        let mut msg = vec![b'r'];
-        msg.extend_from_slice(&[0u8; 24]);
-        msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
-        msg.push(0);
-        let mut out = BytesMut::new();
-        encode::copy_data(&mut out, &msg);
-        conn.writer
-            .write_all(&out)
-            .await
-            .map_err(|e| format!("writing to the primary: {e}"))
+        write_copy_data(conn, &status_without_positions()).await
     }
 
     /// Asks the primary to answer at once: the standby's latest status update (or one with
@@ -424,23 +415,12 @@ impl Identity {
     async fn ping(&self, conn: &mut PrimaryConn) -> Result<(), String> {
         let mut msg = match self.feedback.borrow()[0] {
             Some(f) if f.is_status() => f.bytes().to_vec(),
-            _ => {
-                let mut m = vec![b'r'];
-                m.extend_from_slice(&[0u8; 24]);
-                m.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
-                m.push(0);
-                m
-            }
+            _ => status_without_positions(),
         };
         if let Some(reply) = msg.last_mut() {
             *reply = 1;
         }
-        let mut out = BytesMut::new();
-        encode::copy_data(&mut out, &msg);
-        conn.writer
-            .write_all(&out)
-            .await
-            .map_err(|e| format!("writing to the primary: {e}"))
+        write_copy_data(conn, &msg).await
     }
 
     /// The standby's latest feedback, to the primary.
@@ -465,6 +445,24 @@ impl Identity {
             .await
             .map_err(|e| format!("writing to the primary: {e}"))
     }
+}
+
+/// A status update that claims nothing (no positions), asking for no reply.
+fn status_without_positions() -> Vec<u8> {
+    let mut msg = vec![b'r'];
+    msg.extend_from_slice(&[0u8; 24]);
+    msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
+    msg.push(0);
+    msg
+}
+
+async fn write_copy_data(conn: &mut PrimaryConn, msg: &[u8]) -> Result<(), String> {
+    let mut out = BytesMut::new();
+    encode::copy_data(&mut out, msg);
+    conn.writer
+        .write_all(&out)
+        .await
+        .map_err(|e| format!("writing to the primary: {e}"))
 }
 
 /// Ends a connection to the primary politely (bounded: a primary that stopped reading does
