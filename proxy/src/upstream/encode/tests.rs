@@ -78,10 +78,10 @@ async fn batches_staged_ahead_restore_in_order() {
         }
         want
     });
-    // Nobody reads the frames for a while: the batches queue up behind the thread.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
-    let (got, keepalives) = restore_frames(&mut rx, 0x100_0000, JOBS * RUN).await;
+    // The frames are read slowly until the thread fell behind (batches queued up behind it)
+    // and encoded one in parallel, however fast or busy the machine.
+    let behind = || metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0;
+    let (got, keepalives) = restore_frames(&mut rx, 0x100_0000, JOBS * RUN, &behind).await;
     let next = 0x100_0000 + got.len() as u64;
     let want = feed.await.unwrap();
     assert!(got == want, "restored WAL differs from what was fed");
@@ -119,10 +119,13 @@ fn wal_job(start: u64, bytes: &[u8], more: bool) -> Job {
 /// Restores frames from `rx` until `len` bytes of WAL from `start` came; checks that every
 /// run follows the one before, every keepalive is where the WAL sent ends, and every
 /// frame's checksum. Returns the WAL and the number of keepalives.
+/// Restores the frames on `rx` until `len` bytes of WAL came back, pausing 5 ms after each
+/// while `fast` says not yet.
 async fn restore_frames(
     rx: &mut mpsc::Receiver<Result<ToDownstream, Status>>,
     start: u64,
     len: usize,
+    fast: &dyn Fn() -> bool,
 ) -> (Vec<u8>, usize) {
     let mut state = DownState::default();
     let mut dec = WalDecoder::new(&wal_setup()).unwrap();
@@ -130,6 +133,9 @@ async fn restore_frames(
     let (mut next, mut keepalives) = (start, 0);
     while got.len() < len {
         let msg = rx.recv().await.expect("the stage ended early").unwrap();
+        if !fast() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let Some(to_downstream::Msg::Frame(frame)) = msg.msg else {
             panic!("not a frame")
         };
@@ -215,7 +221,7 @@ async fn a_cut_record_waits_for_the_next_batch() {
     });
     // Nobody reads the frames at first: batches queue up and are staged ahead.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (got, keepalives) = restore_frames(&mut rx, start, len).await;
+    let (got, keepalives) = restore_frames(&mut rx, start, len, &|| true).await;
     assert_eq!(keepalives, 0, "no batch had a keepalive");
     assert_eq!(got.len(), len, "more WAL restored than was fed");
     assert!(got == wal, "restored WAL differs from what was fed");
