@@ -182,10 +182,19 @@ impl FeedToLink<'_> {
     /// is not read, so it still hears from us every [`STATUS_EVERY`]: its `wal_sender_timeout`
     /// would otherwise end the connection of a stream that is only waiting.
     async fn send_down(&mut self, job: Job) -> Result<(), Status> {
+        let waited_from = tokio::time::Instant::now();
         let mut send = std::pin::pin!(self.stage.send(job));
         loop {
             tokio::select! {
-                r = &mut send => return r,
+                r = &mut send => {
+                    // The primary was not read meanwhile: its silence is timed from now on,
+                    // or a long wait on the link would look like a primary gone.
+                    if waited_from.elapsed() > STATUS_EVERY {
+                        self.last_heard = tokio::time::Instant::now();
+                        self.pinged = false;
+                    }
+                    return r;
+                }
                 _ = tokio::time::sleep_until(self.last_status + STATUS_EVERY) => {
                     let at = self.durable.borrow_and_update().0;
                     write_status(&mut self.conn, at, false).await?;
