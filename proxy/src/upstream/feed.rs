@@ -275,14 +275,12 @@ impl FeedToLink<'_> {
                     if r.is_err() {
                         return Err(Status::cancelled("the downstream went away"));
                     }
-                    self.status().await?;
+                    self.status(false).await?;
                 }
-                _ = tokio::time::sleep_until(status_due) => self.status().await?,
+                _ = tokio::time::sleep_until(status_due) => self.status(false).await?,
                 _ = tokio::time::sleep_until(ping_at), if !self.pinged => {
                     self.pinged = true;
-                    let at = self.durable.borrow_and_update().0;
-                    write_status(&mut self.conn, at, true).await?;
-                    self.last_status = tokio::time::Instant::now();
+                    self.status(true).await?;
                 }
                 _ = tokio::time::sleep_until(gone_at) => {
                     return Err(Status::unavailable(format!(
@@ -335,7 +333,7 @@ impl FeedToLink<'_> {
                 if let Some(end) = keepalive_end(&m.body) {
                     self.saw_primary_end(end.0);
                     if keepalive_wants_reply(&m.body) {
-                        self.status().await?;
+                        self.status(false).await?;
                     }
                     let send_time = m
                         .body
@@ -371,10 +369,11 @@ impl FeedToLink<'_> {
     /// Tells the primary where the spool is durable (write = flush = that position). Apply is
     /// none (0), as pg_receivewal says it: the spool replays nothing, and a stream matched by
     /// `synchronous_standby_names` (`*`) must not let a `remote_apply` commit return.
-    async fn status(&mut self) -> Result<(), Status> {
+    /// `reply`: the primary is asked to answer at once (whether it is still there).
+    async fn status(&mut self, reply: bool) -> Result<(), Status> {
         let at = self.durable.borrow_and_update().0;
         self.slot_gauge(|s| s.confirmed = at);
-        write_status(&mut self.conn, at, false).await?;
+        write_status(&mut self.conn, at, reply).await?;
         self.last_status = tokio::time::Instant::now();
         Ok(())
     }
