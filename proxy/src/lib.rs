@@ -53,6 +53,7 @@ pub mod monitor;
 pub mod pgclient;
 pub mod pgio;
 pub mod relay;
+pub mod silence;
 pub mod spool;
 pub mod spooler;
 #[cfg(test)]

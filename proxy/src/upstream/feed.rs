@@ -37,6 +37,7 @@ use super::encode::{EncodeStage, Event, Job, Part};
 use super::primary;
 use crate::metrics::Metrics;
 use crate::pgclient::PrimaryConn;
+use crate::silence::{self, Silence};
 
 /// The feed tells the primary where the spool is at least this often.
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
@@ -145,9 +146,8 @@ pub struct FeedToLink<'a> {
     pub last_sent: tokio::time::Instant,
     /// The primary's WAL end as last seen (that keepalive's position).
     pub primary_end: u64,
-    /// When the primary last sent something, and whether it was asked for a reply since.
-    pub last_heard: tokio::time::Instant,
-    pub pinged: bool,
+    /// How long the primary has been silent ([`PRIMARY_TIMEOUT`]).
+    pub silence: Silence,
 }
 
 fn primary_gone(e: WireError) -> Status {
@@ -190,8 +190,7 @@ impl FeedToLink<'_> {
                     // The primary was not read meanwhile: its silence is timed from now on,
                     // or a long wait on the link would look like a primary gone.
                     if waited_from.elapsed() > STATUS_EVERY {
-                        self.last_heard = tokio::time::Instant::now();
-                        self.pinged = false;
+                        self.silence.heard(tokio::time::Instant::now());
                     }
                     return r;
                 }
@@ -212,13 +211,8 @@ impl FeedToLink<'_> {
             .read(|b| parse_tagged(b, |_| max))
             .await
             .map_err(primary_gone)?;
-        self.heard();
+        self.silence.heard(tokio::time::Instant::now());
         Ok(m)
-    }
-
-    fn heard(&mut self) {
-        self.last_heard = tokio::time::Instant::now();
-        self.pinged = false;
     }
 
     fn window(&self) -> Duration {
@@ -251,10 +245,7 @@ impl FeedToLink<'_> {
                 }
             };
             let max = self.conn.max_message_bytes;
-            let (ping_at, gone_at) = (
-                self.last_heard + PRIMARY_TIMEOUT / 2,
-                self.last_heard + PRIMARY_TIMEOUT,
-            );
+            let (ask_at, gone_at) = (self.silence.ask_at(), self.silence.deadline());
             tokio::select! {
                 biased;
                 e = self.events.recv() => match e {
@@ -263,7 +254,7 @@ impl FeedToLink<'_> {
                 },
                 m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
                     let m = m.map_err(primary_gone)?;
-                    self.heard();
+                    self.silence.heard(tokio::time::Instant::now());
                     if !batch.fits(m.body.len()) {
                         batch.close_before(&m);
                         self.pending = Some(m);
@@ -278,11 +269,11 @@ impl FeedToLink<'_> {
                     self.status(false).await?;
                 }
                 _ = tokio::time::sleep_until(status_due) => self.status(false).await?,
-                _ = tokio::time::sleep_until(ping_at), if !self.pinged => {
-                    self.pinged = true;
+                _ = silence::until(ask_at) => {
+                    self.silence.asked();
                     self.status(true).await?;
                 }
-                _ = tokio::time::sleep_until(gone_at) => {
+                _ = silence::until(gone_at) => {
                     return Err(Status::unavailable(format!(
                         "nothing from the primary for {} s, though it was asked for a reply: \
                          taken for gone (its host lost?); connecting again, to the promoted \

@@ -38,6 +38,7 @@ use super::{primary, Upstream};
 use crate::link;
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PgClientError, PrimaryConn};
+use crate::silence::{self, Silence};
 
 /// Longest wait for the primary's answer to a standby's command (the downstream gives up on
 /// it after 60 s).
@@ -173,13 +174,10 @@ impl Identity {
         let shutdown = self.up.shutdown.clone();
         // The stream's sender is gone when the stream ended; then no more updates.
         let mut stream_open = true;
-        let (mut last_heard, mut pinged) = (tokio::time::Instant::now(), false);
+        let mut silence = Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now());
         loop {
             let max = conn.max_message_bytes;
-            let (ping_at, gone_at) = (
-                last_heard + PRIMARY_TIMEOUT / 2,
-                last_heard + PRIMARY_TIMEOUT,
-            );
+            let (ask_at, gone_at) = (silence.ask_at(), silence.deadline());
             tokio::select! {
                 r = self.sent.changed(), if stream_open => match r {
                     // The entry's `sent` follows the stream as it goes down, not only when
@@ -217,6 +215,8 @@ impl Identity {
                         Ok(()) => {
                             *started = Some(s);
                             streaming = true;
+                            // Its silence counts from here: before, it had nothing to say.
+                            silence.heard(tokio::time::Instant::now());
                         }
                         Err(e) => return Ended::Lost(e),
                     },
@@ -231,13 +231,13 @@ impl Identity {
                 }
                 // A primary silent for long (a lost host keeps the TCP connection open) is
                 // asked for a reply, then given up, as the stream's own connection does.
-                _ = tokio::time::sleep_until(ping_at), if streaming && !pinged => {
-                    pinged = true;
+                _ = silence::until(ask_at), if streaming => {
+                    silence.asked();
                     if let Err(e) = self.ping(&mut conn).await {
                         return Ended::Lost(e);
                     }
                 }
-                _ = tokio::time::sleep_until(gone_at), if streaming => {
+                _ = silence::until(gone_at), if streaming => {
                     return Ended::Lost(format!("nothing from the primary for {} s, though it was asked for a reply", PRIMARY_TIMEOUT.as_secs()));
                 }
                 m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => {
@@ -245,7 +245,7 @@ impl Identity {
                         Ok(m) => m,
                         Err(e) => return Ended::Lost(e.to_string()),
                     };
-                    (last_heard, pinged) = (tokio::time::Instant::now(), false);
+                    silence.heard(tokio::time::Instant::now());
                     if let Err(ended) = self.on_primary_message(&mut conn, entry, m).await {
                         return ended;
                     }

@@ -63,7 +63,9 @@ use crate::link;
 use crate::live::{Live, SessionSlots, Slot};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
+use crate::silence::Silence;
 use feed::FeedToLink;
+use feed::PRIMARY_TIMEOUT;
 use from_link::LinkToUpstream;
 use handshake::{Agreed, PrimaryState};
 
@@ -535,8 +537,7 @@ async fn run_stream(
         last_status: tokio::time::Instant::now(),
         last_sent: tokio::time::Instant::now(),
         primary_end: welcome.start,
-        last_heard: tokio::time::Instant::now(),
-        pinged: false,
+        silence: Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now()),
     };
     let end = tokio::select! {
         r = to_link.run() => r,

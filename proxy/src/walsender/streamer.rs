@@ -33,6 +33,7 @@ use walrelay_wal::walcodec::wal::WAL_PAGE;
 
 use super::session::Session;
 use super::{shutting_down, End};
+use crate::silence::{self, Silence};
 use crate::spool::SpoolError;
 use crate::spooler::ChanEvent;
 
@@ -50,39 +51,16 @@ const START_WAIT: Duration = Duration::from_secs(10);
 /// was silent for half of `limits.standby_timeout_secs` a keepalive asks for a reply, after all
 /// of it the session ends, also while a write to it is stuck.
 #[derive(Debug)]
-struct Liveness {
-    timeout: Option<Duration>,
-    last_heard: Instant,
-    pinged: bool,
-}
+struct Liveness(Silence);
 
 impl Liveness {
     fn new(timeout_secs: u64, now: Instant) -> Liveness {
-        Liveness {
-            timeout: (timeout_secs > 0).then(|| Duration::from_secs(timeout_secs)),
-            last_heard: now,
-            pinged: false,
-        }
-    }
-
-    fn heard(&mut self, now: Instant) {
-        self.last_heard = now;
-        self.pinged = false;
-    }
-
-    /// When to ask for a reply, unless already asked since the standby last spoke.
-    fn ping_at(&self) -> Option<Instant> {
-        let t = self.timeout?;
-        (!self.pinged).then(|| self.last_heard + t / 2)
-    }
-
-    /// When the session ends if the standby stays silent.
-    fn deadline(&self) -> Option<Instant> {
-        Some(self.last_heard + self.timeout?)
+        let timeout = (timeout_secs > 0).then(|| Duration::from_secs(timeout_secs));
+        Liveness(Silence::new(timeout, now))
     }
 
     fn timed_out(&self) -> End {
-        let secs = self.timeout.map_or(0, |t| t.as_secs());
+        let secs = self.0.timeout().map_or(0, |t| t.as_secs());
         tracing::warn!("standby session ended: no reply from the standby for {secs} s (limits.standby_timeout_secs)");
         End::fatal(
             "08006",
@@ -95,7 +73,7 @@ impl Liveness {
         &self,
         io: impl std::future::Future<Output = Result<T, End>>,
     ) -> Result<T, End> {
-        match self.deadline() {
+        match self.0.deadline() {
             Some(d) => tokio::time::timeout_at(d, io)
                 .await
                 .map_err(|_| self.timed_out())?,
@@ -308,12 +286,11 @@ async fn copy(
             }
         }
         let more = pos < limit;
-        let (ping_at, deadline) = (live.ping_at(), live.deadline());
-        let never = || Instant::now() + Duration::from_secs(86_400);
+        let (ask_at, deadline) = (live.0.ask_at(), live.0.deadline());
         tokio::select! {
             biased;
             m = s.reader.read(walrelay_pgwire::parse_frontend) => {
-                live.heard(Instant::now());
+                live.0.heard(Instant::now());
                 // On a timeline the spool has left, nothing past its switchpoint counts: a
                 // standby that got more of it before the switch has WAL the new primary never
                 // wrote, and must not tell it otherwise.
@@ -324,9 +301,7 @@ async fn copy(
                 }
             }
             _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(never)), if deadline.is_some() => {
-                return Err(live.timed_out());
-            }
+            _ = silence::until(deadline) => return Err(live.timed_out()),
             _ = std::future::ready(()), if more => {
                 pos = live.bounded(send_wal(s, tli, pos, *hist, ext.end)).await?;
                 last_sent = Instant::now();
@@ -339,8 +314,8 @@ async fn copy(
             e = s.events.recv() => if e.is_none() {
                 return Err(End::fatal("XX000", "walrelay: the spooler stopped"));
             },
-            _ = tokio::time::sleep_until(ping_at.unwrap_or_else(never)), if ping_at.is_some() => {
-                live.pinged = true;
+            _ = silence::until(ask_at) => {
+                live.0.asked();
                 live.bounded(keepalive(s, limit, true)).await?;
                 last_sent = Instant::now();
             }
@@ -561,21 +536,5 @@ mod tests {
             assert_eq!(end.0 % WAL_PAGE, 0, "{pos:#x} -> {end}");
         }
         assert_eq!(send_end(Lsn(7), Lsn(7)), Lsn(7));
-    }
-
-    #[test]
-    fn a_silent_standby_is_asked_at_half_the_timeout_and_cut_at_all_of_it() {
-        let t0 = Instant::now();
-        let mut live = Liveness::new(60, t0);
-        assert_eq!(live.ping_at(), Some(t0 + Duration::from_secs(30)));
-        assert_eq!(live.deadline(), Some(t0 + Duration::from_secs(60)));
-        live.pinged = true;
-        assert_eq!(live.ping_at(), None, "asked once until it speaks");
-        let t1 = t0 + Duration::from_secs(45);
-        live.heard(t1);
-        assert_eq!(live.ping_at(), Some(t1 + Duration::from_secs(30)));
-        assert_eq!(live.deadline(), Some(t1 + Duration::from_secs(60)));
-        let off = Liveness::new(0, t0);
-        assert_eq!((off.ping_at(), off.deadline()), (None, None), "0: never");
     }
 }
