@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::split::{pause, Split, SplitOpts};
 use common::*;
 use walrelay_harness::cluster::wait_until;
@@ -125,4 +127,95 @@ fn resident_bytes(r: &Relay) -> u64 {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
+}
+
+/// What the upstream makes of a record that begins right after a page header when it holds
+/// that record back for its next message: a spool that ends just past the header. A standby
+/// given exactly that stopped for good (PostgreSQL's WAL reader fails on it without a word,
+/// and then stops every walreceiver it starts before it can write the rest); the downstream
+/// now sends such a page only once more of it has come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_ending_just_past_a_page_header_keeps_its_standby_going() {
+    let mut env = Split::new(SplitOpts::default()).await;
+    let a = env.add_standby("a");
+    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
+    env.wait_spool_caught_up().await;
+    env.link.cut();
+    env.downstream.terminate(Duration::from_secs(10));
+    let page = cut_spool_after_a_page_header(&env.spool, env.root.path());
+    env.downstream.restart();
+    env.standbys[a].start().await.unwrap();
+    let s = &env.standbys[a];
+    wait_until(
+        "the standby replayed up to the page",
+        TIMEOUT,
+        || async move {
+            let at = s
+                .query_one_string("select pg_last_wal_replay_lsn()::text")
+                .await?;
+            Ok(parse_lsn(&at) >= page)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", s.log_tail(30)));
+    // Given only the page's header, the standby would fail here, at once.
+    pause(3).await;
+    env.link.restore();
+    for n in env.assert_all_identical().await {
+        assert!(n >= 1);
+    }
+    let log = std::fs::read_to_string(s.log_path()).unwrap();
+    assert!(
+        !log.contains("invalid record length"),
+        "the standby read a record that was not there:\n{log}"
+    );
+    env.downstream.assert_no_panic();
+}
+
+/// Cuts the (stopped) downstream's spool back to end just past the header of its last page
+/// that a record begins on (not a segment's first page); returns that page's start.
+fn cut_spool_after_a_page_header(dir: &std::path::Path, root: &std::path::Path) -> u64 {
+    use walrelay::spool::Spool;
+    use walrelay_wal::lsn::Lsn;
+    const PAGE: u64 = 8192;
+    let old = Spool::open(dir, u64::MAX).unwrap();
+    let (ext, seg) = (old.extent(), old.segment_size().bytes());
+    let mut page = (ext.end.0 - 24) / PAGE * PAGE;
+    let page = loop {
+        assert!(
+            page > ext.start.0,
+            "no page with a record right after its header"
+        );
+        if page % seg != 0 {
+            let h = old.read(ext.tli, Lsn(page), ext.end, 24).unwrap();
+            let (magic, info) = (u16::from_le_bytes([h[0], h[1]]), h[2] & 1);
+            // A WAL page (not the zeros after a segment switch), not continuing a record.
+            if magic != 0 && info == 0 {
+                break page;
+            }
+        }
+        page -= PAGE;
+    };
+    let cut = root.join("spool-cut");
+    let mut new = Spool::open(&cut, u64::MAX).unwrap();
+    new.bind(old.system_id(), old.segment_size()).unwrap();
+    let mut at = ext.start.0;
+    while at < page + 24 {
+        let bytes = old.read(ext.tli, Lsn(at), Lsn(page + 24), 1 << 20).unwrap();
+        new.append(ext.tli, Lsn(at), &bytes).unwrap();
+        at += bytes.len() as u64;
+    }
+    new.sync().unwrap();
+    // The primary's parameters (and any history files) stay.
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name();
+        let n = name.to_string_lossy();
+        if !n.starts_with("0000000") && n != "spool.state" {
+            std::fs::copy(dir.join(&name), cut.join(&name)).unwrap();
+        }
+    }
+    drop((old, new));
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::rename(&cut, dir).unwrap();
+    page
 }

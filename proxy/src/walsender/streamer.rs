@@ -28,8 +28,9 @@ use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
 use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::StartReplication;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
+use walrelay_wal::segment::WalSegSize;
 use walrelay_wal::timeline;
-use walrelay_wal::walcodec::wal::WAL_PAGE;
+use walrelay_wal::walcodec::wal::{LONG_PHD, SHORT_PHD, WAL_PAGE};
 
 use super::session::Session;
 use super::{shutting_down, End};
@@ -275,7 +276,7 @@ async fn copy(
             // The spool moved to a new timeline: this one now ends at its switchpoint.
             *hist = historic(s, tli).map_err(End::Fatal)?;
         }
-        let limit = hist.map(|h| h.end).unwrap_or(ext.end);
+        let limit = send_limit(*hist, ext.end, view.borrow().files.seg);
         if let Some(h) = *hist {
             if pos >= h.end {
                 let mut out = BytesMut::new();
@@ -348,6 +349,33 @@ fn send_end(pos: Lsn, limit: Lsn) -> Lsn {
     Lsn(end - end % WAL_PAGE)
 }
 
+/// How far WAL may be sent: an older timeline up to its switchpoint; the current one up to
+/// the spool's `end`, except when that lies inside or just at the end of a page header: then
+/// up to the page's start, until more has arrived.
+///
+/// Another contract with the standby. PostgreSQL's flush position, and so what its walsender
+/// sends, never ends there (`GetXLogBuffer` takes care not to advertise it). A standby's WAL
+/// reader that is given exactly a page header fails without a word (`ReadPageInternal` wants
+/// more than a short header; for a segment's first page it reads the record length past the
+/// long header from bytes not received yet), stops its walreceiver, finds zeros in pg_wal, and
+/// then stops every new walreceiver before it can write the missing bytes, for good. The
+/// spool does end there when the upstream held back a record that begins right after a page
+/// header for its next message (`Encoder::encode_held`).
+fn send_limit(hist: Option<Historic>, end: Lsn, seg: WalSegSize) -> Lsn {
+    if let Some(h) = hist {
+        return h.end;
+    }
+    let in_page = end.0 % WAL_PAGE;
+    let header = match seg.offset_in_segment(end) < WAL_PAGE {
+        true => LONG_PHD,
+        false => SHORT_PHD,
+    } as u64;
+    match in_page > 0 && in_page <= header {
+        true => Lsn(end.0 - in_page),
+        false => end,
+    }
+}
+
 /// WAL of timeline `tli` from `pos` to `to`. A standby keeping up is served from the spool's
 /// memory, here. Otherwise what the spool writer just wrote is in the page cache: a few kB (a
 /// commit) are read here in microseconds, sparing a synchronous commit a hop to a blocking
@@ -379,7 +407,7 @@ async fn send_wal(
     end: Lsn,
 ) -> Result<Lsn, End> {
     let files = s.ds.spooler.view.borrow().files.clone();
-    let to = send_end(pos, hist.map_or(end, |h| h.end));
+    let to = send_end(pos, send_limit(hist, end, files.seg));
     let mut read = read_spool(&files, tli, pos, to).await?;
     if let (Err(SpoolError::Removed(_)), Some(h)) = (&read, hist) {
         // An older timeline's last segment: the next timeline's file holds the same bytes up
@@ -536,5 +564,46 @@ mod tests {
             assert_eq!(end.0 % WAL_PAGE, 0, "{pos:#x} -> {end}");
         }
         assert_eq!(send_end(Lsn(7), Lsn(7)), Lsn(7));
+    }
+
+    #[test]
+    fn the_current_timeline_is_never_sent_up_to_just_a_page_header() {
+        let seg = WalSegSize::DEFAULT;
+        let segment = seg.bytes();
+        // A page's short header alone, or part of it: held back to the page's start.
+        for at in [0x87F_E018, 0x87F_E001, 0x87F_E010] {
+            assert_eq!(send_limit(None, Lsn(at), seg), Lsn(0x87F_E000), "{at:#x}");
+        }
+        // A segment's first page: its long header alone, or part of it.
+        for k in [1, 24, 40] {
+            let at = 9 * segment + k;
+            assert_eq!(send_limit(None, Lsn(at), seg), Lsn(9 * segment), "{at:#x}");
+        }
+        // Anything else goes: a page boundary, bytes past a header, a record's end.
+        for at in [
+            0x87F_E000,
+            0x87F_E019,
+            0x87F_E030,
+            0x87F_DFFA,
+            9 * segment + 41,
+            9 * segment + 0x2018 + 8,
+        ] {
+            assert_eq!(send_limit(None, Lsn(at), seg), Lsn(at), "{at:#x}");
+        }
+        // The page after a segment's first has a short header.
+        assert_eq!(
+            send_limit(None, Lsn(9 * segment + 0x2028), seg),
+            Lsn(9 * segment + 0x2028)
+        );
+        assert_eq!(
+            send_limit(None, Lsn(9 * segment + 0x2018), seg),
+            Lsn(9 * segment + 0x2000)
+        );
+        // An older timeline ends at its switchpoint, wherever that is.
+        let h = Historic {
+            end: Lsn(0x87F_E018),
+            next: TimeLineId(2),
+        };
+        assert_eq!(send_limit(Some(h), Lsn(0x900_0000), seg), Lsn(0x87F_E018));
     }
 }
