@@ -140,7 +140,7 @@ async fn a_spool_ending_just_past_a_page_header_keeps_its_standby_going() {
 }
 
 /// The same with PostgreSQL 17. (A PostgreSQL 18 standby given the same spool went on even
-/// without the rule; 14, 15 and 17 stopped.)
+/// without the rule; 14 to 17 stopped.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spool_ending_just_past_a_page_header_keeps_a_pg17_standby_going() {
     page_header_end(Some(17)).await;
