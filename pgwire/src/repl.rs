@@ -72,6 +72,19 @@ fn tagged_copy(out: &mut BytesMut, body_len: usize, body: impl FnOnce(&mut Bytes
 
 /// Length of a standby status update ('r'): write, flush, apply, time, reply flag.
 pub const STATUS_UPDATE_LEN: usize = 1 + 8 + 8 + 8 + 8 + 1;
+/// A standby status update ('r') sent now, as the CopyData payload: positions written,
+/// flushed and applied, and whether the server is asked to reply at once.
+pub fn status_update(write: Lsn, flush: Lsn, apply: Lsn, reply: bool) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(STATUS_UPDATE_LEN);
+    msg.push(b'r');
+    for v in [write, flush, apply] {
+        msg.extend_from_slice(&v.0.to_be_bytes());
+    }
+    msg.extend_from_slice(&pg_now().to_be_bytes());
+    msg.push(u8::from(reply));
+    msg
+}
+
 /// Length of a hot-standby feedback message ('h'): time, xmin, epoch, catalog xmin, epoch.
 pub const HS_FEEDBACK_LEN: usize = 1 + 8 + 4 + 4 + 4 + 4;
 

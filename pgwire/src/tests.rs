@@ -262,3 +262,17 @@ fn status_updates_are_clamped_to_what_was_sent() {
     let hs = [b'h'; 25];
     assert!(!clamp_status_update(&hs, Lsn(0)).1);
 }
+
+#[test]
+fn a_status_update_built_here_reads_back_as_sent() {
+    use crate::repl::{check_feedback, status_positions, status_update};
+    use walrelay_wal::lsn::Lsn;
+    let m = status_update(Lsn(0x500), Lsn(0x400), Lsn(0), true);
+    assert!(check_feedback(&m).is_ok());
+    assert_eq!(status_positions(&m), Some((Lsn(0x500), Lsn(0x400), Lsn(0))));
+    assert_eq!(m.last(), Some(&1), "reply asked");
+    assert_eq!(
+        status_update(Lsn(0), Lsn(0), Lsn(0), false).last(),
+        Some(&0)
+    );
+}

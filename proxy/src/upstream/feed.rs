@@ -28,7 +28,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
-use walrelay_pgwire::repl::{keepalive_end, keepalive_wants_reply, XLogData};
+use walrelay_pgwire::repl::{keepalive_end, keepalive_wants_reply, status_update, XLogData};
 use walrelay_pgwire::{encode, parse_tagged, RawMsg, WireError};
 use walrelay_proto::frame::{WalHeader, ALIVE_EVERY};
 use walrelay_wal::lsn::{Lsn, TimeLineId};
@@ -449,13 +449,7 @@ impl FeedToLink<'_> {
 /// A status update to the primary: written and flushed up to `at`, nothing applied; `reply`:
 /// the primary is asked to answer at once (whether it is still there).
 async fn write_status(conn: &mut PrimaryConn, at: u64, reply: bool) -> Result<(), Status> {
-    let mut msg = Vec::with_capacity(34);
-    msg.push(b'r');
-    for v in [at, at, 0] {
-        msg.extend_from_slice(&v.to_be_bytes());
-    }
-    msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
-    msg.push(u8::from(reply));
+    let msg = status_update(Lsn(at), Lsn(at), Lsn(0), reply);
     let mut out = BytesMut::new();
     encode::copy_data(&mut out, &msg);
     conn.writer

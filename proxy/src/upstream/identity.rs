@@ -449,11 +449,7 @@ impl Identity {
 
 /// A status update that claims nothing (no positions), asking for no reply.
 fn status_without_positions() -> Vec<u8> {
-    let mut msg = vec![b'r'];
-    msg.extend_from_slice(&[0u8; 24]);
-    msg.extend_from_slice(&walrelay_pgwire::repl::pg_now().to_be_bytes());
-    msg.push(0);
-    msg
+    walrelay_pgwire::repl::status_update(Lsn(0), Lsn(0), Lsn(0), false)
 }
 
 async fn write_copy_data(conn: &mut PrimaryConn, msg: &[u8]) -> Result<(), String> {
