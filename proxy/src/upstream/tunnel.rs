@@ -33,11 +33,16 @@ pub const QUEUE_FRAMES: usize = 4;
 /// from `TunnelOpen`; 0 if it did not say), so that a frame of incompressible bytes still
 /// fits the largest link message either half accepts.
 pub fn read_chunk(own_max: usize, downstream_max: u64) -> usize {
-    let theirs = match downstream_max {
+    (own_max.min(theirs(own_max, downstream_max)) / 2).clamp(16 * 1024, TUNNEL_DATA_MAX)
+}
+
+/// The downstream's `limits.max_message_bytes` as its `TunnelOpen` states it; this upstream's
+/// own (`own_max`) when it did not say (0).
+fn theirs(own_max: usize, downstream_max: u64) -> usize {
+    match downstream_max {
         0 => own_max,
         n => usize::try_from(n).unwrap_or(usize::MAX),
-    };
-    (own_max.min(theirs) / 2).clamp(16 * 1024, TUNNEL_DATA_MAX)
+    }
 }
 
 /// Most bytes one frame from the downstream may restore after the first
@@ -46,11 +51,7 @@ pub fn read_chunk(own_max: usize, downstream_max: u64) -> usize {
 /// its limit decides, at most the largest any half may have; this upstream's own (`own_max`)
 /// when the downstream did not say (0).
 pub fn data_budget(own_max: usize, downstream_max: u64) -> usize {
-    let theirs = match downstream_max {
-        0 => own_max,
-        n => usize::try_from(n).unwrap_or(usize::MAX),
-    };
-    tunnel_frame_max(theirs.min(crate::config::MAX_MESSAGE_BYTES_MAX))
+    tunnel_frame_max(theirs(own_max, downstream_max).min(crate::config::MAX_MESSAGE_BYTES_MAX))
 }
 
 pub type Out = mpsc::Sender<Result<TunnelFrame, Status>>;
