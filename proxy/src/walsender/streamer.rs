@@ -277,6 +277,12 @@ async fn copy(
             *hist = historic(s, tli).map_err(End::Fatal)?;
         }
         let limit = send_limit(*hist, ext.end, view.borrow().files.seg);
+        let window = Window {
+            tli,
+            limit,
+            end: ext.end,
+            hist: *hist,
+        };
         if let Some(h) = *hist {
             if pos >= h.end {
                 let mut out = BytesMut::new();
@@ -304,7 +310,7 @@ async fn copy(
             _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
             _ = silence::until(deadline) => return Err(live.timed_out()),
             _ = std::future::ready(()), if more => {
-                pos = live.bounded(send_wal(s, tli, pos, *hist, ext.end)).await?;
+                pos = live.bounded(send_wal(s, pos, window)).await?;
                 last_sent = Instant::now();
             }
             r = view.changed(), if !more => {
@@ -398,18 +404,23 @@ async fn read_spool(
         .map_err(|_| End::fatal("XX000", "walrelay: reading the spool failed"))
 }
 
-/// One XLogData from the spool.
-async fn send_wal(
-    s: &mut Session<'_>,
+/// What the COPY loop may send of timeline `tli` as it stands: up to `limit`
+/// ([`send_limit`]), the spool ending at `end`, the timeline ending at `hist` if it is an
+/// older one.
+#[derive(Debug, Clone, Copy)]
+struct Window {
     tli: TimeLineId,
-    pos: Lsn,
-    hist: Option<Historic>,
+    limit: Lsn,
     end: Lsn,
-) -> Result<Lsn, End> {
+    hist: Option<Historic>,
+}
+
+/// One XLogData from the spool, from `pos` within `w`.
+async fn send_wal(s: &mut Session<'_>, pos: Lsn, w: Window) -> Result<Lsn, End> {
     let files = s.ds.spooler.view.borrow().files.clone();
-    let to = send_end(pos, send_limit(hist, end, files.seg));
-    let mut read = read_spool(&files, tli, pos, to).await?;
-    if let (Err(SpoolError::Removed(_)), Some(h)) = (&read, hist) {
+    let to = send_end(pos, w.limit);
+    let mut read = read_spool(&files, w.tli, pos, to).await?;
+    if let (Err(SpoolError::Removed(_)), Some(h)) = (&read, w.hist) {
         // An older timeline's last segment: the next timeline's file holds the same bytes up
         // to the switchpoint, and is there when the spool began on that timeline
         // (PostgreSQL's walsender reads that segment from the next timeline's file too).
@@ -433,14 +444,14 @@ async fn send_wal(
     let mut out = BytesMut::with_capacity(data.len() + 32);
     XLogData {
         start: pos,
-        end: end.max(next),
+        end: w.end.max(next),
         send_time: pg_now(),
         data: Bytes::from(data),
     }
     .encode_copy_data(&mut out);
     s.write(&out).await?;
     s.entry.wal(next);
-    s.entry.primary_end(end);
+    s.entry.primary_end(w.end);
     Ok(next)
 }
 
