@@ -429,12 +429,14 @@ impl<'a> TunnelSession<'a> {
             match it {
                 TunnelItem::Data(d) => {
                     let mut ready = 0u32;
-                    let watch = &mut self.watch;
+                    let (watch, policy) = (&mut self.watch, &mut self.policy);
                     self.scanner
                         .feed_seen(&d, |s| match s {
                             Seen::Start(t) => {
                                 ready += u32::from(t == b'Z');
-                                watch.tag(t);
+                                if let Some(slot) = watch.tag(t) {
+                                    policy.temp_slot_created(slot);
+                                }
                             }
                             Seen::Head { tag, head, len } => watch.head(tag, head, len),
                         })
@@ -444,9 +446,6 @@ impl<'a> TunnelSession<'a> {
                                 format!("walrelay: the primary's messages are malformed: {e}"),
                             )
                         })?;
-                    if self.policy.temp_slots.len() != self.watch.temp_slots.len() {
-                        self.policy.temp_slots.clone_from(&self.watch.temp_slots);
-                    }
                     if let [.., b'Z', 0, 0, 0, 5, st] = d[..] {
                         self.status = st;
                     }

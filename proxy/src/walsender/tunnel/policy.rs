@@ -48,7 +48,17 @@ pub struct Policy {
 
 const EXTENDED: &[u8] = b"PBDECF";
 
+/// Most temporary slots remembered per session (pg_basebackup makes one).
+const MAX_TEMP_SLOTS: usize = 16;
+
 impl Policy {
+    /// The primary created temporary slot `slot` for this session (see `watch`).
+    pub fn temp_slot_created(&mut self, slot: String) {
+        if self.temp_slots.len() < MAX_TEMP_SLOTS {
+            self.temp_slots.push(slot);
+        }
+    }
+
     /// Whether a client message (tag and body) may go to the primary.
     pub fn check(&self, tag: u8, body: &[u8]) -> Result<(), ErrorFields> {
         match tag {

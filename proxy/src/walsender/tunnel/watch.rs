@@ -5,14 +5,12 @@
 //!   lowers a standby's, so a lying client can neither release a synchronous commit nor move
 //!   a slot past what it was sent;
 //! - which temporary slots this session created (the primary answered CommandComplete to the
-//!   CREATE_REPLICATION_SLOT … TEMPORARY): without `downstream.allow_slot_commands` a physical
-//!   START_REPLICATION may name only those, so it cannot move another client's permanent slot.
+//!   CREATE_REPLICATION_SLOT … TEMPORARY), reported to the session's policy: without
+//!   `downstream.allow_slot_commands` a physical START_REPLICATION may name only those, so it
+//!   cannot move another client's permanent slot.
 
 use walrelay_pgwire::repl::clamp_status_update;
 use walrelay_wal::lsn::Lsn;
-
-/// Most temporary slots remembered per session (pg_basebackup makes one).
-const MAX_TEMP_SLOTS: usize = 16;
 
 #[derive(Debug, Default)]
 pub(crate) struct PrimaryWatch {
@@ -24,7 +22,6 @@ pub(crate) struct PrimaryWatch {
     streaming: bool,
     /// A temporary slot's creation in flight, and how many ReadyForQuery come before its answer.
     creating: Option<(String, u32)>,
-    pub temp_slots: Vec<String>,
 }
 
 impl PrimaryWatch {
@@ -43,28 +40,23 @@ impl PrimaryWatch {
         }
     }
 
-    /// A message of the primary's begins.
-    pub fn tag(&mut self, tag: u8) {
+    /// A message of the primary's begins. Returns the temporary slot in creation when this
+    /// message is the primary's CommandComplete to it: the slot exists now, and is this
+    /// session's.
+    pub fn tag(&mut self, tag: u8) -> Option<String> {
         match tag {
             b'W' => self.streaming = true,
             b'Z' => self.streaming = false,
             _ => {}
         }
-        let Some((_, ahead)) = &mut self.creating else {
-            return;
-        };
+        let (_, ahead) = self.creating.as_mut()?;
         match tag {
             b'Z' if *ahead > 0 => *ahead -= 1,
-            b'C' if *ahead == 0 => {
-                if let Some((slot, _)) = self.creating.take() {
-                    if self.temp_slots.len() < MAX_TEMP_SLOTS {
-                        self.temp_slots.push(slot);
-                    }
-                }
-            }
+            b'C' if *ahead == 0 => return self.creating.take().map(|(slot, _)| slot),
             b'E' if *ahead == 0 => self.creating = None,
             _ => {}
         }
+        None
     }
 
     /// The first bytes (`head`) of a message of the primary's whose body is `len` bytes.
@@ -148,19 +140,14 @@ mod tests {
         let mut w = PrimaryWatch::new(false);
         // Behind one unanswered command: its CommandComplete is not the creation's.
         w.creating("tmp".into(), 1);
-        for t in *b"TDCZ" {
-            w.tag(t);
-        }
-        assert!(w.temp_slots.is_empty());
-        for t in *b"TDC" {
-            w.tag(t);
-        }
-        assert_eq!(w.temp_slots, ["tmp"]);
+        let created = |w: &mut PrimaryWatch, tags: &[u8]| -> Vec<String> {
+            tags.iter().filter_map(|&t| w.tag(t)).collect()
+        };
+        assert!(created(&mut w, b"TDCZ").is_empty());
+        assert_eq!(created(&mut w, b"TDC"), ["tmp"]);
         // Refused by the primary (a slot of that name exists): not ours.
-        w.tag(b'Z');
+        assert!(created(&mut w, b"Z").is_empty());
         w.creating("victim".into(), 0);
-        w.tag(b'E');
-        w.tag(b'Z');
-        assert_eq!(w.temp_slots, ["tmp"]);
+        assert!(created(&mut w, b"EZ").is_empty());
     }
 }
