@@ -19,7 +19,7 @@ use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 
 pub mod query;
 
-pub use query::{Continuity, ServerRole, SystemIdentity, TimelineHistoryFile, MAX_REPLY_MESSAGES};
+pub use query::{Continuity, ServerRole, SystemIdentity, TimelineHistoryFile};
 
 /// A socket, plain or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}

@@ -126,20 +126,10 @@ impl PrimaryConn {
         let mut out = BytesMut::new();
         encode::query(&mut out, sql);
         self.writer.write_all(&out).await.map_err(WireError::Io)?;
-        let budget = self.max_message_bytes.saturating_add(64 * 1024);
-        let (mut msgs, mut err, mut count, mut bytes) = (Vec::new(), None, 0usize, 0usize);
-        loop {
-            let m = read_msg(&mut self.reader, self.max_message_bytes).await?;
-            count += 1;
-            bytes = bytes.saturating_add(m.body.len());
-            if count > MAX_REPLY_MESSAGES || bytes > budget {
-                return Err(PgClientError::BadReply {
-                    command: "a command before streaming",
-                    why: format!("more than {MAX_REPLY_MESSAGES} messages or {budget} bytes"),
-                });
-            }
+        let (mut msgs, mut err) = (Vec::new(), None);
+        for m in self.read_reply("a command before streaming").await? {
             match m.tag {
-                b'Z' => break,
+                b'Z' => {}
                 b'E' => err = Some(ErrorFields::parse(&m.body)?),
                 b'N' => {}
                 _ => msgs.push(m),
@@ -148,6 +138,33 @@ impl PrimaryConn {
         match err {
             Some(e) => Err(PgClientError::Server(e)),
             None => Ok(msgs),
+        }
+    }
+
+    /// The messages answering one command (of `command`, for the error), as the server sent
+    /// them, up to and including its ReadyForQuery: at most [`MAX_REPLY_MESSAGES`], and
+    /// `max_message_bytes` + 64 KiB in all, so that a server (or someone in the middle of a
+    /// connection without TLS) cannot grow an answer without end.
+    pub async fn read_reply(
+        &mut self,
+        command: &'static str,
+    ) -> Result<Vec<RawMsg>, PgClientError> {
+        let budget = self.max_message_bytes.saturating_add(64 * 1024);
+        let (mut msgs, mut bytes) = (Vec::new(), 0usize);
+        loop {
+            let m = read_msg(&mut self.reader, self.max_message_bytes).await?;
+            bytes = bytes.saturating_add(5 + m.body.len());
+            let last = m.tag == b'Z';
+            msgs.push(m);
+            if msgs.len() > MAX_REPLY_MESSAGES || bytes > budget {
+                return Err(PgClientError::BadReply {
+                    command,
+                    why: format!("more than {MAX_REPLY_MESSAGES} messages or {budget} bytes"),
+                });
+            }
+            if last {
+                return Ok(msgs);
+            }
         }
     }
 

@@ -311,39 +311,16 @@ impl Identity {
             .write_all(&out)
             .await
             .map_err(walrelay_pgwire::WireError::Io)?;
-        // The answer as the primary gave it, within simple_query's bounds (a primary, or a
-        // man in the middle of a connection without TLS, cannot grow it without end) and
-        // within COMMAND_WAIT.
-        let max = conn.max_message_bytes;
-        let budget = max.saturating_add(64 * 1024);
-        let mut answer = BytesMut::new();
-        let read = async {
-            for _ in 0..pgclient::MAX_REPLY_MESSAGES {
-                let m = conn.reader.read(|b| parse_tagged(b, |_| max)).await?;
-                m.encode(&mut answer);
-                if m.tag == b'Z' {
-                    return Ok(true);
-                }
-                if answer.len() > budget {
-                    break;
-                }
-            }
-            Ok::<bool, PgClientError>(false)
-        };
-        let complete = tokio::time::timeout(COMMAND_WAIT, read)
+        // The answer as the primary gave it, within read_reply's bounds and COMMAND_WAIT.
+        let msgs = tokio::time::timeout(COMMAND_WAIT, conn.read_reply("a standby's command"))
             .await
             .map_err(|_| PgClientError::BadReply {
                 command: "a standby's command",
                 why: format!("no answer within {} s", COMMAND_WAIT.as_secs()),
             })??;
-        if !complete {
-            return Err(PgClientError::BadReply {
-                command: "a standby's command",
-                why: format!(
-                    "more than {} messages or {budget} bytes",
-                    pgclient::MAX_REPLY_MESSAGES
-                ),
-            });
+        let mut answer = BytesMut::new();
+        for m in &msgs {
+            m.encode(&mut answer);
         }
         self.send(answer.to_vec()).await;
         Ok(())

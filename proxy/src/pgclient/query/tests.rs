@@ -184,3 +184,64 @@ fn roles_read_as_messages_say() {
     assert!(on_off("x", "yes").is_err());
     assert!(on_off("x", "on").unwrap());
 }
+
+/// A connection whose server side is `server`, for reading replies.
+fn conn_to(server_bytes: Vec<u8>, max: usize) -> PrimaryConn {
+    let (client, mut server) = tokio::io::duplex(1 << 20);
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        server.write_all(&server_bytes).await.unwrap();
+        // Keep the server side open until the client is done.
+        let mut sink = [0u8; 64];
+        let _ = tokio::io::AsyncReadExt::read(&mut server, &mut sink).await;
+    });
+    let (r, writer) = tokio::io::split(Box::new(client) as crate::pgclient::BoxIo);
+    PrimaryConn {
+        reader: crate::pgio::MsgReader::new(r),
+        writer,
+        params: Vec::new(),
+        max_message_bytes: max,
+        server: crate::pgclient::Server {
+            index: 0,
+            host: crate::conninfo::HostSpec {
+                host: "test".into(),
+                hostaddr: None,
+                port: 5432,
+            },
+        },
+        backend_key: None,
+    }
+}
+
+#[tokio::test]
+async fn a_reply_is_read_whole_and_within_its_bounds() {
+    let encoded = |msgs: &[RawMsg]| {
+        let mut b = BytesMut::new();
+        for m in msgs {
+            m.encode(&mut b);
+        }
+        b.to_vec()
+    };
+    let ready = msg(b'Z', BytesMut::from(&b"I"[..]));
+    // As sent, up to and including ReadyForQuery; what follows is the next reply's.
+    let reply = [row_description(1), complete(), ready.clone()];
+    let mut c = conn_to(
+        [encoded(&reply), encoded(&[complete()])].concat(),
+        256 << 10,
+    );
+    let got = c.read_reply("a test").await.unwrap();
+    assert_eq!(encoded(&got), encoded(&reply));
+    // More than MAX_REPLY_MESSAGES messages: refused, though a ReadyForQuery would follow.
+    let many: Vec<RawMsg> = (0..MAX_REPLY_MESSAGES)
+        .map(|_| complete())
+        .chain([ready.clone()])
+        .collect();
+    let mut c = conn_to(encoded(&many), 256 << 10);
+    let e = c.read_reply("a test").await.unwrap_err().to_string();
+    assert!(e.contains("more than 256 messages"), "{e}");
+    // More than max_message_bytes + 64 KiB in all: refused.
+    let big = msg(b'N', BytesMut::from(&vec![b'x'; 200 << 10][..]));
+    let mut c = conn_to(encoded(&[big.clone(), big, ready]), 256 << 10);
+    let e = c.read_reply("a test").await.unwrap_err().to_string();
+    assert!(e.contains("a test") && e.contains("bytes"), "{e}");
+}
