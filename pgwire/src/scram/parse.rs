@@ -27,6 +27,19 @@ fn attr(part: &str) -> Option<(u8, &str)> {
     }
 }
 
+/// The value of the next attribute of `parts`, which must be `key`'s; else `missing` is the
+/// error.
+fn next_attr<'a>(
+    parts: &mut impl Iterator<Item = &'a str>,
+    key: u8,
+    missing: &str,
+) -> Result<&'a str, ScramError> {
+    match parts.next().and_then(attr) {
+        Some((k, v)) if k == key => Ok(v),
+        _ => Err(protocol(missing)),
+    }
+}
+
 /// Splits off the gs2 header (`n,,` or `y,,`), returning it and client-first-bare.
 pub(super) fn split_gs2_header(msg: &str) -> Result<(&str, &str), ScramError> {
     match msg.as_bytes().first() {
@@ -69,22 +82,16 @@ pub(super) fn parse_client_first_bare(bare: &str) -> Result<&str, ScramError> {
         ));
     }
     let mut parts = bare.split(',');
-    match parts.next().and_then(attr) {
-        Some((b'n', _user)) => {}
-        _ => {
-            return Err(protocol(
-                "client-first-message must contain the user name attribute n= after the gs2 header",
-            ))
-        }
-    }
-    let nonce = match parts.next().and_then(attr) {
-        Some((b'r', nonce)) => nonce,
-        _ => {
-            return Err(protocol(
-                "client-first-message must contain the nonce attribute r= after n=",
-            ))
-        }
-    };
+    next_attr(
+        &mut parts,
+        b'n',
+        "client-first-message must contain the user name attribute n= after the gs2 header",
+    )?;
+    let nonce = next_attr(
+        &mut parts,
+        b'r',
+        "client-first-message must contain the nonce attribute r= after n=",
+    )?;
     if nonce.is_empty()
         || !nonce
             .bytes()
@@ -125,22 +132,16 @@ pub(super) fn parse_client_final(msg: &str) -> Result<ClientFinal<'_>, ScramErro
         }
     };
     let mut parts = without_proof.split(',');
-    let channel_binding = match parts.next().and_then(attr) {
-        Some((b'c', v)) => v,
-        _ => {
-            return Err(protocol(
-                "client-final-message must start with the channel-binding attribute c=",
-            ))
-        }
-    };
-    let nonce = match parts.next().and_then(attr) {
-        Some((b'r', v)) => v,
-        _ => {
-            return Err(protocol(
-                "client-final-message must contain the nonce attribute r= after c=",
-            ))
-        }
-    };
+    let channel_binding = next_attr(
+        &mut parts,
+        b'c',
+        "client-final-message must start with the channel-binding attribute c=",
+    )?;
+    let nonce = next_attr(
+        &mut parts,
+        b'r',
+        "client-final-message must contain the nonce attribute r= after c=",
+    )?;
     for ext in parts {
         match attr(ext) {
             Some((b'p', _)) => {
