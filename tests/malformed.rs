@@ -399,3 +399,67 @@ async fn status_updates_beyond_the_wal_sent_are_clamped() {
     drop(s);
     env.relay.assert_no_panic();
 }
+
+/// With `allow_sql`, a `COPY ... FROM STDIN` through the extended protocol, as libpq sends it
+/// (Parse Bind Describe Execute Sync, the data, CopyDone Sync): the primary ignores the Sync
+/// it reads in copy-in and answers the two Syncs with one ReadyForQuery. A query the
+/// downstream refuses afterwards is still answered, in step with the primary's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_an_extended_copy_in_is_answered() {
+    let env = env(EnvOpts {
+        trust: true,
+        downstream_extra: "allow_sql = true".into(),
+        ..Default::default()
+    })
+    .await;
+    let p = &env.primary;
+    p.execute("create table copied(x int); grant insert, select on copied to replicator")
+        .await
+        .unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", env.down_port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = startup(&[("user", "replicator"), ("database", "postgres")]);
+    encode::query(&mut b, "SET default_transaction_read_only = off");
+    s.write_all(&b).unwrap();
+    let mut buf = BytesMut::new();
+    read_until(&mut s, &mut buf, b'Z');
+    let msgs = read_until(&mut s, &mut buf, b'Z');
+    assert!(error_of(&msgs).is_none(), "{msgs:?}");
+
+    let mut b = BytesMut::new();
+    for (tag, body) in [
+        (b'P', &b"\0COPY copied FROM STDIN\0\0\0"[..]),
+        (b'B', &b"\0\0\0\0\0\0\0\0"[..]),
+        (b'D', &b"P\0"[..]),
+        (b'E', &b"\0\0\0\0\0"[..]),
+        (b'S', &b""[..]),
+    ] {
+        encode::tagged(&mut b, tag, |o| o.put_slice(body));
+    }
+    s.write_all(&b).unwrap();
+    let msgs = read_until(&mut s, &mut buf, b'G');
+    assert!(error_of(&msgs).is_none(), "{msgs:?}");
+    let mut b = BytesMut::new();
+    encode::copy_data(&mut b, b"1\n2\n");
+    encode::copy_done(&mut b);
+    encode::tagged(&mut b, b'S', |_| {});
+    s.write_all(&b).unwrap();
+    let msgs = read_until(&mut s, &mut buf, b'Z');
+    assert!(error_of(&msgs).is_none(), "{msgs:?}");
+
+    // Refused by the downstream (not valid UTF-8), then a query the primary answers.
+    let mut b = BytesMut::new();
+    encode::tagged(&mut b, b'Q', |o| o.put_slice(b"SELECT '\xff'\0"));
+    encode::query(&mut b, "SELECT count(*) FROM copied");
+    s.write_all(&b).unwrap();
+    let msgs = read_until(&mut s, &mut buf, b'Z');
+    assert!(
+        error_of(&msgs).is_some_and(|e| e.code == "22021"),
+        "{msgs:?}"
+    );
+    let msgs = read_until(&mut s, &mut buf, b'Z');
+    let tags: String = msgs.iter().map(|(t, _)| *t as char).collect();
+    assert_eq!(tags, "TDCZ", "{msgs:?}");
+    assert!(msgs[1].1.ends_with(b"2"), "{msgs:?}");
+    env.relay.assert_no_panic();
+}

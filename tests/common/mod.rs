@@ -208,6 +208,8 @@ pub struct EnvOpts {
     pub upstream_extra: String,
     /// Extra keys for the [link] section.
     pub link_extra: String,
+    /// Extra keys for the [downstream] section.
+    pub downstream_extra: String,
     /// Standbys authenticate with `trust` instead of SCRAM.
     pub trust: bool,
     /// PostgreSQL major to run (default: the system's, see `install()`).
@@ -252,6 +254,10 @@ pub async fn env(opts: EnvOpts) -> Env {
         toml = toml.replace("auth = \"scram-sha-256\"", "auth = \"trust\"");
     }
     toml = toml.replace("[link]\n", &format!("[link]\n{}\n", opts.link_extra));
+    toml = toml.replace(
+        "[downstream]\n",
+        &format!("[downstream]\n{}\n", opts.downstream_extra),
+    );
     let relay = Relay::start_with(
         root.path(),
         "relay",

@@ -16,6 +16,7 @@
 //! a time, and the link's HTTP/2 flow control holds the upstream back while the client reads
 //! slowly.
 
+mod answers;
 pub mod cancel;
 pub mod policy;
 pub mod sql;
@@ -42,6 +43,7 @@ use walrelay_proto::PROTOCOL_VERSION;
 use super::{shutting_down, Downstream, End, Reader, Standby, Writer};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
+use answers::Answers;
 pub use policy::{Mode, Policy};
 
 /// Frames queued toward the upstream per tunnel.
@@ -56,8 +58,8 @@ pub(crate) struct TunnelSession<'a> {
     pub writer: &'a mut Writer,
     pub policy: Policy,
     scanner: Scanner,
-    /// Queries and Syncs sent whose ReadyForQuery has not come back.
-    outstanding: u32,
+    /// ReadyForQuery the primary still owes the client.
+    answers: Answers,
     /// A refusal waiting for the answers to what was sent before it.
     held: Option<ErrorFields>,
     /// A message of the extended protocol was refused: as PostgreSQL after an error there,
@@ -128,7 +130,7 @@ pub(crate) async fn whole(
         Err(end) => return end,
     };
     // The primary's startup reply ends with a ReadyForQuery too: a refusal waits for it.
-    session.outstanding = 1;
+    session.answers = Answers::awaiting_startup();
     info!(peer = %standby.peer, user = %standby.user, application_name = %standby.application_name, database = %standby.database, ?mode, "session goes through a tunnel to the primary");
     let open = session.open_for(standby, &standby.database, true);
     session.run(open, None).await
@@ -204,7 +206,7 @@ impl<'a> TunnelSession<'a> {
             reader,
             writer,
             scanner: Scanner::default(),
-            outstanding: 0,
+            answers: Answers::default(),
             held: None,
             skip_to_sync: false,
             status: b'I',
@@ -381,12 +383,10 @@ impl<'a> TunnelSession<'a> {
                 ..
             })) = cmd
             {
-                self.watch.creating(slot, self.outstanding);
+                self.watch.creating(slot, self.answers.outstanding());
             }
         }
-        if matches!(m.tag, b'Q' | b'S') {
-            self.outstanding = self.outstanding.saturating_add(1);
-        }
+        self.answers.client_sent(m.tag);
         self.tx
             .data(&b)
             .map_err(|e| End::fatal("XX000", format!("walrelay: zstd: {e}")))?;
@@ -428,12 +428,12 @@ impl<'a> TunnelSession<'a> {
         for it in items {
             match it {
                 TunnelItem::Data(d) => {
-                    let mut ready = 0u32;
-                    let (watch, policy) = (&mut self.watch, &mut self.policy);
+                    let (watch, policy, answers) =
+                        (&mut self.watch, &mut self.policy, &mut self.answers);
                     self.scanner
                         .feed_seen(&d, |s| match s {
                             Seen::Start(t) => {
-                                ready += u32::from(t == b'Z');
+                                answers.primary_sent(t);
                                 if let Some(slot) = watch.tag(t) {
                                     policy.temp_slot_created(slot);
                                 }
@@ -456,7 +456,6 @@ impl<'a> TunnelSession<'a> {
                         d.len() as u64,
                     );
                     self.progress.tick();
-                    self.outstanding = self.outstanding.saturating_sub(ready);
                     self.answer_held().await?;
                 }
                 TunnelItem::End(why) => {
@@ -480,7 +479,7 @@ impl<'a> TunnelSession<'a> {
     async fn answer_held(&mut self) -> Result<(), End> {
         // Also not inside one of the primary's messages (a frame can end within its
         // ReadyForQuery): the next frame's call answers.
-        if self.outstanding > 0 || self.skip_to_sync || !self.scanner.at_boundary() {
+        if self.answers.pending() || self.skip_to_sync || !self.scanner.at_boundary() {
             return Ok(());
         }
         let Some(e) = self.held.take() else {
