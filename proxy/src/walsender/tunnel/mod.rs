@@ -32,7 +32,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tracing::{info, warn};
 
-use walrelay_pgwire::replcmd::TunnelCmd;
 use walrelay_pgwire::scan::{Scanner, Seen};
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx};
@@ -44,7 +43,7 @@ use super::{shutting_down, Downstream, End, Reader, Standby, Writer};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
 use answers::Answers;
-pub use policy::{Mode, Policy};
+pub use policy::{Mode, Passed, Policy};
 
 /// Frames queued toward the upstream per tunnel.
 const QUEUE_FRAMES: usize = 4;
@@ -170,10 +169,13 @@ pub(crate) async fn hand_over(
             return Ok(end);
         }
     };
-    if let Err(e) = session.policy.query(q) {
-        Metrics::add(&ds.metrics.tunnel_refused, 1);
-        return Err(e);
-    }
+    let passed = match session.policy.query(q) {
+        Ok(p) => p,
+        Err(e) => {
+            Metrics::add(&ds.metrics.tunnel_refused, 1);
+            return Err(e);
+        }
+    };
     ds.spooler.close_channel(chan);
     info!(peer = %standby.peer, application_name = %standby.application_name, command = %walrelay_pgwire::clip(q.trim(), 80), "physical session continues through a tunnel to the primary");
     let open = session.open_for(standby, "", false);
@@ -183,7 +185,7 @@ pub(crate) async fn hand_over(
         tag: b'Q',
         body: body.freeze(),
     };
-    Ok(session.run(open, Some(first)).await)
+    Ok(session.run(open, Some((first, passed))).await)
 }
 
 impl<'a> TunnelSession<'a> {
@@ -244,7 +246,7 @@ impl<'a> TunnelSession<'a> {
 
     /// Opens the tunnel with `first` (a client message already checked, or none) and relays
     /// until either side ends.
-    pub async fn run(mut self, open: TunnelOpen, first: Option<RawMsg>) -> End {
+    pub async fn run(mut self, open: TunnelOpen, first: Option<(RawMsg, Passed)>) -> End {
         let metrics = self.ds.metrics.clone();
         let _gauge = GaugeGuard::inc(&metrics.tunnels_active[1]);
         // The client's cancel requests are relayed while the tunnel lives.
@@ -261,8 +263,8 @@ impl<'a> TunnelSession<'a> {
             .max_encoding_message_size(max);
         let (out, out_rx) = mpsc::channel(QUEUE_FRAMES);
         self.tx.open(&open.encode_to_vec());
-        if let Some(m) = &first {
-            if let Err(end) = self.forward(&out, m).await {
+        if let Some((m, passed)) = first {
+            if let Err(end) = self.forward(&out, &m, passed).await {
                 return end;
             }
         } else if let Err(end) = self.flush(&out).await {
@@ -339,7 +341,7 @@ impl<'a> TunnelSession<'a> {
             };
         }
         match self.policy.check(m.tag, &m.body) {
-            Ok(()) => {
+            Ok(passed) => {
                 let m = match (m.tag, self.watch.clamp(&m.body)) {
                     (b'd', Some(lowered)) => RawMsg {
                         tag: b'd',
@@ -347,7 +349,7 @@ impl<'a> TunnelSession<'a> {
                     },
                     _ => m,
                 };
-                self.forward(out, &m).await?;
+                self.forward(out, &m, passed).await?;
                 if m.tag == b'X' {
                     return Err(self.leave(out, "").await);
                 }
@@ -368,23 +370,19 @@ impl<'a> TunnelSession<'a> {
         }
     }
 
-    /// Sends one client message up.
-    async fn forward(&mut self, out: &mpsc::Sender<TunnelFrame>, m: &RawMsg) -> Result<(), End> {
+    /// Sends one client message up (`passed`: what the policy found it asks of the primary).
+    async fn forward(
+        &mut self,
+        out: &mpsc::Sender<TunnelFrame>,
+        m: &RawMsg,
+        passed: Passed,
+    ) -> Result<(), End> {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         self.progress.up += b.len() as u64;
         Metrics::add(&self.ds.metrics.tunnel_bytes_to_primary[1], b.len() as u64);
-        if m.tag == b'Q' {
-            let text = m.body.strip_suffix(b"\0").unwrap_or(&m.body);
-            let cmd = std::str::from_utf8(text).map(walrelay_pgwire::replcmd::classify);
-            if let Ok(Ok(TunnelCmd::CreateSlot {
-                slot,
-                temporary: true,
-                ..
-            })) = cmd
-            {
-                self.watch.creating(slot, self.answers.outstanding());
-            }
+        if let Some(slot) = passed.temp_slot {
+            self.watch.creating(slot, self.answers.outstanding());
         }
         self.answers.client_sent(m.tag);
         self.tx

@@ -48,6 +48,14 @@ pub struct Policy {
 
 const EXTENDED: &[u8] = b"PBDECF";
 
+/// What a message that passes asks of the primary, as far as the tunnel needs to know.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Passed {
+    /// The temporary slot it creates (`CREATE_REPLICATION_SLOT ... TEMPORARY` on a replication
+    /// session), which the tunnel watches the primary confirm.
+    pub temp_slot: Option<String>,
+}
+
 /// Most temporary slots remembered per session (pg_basebackup makes one).
 const MAX_TEMP_SLOTS: usize = 16;
 
@@ -60,7 +68,7 @@ impl Policy {
     }
 
     /// Whether a client message (tag and body) may go to the primary.
-    pub fn check(&self, tag: u8, body: &[u8]) -> Result<(), ErrorFields> {
+    pub fn check(&self, tag: u8, body: &[u8]) -> Result<Passed, ErrorFields> {
         match tag {
             b'Q' => {
                 let text = body.strip_suffix(b"\0").unwrap_or(body);
@@ -69,8 +77,10 @@ impl Policy {
                 })?;
                 self.query(text)
             }
-            b'd' | b'c' | b'f' | b'X' | b'S' | b'H' => Ok(()),
-            t if EXTENDED.contains(&t) && self.allow_sql && self.mode != Mode::Physical => Ok(()),
+            b'd' | b'c' | b'f' | b'X' | b'S' | b'H' => Ok(Passed::default()),
+            t if EXTENDED.contains(&t) && self.allow_sql && self.mode != Mode::Physical => {
+                Ok(Passed::default())
+            }
             t if EXTENDED.contains(&t) => Err(ErrorFields::error(
                 "0A000",
                 format!("walrelay relays the simple query protocol only (message '{}' is part of the extended protocol)", t as char),
@@ -84,10 +94,10 @@ impl Policy {
     }
 
     /// Whether the text of a simple Query may go to the primary.
-    pub fn query(&self, text: &str) -> Result<(), ErrorFields> {
+    pub fn query(&self, text: &str) -> Result<Passed, ErrorFields> {
         let cmd = match classify(text) {
             Ok(c) => c,
-            Err(ReplCmdError::Empty) => return Ok(()),
+            Err(ReplCmdError::Empty) => return Ok(Passed::default()),
             Err(e) if self.mode == Mode::Sql => {
                 // Not a replication command at all in an SQL session: judged as SQL below.
                 let _ = e;
@@ -95,12 +105,18 @@ impl Policy {
             }
             Err(e) => return Err(ErrorFields::error("42601", e.to_string())),
         };
-        match cmd {
+        let checked = match cmd {
             TunnelCmd::Sql => self.sql(text),
             _ if self.mode == Mode::Sql => self.sql(text),
             TunnelCmd::CreateSlot {
-                temporary: true, ..
-            } => Ok(()),
+                temporary: true,
+                slot,
+                ..
+            } => {
+                return Ok(Passed {
+                    temp_slot: Some(slot),
+                })
+            }
             TunnelCmd::CreateSlot { slot, .. } => self.slot_command("create", &slot),
             // Streaming on a permanent slot moves it where the client says it flushed: another
             // client's (a backup tool's, a standby's of the primary) would lose its WAL.
@@ -110,7 +126,8 @@ impl Policy {
             TunnelCmd::DropSlot { slot } => self.slot_command("drop", &slot),
             TunnelCmd::AlterSlot { slot } => self.slot_command("alter", &slot),
             _ => Ok(()),
-        }
+        };
+        checked.map(|()| Passed::default())
     }
 
     fn slot_command(&self, what: &str, slot: &str) -> Result<(), ErrorFields> {
@@ -188,11 +205,17 @@ mod tests {
             "SHOW data_directory_mode",
             "",
         ] {
-            assert_eq!(pol.check(b'Q', &q(ok)), Ok(()), "{ok}");
+            assert!(pol.check(b'Q', &q(ok)).is_ok(), "{ok}");
         }
         for tag in [b'X', b'd', b'c', b'f'] {
             assert!(pol.check(tag, b"").is_ok());
         }
+        let created = |text: &str, p: &Policy| p.check(b'Q', &q(text)).unwrap().temp_slot;
+        let temp = "CREATE_REPLICATION_SLOT \"pg_basebackup_78\" TEMPORARY PHYSICAL ( RESERVE_WAL)";
+        assert_eq!(created(temp, &pol).as_deref(), Some("pg_basebackup_78"));
+        assert_eq!(created("IDENTIFY_SYSTEM", &pol), None);
+        // SQL to an SQL session's primary, which creates no slot.
+        assert_eq!(created(temp, &p(Mode::Sql, false, true)), None);
     }
 
     #[test]
