@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
+use walrelay_pgwire::scram::MockParams;
 use walrelay_pgwire::{encode, ErrorFields};
 
 use crate::cancelkeys::{self, CancelKeys};
@@ -66,6 +67,8 @@ pub struct Downstream {
     startups: Arc<StartupGate>,
     /// Cancel keys of the live tunnels (cancel requests for others are dropped).
     cancels: Arc<CancelKeys<()>>,
+    /// What unknown users' SCRAM exchanges look like, from `cfg.users` (derived with them).
+    mock: MockParams,
 }
 
 impl Downstream {
@@ -91,6 +94,7 @@ impl Downstream {
             None => None,
         };
         Ok(Arc::new(Downstream {
+            mock: MockParams::from_verifiers(cfg.users.values()),
             cfg,
             link_cfg,
             limits,
@@ -111,6 +115,7 @@ impl Downstream {
     pub fn reconfigured(&self, cfg: &ResolvedDownstream, limits: Limits) -> Arc<Downstream> {
         self.spooler.set_queue_messages(limits.queue_messages);
         Arc::new(Downstream {
+            mock: MockParams::from_verifiers(cfg.users.values()),
             cfg: ResolvedDownstream {
                 auth: cfg.auth,
                 users: cfg.users.clone(),

@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
 use walrelay_pgwire::negotiate::{is_protocol_option, negotiate};
-use walrelay_pgwire::scram::{MockParams, ScramError, ScramServer};
+use walrelay_pgwire::scram::{ScramError, ScramServer};
 use walrelay_pgwire::{
     encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
     WireError,
@@ -270,8 +270,7 @@ async fn scram(
         )
     };
     let protocol = |e: String| End::fatal("08P01", e);
-    let mock = MockParams::from_verifiers(ds.cfg.users.values());
-    let mut server = ScramServer::with_mock(ds.cfg.users.get(user).cloned(), user, &mock);
+    let mut server = ScramServer::with_mock(ds.cfg.users.get(user).cloned(), user, &ds.mock);
     let mut out = BytesMut::new();
     encode::auth_sasl(&mut out, ScramServer::MECHANISMS);
     writer.write_all(&out).await.map_err(|_| End::Quiet)?;
