@@ -401,9 +401,10 @@ async fn status_updates_beyond_the_wal_sent_are_clamped() {
 }
 
 /// With `allow_sql`, a `COPY ... FROM STDIN` through the extended protocol, as libpq sends it
-/// (Parse Bind Describe Execute Sync, the data, CopyDone Sync): the primary ignores the Sync
-/// it reads in copy-in and answers the two Syncs with one ReadyForQuery. A query the
-/// downstream refuses afterwards is still answered, in step with the primary's answers.
+/// (Parse Bind Describe Execute Sync, the data, CopyDone or CopyFail, Sync): the primary
+/// ignores the Sync it reads in copy-in and answers the two Syncs with one ReadyForQuery. A
+/// query the downstream refuses afterwards is still answered, in step with the primary's
+/// answers (without the count of the Syncs in copy-in, it waited for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_after_an_extended_copy_in_is_answered() {
     let env = env(EnvOpts {
@@ -426,26 +427,40 @@ async fn a_refusal_after_an_extended_copy_in_is_answered() {
     let msgs = read_until(&mut s, &mut buf, b'Z');
     assert!(error_of(&msgs).is_none(), "{msgs:?}");
 
-    let mut b = BytesMut::new();
-    for (tag, body) in [
-        (b'P', &b"\0COPY copied FROM STDIN\0\0\0"[..]),
-        (b'B', &b"\0\0\0\0\0\0\0\0"[..]),
-        (b'D', &b"P\0"[..]),
-        (b'E', &b"\0\0\0\0\0"[..]),
-        (b'S', &b""[..]),
-    ] {
-        encode::tagged(&mut b, tag, |o| o.put_slice(body));
+    let extended_copy = |b: &mut BytesMut| {
+        for (tag, body) in [
+            (b'P', &b"\0COPY copied FROM STDIN\0\0\0"[..]),
+            (b'B', &b"\0\0\0\0\0\0\0\0"[..]),
+            (b'D', &b"P\0"[..]),
+            (b'E', &b"\0\0\0\0\0"[..]),
+            (b'S', &b""[..]),
+        ] {
+            encode::tagged(b, tag, |o| o.put_slice(body));
+        }
+    };
+    // One copy ends with CopyDone, the next with CopyFail (the primary's error, then its
+    // ReadyForQuery at the Sync after it).
+    for (done, error) in [(true, None), (false, Some("57014"))] {
+        let mut b = BytesMut::new();
+        extended_copy(&mut b);
+        s.write_all(&b).unwrap();
+        let msgs = read_until(&mut s, &mut buf, b'G');
+        assert!(error_of(&msgs).is_none(), "{msgs:?}");
+        let mut b = BytesMut::new();
+        encode::copy_data(&mut b, b"1\n2\n");
+        match done {
+            true => encode::copy_done(&mut b),
+            false => encode::tagged(&mut b, b'f', |o| o.put_slice(b"changed my mind\0")),
+        }
+        encode::tagged(&mut b, b'S', |_| {});
+        s.write_all(&b).unwrap();
+        let msgs = read_until(&mut s, &mut buf, b'Z');
+        assert_eq!(
+            error_of(&msgs).map(|e| e.code),
+            error.map(String::from),
+            "{msgs:?}"
+        );
     }
-    s.write_all(&b).unwrap();
-    let msgs = read_until(&mut s, &mut buf, b'G');
-    assert!(error_of(&msgs).is_none(), "{msgs:?}");
-    let mut b = BytesMut::new();
-    encode::copy_data(&mut b, b"1\n2\n");
-    encode::copy_done(&mut b);
-    encode::tagged(&mut b, b'S', |_| {});
-    s.write_all(&b).unwrap();
-    let msgs = read_until(&mut s, &mut buf, b'Z');
-    assert!(error_of(&msgs).is_none(), "{msgs:?}");
 
     // Refused by the downstream (not valid UTF-8), then a query the primary answers.
     let mut b = BytesMut::new();
