@@ -22,6 +22,7 @@ use super::writer::Op;
 use super::{lock, ChanEvent, Out, Spooler};
 use crate::link;
 use crate::metrics::Metrics;
+use crate::silence;
 
 /// Why a stream ended.
 #[derive(Debug)]
@@ -394,12 +395,7 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
     let mut last_sent = tokio::time::Instant::now();
     loop {
         let next_due = lock(&sp.channels).open.values().filter_map(|c| c.due).min();
-        let due = async {
-            match next_due {
-                Some(t) => tokio::time::sleep_until(t.into()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let due = silence::until(next_due.map(tokio::time::Instant::from_std));
         let alive_due = last_sent + ALIVE_EVERY;
         tokio::select! {
             _ = sp.wake.notified() => {}

@@ -238,12 +238,7 @@ impl FeedToLink<'_> {
                 deadline = Some(tokio::time::Instant::now() + self.window());
             }
             let status_due = self.last_status + STATUS_EVERY;
-            let window_over = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let window_over = silence::until(deadline);
             let max = self.conn.max_message_bytes;
             let (ask_at, gone_at) = (self.silence.ask_at(), self.silence.deadline());
             tokio::select! {
