@@ -96,6 +96,15 @@ fn assert_wal_and_link_bytes_counted(r: &Value) {
     for w in ["cold", "steady"] {
         assert!(num(r, &[w, "wal_bytes"]) > 0.0, "{w}: no WAL");
         assert!(num(r, &[w, "zstd3_bytes"]) > 0.0, "{w}: no zstd -3 size");
+        // What ssh -C would send: compressed (the load's rows repeat), not nothing.
+        let (ssh, wal) = (num(r, &[w, "ssh_c_bytes"]), num(r, &[w, "wal_bytes"]));
+        assert!(ssh > 0.0 && ssh < wal, "{w}: ssh -C {ssh} bytes of {wal}");
+        let vs = num(r, &[w, "w", "vs_ssh_c"]);
+        let expect = num(r, &[w, "w", "link_bytes"]) / ssh;
+        assert!(
+            (vs - expect).abs() < 1e-9,
+            "{w}: W / ssh -C {vs}, not {expect}"
+        );
     }
     for pair in ["w", "z"] {
         assert!(
@@ -177,7 +186,7 @@ fn assert_codec_counters_read(r: &Value, stdout: &str) {
 }
 
 /// Checks that both windows' WAL and the table were compared without an integrity failure,
-/// and that the replay encoded something.
+/// and that the replay encoded something, also through `ssh -C` (which it restored).
 fn assert_windows_verified(r: &Value) {
     // Both windows' WAL compared on both standbys, the table compared, no integrity failure.
     let compared = num(r, &["verified", "wal_bytes_compared"]);
@@ -188,6 +197,11 @@ fn assert_windows_verified(r: &Value) {
     assert_eq!(r["verified"]["tables"], serde_json::json!(["updates"]));
     assert_eq!(num(r, &["verified", "integrity_failures"]), 0.0);
     assert!(r["replay"]["walrelay"]["encoded_bytes"].as_f64().unwrap() > 0.0);
+    let ssh = num(r, &["replay", "ssh_c", "encoded_bytes"]);
+    assert!(
+        ssh > 0.0 && ssh < num(r, &["replay", "wal_bytes"]),
+        "ssh -C replay {ssh} bytes"
+    );
 }
 
 /// Checks that the warm replay timed the steady window (from a message boundary) after

@@ -3,7 +3,8 @@
 //! 128 kB messages, the upstream's `handshake::BATCH_MAX`, after up to 64 kB the one before
 //! held back: the head of a record its end cut, `handshake::HOLD_MAX`) on this thread, then
 //! through streaming zstd-1 and zstd-3 (flushed per message, as the `zstd` link codec does)
-//! on the same bytes.
+//! on the same bytes, and through what `ssh -C` does to a forwarded stream
+//! ([`super::sshc`]; no state to warm beyond its 32 kB window).
 //! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
 //! replay runs), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
 //! codec also runs a second time as the relay's stages run it while behind: more than one
@@ -57,6 +58,8 @@ pub struct Replay {
     pub walrelay_staged: Pass,
     pub zstd1: Pass,
     pub zstd3: Pass,
+    /// zlib level 6 in full `ssh -C` packets (bytes on the wire, packet framing included).
+    pub ssh_c: Pass,
     /// What the WAL-aware codec did with each resource manager's records (bytes out are the
     /// records' share of the compressed streams).
     pub by_rmgr: Vec<RmgrRow>,
@@ -163,6 +166,45 @@ impl Recording<'_> {
         };
         Ok((pass, stats))
     }
+}
+
+/// `wal` through `ssh -C` ([`super::sshc`]) in reads of [`MESSAGE`] bytes, then restored and
+/// compared; one core, timed as the codecs' passes are.
+fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
+    let mut tx = super::sshc::SshC::new();
+    let mut packets = Vec::with_capacity(wal.len() / super::sshc::PACKET + 1);
+    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+    for chunk in wal.chunks(MESSAGE) {
+        tx.send(chunk, Some(&mut packets))?;
+    }
+    let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
+    let enc_wall = wall.elapsed().as_secs_f64();
+    let mut rx = super::sshc::SshCReceiver::new();
+    let mut at = 0;
+    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+    for p in &packets {
+        let data = rx.receive(p)?;
+        anyhow::ensure!(
+            wal.get(at..at + data.len()) == Some(data),
+            "ssh -C restored other bytes at offset {at}"
+        );
+        at += data.len();
+    }
+    anyhow::ensure!(
+        at == wal.len(),
+        "ssh -C restored {at} of {} bytes",
+        wal.len()
+    );
+    let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
+    let dec_wall = wall.elapsed().as_secs_f64();
+    let mb = wal.len() as f64 / 1e6;
+    Ok(Pass {
+        encoded_bytes: tx.wire_bytes,
+        encode_mb_s: mb / enc_s.max(1e-9),
+        decode_mb_s: mb / dec_s.max(1e-9),
+        encode_wall_mb_s: mb / enc_wall.max(1e-9),
+        decode_wall_mb_s: mb / dec_wall.max(1e-9),
+    })
 }
 
 /// Cuts WAL into the messages the upstream sends while behind: each the next `message` bytes
@@ -304,6 +346,7 @@ pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
     let (walrelay_staged, _) = rec.pass(CodecKind::Wal, 3, Cores::Staged)?;
     let (zstd1, _) = rec.pass(CodecKind::Zstd, 1, Cores::One)?;
     let (zstd3, _) = rec.pass(CodecKind::Zstd, 3, Cores::One)?;
+    let ssh_c = ssh_c_pass(wal)?;
     let stats = stats.unwrap_or_default();
     let mut by_rmgr: Vec<RmgrRow> = stats
         .by_rmgr
@@ -322,6 +365,7 @@ pub fn run(file: &Path, start: Lsn, major: u32) -> Result<Replay> {
         walrelay_staged,
         zstd1,
         zstd3,
+        ssh_c,
         by_rmgr,
         tuple_deltas: stats.tuple_deltas,
         tuple_delta_saved: stats.tuple_delta_saved,
@@ -343,6 +387,7 @@ pub struct WarmReplay {
     pub walrelay_staged: Pass,
     pub zstd1: Pass,
     pub zstd3: Pass,
+    pub ssh_c: Pass,
 }
 
 /// Replays the WAL in `file` (starting at `start`) on the calling thread, timing only what
@@ -362,6 +407,7 @@ pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmRe
     let (walrelay_staged, _) = rec.pass(CodecKind::Wal, 3, Cores::Staged)?;
     let (zstd1, _) = rec.pass(CodecKind::Zstd, 1, Cores::One)?;
     let (zstd3, _) = rec.pass(CodecKind::Zstd, 3, Cores::One)?;
+    let ssh_c = ssh_c_pass(&wal[timed_from..])?;
     Ok(WarmReplay {
         warm_bytes: timed_from as u64,
         wal_bytes: (wal.len() - timed_from) as u64,
@@ -369,5 +415,6 @@ pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmRe
         walrelay_staged,
         zstd1,
         zstd3,
+        ssh_c,
     })
 }

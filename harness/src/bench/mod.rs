@@ -1,5 +1,6 @@
-//! `walrelay bench`: what a user's link carries, per workload, against offline `zstd -3` and
-//! `zstd -19 --long=27` of exactly the same WAL and against `codec = "zstd"` in the same run.
+//! `walrelay bench`: what a user's link carries, per workload, against offline `zstd -3`,
+//! `zstd -19 --long=27` and `ssh -C` ([`sshc`]) of exactly the same WAL and against
+//! `codec = "zstd"` in the same run.
 //!
 //! Per workload (and PostgreSQL major), once [`disk`] found room for it: a fresh primary
 //! (`checkpoint_timeout = 30s`, `max_wal_size = 4GB`, `fsync = off`, the workload's
@@ -24,6 +25,7 @@ pub mod micro;
 mod pair;
 mod report;
 mod sample;
+pub mod sshc;
 mod stages;
 mod synclat;
 pub mod walrange;
@@ -263,7 +265,8 @@ async fn check_integrity(rig: &Rig) -> Result<f64> {
     Ok(failures)
 }
 
-/// The window with its offline baselines: the `zstd` command over its copied WAL.
+/// The window with its offline baselines: the `zstd` command over its copied WAL, and what
+/// `ssh -C` would send for it ([`sshc`]).
 async fn offline(
     root: &TempRoot,
     w: Workload,
@@ -272,13 +275,20 @@ async fn offline(
 ) -> Result<Window> {
     let file = window_file(root, name);
     eprintln!(
-        "bench: {}: offline zstd -3 and zstd -19 --long=27 of the {name} window ({:.1} MB) ...",
+        "bench: {}: offline zstd -3, zstd -19 --long=27 and ssh -C of the {name} window ({:.1} MB) ...",
         w.name(),
         (c.lsn_end - c.lsn_start) as f64 / 1e6
     );
     let z3 = walrange::zstd_size(&file, &["-3"]).await?;
     let z19 = walrange::zstd_size(&file, &["-19", "--long=27", "-T2"]).await?;
-    Ok(Window::new(name, c, z3, z19, CODECS))
+    let f = file.clone();
+    let ssh_c = tokio::task::spawn_blocking(move || sshc::file_wire_bytes(&f)).await??;
+    let base = report::Baselines {
+        zstd3: z3,
+        zstd19: z19,
+        ssh_c,
+    };
+    Ok(Window::new(name, c, base, CODECS))
 }
 
 fn window_file(root: &TempRoot, name: &str) -> PathBuf {

@@ -61,6 +61,9 @@ pub struct Window {
     /// Offline `zstd -3` and `zstd -19 --long=27 -T2` (the CLI) of exactly these WAL bytes.
     pub zstd3_bytes: u64,
     pub zstd19_long_bytes: u64,
+    /// What `ssh -C` would put on the wire for these WAL bytes (zlib level 6 in full packets,
+    /// framing included: `super::sshc`).
+    pub ssh_c_bytes: u64,
     /// Pair W (`codec = "wal"`) and pair Z (`codec = "zstd"`).
     pub w: PairWindow,
     pub z: PairWindow,
@@ -82,6 +85,7 @@ pub struct PairWindow {
     pub toward_primary_share: f64,
     pub vs_zstd3: f64,
     pub vs_zstd19_long: f64,
+    pub vs_ssh_c: f64,
     pub messages_per_s: Option<f64>,
     /// (socket bytes both ways − WAL payload bytes) / messages.
     pub framing_feedback_bytes_per_message: Option<f64>,
@@ -111,6 +115,15 @@ pub struct PairWindow {
     pub raw: PairCut,
 }
 
+/// A window's offline baselines: bytes of `zstd -3`, of `zstd -19 --long=27 -T2` and of
+/// `ssh -C` over its WAL.
+#[derive(Debug, Clone, Copy)]
+pub struct Baselines {
+    pub zstd3: u64,
+    pub zstd19: u64,
+    pub ssh_c: u64,
+}
+
 /// Receipt delay above which a pair's window figures are marked approximate.
 pub const LATE_SECS: f64 = 1.0;
 
@@ -126,10 +139,14 @@ impl Window {
     pub fn new(
         name: &'static str,
         cut: &Cut,
-        zstd3: u64,
-        zstd19: u64,
+        base: Baselines,
         codecs: [&'static str; 2],
     ) -> Window {
+        let Baselines {
+            zstd3,
+            zstd19,
+            ssh_c,
+        } = base;
         let wal = cut.lsn_end - cut.lsn_start;
         let gb = wal as f64 / 1e9;
         let pair = |p: &PairCut, codec: &'static str| {
@@ -141,6 +158,7 @@ impl Window {
                 toward_primary_share: ratio(p.toward_primary as f64, link as f64),
                 vs_zstd3: ratio(link as f64, zstd3 as f64),
                 vs_zstd19_long: ratio(link as f64, zstd19 as f64),
+                vs_ssh_c: ratio(link as f64, ssh_c as f64),
                 messages_per_s: p.messages.map(|m| ratio(m, p.t1 - p.t0)),
                 framing_feedback_bytes_per_message: overhead
                     .zip(p.messages)
@@ -169,6 +187,7 @@ impl Window {
             wal_bytes: wal,
             zstd3_bytes: zstd3,
             zstd19_long_bytes: zstd19,
+            ssh_c_bytes: ssh_c,
             w: pair(&cut.pairs[0], codecs[0]),
             z: pair(&cut.pairs[1], codecs[1]),
             direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
@@ -225,7 +244,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -242,7 +261,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -251,6 +270,7 @@ impl Report {
                 pw.toward_primary_share * 100.0,
                 pw.vs_zstd3,
                 pw.vs_zstd19_long,
+                pw.vs_ssh_c,
                 pz.vs_zstd3,
                 opt(pw.messages_per_s, 0),
                 opt(pw.framing_feedback_bytes_per_message, 1),
@@ -391,12 +411,12 @@ impl Report {
     }
 
     fn replay_table(&self) -> String {
-        let head = "| workload | PG | WAL MB | walrelay encode / decode | walrelay staged, wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | walrelay / zstd-3 bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+        let head = "| workload | PG | WAL MB | walrelay encode / decode | walrelay staged, wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | ssh -C encode / decode | walrelay / zstd-3 bytes | walrelay / ssh -C bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
         let cold: Pick = |r| {
             let row = r.replay.as_ref();
             let row = row.map(|m| {
                 let passes = [&m.walrelay, &m.walrelay_staged, &m.zstd1, &m.zstd3];
-                (m.wal_bytes, passes)
+                (m.wal_bytes, passes, &m.ssh_c)
             });
             (row, r.replay_error.as_deref())
         };
@@ -404,12 +424,12 @@ impl Report {
             let row = r.warm_replay.as_ref();
             let row = row.map(|m| {
                 let passes = [&m.walrelay, &m.walrelay_staged, &m.zstd1, &m.zstd3];
-                (m.wal_bytes, passes)
+                (m.wal_bytes, passes, &m.ssh_c)
             });
             (row, r.warm_replay_error.as_deref())
         };
         let tables = [
-            ("Replay of the cold window's WAL on one core, fresh codecs (256 kB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time)", cold),
+            ("Replay of the cold window's WAL on one core, fresh codecs (256 kB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time; ssh -C: zlib level 6 in full 32 kB packets with their framing, as OpenSSH compresses a forwarded stream, a best case for it)", cold),
             ("Replay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running", warm),
         ];
         let mut s = String::new();
@@ -476,26 +496,33 @@ impl Report {
     }
 }
 
-/// A replay's row of a run: WAL bytes and the walrelay (one core, staged), zstd-1 and zstd-3
-/// passes; or why not.
-type Pick = for<'a> fn(&'a RunResult) -> (Option<(u64, [&'a Pass; 4])>, Option<&'a str>);
+/// A replay's row of a run: WAL bytes, the walrelay (one core, staged), zstd-1 and zstd-3
+/// passes and the `ssh -C` one; or why not.
+type ReplayRow<'a> = (u64, [&'a Pass; 4], &'a Pass);
+type Pick = for<'a> fn(&'a RunResult) -> (Option<ReplayRow<'a>>, Option<&'a str>);
 
-/// One row of a replay table: WAL bytes and the passes of walrelay (one core, staged), zstd-1
-/// and zstd-3, or the error that left the replay out.
-fn replay_row(r: &RunResult, row: Option<(u64, [&Pass; 4])>, error: Option<&str>) -> String {
+/// One row of a replay table: WAL bytes and the passes of walrelay (one core, staged), zstd-1,
+/// zstd-3 and `ssh -C`, or the error that left the replay out.
+fn replay_row(r: &RunResult, row: Option<ReplayRow>, error: Option<&str>) -> String {
     let (name, pg) = (r.workload.name(), r.pg_major);
-    let Some((bytes, [w, staged, z1, z3])) = row else {
-        return format!("| {name} | {pg} | {} | | | | | |\n", error.unwrap_or("-"));
+    let Some((bytes, [w, staged, z1, z3], ssh)) = row else {
+        return format!(
+            "| {name} | {pg} | {} | | | | | | | |\n",
+            error.unwrap_or("-")
+        );
     };
     let p = |x: &Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
+    let vs = |x: &Pass| ratio(w.encoded_bytes as f64, x.encoded_bytes as f64);
     format!(
-        "| {name} | {pg} | {:.1} | {} | {:.0} / {:.0} | {} | {} | {:.2} |\n",
+        "| {name} | {pg} | {:.1} | {} | {:.0} / {:.0} | {} | {} | {} | {:.2} | {:.2} |\n",
         mb(bytes),
         p(w),
         staged.encode_wall_mb_s,
         staged.decode_wall_mb_s,
         p(z1),
         p(z3),
-        ratio(w.encoded_bytes as f64, z3.encoded_bytes as f64),
+        p(ssh),
+        vs(z3),
+        vs(ssh),
     )
 }
