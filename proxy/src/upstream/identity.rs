@@ -107,6 +107,19 @@ impl Drop for SyncGuard {
     }
 }
 
+/// One connection to the primary as the standby, and where it stands.
+struct Session {
+    conn: PrimaryConn,
+    /// Whether the primary lists the standby in `synchronous_standby_names` (then counted in
+    /// the upstream's synchronous standbys while the connection lasts).
+    sync: bool,
+    _counted: Option<SyncGuard>,
+    /// Whether it streams (before, it runs the standby's commands).
+    streaming: bool,
+    /// How long the primary has been silent on it, while it streams.
+    silence: Silence,
+}
+
 /// Why one connection of the identity ended.
 enum Ended {
     /// The standby left (its channel closed).
@@ -152,104 +165,132 @@ impl Identity {
         entry: &StandbyHandle,
         started: &mut Option<StartReplication>,
     ) -> Ended {
-        let app = self.info.application_name.clone();
-        let cfg = &self.up.cfg;
-        let mut conn =
-            match pgclient::connect(&cfg.primary, &app, self.up.limits.max_message_bytes).await {
-                Ok(c) => c,
-                Err(e) => return Ended::Lost(e.to_string()),
-            };
-        let sync = super::synchronous(&mut conn, &app).await;
-        let _guard = sync.then(|| {
-            self.synchronous.fetch_add(1, Ordering::Relaxed);
-            SyncGuard(self.synchronous.clone())
-        });
-        let mut streaming = false;
-        if let Some(s) = started.clone() {
-            if let Err(e) = self.start(&mut conn, &s, sync, entry).await {
-                return Ended::Lost(e);
-            }
-            streaming = true;
-        }
+        let mut s = match self.open(entry, started).await {
+            Ok(s) => s,
+            Err(ended) => return ended,
+        };
         let shutdown = self.up.shutdown.clone();
         // The stream's sender is gone when the stream ended; then no more updates.
         let mut stream_open = true;
-        let mut silence = Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now());
         loop {
-            let max = conn.max_message_bytes;
-            let (ask_at, gone_at) = (silence.ask_at(), silence.deadline());
-            tokio::select! {
-                r = self.sent.changed(), if stream_open => match r {
-                    // The entry's `sent` follows the stream as it goes down, not only when
-                    // the primary next writes to this connection.
-                    Ok(()) => entry.wal(*self.sent.borrow_and_update()),
-                    Err(_) => stream_open = false,
-                },
-                _ = shutdown.cancelled() => {
-                    terminate(&mut conn).await;
-                    return Ended::Closed;
+            let max = s.conn.max_message_bytes;
+            let (ask_at, gone_at) = (s.silence.ask_at(), s.silence.deadline());
+            let streaming = s.streaming;
+            let step = tokio::select! {
+                r = self.sent.changed(), if stream_open => {
+                    match r {
+                        // The entry's `sent` follows the stream as it goes down, not only
+                        // when the primary next writes to this connection.
+                        Ok(()) => entry.wal(*self.sent.borrow_and_update()),
+                        Err(_) => stream_open = false,
+                    }
+                    Ok(())
                 }
-                m = self.rx.recv() => match m {
-                    None => {
-                        terminate(&mut conn).await;
-                        return Ended::Closed;
-                    }
-                    Some(ToIdentity::Command(c)) if !streaming => {
-                        if let Err(e) = self.command(&mut conn, c).await {
-                            return self.command_failed(e).await;
-                        }
-                    }
-                    Some(ToIdentity::Command(_)) => {}
-                    // The standby starts again (the next timeline, on the same session): this
-                    // connection streams from the primary's position already; a second
-                    // START_REPLICATION in COPY would end it.
-                    Some(ToIdentity::Start(s)) if streaming => {
-                        *started = Some(s);
-                        let chan = self.chan;
-                        let _ = self.events.send(Event::Started { chan, synchronous: sync }).await;
-                        if let Err(e) = self.pass_feedback(&mut conn, entry).await {
-                            return Ended::Lost(e);
-                        }
-                    }
-                    Some(ToIdentity::Start(s)) => match self.start(&mut conn, &s, sync, entry).await {
-                        Ok(()) => {
-                            *started = Some(s);
-                            streaming = true;
-                            // Its silence counts from here: before, it had nothing to say.
-                            silence.heard(tokio::time::Instant::now());
-                        }
-                        Err(e) => return Ended::Lost(e),
-                    },
+                _ = shutdown.cancelled() => Err(Ended::Closed),
+                m = self.rx.recv() => self.on_standby(&mut s, entry, started, m).await,
+                r = self.feedback.changed(), if streaming => match r {
+                    Ok(()) => self.pass_feedback(&mut s.conn, entry).await.map_err(Ended::Lost),
+                    Err(_) => Ok(()),
                 },
-                r = self.feedback.changed(), if streaming => {
-                    if r.is_err() {
-                        continue;
-                    }
-                    if let Err(e) = self.pass_feedback(&mut conn, entry).await {
-                        return Ended::Lost(e);
-                    }
-                }
                 // A primary silent for long (a lost host keeps the TCP connection open) is
                 // asked for a reply, then given up, as the stream's own connection does.
                 _ = silence::until(ask_at), if streaming => {
-                    silence.asked();
-                    if let Err(e) = self.ping(&mut conn).await {
-                        return Ended::Lost(e);
+                    s.silence.asked();
+                    self.ping(&mut s.conn).await.map_err(Ended::Lost)
+                }
+                _ = silence::until(gone_at), if streaming => Err(Ended::Lost(format!(
+                    "nothing from the primary for {} s, though it was asked for a reply",
+                    PRIMARY_TIMEOUT.as_secs()
+                ))),
+                m = s.conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => match m {
+                    Ok(m) => {
+                        s.silence.heard(tokio::time::Instant::now());
+                        self.on_primary_message(&mut s.conn, entry, m).await
                     }
+                    Err(e) => Err(Ended::Lost(e.to_string())),
+                },
+            };
+            if let Err(ended) = step {
+                if matches!(ended, Ended::Closed) {
+                    terminate(&mut s.conn).await;
                 }
-                _ = silence::until(gone_at), if streaming => {
-                    return Ended::Lost(format!("nothing from the primary for {} s, though it was asked for a reply", PRIMARY_TIMEOUT.as_secs()));
+                return ended;
+            }
+        }
+    }
+
+    /// Connects to the primary as the standby and, when the standby streams already (a
+    /// connection opened again), streams.
+    async fn open(
+        &mut self,
+        entry: &StandbyHandle,
+        started: &Option<StartReplication>,
+    ) -> Result<Session, Ended> {
+        let app = &self.info.application_name;
+        let max = self.up.limits.max_message_bytes;
+        let mut conn = pgclient::connect(&self.up.cfg.primary, app, max)
+            .await
+            .map_err(|e| Ended::Lost(e.to_string()))?;
+        let sync = super::synchronous(&mut conn, app).await;
+        let counted = sync.then(|| {
+            self.synchronous.fetch_add(1, Ordering::Relaxed);
+            SyncGuard(self.synchronous.clone())
+        });
+        if let Some(s) = started {
+            self.start(&mut conn, s, sync, entry)
+                .await
+                .map_err(Ended::Lost)?;
+        }
+        Ok(Session {
+            conn,
+            sync,
+            _counted: counted,
+            streaming: started.is_some(),
+            silence: Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now()),
+        })
+    }
+
+    /// What the stream passed for the standby: a command to run (before it streams), its
+    /// START_REPLICATION, or its end (`None`).
+    async fn on_standby(
+        &mut self,
+        s: &mut Session,
+        entry: &StandbyHandle,
+        started: &mut Option<StartReplication>,
+        m: Option<ToIdentity>,
+    ) -> Result<(), Ended> {
+        match m {
+            None => Err(Ended::Closed),
+            Some(ToIdentity::Command(c)) if !s.streaming => {
+                match self.command(&mut s.conn, c).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.command_failed(e).await),
                 }
-                m = conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => {
-                    let m = match m {
-                        Ok(m) => m,
-                        Err(e) => return Ended::Lost(e.to_string()),
-                    };
-                    silence.heard(tokio::time::Instant::now());
-                    if let Err(ended) = self.on_primary_message(&mut conn, entry, m).await {
-                        return ended;
-                    }
-                }
+            }
+            Some(ToIdentity::Command(_)) => Ok(()),
+            // The standby starts again (the next timeline, on the same session): this
+            // connection streams from the primary's position already; a second
+            // START_REPLICATION in COPY would end it.
+            Some(ToIdentity::Start(st)) if s.streaming => {
+                *started = Some(st);
+                let ev = Event::Started {
+                    chan: self.chan,
+                    synchronous: s.sync,
+                };
+                let _ = self.events.send(ev).await;
+                self.pass_feedback(&mut s.conn, entry)
+                    .await
+                    .map_err(Ended::Lost)
+            }
+            Some(ToIdentity::Start(st)) => {
+                self.start(&mut s.conn, &st, s.sync, entry)
+                    .await
+                    .map_err(Ended::Lost)?;
+                *started = Some(st);
+                s.streaming = true;
+                // Its silence counts from here: before, it had nothing to say.
+                s.silence.heard(tokio::time::Instant::now());
+                Ok(())
             }
         }
     }
