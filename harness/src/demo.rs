@@ -1,7 +1,9 @@
 //! `walrelay demo`: a throw-away primary and standby in a temporary directory, the real
 //! `walrelay` binary running both halves in one process (mutual TLS on the link) with the
 //! standby streaming through it, a pgbench load, and a live table of what the link saves, read
-//! from the process's `/metrics`. Everything is removed on exit and on Ctrl-C.
+//! from the process's `/metrics`; at the end, what `zstd -3` and `ssh -C` make of the load's
+//! WAL, copied from the primary's `pg_wal` ([`bench::walrange`], [`bench::sshc`]).
+//! Everything is removed on exit and on Ctrl-C.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use crate::bench::{sshc, walrange};
 use crate::certs::{toml_str, LinkCerts};
 use crate::cluster::{
     free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
@@ -76,6 +79,8 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
     let root = TempRoot::new().context("creating the demo directory")?;
     let primary_opts = PrimaryOpts {
         checkpoint_timeout: "30s".into(),
+        // The load's WAL stays in pg_wal until the summary has compressed it offline.
+        extra_conf: vec![("wal_keep_size".into(), keep_wal(seconds))],
         ..Default::default()
     };
     let primary = Cluster::init_primary(&install, &root, "primary", &primary_opts)
@@ -111,7 +116,7 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
     wait_replayed(&primary, &standby, Duration::from_secs(300), || None).await?;
     println!("done");
 
-    let r = live(&primary, &standby, metrics, seconds).await;
+    let r = live(&primary, &standby, &root, metrics, seconds).await;
     relay.terminate(Duration::from_secs(15));
     drop(standby);
     drop(primary);
@@ -153,8 +158,22 @@ fn start_relay(
     )?)
 }
 
+/// `wal_keep_size` for a load of `seconds`: pgbench here writes well under 20 MB a second.
+fn keep_wal(seconds: u64) -> String {
+    format!("{}MB", 1024u64.saturating_add(seconds.saturating_mul(20)))
+}
+
 /// The pgbench load with the live table, then the summary; false if interrupted (Ctrl-C).
-async fn live(primary: &Cluster, standby: &Cluster, metrics: u16, seconds: u64) -> Result<bool> {
+async fn live(
+    primary: &Cluster,
+    standby: &Cluster,
+    root: &TempRoot,
+    metrics: u16,
+    seconds: u64,
+) -> Result<bool> {
+    let from = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
     let base = Totals::read(metrics).await?;
     let load = tokio::process::Command::from(primary.pgbench(&[
         "-c",
@@ -199,14 +218,59 @@ async fn live(primary: &Cluster, standby: &Cluster, metrics: u16, seconds: u64) 
         String::from_utf8_lossy(&out.stderr)
     );
     wait_replayed(primary, standby, Duration::from_secs(120), || None).await?;
+    let to = primary
+        .query_lsn("select pg_current_wal_lsn()::text")
+        .await?;
     // The downstream's lag gauge follows the standby's next status update (every second).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    summary(
-        &String::from_utf8_lossy(&out.stdout),
-        Totals::read(metrics).await?,
-        base,
-    );
+    let now = Totals::read(metrics).await?;
+    summary(&String::from_utf8_lossy(&out.stdout), now, base);
+    match offline(primary, root, from.0, to.0).await {
+        Ok(o) => o.print(now.since(base).link),
+        Err(e) => println!("  the same WAL offline: not measured ({e:#})"),
+    }
     Ok(true)
+}
+
+/// What `zstd -3` and `ssh -C` make of the load's WAL.
+struct Offline {
+    wal: u64,
+    zstd3: u64,
+    ssh_c: u64,
+}
+
+impl Offline {
+    /// The summary's last lines: each baseline, and the link's bytes against it.
+    fn print(&self, link: f64) {
+        println!(
+            "  the same WAL offline ({:.1} MB copied from the primary's pg_wal):",
+            self.wal as f64 / 1e6
+        );
+        for (name, bytes) in [("zstd -3", self.zstd3), ("ssh -C", self.ssh_c)] {
+            println!(
+                "    {name:<18} {:>10.2} MB (the link carried {:.2} x that)",
+                bytes as f64 / 1e6,
+                link / (bytes.max(1) as f64)
+            );
+        }
+    }
+}
+
+/// The primary's WAL [from, to) copied out of its `pg_wal`, then through the `zstd -3`
+/// command and `ssh -C`'s compression ([`sshc`]).
+async fn offline(primary: &Cluster, root: &TempRoot, from: u64, to: u64) -> Result<Offline> {
+    let file = root.path().join("load.wal");
+    let (dir, f) = (primary.wal_dir(), file.clone());
+    tokio::task::spawn_blocking(move || walrange::copy_range(&dir, from, to, &f)).await??;
+    let zstd3 = walrange::zstd_size(&file, &["-3"]).await?;
+    let f = file.clone();
+    let ssh_c = tokio::task::spawn_blocking(move || sshc::file_wire_bytes(&f)).await??;
+    std::fs::remove_file(&file)?;
+    Ok(Offline {
+        wal: to - from,
+        zstd3,
+        ssh_c,
+    })
 }
 
 fn summary(pgbench_out: &str, now: Totals, base: Totals) {
