@@ -17,9 +17,10 @@
 //! - [`certs`]: throw-away CA and certificates (rcgen), mutual-TLS material of a link.
 //! - [`prom`]: `GET /metrics` of a process and a strict Prometheus text-format parser.
 //! - [`bench`]: `walrelay bench`: two relay pairs of the real binary (`wal` and `zstd`
-//!   codecs) per workload, link bytes against offline zstd on the same WAL, CPU, lag,
-//!   sync-commit latency, a one-core codec replay.
-//! - [`demo`]: `walrelay demo`: a primary, a standby, the binary between them, a live table.
+//!   codecs) per workload, link bytes against offline zstd and `ssh -C` ([`bench::sshc`])
+//!   on the same WAL, CPU, lag, sync-commit latency, a one-core codec replay.
+//! - [`demo`]: `walrelay demo`: a primary, a standby, the binary between them, a live table,
+//!   and zstd -3 and `ssh -C` of the load's WAL at the end.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bench;
