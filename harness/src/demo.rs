@@ -263,8 +263,7 @@ async fn offline(primary: &Cluster, root: &TempRoot, from: u64, to: u64) -> Resu
     let (dir, f) = (primary.wal_dir(), file.clone());
     tokio::task::spawn_blocking(move || walrange::copy_range(&dir, from, to, &f)).await??;
     let zstd3 = walrange::zstd_size(&file, &["-3"]).await?;
-    let f = file.clone();
-    let ssh_c = tokio::task::spawn_blocking(move || sshc::file_wire_bytes(&f)).await??;
+    let ssh_c = sshc::file_size(&file).await?;
     std::fs::remove_file(&file)?;
     Ok(Offline {
         wal: to - from,

@@ -88,6 +88,43 @@ fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CPU time of the whole process and wall-clock time since [`Stopwatch::start`].
+struct Stopwatch {
+    cpu_ns: u64,
+    wall: std::time::Instant,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        Stopwatch {
+            cpu_ns: process_cpu_ns(),
+            wall: std::time::Instant::now(),
+        }
+    }
+
+    /// CPU seconds and wall-clock seconds since the start.
+    fn secs(&self) -> (f64, f64) {
+        let cpu = (process_cpu_ns() - self.cpu_ns) as f64 / 1e9;
+        (cpu, self.wall.elapsed().as_secs_f64())
+    }
+}
+
+impl Pass {
+    /// The pass over `wal_len` bytes that made `encoded_bytes`, its encode and decode having
+    /// taken `(CPU seconds, wall-clock seconds)` each.
+    fn timed(wal_len: usize, encoded_bytes: u64, enc: (f64, f64), dec: (f64, f64)) -> Pass {
+        let mb = wal_len as f64 / 1e6;
+        let speed = |secs: f64| mb / secs.max(1e-9);
+        Pass {
+            encoded_bytes,
+            encode_mb_s: speed(enc.0),
+            decode_mb_s: speed(dec.0),
+            encode_wall_mb_s: speed(enc.1),
+            decode_wall_mb_s: speed(dec.1),
+        }
+    }
+}
+
 /// How a pass runs the codec.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Cores {
@@ -146,25 +183,16 @@ impl Recording<'_> {
             dec.decode(at, &out, n, max, sum, &mut restored)?;
         }
         let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
-        let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+        let clock = Stopwatch::start();
         let (msgs, encoded) = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores)?;
-        let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
-        let enc_wall = wall.elapsed().as_secs_f64();
+        let enc_secs = clock.secs();
         let stats = enc.wal_stats().cloned();
         let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
-        let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+        let clock = Stopwatch::start();
         decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
-        let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
-        let dec_wall = wall.elapsed().as_secs_f64();
-        let mb = wal.len() as f64 / 1e6;
-        let pass = Pass {
-            encoded_bytes: encoded.iter().map(|e| e.len() as u64).sum(),
-            encode_mb_s: mb / enc_s.max(1e-9),
-            decode_mb_s: mb / dec_s.max(1e-9),
-            encode_wall_mb_s: mb / enc_wall.max(1e-9),
-            decode_wall_mb_s: mb / dec_wall.max(1e-9),
-        };
-        Ok((pass, stats))
+        let dec_secs = clock.secs();
+        let bytes = encoded.iter().map(|e| e.len() as u64).sum();
+        Ok((Pass::timed(wal.len(), bytes, enc_secs, dec_secs), stats))
     }
 }
 
@@ -173,15 +201,14 @@ impl Recording<'_> {
 fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
     let mut tx = super::sshc::SshC::new();
     let mut packets = Vec::with_capacity(wal.len() / super::sshc::PACKET + 1);
-    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+    let clock = Stopwatch::start();
     for chunk in wal.chunks(MESSAGE) {
         tx.send(chunk, Some(&mut packets))?;
     }
-    let enc_s = (process_cpu_ns() - t) as f64 / 1e9;
-    let enc_wall = wall.elapsed().as_secs_f64();
+    let enc_secs = clock.secs();
     let mut rx = super::sshc::SshCReceiver::new();
     let mut at = 0;
-    let (t, wall) = (process_cpu_ns(), std::time::Instant::now());
+    let clock = Stopwatch::start();
     for p in &packets {
         let data = rx.receive(p)?;
         anyhow::ensure!(
@@ -195,16 +222,8 @@ fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
         "ssh -C restored {at} of {} bytes",
         wal.len()
     );
-    let dec_s = (process_cpu_ns() - t) as f64 / 1e9;
-    let dec_wall = wall.elapsed().as_secs_f64();
-    let mb = wal.len() as f64 / 1e6;
-    Ok(Pass {
-        encoded_bytes: tx.wire_bytes,
-        encode_mb_s: mb / enc_s.max(1e-9),
-        decode_mb_s: mb / dec_s.max(1e-9),
-        encode_wall_mb_s: mb / enc_wall.max(1e-9),
-        decode_wall_mb_s: mb / dec_wall.max(1e-9),
-    })
+    let dec_secs = clock.secs();
+    Ok(Pass::timed(wal.len(), tx.wire_bytes, enc_secs, dec_secs))
 }
 
 /// Cuts WAL into the messages the upstream sends while behind: each the next `message` bytes

@@ -175,28 +175,27 @@ pub fn wire_bytes(wal: &[u8], read: usize) -> Result<u64> {
 
 /// [`wire_bytes`] of the WAL in `file`, read [`PACKET`] bytes at a time (full packets).
 pub fn file_wire_bytes(file: &std::path::Path) -> Result<u64> {
+    use std::io::Read;
     let mut f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
     let mut s = SshC::new();
-    let mut buf = vec![0u8; 64 * PACKET];
+    let mut buf = Vec::with_capacity(64 * PACKET);
     loop {
-        let n = read_full(&mut f, &mut buf)?;
-        if n == 0 {
+        buf.clear();
+        (&mut f)
+            .take(64 * PACKET as u64)
+            .read_to_end(&mut buf)
+            .with_context(|| format!("reading {}", file.display()))?;
+        if buf.is_empty() {
             return Ok(s.wire_bytes);
         }
-        s.send(&buf[..n], None)?;
+        s.send(&buf, None)?;
     }
 }
 
-/// Fills `buf` from `r` unless it ends first; the bytes read.
-fn read_full(r: &mut impl std::io::Read, buf: &mut [u8]) -> Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
+/// [`file_wire_bytes`] on a blocking thread, for async callers (as `walrange::zstd_size` is).
+pub async fn file_size(file: &std::path::Path) -> Result<u64> {
+    let file = file.to_path_buf();
+    tokio::task::spawn_blocking(move || file_wire_bytes(&file)).await?
 }
 
 #[cfg(test)]
