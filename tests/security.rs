@@ -244,7 +244,10 @@ async fn tls_toward_standbys_and_toward_the_primary() {
 
     // A standby-side client that insists on a verified TLS connection to the downstream.
     let conninfo = format!("host=localhost port={down} user={STANDBY_USER} replication=true sslmode=verify-full sslrootcert={} application_name=tls_probe", ca_pem.display());
-    let (ok, out, err) = psql_repl(&p, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    // SHOW goes through the standby's own connection to the primary, so the session lasts
+    // until that connection is open: with IDENTIFY_SYSTEM alone (served from the spool) the
+    // probe could leave before the upstream opened it, and then it never opened.
+    let (ok, out, err) = psql_repl(&p, &conninfo, STANDBY_PASSWORD, "SHOW server_version");
     assert!(
         ok,
         "verify-full TLS to the downstream failed: {out} {err}\n{}",
