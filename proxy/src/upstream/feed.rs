@@ -250,12 +250,9 @@ impl FeedToLink<'_> {
                 m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
                     let m = m.map_err(primary_gone)?;
                     self.silence.heard(tokio::time::Instant::now());
-                    if !batch.fits(m.body.len()) {
-                        batch.close_before(&m);
-                        self.pending = Some(m);
+                    if !self.admit(&mut batch, m).await? {
                         return Ok(batch);
                     }
-                    self.take(&mut batch, m).await?;
                 }
                 r = self.durable.changed() => {
                     if r.is_err() {
@@ -288,23 +285,35 @@ impl FeedToLink<'_> {
             }
             // With no window, only what has already arrived joins the batch.
             if !batch.parts.is_empty() && self.window().is_zero() {
-                while !batch.urgent && !batch.full() {
-                    match self.read().now_or_never() {
-                        Some(m) => {
-                            let m = m?;
-                            if !batch.fits(m.body.len()) {
-                                batch.close_before(&m);
-                                self.pending = Some(m);
-                                break;
-                            }
-                            self.take(&mut batch, m).await?;
-                        }
-                        None => break,
-                    }
-                }
+                self.take_arrived(&mut batch).await?;
                 return Ok(batch);
             }
         }
+    }
+
+    /// Adds to `batch` the messages of the primary already read, while it has room.
+    async fn take_arrived(&mut self, batch: &mut Batch) -> Result<(), Status> {
+        while !batch.urgent && !batch.full() {
+            let Some(m) = self.read().now_or_never() else {
+                break;
+            };
+            if !self.admit(batch, m?).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `m` into the batch if it fits; false when it does not (the batch is closed before it,
+    /// and `m` waits for the next).
+    async fn admit(&mut self, batch: &mut Batch, m: RawMsg) -> Result<bool, Status> {
+        if !batch.fits(m.body.len()) {
+            batch.close_before(&m);
+            self.pending = Some(m);
+            return Ok(false);
+        }
+        self.take(batch, m).await?;
+        Ok(true)
     }
 
     /// One message of the primary into the batch.

@@ -175,92 +175,103 @@ impl Tracker {
                 self.pos = self.pos.wrapping_add(b.len() as u64);
                 return;
             }
-            if self.at_page_header() {
-                let take = self.header_missing().min(b.len());
-                self.hdr[self.hdr_have..self.hdr_have + take].copy_from_slice(&b[..take]);
-                self.hdr_have += take;
-                self.advance(take);
-                b = &b[take..];
-                if self.hdr_have >= self.hdr_target() {
-                    let len = self.hdr_have;
-                    self.hdr_have = 0;
-                    let at = self.pos.wrapping_sub(len as u64);
-                    self.page_header(len, at);
-                }
-                continue;
-            }
-            let room = self.to_page_end();
-            match self.state {
-                RecState::Unknown => {
-                    let n = room.min(b.len());
-                    self.advance(n);
-                    b = &b[n..];
-                }
-                RecState::Between => {
-                    let pad = self.padding();
-                    if pad > 0 {
-                        let n = pad.min(b.len());
-                        self.advance(n);
-                        b = &b[n..];
-                    } else {
-                        self.last_rec = Some(self.pos);
-                        self.state = RecState::Header {
-                            start: self.pos,
-                            have: 0,
-                        };
-                    }
-                }
-                RecState::Header { start, have } => {
-                    let h = usize::from(have);
-                    let n = (REC_HDR - h).min(room).min(b.len());
-                    self.rec_hdr[h..h + n].copy_from_slice(&b[..n]);
-                    self.advance(n);
-                    b = &b[n..];
-                    let have = h + n;
-                    if have < REC_HDR {
-                        self.state = RecState::Header {
-                            start,
-                            have: have as u8,
-                        };
-                    } else {
-                        let tot = le32(&self.rec_hdr, 0).unwrap_or(0);
-                        let switch = self.rec_hdr[17] == RM_XLOG_ID
-                            && self.rec_hdr[16] & 0xF0 == XLOG_SWITCH;
-                        if (tot as usize) < REC_HDR {
-                            // Zero or garbage where a record should be: end of valid WAL.
-                            self.state = RecState::Unknown;
-                            self.resyncs += 1;
-                        } else if tot as usize == REC_HDR {
-                            self.record_end(switch);
-                        } else {
-                            self.state = RecState::Body {
-                                remaining: tot - REC_HDR as u32,
-                                switch,
-                            };
-                        }
-                    }
-                }
-                RecState::Body { remaining, switch } => {
-                    let n = (remaining as usize).min(room).min(b.len());
-                    self.advance(n);
-                    b = &b[n..];
-                    let remaining = remaining - n as u32;
-                    if remaining == 0 {
-                        self.record_end(switch);
-                    } else {
-                        self.state = RecState::Body { remaining, switch };
-                    }
-                }
-                RecState::SwitchTail { end } => {
-                    let n = (end.wrapping_sub(self.pos)).min(b.len() as u64) as usize;
-                    self.advance(n);
-                    b = &b[n..];
-                    if self.pos == end {
-                        self.state = RecState::Between;
-                    }
-                }
-            }
+            let n = if self.at_page_header() {
+                self.feed_page_header(b)
+            } else {
+                self.feed_record(b)
+            };
+            b = &b[n..];
         }
+    }
+
+    /// Takes what `b` has of the page header being read; the bytes taken.
+    fn feed_page_header(&mut self, b: &[u8]) -> usize {
+        let take = self.header_missing().min(b.len());
+        self.hdr[self.hdr_have..self.hdr_have + take].copy_from_slice(&b[..take]);
+        self.hdr_have += take;
+        self.advance(take);
+        if self.hdr_have >= self.hdr_target() {
+            let len = self.hdr_have;
+            self.hdr_have = 0;
+            let at = self.pos.wrapping_sub(len as u64);
+            self.page_header(len, at);
+        }
+        take
+    }
+
+    /// Follows the records on this page with `b` (not empty, not at a page header): the
+    /// bytes taken, 0 when only the state moved on (a record starts).
+    fn feed_record(&mut self, b: &[u8]) -> usize {
+        let room = self.to_page_end();
+        let n = match self.state {
+            RecState::Unknown => room.min(b.len()),
+            RecState::Between => {
+                let pad = self.padding();
+                if pad == 0 {
+                    self.last_rec = Some(self.pos);
+                    self.state = RecState::Header {
+                        start: self.pos,
+                        have: 0,
+                    };
+                }
+                pad.min(b.len())
+            }
+            RecState::Header { start, have } => {
+                return self.feed_record_header(start, usize::from(have), room, b)
+            }
+            RecState::Body { remaining, switch } => {
+                let n = (remaining as usize).min(room).min(b.len());
+                // (Before `record_end`, which reads the position after the record.)
+                self.advance(n);
+                let remaining = remaining - n as u32;
+                if remaining == 0 {
+                    self.record_end(switch);
+                } else {
+                    self.state = RecState::Body { remaining, switch };
+                }
+                return n;
+            }
+            RecState::SwitchTail { end } => {
+                let n = (end.wrapping_sub(self.pos)).min(b.len() as u64) as usize;
+                if self.pos.wrapping_add(n as u64) == end {
+                    self.state = RecState::Between;
+                }
+                n
+            }
+        };
+        self.advance(n);
+        n
+    }
+
+    /// Takes what `b` has of the record header begun at `start` (`have` bytes read, `room`
+    /// left on the page); the bytes taken. A whole header tells the record's length.
+    fn feed_record_header(&mut self, start: u64, have: usize, room: usize, b: &[u8]) -> usize {
+        let n = (REC_HDR - have).min(room).min(b.len());
+        self.rec_hdr[have..have + n].copy_from_slice(&b[..n]);
+        self.advance(n);
+        let have = have + n;
+        if have < REC_HDR {
+            self.state = RecState::Header {
+                start,
+                have: have as u8,
+            };
+            return n;
+        }
+        let tot = le32(&self.rec_hdr, 0).unwrap_or(0);
+        let switch = self.rec_hdr[17] == RM_XLOG_ID && self.rec_hdr[16] & 0xF0 == XLOG_SWITCH;
+        if (tot as usize) < REC_HDR {
+            // Zero or garbage where a record should be: end of valid WAL.
+            self.state = RecState::Unknown;
+            self.resyncs += 1;
+        } else if tot as usize == REC_HDR {
+            self.record_end(switch);
+        } else {
+            self.state = RecState::Body {
+                remaining: tot - REC_HDR as u32,
+                switch,
+            };
+        }
+        n
     }
 
     fn advance(&mut self, n: usize) {

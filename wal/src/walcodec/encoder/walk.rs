@@ -18,29 +18,7 @@ impl Encoder {
                 break;
             }
             if t.at_page_header() {
-                if t.partial_header() == 0 {
-                    if let Some((h, hl)) = t.predict_header() {
-                        if rest.get(..hl) == Some(&h[..hl]) {
-                            self.flush_pending();
-                            self.bufs[S_CTRL].push(OP_PAGE_HDR);
-                            self.tracker.feed(&rest[..hl]);
-                            self.stats.page_header_in += hl as u64;
-                            self.stats.page_header_out += 1;
-                            i += hl;
-                            continue;
-                        }
-                    }
-                }
-                let n = if t.partial_header() == 0 {
-                    le16(rest, 2).map_or(SHORT_PHD, phd_len)
-                } else {
-                    t.header_missing()
-                }
-                .min(rest.len());
-                self.stats.page_header_in += n as u64;
-                self.stats.page_header_out += n as u64;
-                self.raw(OP_RAW_HDR, &rest[..n]);
-                i += n;
+                i += self.page_header(rest);
                 continue;
             }
             let room = t.to_page_end();
@@ -90,6 +68,34 @@ impl Encoder {
             i += n;
         }
         Ok(raw.len())
+    }
+
+    /// The page header at the start of `rest` (or the rest of one a message cut): one op
+    /// when predicted, else raw through HDR; returns the bytes taken.
+    fn page_header(&mut self, rest: &[u8]) -> usize {
+        let t = &self.tracker;
+        if t.partial_header() == 0 {
+            if let Some((h, hl)) = t.predict_header() {
+                if rest.get(..hl) == Some(&h[..hl]) {
+                    self.flush_pending();
+                    self.bufs[S_CTRL].push(OP_PAGE_HDR);
+                    self.tracker.feed(&rest[..hl]);
+                    self.stats.page_header_in += hl as u64;
+                    self.stats.page_header_out += 1;
+                    return hl;
+                }
+            }
+        }
+        let n = if t.partial_header() == 0 {
+            le16(rest, 2).map_or(SHORT_PHD, phd_len)
+        } else {
+            t.header_missing()
+        }
+        .min(rest.len());
+        self.stats.page_header_in += n as u64;
+        self.stats.page_header_out += n as u64;
+        self.raw(OP_RAW_HDR, &rest[..n]);
+        n
     }
 
     /// Passes `b` raw (RAW or HDR stream) and feeds it to the tracker.

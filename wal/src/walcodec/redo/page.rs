@@ -137,32 +137,70 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
         return;
     }
     let n = (lower - 24) / 4;
-    let (mut nunused, mut final_used, mut total) = (0usize, 0usize, 0usize);
-    let mut presorted = true;
+    let Some(items) = scan_items(p, n, upper, special) else {
+        return;
+    };
+    if items.total > special - lower {
+        return;
+    }
+    if !items.presorted {
+        scratch[upper..].copy_from_slice(&p[upper..]);
+    }
+    let top = compact(p, n, special, items.presorted, scratch);
+    set_u16(p, 14, top as u16);
+    let mut nunused = items.nunused;
+    if truncate && items.final_used < n {
+        nunused -= n - items.final_used;
+        set_u16(p, 12, (24 + 4 * items.final_used) as u16);
+    }
+    set_flag(p, PD_HAS_FREE_LINES, nunused > 0);
+}
+
+/// The first pass of PageRepairFragmentation over the `n` line pointers.
+struct Items {
+    nunused: usize,
+    /// The last line pointer in use (0: none).
+    final_used: usize,
+    /// Space the tuples take, each MAXALIGNed.
+    total: usize,
+    /// The tuples lie in descending order of offset, line pointer after line pointer.
+    presorted: bool,
+}
+
+/// Resets the unused line pointers of `p` to zero and measures the rest; None (the page
+/// left as it is but for those) when a tuple lies outside `upper..special`.
+fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option<Items> {
+    let mut items = Items {
+        nunused: 0,
+        final_used: 0,
+        total: 0,
+        presorted: true,
+    };
     let mut last = special;
     for off in 1..=n {
         let (at, flags, len) = lp_raw(p, off);
         if flags == LP_UNUSED {
             set_lp(p, off, 0, LP_UNUSED, 0);
-            nunused += 1;
+            items.nunused += 1;
             continue;
         }
-        final_used = off;
+        items.final_used = off;
         if len > 0 {
             if at < upper || at >= special || at + len > PAGE_SIZE {
-                return;
+                return None;
             }
-            presorted &= at < last;
+            items.presorted &= at < last;
             last = at;
-            total += len.next_multiple_of(8);
+            items.total += len.next_multiple_of(8);
         }
     }
-    if total > special - lower {
-        return;
-    }
-    if !presorted {
-        scratch[upper..].copy_from_slice(&p[upper..]);
-    }
+    Some(items)
+}
+
+/// Moves the tuples of the `n` line pointers of `p` up against `special`, in line pointer
+/// order (from the copy in `scratch` unless `presorted`), and points the line pointers at
+/// them; returns the new pd_upper.
+fn compact(p: &mut PageBuf, n: usize, special: usize, presorted: bool, scratch: &PageBuf) -> usize {
     let mut top = special;
     // Presorted: runs of adjacent items that move up by the same amount, one copy each (the
     // runs below have not moved yet, the ones above are in place).
@@ -204,12 +242,7 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
         set_lp(p, off, top, flags, len);
     }
     flush(p, run);
-    set_u16(p, 14, top as u16);
-    if truncate && final_used < n {
-        nunused -= n - final_used;
-        set_u16(p, 12, (24 + 4 * final_used) as u16);
-    }
-    set_flag(p, PD_HAS_FREE_LINES, nunused > 0);
+    top
 }
 
 /// PageTruncateLinePointerArray: trailing unused line pointers cut off (one always kept).
