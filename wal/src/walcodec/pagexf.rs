@@ -101,6 +101,30 @@ fn mark(bits: &mut [u64; PAGE_SIZE / 64], at: usize, len: usize) -> bool {
     true
 }
 
+/// `dst` = `x` - `y`, bytewise (wrapping), over `dst`'s length; returns how many came out
+/// zero. A whole head (most items are longer than [`HEAD`]) goes as one fixed-size block
+/// the compiler vectorizes: byte by byte, this was half of `forward`'s instructions.
+fn head_difference(dst: &mut [u8], x: &[u8], y: &[u8]) -> usize {
+    if let (Ok(d), Some(x), Some(y)) = (
+        <&mut [u8; HEAD]>::try_from(&mut *dst),
+        x.first_chunk::<HEAD>(),
+        y.first_chunk::<HEAD>(),
+    ) {
+        let mut zeros = 0;
+        for k in 0..HEAD {
+            d[k] = x[k].wrapping_sub(y[k]);
+            zeros += usize::from(d[k] == 0);
+        }
+        return zeros;
+    }
+    let mut zeros = 0;
+    for ((d, &a), &b) in dst.iter_mut().zip(x).zip(y) {
+        *d = a.wrapping_sub(b);
+        zeros += usize::from(*d == 0);
+    }
+    zeros
+}
+
 impl PageXf {
     pub fn new() -> PageXf {
         PageXf::default()
@@ -149,11 +173,7 @@ impl PageXf {
         if self.collect_items(page, n) {
             let (mut zeros, mut total) = (0, 0);
             self.pairs(|off, r, hl| {
-                let (dst, (src, base)) = (&mut out[off..off + hl], (&page[off..], &page[r..]));
-                for ((d, &x), &y) in dst.iter_mut().zip(src).zip(base) {
-                    *d = x.wrapping_sub(y);
-                    zeros += usize::from(*d == 0);
-                }
+                zeros += head_difference(&mut out[off..off + hl], &page[off..], &page[r..]);
                 total += hl;
             });
             self.head_zeros = (zeros, total);
