@@ -68,20 +68,16 @@ impl Default for HitParse {
     }
 }
 
-fn read8(b: &[u8; END], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-/// The hash of the [`MIN_HASHED`] bytes at `at` (read as 8, the rest shifted out).
+/// The hash of the [`MIN_HASHED`] = 4 bytes at `at`.
 fn hash(b: &[u8; END], at: usize) -> usize {
-    ((read8(b, at) << (64 - 8 * MIN_HASHED)).wrapping_mul(0x9E37_79B1_85EB_CA87)
-        >> (64 - HASH_BITS)) as usize
+    let w: [u8; 4] = b[at..at + 4].try_into().expect("four bytes");
+    hash4(u32::from_le_bytes(w))
 }
 
-/// [`hash`] of the 4 bytes `w` (little-endian), for [`MIN_HASHED`] = 4.
+/// The hash of 4 bytes read as a little-endian word `w`: [`hash`] without the read, for the
+/// words of a reference.
 fn hash4(w: u32) -> usize {
+    const _: () = assert!(MIN_HASHED == 4);
     ((u64::from(w) << 32).wrapping_mul(0x9E37_79B1_85EB_CA87) >> (64 - HASH_BITS)) as usize
 }
 
@@ -147,9 +143,9 @@ impl HitParse {
         let b = &*b;
         let table = &mut *self.table;
         table.fill(0);
-        // The reference's positions 0, STEP, … up to PAGE_SIZE - 8, hashed as `hash` does but
-        // from its 4-byte words, without a bounds check each.
-        const _: () = assert!(STEP == MIN_HASHED && MIN_HASHED == 4);
+        // The reference's positions 0, STEP, … up to PAGE_SIZE - 8, hashed from its 4-byte
+        // words, without a bounds check each.
+        const _: () = assert!(STEP == MIN_HASHED);
         for (k, w) in reference
             .chunks_exact(4)
             .take((PAGE_SIZE - 8) / STEP + 1)

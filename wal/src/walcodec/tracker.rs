@@ -200,11 +200,12 @@ impl Tracker {
     }
 
     /// Follows the records on this page with `b` (not empty, not at a page header): the
-    /// bytes taken, 0 when only the state moved on (a record starts).
+    /// bytes taken, 0 when only the state moved on (a record starts). Each step moves the
+    /// position over its bytes before it looks at where that leaves the record.
     fn feed_record(&mut self, b: &[u8]) -> usize {
         let room = self.to_page_end();
-        let n = match self.state {
-            RecState::Unknown => room.min(b.len()),
+        match self.state {
+            RecState::Unknown => self.advance(room.min(b.len())),
             RecState::Between => {
                 let pad = self.padding();
                 if pad == 0 {
@@ -214,33 +215,29 @@ impl Tracker {
                         have: 0,
                     };
                 }
-                pad.min(b.len())
+                self.advance(pad.min(b.len()))
             }
             RecState::Header { start, have } => {
-                return self.feed_record_header(start, usize::from(have), room, b)
+                self.feed_record_header(start, usize::from(have), room, b)
             }
             RecState::Body { remaining, switch } => {
-                let n = (remaining as usize).min(room).min(b.len());
-                // (Before `record_end`, which reads the position after the record.)
-                self.advance(n);
+                let n = self.advance((remaining as usize).min(room).min(b.len()));
                 let remaining = remaining - n as u32;
                 if remaining == 0 {
                     self.record_end(switch);
                 } else {
                     self.state = RecState::Body { remaining, switch };
                 }
-                return n;
+                n
             }
             RecState::SwitchTail { end } => {
-                let n = (end.wrapping_sub(self.pos)).min(b.len() as u64) as usize;
-                if self.pos.wrapping_add(n as u64) == end {
+                let n = self.advance((end.wrapping_sub(self.pos)).min(b.len() as u64) as usize);
+                if self.pos == end {
                     self.state = RecState::Between;
                 }
                 n
             }
-        };
-        self.advance(n);
-        n
+        }
     }
 
     /// Takes what `b` has of the record header begun at `start` (`have` bytes read, `room`
@@ -274,8 +271,10 @@ impl Tracker {
         n
     }
 
-    fn advance(&mut self, n: usize) {
+    /// Moves the position over `n` bytes; returns `n`.
+    fn advance(&mut self, n: usize) -> usize {
         self.pos = self.pos.wrapping_add(n as u64);
+        n
     }
 
     fn record_end(&mut self, switch: bool) {
