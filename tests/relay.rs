@@ -140,13 +140,21 @@ async fn receivewal_identical(major: Option<u32>) {
         .create_physical_slot("receivewal")
         .await
         .unwrap();
-    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
-    env.close_segment().await;
-    let end = env
-        .primary
-        .query_one_string("select pg_current_wal_flush_lsn()::text")
-        .await
-        .unwrap();
+    // pg_receivewal starts at the segment of the slot's position (READ_REPLICATION_SLOT) or,
+    // PostgreSQL 14's, of the position IDENTIFY_SYSTEM reports: no later than the segment
+    // being written now. So it starts first, and it stops at the start of the segment after
+    // next: the next one it then writes whole, whether or not the relay had caught up with
+    // the primary when it connected (a relay caught up before the load is written would
+    // otherwise leave it nothing complete before the end).
+    let p = &env.primary;
+    let now = parse_lsn(
+        &p.query_one_string("select pg_current_wal_insert_lsn()::text")
+            .await
+            .unwrap(),
+    );
+    let seg = 16u64 << 20;
+    let end = (now / seg + 2) * seg;
+    let end_text = format!("{:X}/{:X}", end >> 32, end & 0xffff_ffff);
 
     let dir = env.root.path().join("receivewal");
     std::fs::create_dir_all(&dir).unwrap();
@@ -156,16 +164,33 @@ async fn receivewal_identical(major: Option<u32>) {
         &format!("host=127.0.0.1 port={} user={STANDBY_USER}", env.down_port),
         "--slot=receivewal",
         "--no-loop",
-        &format!("--endpos={end}"),
+        &format!("--endpos={end_text}"),
     ]);
     cmd.env("PGPASSWORD", STANDBY_PASSWORD);
-    // pg_receivewal stops once it has received WAL past --endpos, so the primary writes a
-    // little more until it does (else it waits for the next running-xacts record, ~15 s).
     let receive = tokio::task::spawn_blocking(move || cmd.output());
+    // Streaming (the relay opened its own connection to the primary for it): its start is
+    // fixed.
+    let streaming =
+        "select count(*)::text from pg_stat_replication where application_name = 'pg_receivewal'";
+    wait_until(
+        "pg_receivewal streaming through the relay",
+        TIMEOUT,
+        || async move { Ok(p.query_one_string(streaming).await? == "1") },
+    )
+    .await
+    .unwrap();
+    pgbench(&env.primary, &["-i", "-s", "2", "-q", "postgres"]);
+    // pg_receivewal stops once it has received WAL past --endpos: the primary switches to the
+    // next segment until it reaches the end, then writes a little more until it stops (else
+    // it waits for the next running-xacts record, ~15 s).
     let nudge = async {
+        let sql = format!(
+            "select txid_current(), case when pg_current_wal_insert_lsn() < '{end_text}' \
+             then pg_switch_wal() end"
+        );
         loop {
+            let _ = p.execute(&sql).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let _ = env.primary.execute("select txid_current()").await;
         }
     };
     let out = tokio::select! {
@@ -177,11 +202,7 @@ async fn receivewal_identical(major: Option<u32>) {
         "pg_receivewal failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let n = compare_segments(
-        &dir,
-        &env.primary.wal_dir(),
-        &segment_name(1, parse_lsn(&end)),
-    );
+    let n = compare_segments(&dir, &env.primary.wal_dir(), &segment_name(1, end));
     assert!(n >= 1, "pg_receivewal wrote no complete segment to compare");
     // The streamed slot advanced on the primary as pg_receivewal flushed.
     let slot = env
