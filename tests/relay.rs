@@ -6,6 +6,8 @@ mod common;
 use common::*;
 use std::time::Duration;
 use walrelay_harness::cluster::wait_until;
+use walrelay_wal::lsn::Lsn;
+use walrelay_wal::segment::WalSegSize;
 
 /// pgbench through the relay: contents equal, and the WAL the standby wrote is byte-identical
 /// to the primary's over the streamed range; pg_stat_replication shows the real standby with an
@@ -152,9 +154,11 @@ async fn receivewal_identical(major: Option<u32>) {
             .await
             .unwrap(),
     );
-    let seg = 16u64 << 20;
-    let end = (now / seg + 2) * seg;
-    let end_text = format!("{:X}/{:X}", end >> 32, end & 0xffff_ffff);
+    let seg = WalSegSize::DEFAULT;
+    let end = seg
+        .segment_start(seg.segment_of(Lsn(now)) + 2)
+        .expect("the segment after next starts at a valid LSN");
+    let end_text = end.to_string();
 
     let dir = env.root.path().join("receivewal");
     std::fs::create_dir_all(&dir).unwrap();
@@ -202,7 +206,7 @@ async fn receivewal_identical(major: Option<u32>) {
         "pg_receivewal failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let n = compare_segments(&dir, &env.primary.wal_dir(), &segment_name(1, end));
+    let n = compare_segments(&dir, &env.primary.wal_dir(), &segment_name(1, end.0));
     assert!(n >= 1, "pg_receivewal wrote no complete segment to compare");
     // The streamed slot advanced on the primary as pg_receivewal flushed.
     let slot = env
