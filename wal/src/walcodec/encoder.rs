@@ -17,7 +17,7 @@ use super::wal::{
 };
 use super::{
     check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG,
-    S_MAIN, S_PAGE, S_RAW,
+    S_MAIN, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;

@@ -26,9 +26,10 @@
 //!          | 3 REF    j:varint k:varint len:varint  frame against slot j; store in slot k
 //!          | 4 IDENT  k:varint             the page in slot k, unchanged
 //!          | 5 NOCACHE len:varint          frame (no reference), not stored
-//!          | 6 STREAM k:varint             the next 8192 bytes of PAGE; store in slot k
+//!          | 6 STREAM k:varint             the next 8192 bytes of PAGE (of DATA for pages
+//!                                          of long items: `page_stream`); store in slot k
 //!                                          (only for images of at least 1024 bytes)
-//!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE, not stored
+//!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE (or DATA), not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
 //!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 2,
 //!                                         3, 5) and no PAGE bytes (6, 7); the image is
@@ -58,6 +59,9 @@
 //! record (`tuples::HeapRec::main_fixed`, which locates the record's tuples), then the rest.
 //! It is laid out from the current position with a page header at each page boundary.
 
+use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE};
+use super::{S_DATA, S_PAGE};
+
 pub const OP_RAW: u8 = 0x01;
 pub const OP_RAW_HDR: u8 = 0x02;
 pub const OP_ZERO: u8 = 0x03;
@@ -86,6 +90,38 @@ pub const IMG_STREAM_NOCACHE: u8 = 7;
 pub const BND_PREDICTED: u8 = 0;
 pub const BND_SHORT: u8 = 1;
 pub const BND_LONG: u8 = 2;
+
+/// Items (tuples) of at least this many bytes each on average, as the image's hole tells
+/// ([`page_stream`]).
+pub const LONG_ITEMS: usize = 1024;
+/// The smallest image (bimg_len) whose page may go through DATA: each page there restores to
+/// at most four times the WAL it stands for, which bounds DATA at 4 × the message
+/// (`payload::cap`).
+pub const DATA_PAGE_MIN_LEN: usize = PAGE_SIZE / 4;
+
+/// The stream that holds the page of a STREAM or STREAM_NOCACHE op for image `img` (format
+/// 9), decided from the image header, which both ends have before the op: DATA for a page of
+/// long items (`pd_lower` from the hole's start, `pd_upper` from its end, at least
+/// [`LONG_ITEMS`] bytes per line pointer) at least [`DATA_PAGE_MIN_LEN`] long, else PAGE.
+/// Long items are mostly tuples a record carried before (TOAST chunks, wide rows), still in
+/// DATA's long window (`streams::history_log`, long-distance matching) where PAGE's 4 MiB
+/// window has lost them: recorded PG 15 WAL of TOAST rewrites 18.7 % fewer bytes; pgbench,
+/// bulk loads, updates, moved rows and lz4 images the same bytes (none of their pages
+/// qualifies; a threshold of 256 bytes would move some and cost them).
+pub fn page_stream(img: &ImageRef) -> usize {
+    let lower = usize::from(img.hole_offset);
+    let upper = lower + usize::from(img.hole_len);
+    let items = lower.saturating_sub(PAGE_HEADER) / 4;
+    let long = img.hole_len > 0
+        && items > 0
+        && upper <= PAGE_SIZE
+        && PAGE_SIZE - upper >= LONG_ITEMS * items;
+    if long && usize::from(img.len) >= DATA_PAGE_MIN_LEN {
+        S_DATA
+    } else {
+        S_PAGE
+    }
+}
 
 /// Or-ed into image ops 1..=7 for an image the primary compressed (bimg_info names the
 /// method): the page is rebuilt as for other images, then compressed without its hole with

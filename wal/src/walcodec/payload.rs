@@ -21,9 +21,11 @@
 //! follows the mode byte; each context only ever sees the messages of its mode.
 //!
 //! Decompressed sizes are capped before anything is allocated (the encoder's output always
-//! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, the others raw_len; the
-//! combined chunk their sum plus 70 bytes of lengths.
+//! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, DATA 4 × raw_len +
+//! 8192 (since format 9), the others raw_len; the combined chunk their sum plus 70 bytes of
+//! lengths.
 
+use super::format::DATA_PAGE_MIN_LEN;
 use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::wal::PAGE_SIZE;
 use super::{
@@ -99,11 +101,16 @@ fn each_section<T: Send>(
     })
 }
 
-/// The largest number of bytes stream `s` may restore to for a message of `raw_len` bytes.
+/// The largest number of bytes stream `s` may restore to for a message of `raw_len` bytes:
+/// PAGE's pages may stand for images of 1 kB, DATA's for images of at least
+/// [`DATA_PAGE_MIN_LEN`] (format 9, `format::page_stream`) beside the records' data.
 pub fn cap(s: usize, raw_len: usize) -> usize {
     match s {
         S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
         S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
+        S_DATA => raw_len
+            .saturating_mul(PAGE_SIZE / DATA_PAGE_MIN_LEN)
+            .saturating_add(PAGE_SIZE),
         _ => raw_len,
     }
 }

@@ -53,7 +53,7 @@
 use std::collections::{hash_map, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::wal::{le16, BlockKey, BlockRef, PAGE_SIZE};
+use super::wal::{le16, BlockKey, BlockRef, PAGE_HEADER, PAGE_SIZE};
 
 mod inserts;
 mod logged;
@@ -311,7 +311,7 @@ pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &
     if left == 0 || key.fork != 0 {
         return;
     }
-    let n = (usize::from(hole_offset).saturating_sub(24) / 4).min(MAX_TUPLES_PER_PAGE);
+    let n = (usize::from(hole_offset).saturating_sub(PAGE_HEADER) / 4).min(MAX_TUPLES_PER_PAGE);
     for off in 1..=n as u16 {
         if left == 0 {
             break;

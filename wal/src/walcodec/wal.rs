@@ -15,6 +15,8 @@ use crate::segment::WalSegSize;
 pub const WAL_PAGE: u64 = 8192;
 /// BLCKSZ: size of a data page (full-page images).
 pub const PAGE_SIZE: usize = 8192;
+/// SizeOfPageHeaderData: a data page's line pointers start here.
+pub const PAGE_HEADER: usize = 24;
 /// SizeOfXLogShortPHD: MAXALIGN(sizeof(XLogPageHeaderData)).
 pub const SHORT_PHD: usize = 24;
 /// SizeOfXLogLongPHD: MAXALIGN(sizeof(XLogLongPageHeaderData)).

@@ -87,7 +87,7 @@ impl State {
         if plain && !plain_ok {
             return Err(corrupt(format!("image op {op} cannot be plain")));
         }
-        let (reference, store, frame) = self.image_slots(op, r)?;
+        let (reference, store, frame) = self.image_slots(op, img, r)?;
         // Only frames against the previous image of the same block (SAME) and IDENT are not
         // transformed (see `pagexf`); SAME frames are made against that page alone.
         let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
@@ -145,11 +145,13 @@ impl State {
     }
 
     /// The slots and frame of image op `op`: (reference slot, slot to store into, frame);
-    /// the page of a STREAM op is copied into `self.page` (any image may come whole: the PAGE
-    /// section's cap bounds how many pages a message brings, format 7).
+    /// the page of a STREAM op is copied into `self.page` from PAGE, or from DATA when `img`
+    /// is of long items (`format::page_stream`, format 9). Any image may come whole: the
+    /// sections' caps bound how many pages a message brings (format 7).
     fn image_slots<'a>(
         &mut self,
         op: u8,
+        img: &ImageRef,
         r: &mut Sections<'a>,
     ) -> Result<ImageSlots<'a>, WalCodecError> {
         let cap = self.cache.capacity();
@@ -176,7 +178,12 @@ impl State {
                 } else {
                     None
                 };
-                self.page.copy_from_slice(r.page.bytes(PAGE_SIZE)?);
+                let from = if page_stream(img) == S_DATA {
+                    &mut r.data
+                } else {
+                    &mut r.page
+                };
+                self.page.copy_from_slice(from.bytes(PAGE_SIZE)?);
                 (None, store, None)
             }
             op => return Err(corrupt(format!("unknown image op {op}"))),

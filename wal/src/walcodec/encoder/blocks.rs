@@ -150,7 +150,8 @@ impl Encoder {
             op_at: self.bufs[S_CTRL].len(),
             img_at: self.bufs[S_IMG].len(),
             fpi_at: self.fpi.len(),
-            page_at: self.bufs[S_PAGE].len(),
+            page_in: page_stream(img),
+            page_at: self.bufs[page_stream(img)].len(),
         };
         self.verify.defer(m, img, &self.page, bytes, at)
     }
@@ -202,7 +203,8 @@ impl Encoder {
         // page it decompresses to (format 7: pgbench's cold window with pglz images 12 %
         // fewer bytes, encoded 14 % faster), as long as PAGE stays within the decoder's cap.
         let content = PAGE_SIZE.saturating_sub(usize::from(img.hole_len));
-        let room = self.bufs[S_PAGE].len() + PAGE_SIZE <= payload::cap(S_PAGE, self.msg_len);
+        let stream = page_stream(img);
+        let room = self.bufs[stream].len() + PAGE_SIZE <= payload::cap(stream, self.msg_len);
         let framed = content < MIN_STREAM_IMAGE || 2 * self.tprefix.len() >= content || !room;
         // Pages whose items are text go plain (`PageXf::helps`).
         self.xf.forward(&self.page, &mut self.xpage);
@@ -215,7 +217,7 @@ impl Encoder {
         if framed {
             self.encode_framed(&plan, helps, recompress)?;
         } else {
-            self.encode_streamed(store, helps, recompress);
+            self.encode_streamed(stream, store, helps, recompress);
         }
         if let Some(s) = store {
             self.cache.store(s, key, &self.page);
@@ -315,9 +317,9 @@ impl Encoder {
         Ok(())
     }
 
-    /// A page whole through the PAGE stream, transformed where that `helps`; stored into
-    /// the cache slot `store`, if any.
-    fn encode_streamed(&mut self, store: Option<u32>, helps: bool, recompress: u8) {
+    /// A page whole through `stream` (PAGE, or DATA for long items: `format::page_stream`),
+    /// transformed where that `helps`; stored into the cache slot `store`, if any.
+    fn encode_streamed(&mut self, stream: usize, store: Option<u32>, helps: bool, recompress: u8) {
         let flags = recompress | if helps { 0 } else { IMG_PLAIN };
         let ctrl = &mut self.bufs[S_CTRL];
         match store {
@@ -328,6 +330,6 @@ impl Encoder {
             None => ctrl.push(IMG_STREAM_NOCACHE | flags),
         }
         let page = if helps { &self.xpage } else { &self.page };
-        self.bufs[S_PAGE].extend_from_slice(&page[..]);
+        self.bufs[stream].extend_from_slice(&page[..]);
     }
 }

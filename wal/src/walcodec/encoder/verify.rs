@@ -7,8 +7,8 @@
 //! (`Encoder::set_parallel`) the check runs on a worker thread (started when first needed)
 //! while the encoder goes on with the message: the image is sent as a page,
 //! and once the message is complete ([`Verifier::settle`]) the op of an image that did not
-//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or PAGE
-//! bytes) taken out, the primary's bytes put into IMG where the decoder will read them; the
+//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its page's
+//! bytes in PAGE or DATA) taken out, the primary's bytes put into IMG where the decoder will read them; the
 //! decoder gets the page by decompressing them. Such an image costs what an opaque one does,
 //! and its page still enters the cache. The outcomes are applied, last image first, when the
 //! message ends. When the worker is behind it declines the check, which is then made in
@@ -30,16 +30,18 @@ use super::super::streams::Reader;
 use super::super::wal::ImageRef;
 use super::super::wal::PAGE_SIZE;
 use super::super::WalCodecError;
-use super::super::{S_CTRL, S_IMG, S_PAGE};
+use super::super::{S_CTRL, S_IMG};
 use super::Encoder;
 
 /// Where a deferred image's op and bytes are: the lengths of CTRL, IMG, the page frames and
-/// PAGE before its op was written.
+/// the stream its page would go through (`page_in`: PAGE or DATA, `format::page_stream`)
+/// before its op was written.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::walcodec) struct Spot {
     pub op_at: usize,
     pub img_at: usize,
     pub fpi_at: usize,
+    pub page_in: usize,
     pub page_at: usize,
 }
 
@@ -164,9 +166,9 @@ impl Encoder {
             *out = out.saturating_sub(len as u64);
         }
         if layout.page {
-            let page = &mut self.bufs[S_PAGE];
+            let page = &mut self.bufs[spot.page_in];
             if spot.page_at + PAGE_SIZE > page.len() {
-                return Err(internal("a page past the end of PAGE"));
+                return Err(internal("a page past the end of its stream"));
             }
             page.drain(spot.page_at..spot.page_at + PAGE_SIZE);
         }
