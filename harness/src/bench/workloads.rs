@@ -38,6 +38,10 @@ pub enum Workload {
     Logical,
     /// As `Logical` with `REPLICA IDENTITY FULL`: the whole old tuple is logged too.
     LogicalFull,
+    /// TOAST rewrites: 20,000 documents of about 6.6 kB of md5 hex stored out of line; each
+    /// transaction overwrites 32 characters of a random one, which TOAST writes whole again
+    /// under a new chunk id (4 clients).
+    Toast,
 }
 
 impl From<Workload> for &'static str {
@@ -54,7 +58,7 @@ const PGBENCH_TABLES: &[&str] = &[
 ];
 
 impl Workload {
-    pub const ALL: [Workload; 11] = [
+    pub const ALL: [Workload; 12] = [
         Workload::Pgbench,
         Workload::PgbenchR300,
         Workload::PgbenchC16,
@@ -66,6 +70,7 @@ impl Workload {
         Workload::Moves,
         Workload::Logical,
         Workload::LogicalFull,
+        Workload::Toast,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +86,7 @@ impl Workload {
             Workload::Moves => "moves",
             Workload::Logical => "logical",
             Workload::LogicalFull => "logical-full",
+            Workload::Toast => "toast",
         }
     }
 
@@ -130,6 +136,7 @@ impl Workload {
             Workload::Updates => &["updates"],
             Workload::Bulk => &["bulk"],
             Workload::Moves | Workload::Logical | Workload::LogicalFull => &["movers"],
+            Workload::Toast => &["docs"],
             _ => PGBENCH_TABLES,
         }
     }
@@ -141,10 +148,12 @@ impl Workload {
     /// more WAL per second, and on 2026-11-26 a 130 s run's reached 47.4 GB (sampled every 2 s,
     /// ~0.36 GB per second of load, the peak while the windows' WAL was copied out) and a 160 s
     /// one failed with 54 GB free. A faster machine writes more: this asks 0.4 GB a second.
-    /// TPC-B and the update workloads write about a tenth of bulk's WAL.
+    /// TPC-B and the update workloads write about a tenth of bulk's WAL, `toast` about half
+    /// (2.8 GB in a minute, recorded at full speed on 2026-11-27).
     pub fn disk_needed_gb(self, secs: u64) -> u64 {
         match self {
             Workload::Bulk => 1 + secs * 2 / 5,
+            Workload::Toast => 1 + secs / 5,
             _ => 1 + secs / 20,
         }
     }
@@ -158,6 +167,12 @@ impl Workload {
                     .to_string()
             }
             Workload::Bulk => "create table bulk (id bigint, k text, v text)".to_string(),
+            Workload::Toast => {
+                "create table docs (id int primary key, n int not null default 0, body text);
+                 alter table docs alter column body set storage external;
+                 insert into docs select g, 0, (select string_agg(md5(random()::text || i), ' ') from generate_series(1, 200 + 0 * g) i) from generate_series(1, 20000) g"
+                    .to_string()
+            }
             Workload::Moves | Workload::Logical | Workload::LogicalFull => {
                 let ff = if self == Workload::Moves { 100 } else { 85 };
                 let identity = if self == Workload::LogicalFull {
@@ -219,6 +234,16 @@ impl Workload {
                     dir,
                     "moves.sql",
                     "\\set id random(1, 40000)\nupdate movers set n = n + 1 where id = :id;\n",
+                )?;
+                pgbench_args(&["-n", "-c", "4", &script], &secs)
+            }
+            Workload::Toast => {
+                let script = write_script(
+                    dir,
+                    "toast.sql",
+                    "\\set id random(1, 20000)\nupdate docs set n = n + 1, body = overlay(body \
+                     placing md5(random()::text) from 1 + (random() * 6000)::int for 32) \
+                     where id = :id;\n",
                 )?;
                 pgbench_args(&["-n", "-c", "4", &script], &secs)
             }
@@ -413,6 +438,36 @@ mod tests {
             "every row has the same shape"
         );
         assert_eq!(count("true").await, inserted + copied);
+    }
+
+    /// A few seconds of `toast` on a real primary rewrite documents stored out of line: the
+    /// TOAST table holds their chunks, and the documents keep their shape.
+    #[tokio::test]
+    async fn toast_rewrites_documents_stored_out_of_line() {
+        let install =
+            PgInstall::discover().expect("PostgreSQL binaries (see scripts/install-deps.sh)");
+        let root = TempRoot::new().unwrap();
+        let p = Cluster::init_primary(&install, &root, "toast", &PrimaryOpts::default()).unwrap();
+        p.start().await.unwrap();
+        Workload::Toast.prepare(&p).await.unwrap();
+        let mut load = Workload::Toast.load(&p, root.path(), 2).await.unwrap();
+        load.wait().await.unwrap();
+        let one = |sql: &'static str| {
+            let p = &p;
+            async move { p.query_one_string(sql).await.unwrap() }
+        };
+        let updates: u64 = one("select sum(n) from docs").await.parse().unwrap();
+        assert!(updates > 0, "no document was rewritten");
+        assert_eq!(
+            one("select count(*) from docs where length(body) = 6599").await,
+            "20000"
+        );
+        let toast: u64 =
+            one("select pg_relation_size(reltoastrelid) from pg_class where relname = 'docs'")
+                .await
+                .parse()
+                .unwrap();
+        assert!(toast > 20_000 * 6_599, "TOAST table of {toast} bytes");
     }
 
     #[test]
