@@ -32,7 +32,7 @@
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE (or DATA), not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
 //!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 2,
-//!                                         3, 5) and no PAGE bytes (6, 7); the image is
+//!                                         3, 5) and no page bytes (6, 7); the image is
 //!                                         bimg_len bytes from IMG, the primary's (which
 //!                                         compressing the page again would not give),
 //!                                         its page what they decompress to, stored as

@@ -7,14 +7,14 @@
 //! (`Encoder::set_parallel`) the check runs on a worker thread (started when first needed)
 //! while the encoder goes on with the message: the image is sent as a page,
 //! and once the message is complete ([`Verifier::settle`]) the op of an image that did not
-//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its page's
-//! bytes in PAGE or DATA) taken out, the primary's bytes put into IMG where the decoder will read them; the
-//! decoder gets the page by decompressing them. Such an image costs what an opaque one does,
-//! and its page still enters the cache. The outcomes are applied, last image first, when the
-//! message ends. When the worker is behind it declines the check, which is then made in
-//! place as without a worker (an image that does not reproduce goes as it is, OPAQUE): so
-//! which of the two forms such an image takes depends on timing; what the payload restores
-//! does not.
+//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its
+//! page's bytes in PAGE or DATA) taken out, the primary's bytes put into IMG where the
+//! decoder will read them; the decoder gets the page by decompressing them. Such an image
+//! costs what an opaque one does, and its page still enters the cache. The outcomes are
+//! applied, last image first, when the message ends. When the worker is behind it declines
+//! the check, which is then made in place as without a worker (an image that does not
+//! reproduce goes as it is, OPAQUE): so which of the two forms such an image takes depends on
+//! timing; what the payload restores does not.
 //!
 //! The worker and its bounds: [`super::super::imgworker`].
 //!
