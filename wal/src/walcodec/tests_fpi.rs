@@ -20,7 +20,7 @@ const SEG: u64 = 1 << 20;
 
 /// Block `blkno` of relation `rel` (tablespace 1663, database 5, main fork) with `page` as
 /// its image, `hole` (offset, length) left out, as the primary compressed it if `compressed`.
-fn given_block(
+pub(super) fn given_block(
     rel: u32,
     blkno: u32,
     page: Box<[u8; PAGE_SIZE]>,
@@ -46,7 +46,7 @@ fn given_block(
     }
 }
 
-fn params(major: PgMajor, cache_slots: usize) -> CodecParams {
+pub(super) fn params(major: PgMajor, cache_slots: usize) -> CodecParams {
     CodecParams {
         pg_major: Some(major),
         block_cache_bytes: cache_slots * SLOT_BYTES,

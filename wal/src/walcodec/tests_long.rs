@@ -5,9 +5,10 @@
 
 use super::format::{page_stream, IMG_STREAM, IMG_STREAM_NOCACHE};
 use super::fpi::{compress_like_pg, Method};
-use super::testgen::{Entropy, GenBlock, GivenImage, Image, Rng, WalGen};
+use super::testgen::{Entropy, Image, Rng, WalGen};
 use super::tests::{round_trip, round_trip_checks};
-use super::wal::{BlockKey, ImageRef, PAGE_HEADER, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI};
+use super::tests_fpi::{given_block, params};
+use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI};
 use super::*;
 use crate::pg::PgMajor;
 
@@ -74,15 +75,10 @@ fn page_of(items: &[Vec<u8>]) -> (Box<[u8; PAGE_SIZE]>, (u16, u16)) {
     (p, (lower as u16, (off - lower) as u16))
 }
 
-fn key(blkno: u32) -> BlockKey {
-    BlockKey {
-        spc: 1663,
-        db: 5,
-        rel: 99_020,
-        fork: 0,
-        blkno,
-    }
-}
+const REL: u32 = 99_020;
+/// A block cache of 64 MiB, whose DATA keeps 8 MiB of history (`streams::history_log`):
+/// more than PAGE's 4 MiB, so with long-distance matching, as the default's 128 MiB.
+const SLOTS: usize = 8192;
 
 /// How a test primary writes a page's image.
 #[derive(Clone, Copy, Debug)]
@@ -125,11 +121,8 @@ fn long_items(major: PgMajor, pages: u32, imaged: Imaged) -> (WalGen, usize) {
         .collect();
     for (blkno, items) in (0u32..).zip(&all) {
         for it in items {
-            let b = GenBlock {
-                key: key(blkno),
-                image: Image::None,
-                data: it.clone(),
-            };
+            let mut b = given_block(REL, blkno, Box::new([0; PAGE_SIZE]), (0, 0), None);
+            (b.image, b.data) = (Image::None, it.clone());
             g.xid += 1;
             let rec = g.record(11, 0x00, g.xid, &[b], b"");
             g.write_record(&rec);
@@ -151,17 +144,7 @@ fn long_items(major: PgMajor, pages: u32, imaged: Imaged) -> (WalGen, usize) {
             _ => major.bimg_lz4(),
         };
         let compressed = compressed.map(|c| (c, flag.unwrap()));
-        let b = GenBlock {
-            key: key(blkno),
-            image: Image::Given(GivenImage {
-                page,
-                hole_offset: hole.0,
-                hole_len: hole.1,
-                apply: false,
-                compressed,
-            }),
-            data: Vec::new(),
-        };
+        let b = given_block(REL, blkno, page, hole, compressed);
         let (rmid, info) = match imaged {
             Imaged::Whole => (RM_XLOG_ID, XLOG_FPI),
             _ => (10, 0x00),
@@ -172,15 +155,6 @@ fn long_items(major: PgMajor, pages: u32, imaged: Imaged) -> (WalGen, usize) {
     }
     g.switch();
     (g, pages as usize * 4 * 1990)
-}
-
-fn params(major: PgMajor) -> CodecParams {
-    CodecParams {
-        pg_major: Some(major),
-        block_cache_bytes: 64 << 20,
-        zstd_level: 3,
-        max_message_bytes: 4 << 20,
-    }
 }
 
 /// Each page goes whole through DATA and costs a small part of its items, which records
@@ -197,7 +171,7 @@ fn pages_of_long_items_go_through_data_and_match_their_tuples() {
                 .map(|i| i * cut)
                 .take_while(|&c| cut > 0 && c < g.buf.len())
                 .collect();
-            let (st, total) = round_trip(&params(major), g.start, &g.buf, &cuts);
+            let (st, total) = round_trip(&params(major, SLOTS), g.start, &g.buf, &cuts);
             let what = format!("{imaged:?}, cut {cut}: {total} B for {items} B of items: {st:?}");
             let streamed = st.image_ops[usize::from(IMG_STREAM)]
                 + st.image_ops[usize::from(IMG_STREAM_NOCACHE)];
@@ -228,7 +202,7 @@ fn pages_of_long_items_leave_data_when_their_check_fails() {
             .map(|i| i * cut)
             .take_while(|&c| cut > 0 && c < g.buf.len())
             .collect();
-        let (st, _) = round_trip_checks(&params(major), g.start, &g.buf, &cuts, true);
+        let (st, _) = round_trip_checks(&params(major, SLOTS), g.start, &g.buf, &cuts, true);
         let what = format!("cut {cut}: {st:?}");
         // (Records cut by a message boundary go as they are.)
         assert!(st.fpis >= 6, "{what}");
