@@ -403,17 +403,23 @@ mod tests {
     use super::*;
     use crate::cluster::{PgInstall, PrimaryOpts, TempRoot};
 
-    /// A few seconds of `bulk` on a real primary load rows both ways, shaped alike.
-    #[tokio::test]
-    async fn bulk_loads_rows_by_insert_and_by_copy() {
+    /// A primary (in the returned directory) that ran two seconds of `w` after its `prepare`.
+    async fn loaded(w: Workload) -> (TempRoot, Cluster) {
         let install =
             PgInstall::discover().expect("PostgreSQL binaries (see scripts/install-deps.sh)");
         let root = TempRoot::new().unwrap();
-        let p = Cluster::init_primary(&install, &root, "bulk", &PrimaryOpts::default()).unwrap();
+        let p = Cluster::init_primary(&install, &root, w.name(), &PrimaryOpts::default()).unwrap();
         p.start().await.unwrap();
-        Workload::Bulk.prepare(&p).await.unwrap();
-        let mut load = Workload::Bulk.load(&p, root.path(), 2).await.unwrap();
+        w.prepare(&p).await.unwrap();
+        let mut load = w.load(&p, root.path(), 2).await.unwrap();
         load.wait().await.unwrap();
+        (root, p)
+    }
+
+    /// A few seconds of `bulk` on a real primary load rows both ways, shaped alike.
+    #[tokio::test]
+    async fn bulk_loads_rows_by_insert_and_by_copy() {
+        let (_root, p) = loaded(Workload::Bulk).await;
         let count = |cond: &'static str| {
             let p = &p;
             async move {
@@ -444,14 +450,7 @@ mod tests {
     /// TOAST table holds their chunks, and the documents keep their shape.
     #[tokio::test]
     async fn toast_rewrites_documents_stored_out_of_line() {
-        let install =
-            PgInstall::discover().expect("PostgreSQL binaries (see scripts/install-deps.sh)");
-        let root = TempRoot::new().unwrap();
-        let p = Cluster::init_primary(&install, &root, "toast", &PrimaryOpts::default()).unwrap();
-        p.start().await.unwrap();
-        Workload::Toast.prepare(&p).await.unwrap();
-        let mut load = Workload::Toast.load(&p, root.path(), 2).await.unwrap();
-        load.wait().await.unwrap();
+        let (_root, p) = loaded(Workload::Toast).await;
         let one = |sql: &'static str| {
             let p = &p;
             async move { p.query_one_string(sql).await.unwrap() }
