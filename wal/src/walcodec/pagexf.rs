@@ -30,7 +30,7 @@
 //! from is already restored, and no later step writes into it (disjoint heads, all after
 //! the line pointer array). Any 8192 bytes map to 8192 bytes and back; nothing can fail.
 
-use super::wal::PAGE_SIZE;
+use super::wal::{PAGE_HEADER, PAGE_SIZE};
 
 /// Bytes of an item taken as its head.
 const HEAD: usize = 32;
@@ -56,13 +56,13 @@ fn le16(p: &[u8; PAGE_SIZE], at: usize) -> usize {
 }
 
 fn lp(p: &[u8; PAGE_SIZE], i: usize) -> u32 {
-    let at = 24 + 4 * i;
+    let at = PAGE_HEADER + 4 * i;
     u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
 }
 
 #[cfg(test)]
 fn set_lp(p: &mut [u8; PAGE_SIZE], i: usize, v: u32) {
-    let at = 24 + 4 * i;
+    let at = PAGE_HEADER + 4 * i;
     p[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
@@ -73,12 +73,12 @@ fn u32_of(b: &[u8]) -> u32 {
 /// Number of line pointers if the header describes a standard layout.
 fn line_pointers(p: &[u8; PAGE_SIZE]) -> Option<usize> {
     let (lower, upper, special) = (le16(p, 12), le16(p, 14), le16(p, 16));
-    let ok = 24 <= lower
+    let ok = PAGE_HEADER <= lower
         && lower <= upper
         && upper <= special
         && special <= PAGE_SIZE
-        && (lower - 24) % 4 == 0;
-    ok.then(|| (lower - 24) / 4)
+        && (lower - PAGE_HEADER) % 4 == 0;
+    ok.then(|| (lower - PAGE_HEADER) / 4)
 }
 
 /// Marks the bytes `at..at + len` (`len` ≤ 32, within the page) in a bitmap of the page;
@@ -133,11 +133,11 @@ impl PageXf {
     /// Fills `self.items` from the (original) line pointers of `p`; false if the heads are
     /// not pairwise disjoint (then no item is transformed).
     fn collect_items(&mut self, p: &[u8; PAGE_SIZE], n: usize) -> bool {
-        let lower = 24 + 4 * n;
+        let lower = PAGE_HEADER + 4 * n;
         self.items.clear();
         // One bit per byte of the page: heads overlap iff they mark a byte twice.
         let mut bits = [0u64; PAGE_SIZE / 64];
-        for v in p[24..lower].chunks_exact(4).map(u32_of) {
+        for v in p[PAGE_HEADER..lower].chunks_exact(4).map(u32_of) {
             let (off, flags, len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
             if flags != 0 && len > 0 && off >= lower && off + len <= PAGE_SIZE {
                 let hl = len.min(HEAD);
@@ -179,8 +179,8 @@ impl PageXf {
             self.head_zeros = (zeros, total);
         }
         if n > 1 {
-            let lps = &page[24..24 + 4 * n];
-            let deltas = out[28..24 + 4 * n].chunks_exact_mut(4);
+            let lps = &page[PAGE_HEADER..PAGE_HEADER + 4 * n];
+            let deltas = out[PAGE_HEADER + 4..PAGE_HEADER + 4 * n].chunks_exact_mut(4);
             for ((d, cur), prev) in deltas
                 .zip(lps[4..].chunks_exact(4))
                 .zip(lps.chunks_exact(4))
@@ -211,7 +211,7 @@ impl PageXf {
         };
         if n > 1 {
             let mut acc = lp(page, 0);
-            for c in page[28..24 + 4 * n].chunks_exact_mut(4) {
+            for c in page[PAGE_HEADER + 4..PAGE_HEADER + 4 * n].chunks_exact_mut(4) {
                 acc = acc.wrapping_add(u32_of(c));
                 c.copy_from_slice(&acc.to_le_bytes());
             }
@@ -250,7 +250,7 @@ mod tests {
         fill: impl Fn(usize, usize) -> u8,
     ) -> Box<[u8; PAGE_SIZE]> {
         let mut p = Box::new([0u8; PAGE_SIZE]);
-        let lower = 24 + 4 * n;
+        let lower = PAGE_HEADER + 4 * n;
         let mut off = PAGE_SIZE - special;
         for i in 0..n {
             off -= len.next_multiple_of(8);
@@ -385,7 +385,7 @@ mod tests {
         let Some(n) = line_pointers(page) else {
             return out;
         };
-        let lower = 24 + 4 * n;
+        let lower = PAGE_HEADER + 4 * n;
         let mut items = Vec::new();
         for i in 0..n {
             let v = lp(page, i);
@@ -424,16 +424,16 @@ mod tests {
             let mut rng = Rng::new(seed);
             let mut p = Box::new([0u8; PAGE_SIZE]);
             p.iter_mut().for_each(|b| *b = (rng.next_u64() % 7) as u8);
-            let lower = if structured { 24 + (lower % 1000) / 4 * 4 } else { lower };
+            let lower = if structured { PAGE_HEADER as u16 + (lower % 1000) / 4 * 4 } else { lower };
             p[12..14].copy_from_slice(&lower.to_le_bytes());
             p[14..16].copy_from_slice(&upper.max(lower).to_le_bytes());
             p[16..18].copy_from_slice(&special.max(upper).max(lower).to_le_bytes());
             if structured {
-                for i in 0..(usize::from(lower).saturating_sub(24) / 4).min(2000) {
+                for i in 0..(usize::from(lower).saturating_sub(PAGE_HEADER) / 4).min(2000) {
                     let off = usize::from(lower) + (rng.next_u64() % 8000) as usize;
                     let len = [16, 24, 40, 120][(rng.next_u64() % 4) as usize];
                     let v = (off as u32 & 0x7fff) | ((rng.next_u64() % 4) as u32) << 15 | (len as u32) << 17;
-                    if 24 + 4 * i + 4 <= PAGE_SIZE {
+                    if PAGE_HEADER + 4 * i + 4 <= PAGE_SIZE {
                         set_lp(&mut p, i, v);
                     }
                 }

@@ -336,7 +336,7 @@ pub trait PageLookup {
 /// The tuple at line pointer `off` of a heap `page`: (t_hoff, bytes from t_bits on).
 pub fn tuple_in_page(page: &[u8; PAGE_SIZE], off: u16) -> Option<(u8, &[u8])> {
     let lower = usize::from(le16(page, 12)?);
-    let i = 24 + (usize::from(off).checked_sub(1)?) * 4;
+    let i = PAGE_HEADER + (usize::from(off).checked_sub(1)?) * 4;
     if off == 0 || i + 4 > lower.min(PAGE_SIZE) {
         return None;
     }

@@ -3,7 +3,7 @@
 //! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
 //! the page as it is or partly changed (the result is only a prediction).
 
-use crate::walcodec::wal::PAGE_SIZE;
+use crate::walcodec::wal::{PAGE_HEADER, PAGE_SIZE};
 
 pub type PageBuf = [u8; PAGE_SIZE];
 
@@ -47,17 +47,17 @@ pub fn bounds(p: &PageBuf) -> Option<(usize, usize, usize)> {
         usize::from(u16_at(p, 14)),
         usize::from(u16_at(p, 16)),
     );
-    let ok = 24 <= lower
+    let ok = PAGE_HEADER <= lower
         && lower <= upper
         && upper <= special
         && special <= PAGE_SIZE
-        && (lower - 24) % 4 == 0;
+        && (lower - PAGE_HEADER) % 4 == 0;
     ok.then_some((lower, upper, special))
 }
 
 /// Number of line pointers.
 pub fn max_offset(p: &PageBuf) -> Option<usize> {
-    bounds(p).map(|(lower, _, _)| (lower - 24) / 4)
+    bounds(p).map(|(lower, _, _)| (lower - PAGE_HEADER) / 4)
 }
 
 /// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
@@ -65,20 +65,21 @@ pub fn lp(p: &PageBuf, off: usize) -> Option<(usize, u32, usize)> {
     if off == 0 || off > max_offset(p)? {
         return None;
     }
-    let v = u32_at(p, 24 + 4 * (off - 1));
+    let v = u32_at(p, PAGE_HEADER + 4 * (off - 1));
     Some(((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize))
 }
 
 pub fn set_lp(p: &mut PageBuf, off: usize, lp_off: usize, flags: u32, len: usize) {
     let v = (lp_off as u32 & 0x7fff) | (flags & 3) << 15 | (len as u32 & 0x7fff) << 17;
-    set_u32(p, 24 + 4 * (off - 1), v);
+    set_u32(p, PAGE_HEADER + 4 * (off - 1), v);
 }
 
 /// The byte range of the tuple at `off` if it is LP_NORMAL with at least a tuple header.
 pub fn tuple_range(p: &PageBuf, off: usize) -> Option<std::ops::Range<usize>> {
     let (at, flags, len) = lp(p, off)?;
     let end = at.checked_add(len)?;
-    (flags == LP_NORMAL && len >= TUPLE_HEADER && end <= PAGE_SIZE && at >= 24).then_some(at..end)
+    (flags == LP_NORMAL && len >= TUPLE_HEADER && end <= PAGE_SIZE && at >= PAGE_HEADER)
+        .then_some(at..end)
 }
 
 pub fn set_flag(p: &mut PageBuf, flag: u16, on: bool) {
@@ -89,7 +90,7 @@ pub fn set_flag(p: &mut PageBuf, flag: u16, on: bool) {
 /// PageInit of an 8 KiB page without special space.
 pub fn init(p: &mut PageBuf) {
     p.fill(0);
-    set_u16(p, 12, 24);
+    set_u16(p, 12, PAGE_HEADER as u16);
     set_u16(p, 14, PAGE_SIZE as u16);
     set_u16(p, 16, PAGE_SIZE as u16);
     set_u16(p, 18, PAGE_SIZE as u16 | 4);
@@ -101,7 +102,7 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
     let Some((lower, upper, _)) = bounds(p) else {
         return false;
     };
-    let limit = (lower - 24) / 4 + 1;
+    let limit = (lower - PAGE_HEADER) / 4 + 1;
     if offnum == 0 || offnum > limit || offnum > MAX_TUPLES {
         return false;
     }
@@ -127,7 +128,7 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
 
 /// Line pointer `off` (1-based, at most the number of line pointers) without checks.
 fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
-    let v = u32_at(p, 24 + 4 * (off - 1));
+    let v = u32_at(p, PAGE_HEADER + 4 * (off - 1));
     ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
 }
 
@@ -140,7 +141,7 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
     if special % 8 != 0 {
         return;
     }
-    let n = (lower - 24) / 4;
+    let n = (lower - PAGE_HEADER) / 4;
     let Some(items) = scan_items(p, n, upper, special) else {
         return;
     };
@@ -155,7 +156,7 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
     let mut nunused = items.nunused;
     if truncate && items.final_used < n {
         nunused -= n - items.final_used;
-        set_u16(p, 12, (24 + 4 * items.final_used) as u16);
+        set_u16(p, 12, (PAGE_HEADER + 4 * items.final_used) as u16);
     }
     set_flag(p, PD_HAS_FREE_LINES, nunused > 0);
 }
@@ -260,6 +261,6 @@ pub fn truncate_line_pointers(p: &mut PageBuf) {
         keep -= 1;
     }
     let any_unused = (1..=keep).any(|off| lp_raw(p, off).1 == LP_UNUSED);
-    set_u16(p, 12, (24 + 4 * keep) as u16);
+    set_u16(p, 12, (PAGE_HEADER + 4 * keep) as u16);
     set_flag(p, PD_HAS_FREE_LINES, any_unused);
 }
