@@ -146,12 +146,13 @@ impl Encoder {
         img: &ImageRef,
         bytes: &[u8],
     ) -> Result<bool, WalCodecError> {
+        let page_in = page_stream(img);
         let at = Spot {
             op_at: self.bufs[S_CTRL].len(),
             img_at: self.bufs[S_IMG].len(),
             fpi_at: self.fpi.len(),
-            page_in: page_stream(img),
-            page_at: self.bufs[page_stream(img)].len(),
+            page_in,
+            page_at: self.bufs[page_in].len(),
         };
         self.verify.defer(m, img, &self.page, bytes, at)
     }
