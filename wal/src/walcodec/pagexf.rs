@@ -30,7 +30,7 @@
 //! from is already restored, and no later step writes into it (disjoint heads, all after
 //! the line pointer array). Any 8192 bytes map to 8192 bytes and back; nothing can fail.
 
-use super::wal::{PAGE_HEADER, PAGE_SIZE};
+use super::wal::{max_offset, PAGE_HEADER, PAGE_SIZE};
 
 /// Bytes of an item taken as its head.
 const HEAD: usize = 32;
@@ -51,10 +51,6 @@ pub struct PageXf {
 /// head bytes it replaced by differences came out zero.
 const HELPS_ZEROS_PCT: usize = 60;
 
-fn le16(p: &[u8; PAGE_SIZE], at: usize) -> usize {
-    usize::from(u16::from_le_bytes([p[at], p[at + 1]]))
-}
-
 fn lp(p: &[u8; PAGE_SIZE], i: usize) -> u32 {
     let at = PAGE_HEADER + 4 * i;
     u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]])
@@ -68,17 +64,6 @@ fn set_lp(p: &mut [u8; PAGE_SIZE], i: usize, v: u32) {
 
 fn u32_of(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-}
-
-/// Number of line pointers if the header describes a standard layout.
-fn line_pointers(p: &[u8; PAGE_SIZE]) -> Option<usize> {
-    let (lower, upper, special) = (le16(p, 12), le16(p, 14), le16(p, 16));
-    let ok = PAGE_HEADER <= lower
-        && lower <= upper
-        && upper <= special
-        && special <= PAGE_SIZE
-        && (lower - PAGE_HEADER) % 4 == 0;
-    ok.then(|| (lower - PAGE_HEADER) / 4)
 }
 
 /// Marks the bytes `at..at + len` (`len` ≤ 32, within the page) in a bitmap of the page;
@@ -167,7 +152,7 @@ impl PageXf {
     pub fn forward(&mut self, page: &[u8; PAGE_SIZE], out: &mut [u8; PAGE_SIZE]) {
         out.copy_from_slice(page);
         self.head_zeros = (0, 0);
-        let Some(n) = line_pointers(page) else {
+        let Some(n) = max_offset(page) else {
             return;
         };
         if self.collect_items(page, n) {
@@ -206,7 +191,7 @@ impl PageXf {
 
     /// Undoes [`PageXf::forward`] in place.
     pub fn inverse(&mut self, page: &mut [u8; PAGE_SIZE]) {
-        let Some(n) = line_pointers(page) else {
+        let Some(n) = max_offset(page) else {
             return;
         };
         if n > 1 {
@@ -382,7 +367,7 @@ mod tests {
     /// part of the payload format.
     fn reference_forward(page: &[u8; PAGE_SIZE]) -> Box<[u8; PAGE_SIZE]> {
         let mut out = Box::new(*page);
-        let Some(n) = line_pointers(page) else {
+        let Some(n) = max_offset(page) else {
             return out;
         };
         let lower = PAGE_HEADER + 4 * n;

@@ -34,7 +34,7 @@ mod tests;
 use page::*;
 
 use super::tuples::LoggedTuple;
-use super::wal::{le16, le32, Area, BlockKey, PAGE_SIZE, REC_HDR};
+use super::wal::{le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR};
 use crate::pg::PgMajor;
 
 const RM_HEAP2_ID: u8 = 9;

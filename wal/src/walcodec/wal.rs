@@ -17,6 +17,27 @@ pub const WAL_PAGE: u64 = 8192;
 pub const PAGE_SIZE: usize = 8192;
 /// SizeOfPageHeaderData: a data page's line pointers start here.
 pub const PAGE_HEADER: usize = 24;
+
+/// (pd_lower, pd_upper, pd_special) of data page `p` if they describe a standard layout: the
+/// line pointers (4 bytes each) from [`PAGE_HEADER`] to pd_lower, free space to pd_upper, the
+/// tuples to pd_special, the special space to the page's end. (PageHeaderData holds them at
+/// 12, 14 and 16.)
+pub fn page_bounds(p: &[u8; PAGE_SIZE]) -> Option<(usize, usize, usize)> {
+    let at = |o: usize| usize::from(u16::from_le_bytes([p[o], p[o + 1]]));
+    let (lower, upper, special) = (at(12), at(14), at(16));
+    let ok = PAGE_HEADER <= lower
+        && lower <= upper
+        && upper <= special
+        && special <= PAGE_SIZE
+        && (lower - PAGE_HEADER) % 4 == 0;
+    ok.then_some((lower, upper, special))
+}
+
+/// PageGetMaxOffsetNumber: how many line pointers page `p` has, if its layout is standard
+/// ([`page_bounds`]).
+pub fn max_offset(p: &[u8; PAGE_SIZE]) -> Option<usize> {
+    page_bounds(p).map(|(lower, _, _)| (lower - PAGE_HEADER) / 4)
+}
 /// SizeOfXLogShortPHD: MAXALIGN(sizeof(XLogPageHeaderData)).
 pub const SHORT_PHD: usize = 24;
 /// SizeOfXLogLongPHD: MAXALIGN(sizeof(XLogLongPageHeaderData)).

@@ -3,7 +3,7 @@
 //! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
 //! the page as it is or partly changed (the result is only a prediction).
 
-use crate::walcodec::wal::{PAGE_HEADER, PAGE_SIZE};
+use crate::walcodec::wal::{max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE};
 
 pub type PageBuf = [u8; PAGE_SIZE];
 
@@ -38,26 +38,6 @@ pub fn set_u32(p: &mut PageBuf, at: usize, v: u32) {
 pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
     let b: [u8; 4] = p[at..at + 4].try_into().expect("four bytes");
     u32::from_le_bytes(b)
-}
-
-/// (pd_lower, pd_upper, pd_special) if they describe a standard layout.
-pub fn bounds(p: &PageBuf) -> Option<(usize, usize, usize)> {
-    let (lower, upper, special) = (
-        usize::from(u16_at(p, 12)),
-        usize::from(u16_at(p, 14)),
-        usize::from(u16_at(p, 16)),
-    );
-    let ok = PAGE_HEADER <= lower
-        && lower <= upper
-        && upper <= special
-        && special <= PAGE_SIZE
-        && (lower - PAGE_HEADER) % 4 == 0;
-    ok.then_some((lower, upper, special))
-}
-
-/// Number of line pointers.
-pub fn max_offset(p: &PageBuf) -> Option<usize> {
-    bounds(p).map(|(lower, _, _)| (lower - PAGE_HEADER) / 4)
 }
 
 /// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
@@ -99,7 +79,7 @@ pub fn init(p: &mut PageBuf) {
 /// PageAddItem(page, item, size, offnum, overwrite = true, is_heap = true): false (page
 /// unchanged) where PostgreSQL would refuse.
 pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
-    let Some((lower, upper, _)) = bounds(p) else {
+    let Some((lower, upper, _)) = page_bounds(p) else {
         return false;
     };
     let limit = (lower - PAGE_HEADER) / 4 + 1;
@@ -135,7 +115,7 @@ fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
 /// PageRepairFragmentation (PostgreSQL 14+: tuples packed from pd_special down in line
 /// pointer order; from 17 on also the trailing unused line pointers cut off when `truncate`).
 pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageBuf) {
-    let Some((lower, upper, special)) = bounds(p) else {
+    let Some((lower, upper, special)) = page_bounds(p) else {
         return;
     };
     if special % 8 != 0 {

@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::walcodec::wal::BlockRef;
+use crate::walcodec::wal::{page_bounds, BlockRef};
 
 #[derive(Default)]
 struct Pages(HashMap<BlockKey, Box<PageBuf>>);
@@ -306,7 +306,7 @@ fn replayed_inserts_make_the_next_image_nearly_free() {
 /// pd_special.
 fn reference_repair(p: &PageBuf) -> Box<PageBuf> {
     let mut out = Box::new(*p);
-    let (lower, _, special) = bounds(p).unwrap();
+    let (lower, _, special) = page_bounds(p).unwrap();
     let mut top = special;
     for off in 1..=(lower - 24) / 4 {
         let (at, flags, len) = lp(p, off).unwrap();
