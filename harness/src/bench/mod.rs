@@ -4,18 +4,18 @@
 //!
 //! Per workload (and PostgreSQL major), once [`disk`] found room for it: a fresh primary
 //! (`checkpoint_timeout = 30s`, `max_wal_size = 4GB`, `fsync = off`, the workload's
-//! `wal_compression` and `wal_level`), its data, two standbys base-backed up from it, then two
-//! relay pairs of the real binary ([`pair`]: upstream and downstream processes, mutual TLS,
+//! `wal_compression` and `wal_level`), its data, a segment switch and a checkpoint (so that the
+//! relays' slots, and their streams, begin after the data: a cold relay has not seen it), then
+//! two relay pairs of the real binary ([`pair`]: upstream and downstream processes, mutual TLS,
 //! a counting forwarder on the link socket): W with `codec = "wal"`, Z with `codec = "zstd"`,
 //! each serving one standby. t = 0 once both standbys stream through their pairs; the load
-//! starts at once; no checkpoint is forced. Every ~100 ms [`sample`] records the primary's
-//! WAL position, what each standby received and replayed, each pair's socket bytes and CPU,
-//! W's link counters, and every stage's position along each path ([`stages`]: where the lag
-//! waits). The cold
-//! window is [0, cold], the steady one [cold + warm-up, cold + warm-up + steady]. Each window's
-//! WAL is copied from the primary's pg_wal and byte-compared with both standbys' ([`walrange`]);
-//! after the load the tables are compared and the integrity counters must be 0 — any failure
-//! ends the bench with an error. Then the offline baselines, the one-core replay ([`micro`]),
+//! starts at once; no checkpoint is forced from then on. Every ~100 ms [`sample`] records the
+//! primary's WAL position, what each standby received and replayed, each pair's socket bytes
+//! and CPU, W's link counters, and every stage's position along each path ([`stages`]: where
+//! the lag waits). The cold window is [0, cold], the steady one [cold + warm-up, cold +
+//! warm-up + steady]. Each window's WAL is copied from the primary's pg_wal and byte-compared
+//! with both standbys' ([`walrange`]); after the load the tables are compared and the
+//! integrity counters must be 0 — any failure ends the bench with an error. Then the offline baselines, the one-core replay ([`micro`]),
 //! and once per invocation the sync-commit latency ([`synclat`]).
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
@@ -308,6 +308,7 @@ async fn setup(
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;
     let primary = start_primary(install, &root, w, compression).await?;
+    let load_end = begin_after_load(&primary).await?;
     let down_ports = [free_port(), free_port()];
     // The pairs first: a downstream's spool starts at the segment the primary is writing when
     // its stream opens, so standbys backed up after that find all they need in it.
@@ -326,6 +327,14 @@ async fn setup(
     for p in &pairs {
         p.wait_stream_open().await?;
     }
+    let oldest = primary
+        .query_lsn("select min(restart_lsn) from pg_replication_slots")
+        .await?;
+    anyhow::ensure!(
+        oldest > load_end,
+        "the relays' slots hold WAL from {oldest}, before the end of the workload's data ({load_end}): \
+         their upstreams would encode the load before the cold window"
+    );
     let standbys = start_relayed_standbys(&primary, &root, down_ports).await?;
     let direct = start_direct_standby(&primary, &root).await?;
     Ok(Rig {
@@ -362,6 +371,27 @@ async fn start_primary(
         .await
         .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
     Ok(primary)
+}
+
+/// Makes the relays start after the workload's data: returns where the load's WAL ends.
+///
+/// An upstream's new slot reserves WAL from the last checkpoint's redo pointer, and the stream
+/// starts at the segment holding it. After the data load that pointer is still the primary's
+/// first checkpoint (`max_wal_size` is large), so the upstreams encoded the whole load before
+/// t = 0: W's DATA history (128 MiB) and tuple cache then held the rows the workload rewrites,
+/// which neither a relay started on a loaded database, nor the cold replay, nor the offline
+/// baselines of the window have. `toast`'s cold window (2026-11-27) gave W / zstd-3 0.32 live
+/// against 0.62 replayed on the same WAL; with this, 0.58 and 0.57. A segment switch and a
+/// checkpoint, before any relay exists, move that pointer past the load; the base backups
+/// checkpoint again anyway, so the block cache gains nothing.
+async fn begin_after_load(primary: &Cluster) -> Result<walrelay_wal::lsn::Lsn> {
+    let load_end = primary
+        .query_lsn("select pg_current_wal_insert_lsn()")
+        .await?;
+    primary
+        .execute("select pg_switch_wal(); checkpoint")
+        .await?;
+    Ok(load_end)
 }
 
 /// The standbys of W and Z, backed up from the primary, streaming through the downstreams
