@@ -23,8 +23,8 @@ pub const PAGE_HEADER: usize = 24;
 /// tuples to pd_special, the special space to the page's end. (PageHeaderData holds them at
 /// 12, 14 and 16.)
 pub fn page_bounds(p: &[u8; PAGE_SIZE]) -> Option<(usize, usize, usize)> {
-    let at = |o: usize| usize::from(u16::from_le_bytes([p[o], p[o + 1]]));
-    let (lower, upper, special) = (at(12), at(14), at(16));
+    let at = |o: usize| le16(p, o).map(usize::from);
+    let (lower, upper, special) = (at(12)?, at(14)?, at(16)?);
     let ok = PAGE_HEADER <= lower
         && lower <= upper
         && upper <= special
@@ -38,6 +38,7 @@ pub fn page_bounds(p: &[u8; PAGE_SIZE]) -> Option<(usize, usize, usize)> {
 pub fn max_offset(p: &[u8; PAGE_SIZE]) -> Option<usize> {
     page_bounds(p).map(|(lower, _, _)| (lower - PAGE_HEADER) / 4)
 }
+
 /// SizeOfXLogShortPHD: MAXALIGN(sizeof(XLogPageHeaderData)).
 pub const SHORT_PHD: usize = 24;
 /// SizeOfXLogLongPHD: MAXALIGN(sizeof(XLogLongPageHeaderData)).

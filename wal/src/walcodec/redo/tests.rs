@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::walcodec::wal::{page_bounds, BlockRef};
+use crate::walcodec::wal::{page_bounds, BlockRef, PAGE_HEADER};
 
 #[derive(Default)]
 struct Pages(HashMap<BlockKey, Box<PageBuf>>);
@@ -308,7 +308,7 @@ fn reference_repair(p: &PageBuf) -> Box<PageBuf> {
     let mut out = Box::new(*p);
     let (lower, _, special) = page_bounds(p).unwrap();
     let mut top = special;
-    for off in 1..=(lower - 24) / 4 {
+    for off in 1..=(lower - PAGE_HEADER) / 4 {
         let (at, flags, len) = lp(p, off).unwrap();
         if flags == LP_UNUSED {
             set_lp(&mut out, off, 0, LP_UNUSED, 0);
@@ -356,7 +356,7 @@ proptest! {
         repair_fragmentation(&mut p, false, &mut scratch);
         let upper = usize::from(u16_at(&p, 14));
         // (pd_flags aside: the reference leaves PD_HAS_FREE_LINES alone.)
-        prop_assert_eq!(&p[12..24 + 4 * n], &want[12..24 + 4 * n]);
+        prop_assert_eq!(&p[12..PAGE_HEADER + 4 * n], &want[12..PAGE_HEADER + 4 * n]);
         prop_assert_eq!(upper, usize::from(u16_at(&want, 14)));
         for off in 1..=n {
             if let Some(r) = lp(&p, off).filter(|l| l.2 > 0).map(|(a, _, l)| a..a + l) {
