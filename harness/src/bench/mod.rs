@@ -15,8 +15,9 @@
 //! the lag waits). The cold window is [0, cold], the steady one [cold + warm-up, cold +
 //! warm-up + steady]. Each window's WAL is copied from the primary's pg_wal and byte-compared
 //! with both standbys' ([`walrange`]); after the load the tables are compared and the
-//! integrity counters must be 0 — any failure ends the bench with an error. Then the offline baselines, the one-core replay ([`micro`]),
-//! and once per invocation the sync-commit latency ([`synclat`]).
+//! integrity counters must be 0 — any failure ends the bench with an error. Then the offline
+//! baselines, the one-core replay ([`micro`]), and once per invocation the sync-commit latency
+//! ([`synclat`]).
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
 
