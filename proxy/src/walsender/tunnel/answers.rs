@@ -22,6 +22,8 @@ pub(crate) struct Answers {
     syncs_since_command: u32,
     /// The primary answered a CopyInResponse the client has not ended yet.
     copy_in: bool,
+    /// ReadyForQuery received from the primary over the session.
+    answered: u64,
 }
 
 impl Answers {
@@ -57,7 +59,10 @@ impl Answers {
     pub fn primary_sent(&mut self, tag: u8) {
         match tag {
             b'G' => self.copy_in = true,
-            b'Z' => self.outstanding = self.outstanding.saturating_sub(1),
+            b'Z' => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                self.answered = self.answered.wrapping_add(1);
+            }
             _ => {}
         }
     }
@@ -67,9 +72,22 @@ impl Answers {
         self.outstanding > 0
     }
 
-    /// ReadyForQuery still owed (to tell a temporary slot's creation from earlier commands).
+    /// ReadyForQuery still owed.
+    #[cfg(test)]
     pub fn outstanding(&self) -> u32 {
         self.outstanding
+    }
+
+    /// ReadyForQuery received so far.
+    pub fn answered(&self) -> u64 {
+        self.answered
+    }
+
+    /// How many ReadyForQuery will have come when the answer to a command sent now begins:
+    /// those received and those still owed (to tell a temporary slot's creation from the
+    /// answers to earlier commands).
+    pub fn answer_mark(&self) -> u64 {
+        self.answered.wrapping_add(u64::from(self.outstanding))
     }
 }
 
@@ -89,8 +107,10 @@ mod tests {
         assert!(!a.pending());
         run(&mut a, b"QPBDES", b"TDCZ1");
         assert_eq!(a.outstanding(), 1);
+        assert_eq!(a.answer_mark(), 3);
         run(&mut a, b"", b"2TDCZ");
         assert!(!a.pending());
+        assert_eq!((a.answered(), a.answer_mark()), (3, 3));
         // A Flush or CopyData is not answered with ReadyForQuery.
         run(&mut a, b"Hd", b"");
         assert!(!a.pending());

@@ -382,7 +382,7 @@ impl<'a> TunnelSession<'a> {
         self.progress.up += b.len() as u64;
         Metrics::add(&self.ds.metrics.tunnel_bytes_to_primary[1], b.len() as u64);
         if let Some(slot) = passed.temp_slot {
-            self.watch.creating(slot, self.answers.outstanding());
+            self.watch.creating(slot, self.answers.answer_mark());
         }
         self.answers.client_sent(m.tag);
         self.tx
@@ -432,7 +432,7 @@ impl<'a> TunnelSession<'a> {
                         .feed_seen(&d, |s| match s {
                             Seen::Start(t) => {
                                 answers.primary_sent(t);
-                                if let Some(slot) = watch.tag(t) {
+                                if let Some(slot) = watch.tag(t, answers.answered()) {
                                     policy.temp_slot_created(slot);
                                 }
                             }

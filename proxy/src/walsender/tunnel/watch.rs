@@ -20,8 +20,9 @@ pub(crate) struct PrimaryWatch {
     sent: u64,
     /// In COPY BOTH (streaming): client CopyData are status updates and feedback.
     streaming: bool,
-    /// A temporary slot's creation in flight, and how many ReadyForQuery come before its answer.
-    creating: Option<(String, u32)>,
+    /// A temporary slot's creation in flight, and the session's count of ReadyForQuery
+    /// received at which its answer begins (`Answers::answer_mark` when it was sent).
+    creating: Option<(String, u64)>,
 }
 
 impl PrimaryWatch {
@@ -32,29 +33,34 @@ impl PrimaryWatch {
         }
     }
 
-    /// CREATE_REPLICATION_SLOT `slot` TEMPORARY goes to the primary behind `ahead` commands
-    /// still unanswered (one creation is followed at a time; a second is not remembered).
-    pub fn creating(&mut self, slot: String, ahead: u32) {
+    /// CREATE_REPLICATION_SLOT `slot` TEMPORARY goes to the primary; its answer begins once
+    /// `mark` ReadyForQuery have come in the session (one creation is followed at a time; a
+    /// second is not remembered).
+    pub fn creating(&mut self, slot: String, mark: u64) {
         if self.creating.is_none() {
-            self.creating = Some((slot, ahead));
+            self.creating = Some((slot, mark));
         }
     }
 
-    /// A message of the primary's begins. Returns the temporary slot in creation when this
-    /// message is the primary's CommandComplete to it: the slot exists now, and is this
-    /// session's.
-    pub fn tag(&mut self, tag: u8) -> Option<String> {
+    /// A message of the primary's begins, `answered` ReadyForQuery having come before it
+    /// (this one included). Returns the temporary slot in creation when this message is the
+    /// primary's CommandComplete to it: the slot exists now, and is this session's. Once the
+    /// creation's answer has ended without one, nothing later is taken for it.
+    pub fn tag(&mut self, tag: u8, answered: u64) -> Option<String> {
         match tag {
             b'W' => self.streaming = true,
             b'Z' => self.streaming = false,
             _ => {}
         }
-        let (_, ahead) = self.creating.as_mut()?;
-        match tag {
-            b'Z' if *ahead > 0 => *ahead -= 1,
-            b'C' if *ahead == 0 => return self.creating.take().map(|(slot, _)| slot),
-            b'E' if *ahead == 0 => self.creating = None,
-            _ => {}
+        let (_, mark) = self.creating.as_ref()?;
+        match answered.cmp(mark) {
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Greater => self.creating = None,
+            std::cmp::Ordering::Equal => match tag {
+                b'C' => return self.creating.take().map(|(slot, _)| slot),
+                b'E' => self.creating = None,
+                _ => {}
+            },
         }
         None
     }
@@ -118,7 +124,7 @@ mod tests {
     fn status_updates_are_lowered_to_what_was_sent_while_streaming() {
         let mut w = PrimaryWatch::new(false);
         assert_eq!(w.clamp(&status(u64::MAX)), None, "not streaming: COPY data");
-        w.tag(b'W');
+        w.tag(b'W', 0);
         // 100 bytes of WAL from 0x1000 (the server's end, 0x9000, does not count).
         w.head(b'd', &xlogdata(0x1000, 0x9000), 25 + 100);
         let lowered = w.clamp(&status(u64::MAX)).unwrap();
@@ -126,28 +132,53 @@ mod tests {
         assert_eq!(w.clamp(&status(0x1000)), None, "within what was sent");
         w.head(b'd', &[b'k', 0, 0, 0, 0, 0, 0, 0x20, 0], 18);
         assert_eq!(w.clamp(&status(u64::MAX)).unwrap(), status(0x2000));
-        w.tag(b'Z');
+        w.tag(b'Z', 1);
         assert_eq!(w.clamp(&status(u64::MAX)), None, "streaming ended");
         // Logical: the positions are the changes' LSNs.
         let mut l = PrimaryWatch::new(true);
-        l.tag(b'W');
+        l.tag(b'W', 0);
         l.head(b'd', &xlogdata(0x5000, 0x5100), 25 + 3);
         assert_eq!(l.clamp(&status(u64::MAX)).unwrap(), status(0x5100));
+    }
+
+    /// The primary's messages `tags`, counting ReadyForQuery on from `*answered` as the
+    /// session's `Answers` does; the temporary slots they show created.
+    fn created(w: &mut PrimaryWatch, answered: &mut u64, tags: &[u8]) -> Vec<String> {
+        let mut slots = Vec::new();
+        for &t in tags {
+            *answered += u64::from(t == b'Z');
+            slots.extend(w.tag(t, *answered));
+        }
+        slots
     }
 
     #[test]
     fn a_temporary_slot_counts_once_the_primary_created_it() {
         let mut w = PrimaryWatch::new(false);
+        let mut n = 4;
         // Behind one unanswered command: its CommandComplete is not the creation's.
-        w.creating("tmp".into(), 1);
-        let created = |w: &mut PrimaryWatch, tags: &[u8]| -> Vec<String> {
-            tags.iter().filter_map(|&t| w.tag(t)).collect()
-        };
-        assert!(created(&mut w, b"TDCZ").is_empty());
-        assert_eq!(created(&mut w, b"TDC"), ["tmp"]);
+        w.creating("tmp".into(), 5);
+        assert!(created(&mut w, &mut n, b"TDCZ").is_empty());
+        assert_eq!(created(&mut w, &mut n, b"TDC"), ["tmp"]);
         // Refused by the primary (a slot of that name exists): not ours.
-        assert!(created(&mut w, b"Z").is_empty());
-        w.creating("victim".into(), 0);
-        assert!(created(&mut w, b"EZ").is_empty());
+        assert!(created(&mut w, &mut n, b"Z").is_empty());
+        w.creating("victim".into(), n);
+        assert!(created(&mut w, &mut n, b"EZ").is_empty());
+        assert!(
+            created(&mut w, &mut n, b"CZ").is_empty(),
+            "forgotten after its error"
+        );
+    }
+
+    #[test]
+    fn a_creation_answered_without_command_complete_takes_no_later_one() {
+        // Should the creation's answer end (ReadyForQuery) with neither CommandComplete nor
+        // ErrorResponse, the next command's CommandComplete is not the slot's.
+        let mut w = PrimaryWatch::new(false);
+        let mut n = 0;
+        w.creating("tmp".into(), 0);
+        assert!(created(&mut w, &mut n, b"NZ").is_empty());
+        assert!(created(&mut w, &mut n, b"CZ").is_empty());
+        assert!(w.creating.is_none());
     }
 }
