@@ -18,6 +18,10 @@
 //! while the one before is restored). `WALRELAY_WARM_MB=N` first passes the file's first N MB
 //! through both codecs untimed and times the rest: a steady state, with the block cache
 //! holding the pages the first part imaged (the numbers and counts printed are the rest's).
+/// The walrelay binary's allocator (its `main.rs` says why), so that profiles match it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use anyhow::{Context, Result};
