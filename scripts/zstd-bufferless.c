@@ -12,10 +12,9 @@
 // ring of k windows (mode 1); then checks that a streaming decoder restores the file from
 // either output, and prints the ratio and MB/s of the compression alone.
 //
-//   Z=$(echo ~/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/zstd-sys-2.0.13+zstd.1.5.6/zstd/lib)
-//   # one command line:
-//   gcc -O3 -Wno-deprecated-declarations -DZSTD_DISABLE_ASM -I$Z -I$Z/common scripts/zstd-bufferless.c
-//       $Z/common/*.c $Z/compress/*.c $Z/decompress/*.c -o /tmp/zstd-bufferless
+//   Z=$(echo ~/.cargo/registry/src/index.crates.io-*/zstd-sys-2.0.13+zstd.1.5.6/zstd/lib)
+//   S="scripts/zstd-bufferless.c $Z/common/*.c $Z/compress/*.c $Z/decompress/*.c"
+//   gcc -O3 -Wno-deprecated-declarations -DZSTD_DISABLE_ASM -I$Z -I$Z/common $S -o /tmp/zstd-bufferless
 //   # file, mode (0 streaming, 1 buffer-less), level, window log, long-distance matching
 //   # (0/1, minimum match 128 as the DATA stream), windows in the ring (mode 1)
 //   /tmp/zstd-bufferless bulk.wal 0 1 22 0 1    # the PAGE, RAW and MAIN streams today
@@ -32,6 +31,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "out of memory allocating %zu bytes\n", n);
+        exit(1);
+    }
+    return p;
+}
 
 static double now(void)
 {
@@ -65,17 +74,20 @@ int main(int argc, char **argv)
         perror(path);
         return 1;
     }
-    fseek(fp, 0, SEEK_END);
-    size_t n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *in = malloc(n);
+    long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+    if (len <= 0 || fseek(fp, 0, SEEK_SET) != 0) {
+        fprintf(stderr, "%s: not a non-empty regular file\n", path);
+        return 1;
+    }
+    size_t n = (size_t)len;
+    char *in = xmalloc(n);
     if (fread(in, 1, n, fp) != n) {
         perror(path);
         return 1;
     }
     fclose(fp);
     size_t cap = ZSTD_compressBound(n) + n / 10, op = 0;
-    char *out = malloc(cap);
+    char *out = xmalloc(cap);
 
     ZSTD_CCtx *c = ZSTD_createCCtx();
     ZSTD_CCtx_params *p = ZSTD_createCCtxParams();
@@ -87,7 +99,7 @@ int main(int argc, char **argv)
         CHK(ZSTD_CCtxParams_setParameter(p, ZSTD_c_ldmMinMatch, 128));
     }
     size_t ring_len = (size_t)k * ((size_t)1 << wlog) + chunk, rp = 0;
-    char *ring = malloc(ring_len);
+    char *ring = xmalloc(ring_len);
     memset(ring, 0, ring_len); /* faulted in before the clock starts */
 
     double t0 = now();
@@ -121,7 +133,7 @@ int main(int argc, char **argv)
 
     ZSTD_DCtx *d = ZSTD_createDCtx();
     CHK(ZSTD_DCtx_setParameter(d, ZSTD_d_windowLogMax, 30));
-    char *dec = malloc(n + chunk);
+    char *dec = xmalloc(n + chunk);
     ZSTD_inBuffer ib = {out, op, 0};
     ZSTD_outBuffer ob = {dec, n + chunk, 0};
     while (ib.pos < ib.size) {
