@@ -5,8 +5,11 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
 use walrelay_harness::certs::{Ca, CertFiles};
-use walrelay_harness::cluster::{free_port, wait_until, Cluster, PrimaryOpts, TempRoot};
+use walrelay_harness::cluster::{
+    free_port, wait_until, Cluster, PrimaryOpts, StandbyOpts, TempRoot,
+};
 
 async fn primary(root: &TempRoot, extra: Vec<(String, String)>) -> Cluster {
     let opts = PrimaryOpts {
@@ -283,6 +286,80 @@ async fn tls_toward_standbys_and_toward_the_primary() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}:\n{}\n{}", p.log_tail(20), relay.log_text()));
+}
+
+/// A standby's own connection to the primary drops the WAL it receives, and reads it in
+/// batches with pauses between (`upstream/identity.rs`): over TLS, under a load of about
+/// 60 MB of WAL, its walsender still sends everything (`sent_lsn` reaches the load's end)
+/// while the standby receives it through the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standbys_own_tls_connection_keeps_up_with_a_load() {
+    let root = TempRoot::new().unwrap();
+    let ca = Ca::new("walrelay test CA").unwrap();
+    let p = tls_primary(&root, &ca).await;
+    let (up, down) = (free_port(), free_port());
+    let toml =
+        both_halves_toml(&p, up, down, up, "", "").replace("sslmode=disable", "sslmode=require");
+    let relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
+    let mut sopts = StandbyOpts::new(standby_conninfo(down));
+    sopts.application_name = Some("standby1".into());
+    let standby = p.basebackup_standby(&root, "standby", &sopts).unwrap();
+    standby.start().await.unwrap();
+    let sent = "select coalesce((select sent_lsn::text from pg_stat_replication \
+                where application_name = 'standby1' and state = 'streaming'), '')";
+    let pr = &p;
+    wait_until(
+        "standby1's own connection streaming",
+        TIMEOUT,
+        || async move { Ok(!pr.query_one_string(sent).await?.is_empty()) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+    assert!(
+        std::fs::read_to_string(p.log_path())
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("application_name=standby1") && l.contains("SSL enabled")),
+        "standby1's own connection did not use TLS"
+    );
+
+    // About 60 MB of WAL.
+    p.execute(
+        "create table load_t as select g, repeat(md5(g::text), 8) as t \
+         from generate_series(1, 200000) g",
+    )
+    .await
+    .unwrap();
+    let end = p
+        .query_one_string("select pg_current_wal_flush_lsn()::text")
+        .await
+        .unwrap();
+    let caught_up = format!(
+        "select coalesce((select (sent_lsn >= '{end}'::pg_lsn)::text from pg_stat_replication \
+         where application_name = 'standby1'), 'false')"
+    );
+    let q = &caught_up;
+    let waited = wait_until(
+        &format!("standby1's walsender sent up to {end}"),
+        Duration::from_secs(15),
+        || async move { Ok(pr.query_one_string(q).await? == "true") },
+    )
+    .await;
+    if let Err(e) = waited {
+        let at = p.query_one_string(sent).await.unwrap_or_default();
+        panic!("{e}: it sent up to {at}\n{}", relay.log_text());
+    }
+    // And the standby has it all, through the stream.
+    let sb = &standby;
+    wait_until(&format!("standby replayed up to {end}"), TIMEOUT, || {
+        let e = end.clone();
+        async move {
+            let q = format!("select (pg_last_wal_replay_lsn() >= '{e}'::pg_lsn)::text");
+            Ok(sb.query_one_string(&q).await? == "true")
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", standby.log_tail(20)));
 }
 
 fn postgres_uid() -> u32 {

@@ -5,6 +5,7 @@
 //! continues where the last left off. Writes go straight to the write half with `write_all`.
 
 use bytes::BytesMut;
+use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use walrelay_pgwire::WireError;
 
@@ -48,6 +49,25 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
         }
     }
 
+    /// One read from the socket into the buffer, with room for at least `room` more bytes;
+    /// returns how many came (never 0). Cancellation-safe (nothing is read unless the call
+    /// completes). EOF is `WireError::Closed`.
+    pub async fn fill(&mut self, room: usize) -> Result<usize, WireError> {
+        if self.buf.capacity() - self.buf.len() < room {
+            self.buf.reserve(room);
+        }
+        match self.io.read_buf(&mut self.buf).await? {
+            0 => Err(WireError::Closed),
+            n => Ok(n),
+        }
+    }
+
+    /// [`MsgReader::fill`] only if bytes are there now: `None` when the read would wait
+    /// (polled once; nothing read).
+    pub fn fill_ready(&mut self, room: usize) -> Option<Result<usize, WireError>> {
+        self.fill(room).now_or_never()
+    }
+
     /// A message already buffered, without reading from the socket.
     pub fn try_read<T>(
         &mut self,
@@ -68,5 +88,64 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
     /// The socket and any unparsed bytes.
     pub fn into_parts(self) -> (R, BytesMut) {
         (self.io, self.buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walrelay_pgwire::parse_tagged;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[tokio::test]
+    async fn fill_keeps_what_it_read_for_the_parser() {
+        // Two whole messages and part of a third, all available at once.
+        let mut bytes = msg(b'd', &[7; 100]);
+        bytes.extend(msg(b'd', &[8; 200]));
+        let third = msg(b'd', &[9; 50_000]);
+        bytes.extend_from_slice(&third[..20_000]);
+        let total = bytes.len();
+        let mut r = MsgReader::new(&bytes[..]);
+        assert_eq!(r.fill(64 * 1024).await.unwrap(), total);
+        let cap = |_| 1 << 20;
+        let a = r.try_read(|b| parse_tagged(b, cap)).unwrap().unwrap();
+        let b = r.try_read(|b| parse_tagged(b, cap)).unwrap().unwrap();
+        assert_eq!((a.body.len(), b.body.len()), (100, 200));
+        assert!(r.try_read(|b| parse_tagged(b, cap)).unwrap().is_none());
+        // The partial message stays buffered; the end of the input is an error.
+        assert_eq!(r.buffered().len(), 20_000);
+        assert!(matches!(r.fill(1024).await, Err(WireError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn fill_ready_reads_what_is_there_and_never_waits() {
+        use tokio::io::AsyncWriteExt;
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = MsgReader::new(rx);
+        // Nothing sent yet: no read, nothing buffered.
+        assert!(r.fill_ready(4096).is_none());
+        tx.write_all(&msg(b'd', &[1; 300])).await.unwrap();
+        tx.write_all(&msg(b'd', &[2; 300])).await.unwrap();
+        assert_eq!(r.fill_ready(4096).unwrap().unwrap(), 610);
+        assert!(r.fill_ready(4096).is_none());
+        assert_eq!(r.buffered().len(), 610);
+        // The peer gone: the error, not a wait.
+        drop(tx);
+        assert!(matches!(r.fill_ready(4096), Some(Err(WireError::Closed))));
+    }
+
+    #[tokio::test]
+    async fn fill_reads_at_least_its_room_when_more_waits() {
+        let bytes = vec![0u8; 1 << 20];
+        let mut r = MsgReader::new(&bytes[..]);
+        let n = r.fill(4096).await.unwrap();
+        assert!((4096..1 << 20).contains(&n), "{n}");
+        assert_eq!(r.buffered().len(), n);
     }
 }

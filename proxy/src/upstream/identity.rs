@@ -9,10 +9,10 @@
 //! connection, and when the standby starts streaming (from the downstream's spool) it starts
 //! streaming too, at the primary's current position (nothing to catch up, so it is
 //! "streaming" at once), reads and drops the WAL the primary sends it (it crossed the link
-//! once, in the stream) and passes on the standby's feedback. The primary's walsender for it
-//! costs what a local standby's costs; the WAL does not cross the link again. Lag columns stay
-//! truthful (the primary times its WAL against the real standby's replies); `sent_lsn` is what
-//! the primary sent to walrelay.
+//! once, in the stream; read in batches, [`READ_PACE`]) and passes on the standby's
+//! feedback. The primary's walsender for it costs what a local standby's costs; the WAL does
+//! not cross the link again. Lag columns stay truthful (the primary times its WAL against the
+//! real standby's replies); `sent_lsn` is what the primary sent to walrelay.
 //!
 //! The connection is re-established (every second) when it drops, as long as the standby is
 //! connected to the downstream; the standby's latest feedback is passed on when it is back.
@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use walrelay_pgwire::repl::{keepalive_wants_reply, status_positions, XLogData};
-use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg};
+use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::{Command, StandbyInfo, StartReplication};
 use walrelay_wal::lsn::Lsn;
@@ -38,11 +38,41 @@ use super::{primary, Upstream};
 use crate::link;
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PgClientError, PrimaryConn};
+use crate::pgio::MsgReader;
 use crate::silence::{self, Silence};
 
 /// Longest wait for the primary's answer to a standby's command (the downstream gives up on
 /// it after 60 s).
 const COMMAND_WAIT: Duration = Duration::from_secs(60);
+
+/// How long the identity waits, once it has read all the primary sent on its connection,
+/// before it reads again. The WAL on this connection is dropped, so nothing waits on it; a
+/// busy primary sends each commit's WAL on its own, and reading each as it came woke the
+/// upstream as often again as the stream's own connection does. Whatever has arrived is read
+/// before the wait ([`Identity::drain_primary`]), so the wait never limits how fast the
+/// connection drains (a walsender that fell behind on it could come to need WAL it has
+/// removed); the standby's feedback goes to the primary as soon as it comes.
+const READ_PACE: Duration = Duration::from_millis(20);
+
+/// Room for each read on the identity's connection: two of the walsender's largest
+/// messages (128 kB of WAL each).
+const READ_ROOM: usize = 256 * 1024;
+
+/// Most bytes read in one go before the identity turns to its other work (the standby's
+/// feedback); it comes back to the connection at once.
+const READ_BURST: usize = 4 << 20;
+
+/// One read of the primary's bytes on an identity's connection, not before `at`; how many
+/// came. Cancellation-safe.
+async fn paced_fill<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut MsgReader<R>,
+    at: Option<tokio::time::Instant>,
+) -> Result<usize, WireError> {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
+    }
+    reader.fill(READ_ROOM).await
+}
 
 /// What the stream passes to a standby's identity.
 #[derive(Debug)]
@@ -118,6 +148,8 @@ struct Session {
     streaming: bool,
     /// How long the primary has been silent on it, while it streams.
     silence: Silence,
+    /// Not to read from the primary before this (None: at once).
+    read_at: Option<tokio::time::Instant>,
 }
 
 /// Why one connection of the identity ended.
@@ -173,7 +205,6 @@ impl Identity {
         // The stream's sender is gone when the stream ended; then no more updates.
         let mut stream_open = true;
         loop {
-            let max = s.conn.max_message_bytes;
             let (ask_at, gone_at) = (s.silence.ask_at(), s.silence.deadline());
             let streaming = s.streaming;
             let step = tokio::select! {
@@ -202,10 +233,10 @@ impl Identity {
                     "nothing from the primary for {} s, though it was asked for a reply",
                     PRIMARY_TIMEOUT.as_secs()
                 ))),
-                m = s.conn.reader.read(|b| parse_tagged(b, |_| max)), if streaming => match m {
-                    Ok(m) => {
+                r = paced_fill(&mut s.conn.reader, s.read_at), if streaming => match r {
+                    Ok(n) => {
                         s.silence.heard(tokio::time::Instant::now());
-                        self.on_primary_message(&mut s.conn, entry, m).await
+                        self.drain_primary(&mut s, entry, n).await
                     }
                     Err(e) => Err(Ended::Lost(e.to_string())),
                 },
@@ -247,6 +278,7 @@ impl Identity {
             _counted: counted,
             streaming: started.is_some(),
             silence: Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now()),
+            read_at: None,
         })
     }
 
@@ -303,6 +335,49 @@ impl Identity {
         encode::ready_for_query(&mut out);
         self.send(out.to_vec()).await;
         Ended::Lost(e.to_string())
+    }
+
+    /// After a read of `burst` bytes: handles every whole message, and reads on while the
+    /// socket has more (up to [`READ_BURST`]); when it has none, the next read waits
+    /// [`READ_PACE`].
+    async fn drain_primary(
+        &mut self,
+        s: &mut Session,
+        entry: &StandbyHandle,
+        mut burst: usize,
+    ) -> Result<(), Ended> {
+        loop {
+            self.on_primary_bytes(&mut s.conn, entry).await?;
+            if burst >= READ_BURST {
+                s.read_at = None;
+                return Ok(());
+            }
+            match s.conn.reader.fill_ready(READ_ROOM) {
+                None => {
+                    s.read_at = Some(tokio::time::Instant::now() + READ_PACE);
+                    return Ok(());
+                }
+                Some(Ok(n)) => burst += n,
+                Some(Err(e)) => return Err(Ended::Lost(e.to_string())),
+            }
+        }
+    }
+
+    /// Every whole message the last reads completed.
+    async fn on_primary_bytes(
+        &mut self,
+        conn: &mut PrimaryConn,
+        entry: &StandbyHandle,
+    ) -> Result<(), Ended> {
+        let max = conn.max_message_bytes;
+        while let Some(m) = conn
+            .reader
+            .try_read(|b| parse_tagged(b, |_| max))
+            .map_err(|e| Ended::Lost(e.to_string()))?
+        {
+            self.on_primary_message(conn, entry, m).await?;
+        }
+        Ok(())
     }
 
     /// A message of the primary on this standby's streaming connection. The WAL crossed
