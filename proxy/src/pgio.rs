@@ -40,12 +40,7 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
             if let Some(msg) = parse(&mut self.buf)? {
                 return Ok(msg);
             }
-            if self.buf.capacity() - self.buf.len() < 4096 {
-                self.buf.reserve(INITIAL_BUF);
-            }
-            if self.io.read_buf(&mut self.buf).await? == 0 {
-                return Err(WireError::Closed);
-            }
+            self.read_once(4096, INITIAL_BUF).await?;
         }
     }
 
@@ -53,8 +48,14 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
     /// returns how many came (never 0). Cancellation-safe (nothing is read unless the call
     /// completes). EOF is `WireError::Closed`.
     pub async fn fill(&mut self, room: usize) -> Result<usize, WireError> {
-        if self.buf.capacity() - self.buf.len() < room {
-            self.buf.reserve(room);
+        self.read_once(room, room).await
+    }
+
+    /// One read into the buffer, after reserving `grow` more bytes if it has less than
+    /// `min_room` free; how many came (never 0; EOF is `WireError::Closed`).
+    async fn read_once(&mut self, min_room: usize, grow: usize) -> Result<usize, WireError> {
+        if self.buf.capacity() - self.buf.len() < min_room {
+            self.buf.reserve(grow);
         }
         match self.io.read_buf(&mut self.buf).await? {
             0 => Err(WireError::Closed),

@@ -135,19 +135,24 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-/// Socket bytes both ways less the WAL payload the upstream counted: the framing and the
-/// feedback, estimated. None when not scraped, and when the standby received the window's WAL
-/// more than [`LATE_SECS`] late: the payload is counted as the upstream sends it and the link
-/// bytes as they pass the socket, so the bytes between the two (the link's queues, the
-/// sockets' buffers, much larger while the relay is behind) can be more at one end of the
-/// window than at the other, and the difference is then no estimate of framing at all (it
-/// came out negative on a run of `toast`).
-fn framing_overhead(p: &PairCut, receipt_delay_s: f64) -> Option<f64> {
-    if receipt_delay_s > LATE_SECS {
+/// Whether a pair's standby received the window's WAL so late ([`LATE_SECS`]) that its
+/// figures are approximate (marked †).
+fn is_late(receipt_delay_s: f64) -> bool {
+    receipt_delay_s > LATE_SECS
+}
+
+/// `link` (socket bytes both ways) less the WAL `payload` the upstream counted: the framing
+/// and the feedback, estimated. None when not scraped, and when the pair is [`is_late`]: the
+/// payload is counted as the upstream sends it and the link bytes as they pass the socket,
+/// so the bytes between the two (the link's queues, the sockets' buffers, much larger while
+/// the relay is behind) can be more at one end of the window than at the other, and the
+/// difference is then no estimate of framing at all (it came out negative on a run of
+/// `toast`).
+fn framing_overhead(link: u64, payload: Option<f64>, receipt_delay_s: f64) -> Option<f64> {
+    if is_late(receipt_delay_s) {
         return None;
     }
-    let link = (p.toward_standby + p.toward_primary) as f64;
-    p.payload.map(|pl| link - pl)
+    payload.map(|pl| link as f64 - pl)
 }
 
 impl Window {
@@ -167,7 +172,7 @@ impl Window {
         let pair = |p: &PairCut, codec: &'static str| {
             let link = p.toward_standby + p.toward_primary;
             let receipt_delay_s = (p.t0 - cut.t_start).max(p.t1 - cut.t_end);
-            let overhead = framing_overhead(p, receipt_delay_s);
+            let overhead = framing_overhead(link, p.payload, receipt_delay_s);
             PairWindow {
                 codec,
                 link_bytes: link,
@@ -267,7 +272,7 @@ impl Report {
             let w = if steady { &r.steady } else { &r.cold };
             let (pw, pz) = (&w.w, &w.z);
             let mut mark = |p: &PairWindow| {
-                let l = p.receipt_delay_s > LATE_SECS;
+                let l = is_late(p.receipt_delay_s);
                 late |= l;
                 if l {
                     " †"
@@ -547,42 +552,24 @@ fn replay_row(r: &RunResult, row: Option<ReplayRow>, error: Option<&str>) -> Str
 mod tests {
     use super::*;
 
-    fn pair(payload: Option<f64>) -> PairCut {
-        PairCut {
-            t0: 0.0,
-            t1: 10.0,
-            toward_standby: 9_000,
-            toward_primary: 1_000,
-            cpu_up_s: 1.0,
-            cpu_down_s: 1.0,
-            messages: Some(100.0),
-            payload,
-            staged_up: None,
-            staged_down: None,
-            codec: None,
-            wait_up_s: None,
-            wait_down_s: None,
-            max_replay_lag: 0,
-            max_receive_lag: 0,
-        }
-    }
-
     #[test]
     fn framing_is_estimated_only_where_the_standby_received_the_window_in_time() {
         // Both directions' socket bytes less the payload the upstream counted.
-        assert_eq!(framing_overhead(&pair(Some(8_500.0)), 0.0), Some(1_500.0));
+        assert_eq!(framing_overhead(10_000, Some(8_500.0), 0.0), Some(1_500.0));
         assert_eq!(
-            framing_overhead(&pair(Some(8_500.0)), LATE_SECS),
+            framing_overhead(10_000, Some(8_500.0), LATE_SECS),
             Some(1_500.0)
         );
         // Not scraped: unknown.
-        assert_eq!(framing_overhead(&pair(None), 0.0), None);
+        assert_eq!(framing_overhead(10_000, None, 0.0), None);
         // Late: the queues between the two counts make the difference meaningless (it may
         // even come out negative), so there is no estimate rather than a wrong one.
         assert_eq!(
-            framing_overhead(&pair(Some(10_500.0)), LATE_SECS + 0.1),
+            framing_overhead(10_000, Some(10_500.0), LATE_SECS + 0.1),
             None
         );
-        assert_eq!(framing_overhead(&pair(Some(8_500.0)), 30.0), None);
+        assert_eq!(framing_overhead(10_000, Some(8_500.0), 30.0), None);
+        // The same rule marks the pair's figures approximate (†).
+        assert!(!is_late(LATE_SECS) && is_late(LATE_SECS + 0.1));
     }
 }
