@@ -28,7 +28,9 @@ pub mod link {
 /// walcodec format 7 (images the primary compressed may come whole through the PAGE stream),
 /// which a version-9 half refuses. 11: walcodec format 8 (pages sent through the PAGE stream
 /// untransformed, `IMG_PLAIN`), which a version-10 half refuses. 12: walcodec format 9
-/// (streamed pages of long items through DATA), which a version-11 half refuses. The version
+/// (streamed pages of long items through DATA), which a version-11 half refuses. 13: walcodec
+/// format 10 (the tuple cache is a ring of records: which tuples it holds changed), which a
+/// version-12 half refuses. The version
 /// changes with anything that changes the walcodec format or what either half's
 /// recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;

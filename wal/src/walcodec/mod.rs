@@ -50,7 +50,7 @@
 //! raw bytes; the encoder never fails because of the WAL's contents. The caller still checks
 //! length and xxh3 of the result (see `crate::linkcodec`).
 //!
-//! # Payload format (version 9)
+//! # Payload format (version 10)
 //!
 //! Version 2 added [`format::IMG_RECOMPRESS`] (images the primary compressed, sent as pages),
 //! heap tuples as deltas ([`tuples`]) and all images of a record before its data. Version 3:
@@ -92,11 +92,16 @@
 //! PAGE, where DATA's long window still holds the tuples the page was filled with (TOAST
 //! chunks, wide rows); DATA's cap rises to 4 × the message. Recorded PG 15 WAL of TOAST
 //! rewrites: 18.7 % fewer bytes; pgbench, bulk load, updates, moved rows and lz4 images the
-//! same bytes. An older decoder refuses a payload of a newer version by the first byte.
+//! same bytes. Version 10: the tuple cache keeps its tuples as records in one ring of its
+//! size, the oldest dropped first, a tuple written again or removed dead until the ring passes
+//! it ([`tuples`]' `ring.rs`); version 9 dropped the oldest tuples by their bytes plus 64 each
+//! and used about twice its size in memory. The payload's layout is unchanged; which tuples
+//! both ends hold, and so which deltas a record gets, changed. An older decoder refuses a
+//! payload of a newer version by the first byte.
 //!
 //! ```text
-//! payload  = 0x09 present:u8 clen:varint × (present sections) sections FPI-bytes
-//!          | 0x19 clen:varint combined-chunk FPI-bytes
+//! payload  = 0x0a present:u8 clen:varint × (present sections) sections FPI-bytes
+//!          | 0x1a clen:varint combined-chunk FPI-bytes
 //! ```
 //!
 //! (the framing in detail: `payload.rs`).
@@ -139,7 +144,8 @@
 //!   stream and the system commits its pages as they fill;
 //! - the block cache: `block_cache_bytes / (8192 + 64)` slots of one page each, allocated as
 //!   they are first used;
-//! - the tuple cache: at most `block_cache_bytes / 8` (tuple bytes + 64 per tuple);
+//! - the tuple cache: a ring of `block_cache_bytes / 8` bytes (32 bytes of header per tuple,
+//!   64 at least) and its index, at most 32 bytes per cached tuple (`tuples/ring.rs`);
 //! - buffers sized by the message: the streams' input (PAGE up to 8 × the message), the
 //!   decoded sections, one record, six pages of scratch (two for [`pagexf`], one for the
 //!   page compaction of `redo.rs`), [`pagexf`]'s item list (at most 2,042 entries of 4
@@ -326,7 +332,7 @@ pub(crate) const S_RAW: usize = 3;
 pub(crate) const S_IMG: usize = 4;
 pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
-pub(crate) const FORMAT_VERSION: u8 = 9;
+pub(crate) const FORMAT_VERSION: u8 = 10;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

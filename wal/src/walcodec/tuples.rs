@@ -7,8 +7,9 @@
 //! therefore keep, fed deterministically from the records they encode/restore:
 //!
 //! - a **tuple cache**: the newest tuple written at (relation, fork, block, offset) by a heap
-//!   INSERT or UPDATE/HOT_UPDATE record, bounded by bytes (`block_cache_bytes / 8`; both ends
-//!   use the same `block_cache_bytes`, the link handshake sees to it), evicted oldest first;
+//!   INSERT or UPDATE/HOT_UPDATE record, kept as records in a ring of `block_cache_bytes / 8`
+//!   bytes (both ends use the same `block_cache_bytes`, the link handshake sees to it), the
+//!   oldest dropped first ([`ring`], format 10);
 //!   INSERTs into a relation that has had 64 Ki of them since its last UPDATE or DELETE are
 //!   left out ([`inserts`], format 6);
 //! - the **block cache** of #3 (page images by block), read through the line pointers of the
@@ -50,16 +51,16 @@
 //! sites is decided from bytes both ends have at that point (the record header, the block
 //! headers, the fixed part of main data), so the decoder asks the same question.
 
-use std::collections::{hash_map, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::wal::{le16, BlockKey, BlockRef, PAGE_HEADER, PAGE_SIZE};
 
 mod inserts;
 mod logged;
-use inserts::InsertCounts;
+mod ring;
 pub use inserts::COLD_AFTER;
 pub(super) use logged::LoggedTuple;
+pub use ring::TupleCache;
 
 pub const RM_HEAP_ID: u8 = 10;
 const XLOG_HEAP_OPMASK: u8 = 0x70;
@@ -78,8 +79,6 @@ const XLH_UPDATE_CONTAINS_OLD: u8 = 0x04 | 0x08;
 const XLH_UPDATE_PREFIX_FROM_OLD: u8 = 0x20;
 const XLH_UPDATE_SUFFIX_FROM_OLD: u8 = 0x40;
 const XLH_DELETE_CONTAINS_OLD: u8 = 0x02 | 0x04;
-/// Bytes accounted per cached tuple besides its data.
-const ENTRY_OVERHEAD: usize = 64;
 /// A delta must save at least this many bytes to be used.
 pub const MIN_SAVING: usize = 8;
 
@@ -90,9 +89,9 @@ pub struct Tid {
     pub off: u16,
 }
 
-/// A fast multiplicative hash for the cache's small fixed-size keys (an image asks for up to
-/// 291 TIDs; SipHash was a seventh of the encoder's time). Keys come from the primary's WAL,
-/// not from an untrusted peer.
+/// A fast multiplicative hash for the caches' small fixed-size keys (block and relation keys;
+/// SipHash was a seventh of the encoder's time when the tuple cache used it too). Keys come
+/// from the primary's WAL, not from an untrusted peer.
 #[derive(Default, Clone, Copy)]
 pub struct FxHasher(u64);
 
@@ -152,152 +151,6 @@ impl Head {
 
 const HEAP_XMIN_COMMITTED: u16 = 0x0100;
 
-/// A cached tuple's bytes from `t_bits` on, and its header fields.
-struct Entry {
-    seq: u64,
-    head: Head,
-    data: Vec<u8>,
-}
-
-/// Bounded cache of the newest tuple per TID; identical on both ends when fed the same calls.
-pub struct TupleCache {
-    cap: usize,
-    bytes: usize,
-    seq: u64,
-    map: HashMap<Tid, Entry, FxBuild>,
-    /// Cached tuples per block, so that images of blocks without any cost nothing.
-    per_block: HashMap<BlockKey, u16, FxBuild>,
-    /// Insertion order for eviction; entries whose seq no longer matches are stale.
-    order: VecDeque<(Tid, u64)>,
-    /// Which relations' inserts are cached ([`inserts`]).
-    inserts: InsertCounts,
-}
-
-impl TupleCache {
-    pub fn new(cap_bytes: usize) -> TupleCache {
-        TupleCache {
-            cap: cap_bytes,
-            bytes: 0,
-            seq: 0,
-            map: HashMap::default(),
-            per_block: HashMap::default(),
-            order: VecDeque::new(),
-            inserts: InsertCounts::default(),
-        }
-    }
-
-    /// Capacity for a block cache of `block_cache_bytes`.
-    pub fn bytes_for(block_cache_bytes: usize) -> usize {
-        block_cache_bytes / 8
-    }
-
-    pub fn clear(&mut self) {
-        *self = TupleCache::new(self.cap);
-    }
-
-    /// Memory accounted to the cached tuples.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Live entries, oldest first: putting them in this order into an empty cache of the
-    /// same capacity rebuilds this one (for `persist`).
-    pub fn entries(&self) -> impl Iterator<Item = (Tid, Head, &[u8])> + '_ {
-        self.order.iter().filter_map(|(t, s)| {
-            let e = self.map.get(t).filter(|e| e.seq == *s)?;
-            Some((*t, e.head, e.data.as_slice()))
-        })
-    }
-
-    pub fn get(&self, tid: &Tid) -> Option<&[u8]> {
-        self.get_full(tid).map(|(_, d)| d)
-    }
-
-    fn get_full(&self, tid: &Tid) -> Option<(u8, &[u8])> {
-        self.map.get(tid).map(|e| (e.head.hoff, e.data.as_slice()))
-    }
-
-    fn remove(&mut self, tid: &Tid) {
-        if let Some(e) = self.map.remove(tid) {
-            self.forget(tid, &e);
-        }
-    }
-
-    /// The accounting of `e`, just taken out of the map at `tid`.
-    fn forget(&mut self, tid: &Tid, e: &Entry) {
-        self.bytes -= e.data.len() + ENTRY_OVERHEAD;
-        if let hash_map::Entry::Occupied(mut n) = self.per_block.entry(tid.block) {
-            *n.get_mut() -= 1;
-            if *n.get() == 0 {
-                n.remove();
-            }
-        }
-    }
-
-    /// How many tuples of `block` are cached.
-    fn in_block(&self, block: &BlockKey) -> usize {
-        self.per_block.get(block).map_or(0, |&n| usize::from(n))
-    }
-
-    /// Stores the tuple at `tid`, replacing an older one; evicts the oldest beyond capacity.
-    pub fn put(&mut self, tid: Tid, head: Head, data: &[u8]) {
-        let cost = data.len() + ENTRY_OVERHEAD;
-        if cost > self.cap / 4 || data.len() > PAGE_SIZE {
-            self.remove(&tid);
-            return;
-        }
-        self.seq += 1;
-        match self.map.entry(tid) {
-            // A newer version of a cached tuple: its entry (and its allocation) is reused;
-            // its old place in `order` goes stale.
-            hash_map::Entry::Occupied(mut o) => {
-                let e = o.get_mut();
-                self.bytes -= e.data.len() + ENTRY_OVERHEAD;
-                e.seq = self.seq;
-                e.head = head;
-                e.data.clear();
-                e.data.extend_from_slice(data);
-            }
-            hash_map::Entry::Vacant(v) => {
-                v.insert(Entry {
-                    seq: self.seq,
-                    head,
-                    data: data.to_vec(),
-                });
-                *self.per_block.entry(tid.block).or_insert(0) += 1;
-            }
-        }
-        self.order.push_back((tid, self.seq));
-        self.bytes += cost;
-        while self.bytes > self.cap {
-            let Some((old, seq)) = self.order.pop_front() else {
-                break;
-            };
-            // One lookup: the entry is removed only if this is its newest place in `order`.
-            if let hash_map::Entry::Occupied(o) = self.map.entry(old) {
-                if o.get().seq == seq {
-                    let e = o.remove();
-                    self.forget(&old, &e);
-                }
-            }
-        }
-        // Stale order entries are dropped once they outnumber the live ones.
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.order
-                .retain(|(t, s)| map.get(t).is_some_and(|e| e.seq == *s));
-        }
-    }
-}
-
 /// Most line pointers of an 8 KiB heap page (`MaxHeapTuplesPerPage`).
 const MAX_TUPLES_PER_PAGE: usize = 291;
 
@@ -307,23 +160,18 @@ const MAX_TUPLES_PER_PAGE: usize = 291;
 /// pointers to try follow from the image's hole offset (its `pd_lower`), which both ends know.
 pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &mut Vec<u8>) {
     out.clear();
-    let mut left = tuples.in_block(key);
-    if left == 0 || key.fork != 0 {
+    if key.fork != 0 || !tuples.may_hold(key) {
         return;
     }
     let n = (usize::from(hole_offset).saturating_sub(PAGE_HEADER) / 4).min(MAX_TUPLES_PER_PAGE);
     for off in 1..=n as u16 {
-        if left == 0 {
-            break;
-        }
         let tid = Tid { block: *key, off };
-        if let Some(e) = tuples.map.get(&tid) {
-            left -= 1;
-            if out.len() + TUPLE_HEADER + e.data.len() > PAGE_SIZE {
+        if let Some((head, data)) = tuples.get_with_head(&tid) {
+            if out.len() + TUPLE_HEADER + data.len() > PAGE_SIZE {
                 break;
             }
-            e.head.on_page(&tid, out);
-            out.extend_from_slice(&e.data);
+            head.on_page(&tid, out);
+            out.extend_from_slice(data);
         }
     }
 }

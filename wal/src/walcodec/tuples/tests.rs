@@ -18,13 +18,6 @@ fn tid(blkno: u32, off: u16) -> Tid {
     }
 }
 
-fn head(hoff: u8) -> Head {
-    Head {
-        hoff,
-        ..Head::default()
-    }
-}
-
 struct NoPages;
 impl PageLookup for NoPages {
     fn page_of(&self, _: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
@@ -55,31 +48,6 @@ fn heap_page(tuples: &[&[u8]]) -> Box<[u8; PAGE_SIZE]> {
     p[12..14].copy_from_slice(&(lower as u16).to_le_bytes());
     p[14..16].copy_from_slice(&(upper as u16).to_le_bytes());
     p
-}
-
-#[test]
-fn cache_evicts_oldest_within_its_bytes() {
-    let mut c = TupleCache::new(10 * (100 + ENTRY_OVERHEAD));
-    for i in 0..25u16 {
-        c.put(tid(1, i + 1), head(24), &[i as u8; 100]);
-        assert!(c.bytes() <= 10 * (100 + ENTRY_OVERHEAD));
-    }
-    assert_eq!(c.len(), 10);
-    assert!(c.get(&tid(1, 15)).is_none());
-    assert_eq!(c.get(&tid(1, 16)), Some(&[15u8; 100][..]));
-    // Replacing keeps one entry per TID and the accounting exact.
-    c.put(tid(1, 25), head(24), &[7; 50]);
-    assert_eq!(c.len(), 10);
-    assert_eq!(c.bytes(), 9 * (100 + ENTRY_OVERHEAD) + 50 + ENTRY_OVERHEAD);
-    // Stale order entries do not grow without bound.
-    for _ in 0..10_000 {
-        c.put(tid(2, 1), head(24), &[1; 10]);
-    }
-    assert!(c.order.len() <= 2 * c.len() + 1024 + 1);
-    // A zero-capacity cache holds nothing.
-    let mut z = TupleCache::new(0);
-    z.put(tid(1, 1), head(24), &[1; 10]);
-    assert!(z.is_empty());
 }
 
 #[test]

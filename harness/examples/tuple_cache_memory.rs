@@ -1,0 +1,61 @@
+//! The tuple cache's resident memory against its capacity (walcodec format 10's ring, see
+//! `wal/src/walcodec/tuples/ring.rs`): puts three capacities' worth of tuples of one size on
+//! distinct TIDs (60 per block) into a cache of 128 MiB, the default's (an eighth of a 1 GiB
+//! block cache), and prints how many it holds, the memory it reports and the growth of the
+//! process's resident set (with the binary's allocator, mimalloc).
+//!
+//! ```text
+//! cargo build --release -p walrelay-harness --example tuple_cache_memory
+//! target/release/examples/tuple_cache_memory 100      # tuple bytes (from t_bits on)
+//! ```
+
+use anyhow::{Context, Result};
+use walrelay_wal::walcodec::tuples::{Head, Tid, TupleCache};
+use walrelay_wal::walcodec::wal::BlockKey;
+
+/// The walrelay binary's allocator, so that the resident set is the relay's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const CAP: usize = 128 << 20;
+
+fn rss_kib() -> Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").context("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS in /proc/self/status")
+}
+
+fn main() -> Result<()> {
+    let len: usize = std::env::args()
+        .nth(1)
+        .context("usage: tuple_cache_memory <tuple bytes>")?
+        .parse()
+        .context("the tuple's length in bytes")?;
+    let before = rss_kib()?;
+    let mut cache = TupleCache::new(CAP);
+    let data = vec![7u8; len];
+    let puts = 3 * CAP / (len + 32);
+    let t = std::time::Instant::now();
+    for i in 0..puts {
+        let block = BlockKey {
+            spc: 1663,
+            db: 5,
+            rel: 16384,
+            fork: 0,
+            blkno: (i / 60) as u32,
+        };
+        let off = (i % 60) as u16 + 1;
+        cache.put(Tid { block, off }, Head::default(), &data);
+    }
+    println!(
+        "{len}-byte tuples: {} cached, {} MiB reported, resident set +{} MiB, {:.0} ns a put",
+        cache.len(),
+        cache.bytes() >> 20,
+        (rss_kib()? - before) >> 10,
+        t.elapsed().as_nanos() as f64 / puts as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,181 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn tid(blkno: u32, off: u16) -> Tid {
+    Tid {
+        block: BlockKey {
+            spc: 1663,
+            db: 5,
+            rel: 16384,
+            fork: 0,
+            blkno,
+        },
+        off,
+    }
+}
+
+fn head(n: u32) -> Head {
+    Head {
+        xmin: n,
+        infomask2: n as u16 ^ 0x55,
+        infomask: 0x0802,
+        hoff: 24,
+    }
+}
+
+#[test]
+fn the_oldest_records_go_first_and_the_ring_holds_its_size() {
+    // Records of 100 data bytes take 136 bytes: ten fit in 1,360.
+    let mut c = TupleCache::new(1360);
+    for i in 0..25u16 {
+        c.put(tid(1, i + 1), head(u32::from(i)), &[i as u8; 100]);
+        assert!(c.ring.len() <= 1360);
+    }
+    assert_eq!(c.len(), 10);
+    assert!(c.get(&tid(1, 15)).is_none());
+    assert_eq!(c.get(&tid(1, 16)), Some(&[15u8; 100][..]));
+    assert_eq!(
+        c.get_with_head(&tid(1, 25)),
+        Some((head(24), &[24u8; 100][..]))
+    );
+    // A tuple put again is found with its new bytes; its old record is dead, not found.
+    c.put(tid(1, 25), head(99), &[7; 50]);
+    assert_eq!(
+        c.get_with_head(&tid(1, 25)),
+        Some((head(99), &[7u8; 50][..]))
+    );
+    // Its new record made room by dropping the oldest (tid 16); the old one of 25 is dead.
+    assert_eq!(c.len(), 9, "one record per TID is live");
+    assert!(c.get(&tid(1, 16)).is_none() && c.get(&tid(1, 17)).is_some());
+    // Puts of one TID over and over keep one live tuple and a bounded ring.
+    for i in 0..10_000u32 {
+        c.put(tid(2, 1), head(i), &[1; 10]);
+    }
+    assert_eq!(c.get(&tid(2, 1)), Some(&[1u8; 10][..]));
+    assert_eq!(c.len(), 1, "its own dead records pushed the others out");
+    assert!(c.bytes() <= 1360 + 8 * MIN_SLOTS + MIN_SLOTS / 2);
+    // Removed tuples are gone; a removed TID's record stays dead when the ring passes it.
+    c.remove(&tid(2, 1));
+    assert!(c.is_empty() && c.get(&tid(2, 1)).is_none());
+    assert!(!c.may_hold(&tid(2, 1).block));
+    // Too large for a quarter of the ring: not cached, and an older version is dropped.
+    c.put(tid(3, 1), head(1), &[3; 40]);
+    c.put(tid(3, 1), head(2), &[3; 400]);
+    assert!(c.get(&tid(3, 1)).is_none());
+    // A zero-capacity cache holds nothing.
+    let mut z = TupleCache::new(0);
+    z.put(tid(1, 1), head(1), &[1; 10]);
+    assert!(z.is_empty());
+}
+
+#[test]
+fn the_index_grows_and_finds_every_live_tuple() {
+    let mut c = TupleCache::new(8 << 20);
+    let n = 20_000u32;
+    for i in 0..n {
+        c.put(tid(i / 50, (i % 50) as u16 + 1), head(i), &i.to_le_bytes());
+    }
+    assert_eq!(c.len(), n as usize);
+    assert!(c.slots.len() >= 2 * c.len() && c.slots.len() <= 4 * c.len().max(MIN_SLOTS));
+    for i in (0..n).step_by(3) {
+        c.remove(&tid(i / 50, (i % 50) as u16 + 1));
+    }
+    for i in 0..n {
+        let t = tid(i / 50, (i % 50) as u16 + 1);
+        let want = (i % 3 != 0).then(|| i.to_le_bytes());
+        assert_eq!(c.get(&t), want.as_ref().map(|w| &w[..]), "tuple {i}");
+    }
+    assert_eq!(c.entries().count(), c.len());
+}
+
+/// What the cache must hold after a sequence of calls, whatever it dropped: the newest
+/// version of a TID, if any; and every TID put (and not removed since) within the last half
+/// of the ring's bytes.
+#[derive(Default)]
+struct Model {
+    /// TID → (seq of its newest put, data, head).
+    newest: HashMap<Tid, (usize, Vec<u8>, Head)>,
+    /// Record sizes of the puts, in order.
+    sizes: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u32, u16, usize, u8),
+    Remove(u32, u16),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        8 => (0..6u32, 1..12u16, 0..300usize, any::<u8>()).prop_map(|(b, o, l, v)| Op::Put(b, o, l, v)),
+        1 => (0..6u32, 1..12u16).prop_map(|(b, o)| Op::Remove(b, o)),
+    ];
+    proptest::collection::vec(op, 1..600)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn it_holds_the_newest_version_and_all_recent_ones(cap in 256usize..6000, ops in ops()) {
+        let mut c = TupleCache::new(cap);
+        let size = cap / 8 * 8;
+        let mut m = Model::default();
+        for (seq, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Put(b, o, len, v) => {
+                    let data = vec![v; len];
+                    c.put(tid(b, o), head(seq as u32), &data);
+                    if record_size(len) > size / 4 {
+                        m.newest.remove(&tid(b, o));
+                        m.sizes.push(0);
+                    } else {
+                        m.newest.insert(tid(b, o), (seq, data, head(seq as u32)));
+                        m.sizes.push(record_size(len));
+                    }
+                }
+                Op::Remove(b, o) => {
+                    c.remove(&tid(b, o));
+                    m.newest.remove(&tid(b, o));
+                    m.sizes.push(0);
+                }
+            }
+            prop_assert!(c.ring.len() <= size);
+        }
+        // Sequence numbers from which on everything put must still be there.
+        let mut recent = m.sizes.len();
+        let mut bytes = 0;
+        while recent > 0 && bytes + m.sizes[recent - 1] <= size / 2 {
+            recent -= 1;
+            bytes += m.sizes[recent];
+        }
+        let mut live = 0;
+        for (t, (seq, data, h)) in &m.newest {
+            match c.get_with_head(t) {
+                Some((gh, gd)) => {
+                    prop_assert_eq!((gh, gd), (*h, &data[..]));
+                    prop_assert!(c.may_hold(&t.block));
+                    live += 1;
+                }
+                None => prop_assert!(*seq < recent, "{:?} put at {} of {} dropped", t, seq, m.sizes.len()),
+            }
+        }
+        prop_assert_eq!(c.len(), live);
+        // entries(): the live tuples, oldest first; put again in that order, the same cache.
+        let listed: Vec<_> = c.entries().map(|(t, h, d)| (t, h, d.to_vec())).collect();
+        prop_assert_eq!(listed.len(), live);
+        let seqs: Vec<usize> = listed.iter().map(|(t, _, _)| m.newest[t].0).collect();
+        prop_assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+        let mut again = TupleCache::new(cap);
+        for (t, h, d) in &listed {
+            again.put(*t, *h, d);
+        }
+        for (t, h, d) in &listed {
+            prop_assert_eq!(again.get_with_head(t), Some((*h, &d[..])));
+        }
+        prop_assert_eq!(again.len(), live);
+    }
+}
