@@ -215,6 +215,11 @@ impl RelayProcess {
         crate::cpuwait::process_wait_seconds(self.pid()?)
     }
 
+    /// The largest resident set it has had so far, in bytes (None when not running).
+    pub fn peak_rss_bytes(&self) -> Option<u64> {
+        process_peak_rss_bytes(self.pid()?)
+    }
+
     pub fn log_text(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
     }
@@ -247,8 +252,36 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / if hz > 0 { hz as f64 } else { 100.0 })
 }
 
+/// `VmHWM` of process `pid` from `/proc/<pid>/status`: its largest resident set so far, in
+/// bytes.
+pub fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status_kib(&status, "VmHWM:").map(|kib| kib * 1024)
+}
+
+/// The value of a `Name:   <n> kB` line of `/proc/<pid>/status`.
+fn status_kib(status: &str, name: &str) -> Option<u64> {
+    let rest = status.lines().find_map(|l| l.strip_prefix(name))?;
+    let mut words = rest.split_whitespace();
+    let n = words.next()?.parse().ok()?;
+    (words.next() == Some("kB")).then_some(n)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_the_peak_resident_set() {
+        let st = "Name:\twalrelay\nVmHWM:\t  123456 kB\nVmRSS:\t   1024 kB\n";
+        assert_eq!(super::status_kib(st, "VmHWM:"), Some(123_456));
+        assert_eq!(super::status_kib(st, "VmSwap:"), None);
+        assert_eq!(super::status_kib("VmHWM:\t12 MB\n", "VmHWM:"), None);
+        // Our own process has touched at least the vector below.
+        let v = vec![1u8; 32 << 20];
+        std::hint::black_box(&v);
+        let peak = super::process_peak_rss_bytes(std::process::id()).unwrap();
+        assert!(peak >= 32 << 20, "{peak}");
+    }
+
     #[test]
     fn reads_own_cpu_time() {
         let mut x = 0u64;

@@ -48,6 +48,10 @@ pub struct PairCounters {
     /// kernel does not keep it).
     pub wait_up: f64,
     pub wait_down: f64,
+    /// The upstream's and the downstream's largest resident set so far, bytes (NaN when
+    /// unknown).
+    pub peak_rss_up: f64,
+    pub peak_rss_down: f64,
     /// Link messages, summed over every `walrelay_link_messages_sent_total` series of both
     /// processes (NaN when not scraped).
     pub messages: f64,
@@ -176,6 +180,8 @@ impl RelayPair {
                 .context("the downstream is gone")?,
             wait_up: self.upstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             wait_down: self.downstream.cpu_wait_seconds().unwrap_or(f64::NAN),
+            peak_rss_up: peak(self.upstream.peak_rss_bytes()),
+            peak_rss_down: peak(self.downstream.peak_rss_bytes()),
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],
@@ -253,4 +259,9 @@ impl RelayPair {
             }
         }
     }
+}
+
+/// A peak resident set as a counter value (NaN when unknown).
+fn peak(bytes: Option<u64>) -> f64 {
+    bytes.map_or(f64::NAN, |b| b as f64)
 }

@@ -321,13 +321,17 @@ impl Report {
     /// Per workload and window: how short of CPU the machine and each relay half were.
     fn wait_table(&self) -> String {
         let mut s = String::from(
-            "\nWaiting for a core: the share of each window during which some runnable task on the machine waited for one (CPU pressure, /proc/pressure/cpu), and per relay half the cores it ran beside the cores' worth of time its threads were runnable but waited (schedstat). A half whose threads wait longer than they run is short of CPU, not slow at its work.\n\n| workload | PG | window | CPU pressure | W up ran / waited | W down ran / waited | Z up ran / waited | Z down ran / waited |\n|---|---:|---|---:|---:|---:|---:|---:|\n",
+            "\nWaiting for a core: the share of each window during which some runnable task on the machine waited for one (CPU pressure, /proc/pressure/cpu), and per relay half the cores it ran beside the cores' worth of time its threads were runnable but waited (schedstat). A half whose threads wait longer than they run is short of CPU, not slow at its work. Memory: each half's largest resident set up to the window's end (VmHWM, MB); W's halves each hold a block cache of up to `link.block_cache_bytes` (1 GiB here), filled as blocks are imaged, and a tuple cache of an eighth of it.\n\n| workload | PG | window | CPU pressure | W up ran / waited | W down ran / waited | Z up ran / waited | Z down ran / waited | peak MB W up / down | peak MB Z up / down |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let half = |ran: f64, waited: Option<f64>| format!("{ran:.2} / {}", opt(waited, 2));
+        let mb = |p: &PairWindow| {
+            let m = |b: Option<f64>| opt(b.map(|b| b / 1e6), 0);
+            format!("{} / {}", m(p.raw.peak_rss_up), m(p.raw.peak_rss_down))
+        };
         for r in &self.runs {
             for w in [&r.cold, &r.steady] {
                 s.push_str(&format!(
-                    "| {} | {} | {} | {} % | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} % | {} | {} | {} | {} | {} | {} |\n",
                     r.workload.name(),
                     r.pg_major,
                     w.name,
@@ -336,6 +340,8 @@ impl Report {
                     half(w.w.downstream_cores, w.w.downstream_waiting_cores),
                     half(w.z.upstream_cores, w.z.upstream_waiting_cores),
                     half(w.z.downstream_cores, w.z.downstream_waiting_cores),
+                    mb(&w.w),
+                    mb(&w.z),
                 ));
             }
         }

@@ -155,6 +155,10 @@ pub struct PairCut {
     /// kernel does not keep it).
     pub wait_up_s: Option<f64>,
     pub wait_down_s: Option<f64>,
+    /// The upstream's and the downstream's largest resident set up to the window's end,
+    /// bytes (None when unknown).
+    pub peak_rss_up: Option<f64>,
+    pub peak_rss_down: Option<f64>,
     /// Largest primary position − standby replay position over the window's samples.
     pub max_replay_lag: u64,
     /// Largest primary position − standby receive position: the part of the lag that is the
@@ -249,6 +253,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             codec: CodecCut::between(&a.codec, &b.codec),
             wait_up_s: num(a.wait_up, b.wait_up),
             wait_down_s: num(a.wait_down, b.wait_down),
+            peak_rss_up: b.peak_rss_up.is_finite().then_some(b.peak_rss_up),
+            peak_rss_down: b.peak_rss_down.is_finite().then_some(b.peak_rss_down),
             max_replay_lag: lag.replayed,
             max_receive_lag: lag.received,
         })
@@ -388,6 +394,8 @@ mod tests {
             cpu_down: t / 2.0,
             wait_up: 2.0 * t,
             wait_down: f64::NAN,
+            peak_rss_up: 1e6 * t,
+            peak_rss_down: f64::NAN,
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [3.0 * t, t],
@@ -442,6 +450,11 @@ mod tests {
         assert_eq!(
             (c.pairs[1].wait_up_s, c.pairs[1].wait_down_s),
             (Some(4.0), None)
+        );
+        // The peak resident set is the one at the window's end sample (t1 = 3 for pair 1).
+        assert_eq!(
+            (c.pairs[1].peak_rss_up, c.pairs[1].peak_rss_down),
+            (Some(3e6), None)
         );
         assert_eq!(c.cpu_pressure, Some(0.5));
         assert!(cut(&samples, 0.0, 5.0).is_err());
