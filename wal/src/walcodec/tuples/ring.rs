@@ -172,14 +172,15 @@ impl TupleCache {
             Ok(slot) => self.slots[slot] = entry(h, pos),
             Err(empty) => {
                 self.live += 1;
-                let b = self.block_bucket(&tid.block);
-                self.blocks[b] += 1;
                 if 2 * self.live > self.slots.len() {
+                    // (The new tables are built from the slots, which do not hold it yet.)
                     self.grow();
                     insert_slot(&mut self.slots, entry(h, pos));
                 } else {
                     self.slots[empty] = entry(h, pos);
                 }
+                let b = self.block_bucket(&tid.block);
+                self.blocks[b] += 1;
             }
         }
     }

@@ -71,6 +71,21 @@ fn the_oldest_records_go_first_and_the_ring_holds_its_size() {
     assert!(z.is_empty());
 }
 
+/// The block filter counts exactly the live tuples of each bucket.
+fn assert_filter_counts(c: &TupleCache) {
+    let mut want = vec![0u32; c.blocks.len()];
+    for (t, _, _) in c.entries() {
+        want[c.block_bucket(&t.block)] += 1;
+    }
+    let wrong = (0..want.len()).find(|&i| c.blocks[i] != want[i]);
+    assert!(
+        wrong.is_none(),
+        "bucket {wrong:?}: counted {:?}, live {:?}",
+        wrong.map(|i| c.blocks[i]),
+        wrong.map(|i| want[i])
+    );
+}
+
 #[test]
 fn the_index_grows_and_finds_every_live_tuple() {
     let mut c = TupleCache::new(8 << 20);
@@ -80,6 +95,7 @@ fn the_index_grows_and_finds_every_live_tuple() {
     }
     assert_eq!(c.len(), n as usize);
     assert!(c.slots.len() >= 2 * c.len() && c.slots.len() <= 4 * c.len().max(MIN_SLOTS));
+    assert_filter_counts(&c);
     for i in (0..n).step_by(3) {
         c.remove(&tid(i / 50, (i % 50) as u16 + 1));
     }
@@ -89,6 +105,12 @@ fn the_index_grows_and_finds_every_live_tuple() {
         assert_eq!(c.get(&t), want.as_ref().map(|w| &w[..]), "tuple {i}");
     }
     assert_eq!(c.entries().count(), c.len());
+    assert_filter_counts(&c);
+    // Removing every tuple leaves every count at zero (none went below).
+    for i in 0..n {
+        c.remove(&tid(i / 50, (i % 50) as u16 + 1));
+    }
+    assert!(c.is_empty() && c.blocks.iter().all(|&b| b == 0));
 }
 
 /// What the cache must hold after a sequence of calls, whatever it dropped: the newest
@@ -110,17 +132,17 @@ enum Op {
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
-        8 => (0..6u32, 1..12u16, 0..300usize, any::<u8>()).prop_map(|(b, o, l, v)| Op::Put(b, o, l, v)),
-        1 => (0..6u32, 1..12u16).prop_map(|(b, o)| Op::Remove(b, o)),
+        8 => (0..60u32, 1..12u16, 0..300usize, any::<u8>()).prop_map(|(b, o, l, v)| Op::Put(b, o, l, v)),
+        1 => (0..60u32, 1..12u16).prop_map(|(b, o)| Op::Remove(b, o)),
     ];
-    proptest::collection::vec(op, 1..600)
+    proptest::collection::vec(op, 1..1500)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     #[test]
-    fn it_holds_the_newest_version_and_all_recent_ones(cap in 256usize..6000, ops in ops()) {
+    fn it_holds_the_newest_version_and_all_recent_ones(cap in 256usize..80_000, ops in ops()) {
         let mut c = TupleCache::new(cap);
         let size = cap / 8 * 8;
         let mut m = Model::default();
@@ -164,6 +186,7 @@ proptest! {
             }
         }
         prop_assert_eq!(c.len(), live);
+        assert_filter_counts(&c);
         // entries(): the live tuples, oldest first; put again in that order, the same cache.
         let listed: Vec<_> = c.entries().map(|(t, h, d)| (t, h, d.to_vec())).collect();
         prop_assert_eq!(listed.len(), live);
