@@ -10,6 +10,7 @@
 //! ```
 
 use anyhow::{Context, Result};
+use walrelay_harness::relayproc::process_status_bytes;
 use walrelay_wal::walcodec::tuples::{Head, Tid, TupleCache};
 use walrelay_wal::walcodec::wal::BlockKey;
 
@@ -19,12 +20,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const CAP: usize = 128 << 20;
 
-fn rss_kib() -> Result<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").context("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+fn rss_kib() -> Result<u64> {
+    process_status_bytes(std::process::id(), "VmRSS:")
+        .map(|b| b >> 10)
         .context("no VmRSS in /proc/self/status")
 }
 

@@ -255,8 +255,14 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
 /// `VmHWM` of process `pid` from `/proc/<pid>/status`: its largest resident set so far, in
 /// bytes.
 pub fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
+    process_status_bytes(pid, "VmHWM:")
+}
+
+/// A `Name:   <n> kB` field (`name` with its colon, e.g. `VmRSS:`) of `/proc/<pid>/status`,
+/// in bytes.
+pub fn process_status_bytes(pid: u32, name: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status_kib(&status, "VmHWM:").map(|kib| kib * 1024)
+    status_kib(&status, name).map(|kib| kib * 1024)
 }
 
 /// The value of a `Name:   <n> kB` line of `/proc/<pid>/status`.

@@ -125,7 +125,7 @@ impl TupleCache {
             let here = at;
             at += record_size(data.len());
             left -= 1;
-            if self.find(&tid).is_some_and(|(_, pos)| pos == here) {
+            if self.live_slot(&tid, here).is_some() {
                 return Some((tid, head, data));
             }
         })
@@ -211,11 +211,9 @@ impl TupleCache {
     /// Drops the oldest record (the ring has wrapped, so there is one).
     fn drop_oldest(&mut self) {
         let (tid, _, data) = self.record(self.tail);
-        let (here, len) = (self.tail, data.len());
-        if let Ok(slot) = self.probe(&key_of(&tid), hash(&tid)) {
-            if position(self.slots[slot]) == here {
-                self.unindex(slot, &tid.block);
-            }
+        let len = data.len();
+        if let Some(slot) = self.live_slot(&tid, self.tail) {
+            self.unindex(slot, &tid.block);
         }
         self.tail += record_size(len);
         self.records -= 1;
@@ -272,6 +270,14 @@ impl TupleCache {
     fn find(&self, tid: &Tid) -> Option<(usize, usize)> {
         let slot = self.probe(&key_of(tid), hash(tid)).ok()?;
         Some((slot, position(self.slots[slot])))
+    }
+
+    /// The index slot of the record of `tid` at `pos`, when that record is live (the index
+    /// points at it rather than at a newer one).
+    fn live_slot(&self, tid: &Tid, pos: usize) -> Option<usize> {
+        self.find(tid)
+            .filter(|&(_, at)| at == pos)
+            .map(|(slot, _)| slot)
     }
 
     /// The slot of the TID `key` (hash `h`), or the empty slot that ends its probe.
