@@ -290,12 +290,19 @@ mod tests {
 
     #[test]
     fn reads_own_cpu_time() {
+        // Burn CPU until the kernel's clock-tick accounting shows some (a fixed loop can finish
+        // within one tick in an optimised build), for at most 5 s of wall time: a reader that
+        // never sees our own CPU time fails.
+        let pid = std::process::id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut x = 0u64;
-        for i in 0..20_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
+        let mut s = super::process_cpu_seconds(pid).unwrap();
+        while s <= 0.0 && std::time::Instant::now() < deadline {
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            s = super::process_cpu_seconds(pid).unwrap();
         }
-        std::hint::black_box(x);
-        let s = super::process_cpu_seconds(std::process::id()).unwrap();
-        assert!(s > 0.0, "{s}");
+        assert!(s > 0.0, "no CPU time read for our own process in 5 s: {s}");
     }
 }
