@@ -18,10 +18,11 @@
 //!
 //! Memory: the ring (at most `cap`, touched as it fills), the index (8 bytes a slot, at most
 //! half of the slots used, so at most 32 bytes per live tuple and at most `cap / 2` in all:
-//! a record takes 64 bytes at least) and a filter of the blocks that have live tuples (4 bytes
-//! per 8 slots). Format 9 kept one allocation per tuple in a hash map, an order queue with
-//! stale entries, and accounted 64 bytes per tuple: a 128 MiB cache of 100-byte tuples held
-//! about 270 MB.
+//! a record takes 64 bytes at least; it doubles when over half full and shrinks to a quarter
+//! full when under an eighth, so it follows the live tuples down too) and a filter of the
+//! blocks that have live tuples (4 bytes per 8 slots). Format 9 kept one allocation per
+//! tuple in a hash map, an order queue with stale entries, and accounted 64 bytes per tuple:
+//! a 128 MiB cache of 100-byte tuples held about 270 MB.
 //!
 //! The index is open addressing with linear probing and backward-shift deletion (no
 //! tombstones): a slot is 0 (empty) or `tag << 32 | (offset / 8 + 1)`, `tag` the high 32 bits
@@ -153,6 +154,7 @@ impl TupleCache {
     pub fn remove(&mut self, tid: &Tid) {
         if let Some((slot, _)) = self.find(tid) {
             self.unindex(slot, &tid.block);
+            self.shrink_if_sparse();
         }
     }
 
@@ -214,6 +216,7 @@ impl TupleCache {
         let len = data.len();
         if let Some(slot) = self.live_slot(&tid, self.tail) {
             self.unindex(slot, &tid.block);
+            self.shrink_if_sparse();
         }
         self.tail += record_size(len);
         self.records -= 1;
@@ -331,7 +334,23 @@ impl TupleCache {
 
     /// Doubles the index and the block filter.
     fn grow(&mut self) {
-        let mut slots = vec![0u64; 2 * self.slots.len()];
+        self.resize(2 * self.slots.len());
+    }
+
+    /// Shrinks the index and the block filter to a quarter full once under an eighth is used
+    /// (after a phase of small tuples gave way to larger ones, or many were removed), so that
+    /// the index follows the live tuples down as well as up. Which tuples are held does not
+    /// change: that is the ring's order.
+    fn shrink_if_sparse(&mut self) {
+        if self.slots.len() > MIN_SLOTS && 8 * self.live < self.slots.len() {
+            self.resize((4 * self.live).next_power_of_two().max(MIN_SLOTS));
+        }
+    }
+
+    /// Rebuilds the index with `len` slots (a power of two, more than twice the live tuples)
+    /// and the block filter with `len / 8` buckets.
+    fn resize(&mut self, len: usize) {
+        let mut slots = vec![0u64; len];
         let mut blocks = vec![0u32; slots.len() / 8];
         let bmask = blocks.len() - 1;
         for &s in self.slots.iter().filter(|&&s| s != 0) {

@@ -113,6 +113,57 @@ fn the_index_grows_and_finds_every_live_tuple() {
     assert!(c.is_empty() && c.blocks.iter().all(|&b| b == 0));
 }
 
+#[test]
+fn the_index_shrinks_when_larger_tuples_push_the_small_ones_out() {
+    // 100,000 tuples of 4 bytes (64-byte records) in an 8 MiB ring: an index of 256K slots.
+    let mut c = TupleCache::new(8 << 20);
+    let small = |i: u32| tid(i / 50, (i % 50) as u16 + 1);
+    for i in 0..100_000u32 {
+        c.put(small(i), head(i), &i.to_le_bytes());
+    }
+    let grown = c.slots.len();
+    assert!(grown >= 200_000, "{grown} slots");
+    let index = |c: &TupleCache| c.bytes() - c.ring.len();
+    let before = index(&c);
+    // Then tuples of 2,000 bytes (2,032-byte records) take the ring over: at most 4,128 fit.
+    for i in 0..6_000u32 {
+        c.put(
+            tid(1_000_000 + i / 3, (i % 3) as u16 + 1),
+            head(i),
+            &[i as u8; 2000],
+        );
+    }
+    assert!(c.len() <= 4_128 && c.len() > 4_000, "{} live", c.len());
+    assert!(
+        c.slots.len() <= 4 * c.len().next_power_of_two() && c.slots.len() >= 2 * c.len(),
+        "{} slots for {} live tuples",
+        c.slots.len(),
+        c.len()
+    );
+    // The index and filter, reported in bytes(), follow them down: 2 MiB + 128 kB to ~300 kB.
+    assert!(
+        index(&c) < before / 4,
+        "{} bytes, {before} before",
+        index(&c)
+    );
+    // Every live tuple is still found, and the filter still counts them.
+    assert_eq!(c.entries().count(), c.len());
+    for i in 6_000 - c.len() as u32..6_000 {
+        let t = tid(1_000_000 + i / 3, (i % 3) as u16 + 1);
+        assert_eq!(c.get(&t), Some(&[i as u8; 2000][..]), "tuple {i}");
+    }
+    assert!((0..100_000).all(|i| c.get(&small(i)).is_none()));
+    assert_filter_counts(&c);
+    // Removing all but a few shrinks it to its first size, not below.
+    let left: Vec<Tid> = c.entries().map(|(t, _, _)| t).collect();
+    for t in &left[3..] {
+        c.remove(t);
+    }
+    assert_eq!((c.len(), c.slots.len()), (3, MIN_SLOTS));
+    assert!(left[..3].iter().all(|t| c.get(t).is_some()));
+    assert_filter_counts(&c);
+}
+
 /// What the cache must hold after a sequence of calls, whatever it dropped: the newest
 /// version of a TID, if any; and every TID put (and not removed since) within the last half
 /// of the ring's bytes.
