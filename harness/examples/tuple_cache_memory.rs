@@ -41,9 +41,9 @@ fn main() -> Result<()> {
     let before = rss_kib()?;
     let mut cache = TupleCache::new(CAP);
     for (phase, &len) in lens.iter().enumerate() {
-        fill(&mut cache, phase as u32, len);
+        let ns = fill(&mut cache, phase as u32, len);
         println!(
-            "{len}-byte tuples: {} cached, {} MiB reported, resident set +{} MiB",
+            "{len}-byte tuples: {} cached, {} MiB reported, resident set +{} MiB, {ns:.0} ns a put",
             cache.len(),
             cache.bytes() >> 20,
             (rss_kib()? - before) >> 10,
@@ -52,8 +52,9 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Puts three capacities' worth of `len`-byte tuples on TIDs of its own `phase`.
-fn fill(cache: &mut TupleCache, phase: u32, len: usize) {
+/// Puts three capacities' worth of `len`-byte tuples on TIDs of its own `phase`; returns
+/// the nanoseconds a put took.
+fn fill(cache: &mut TupleCache, phase: u32, len: usize) -> f64 {
     let data = vec![7u8; len];
     let puts = 3 * CAP / (len + 32);
     let t = std::time::Instant::now();
@@ -68,8 +69,5 @@ fn fill(cache: &mut TupleCache, phase: u32, len: usize) {
         let off = (i % 60) as u16 + 1;
         cache.put(Tid { block, off }, Head::default(), &data);
     }
-    print!(
-        "{:.0} ns a put; ",
-        t.elapsed().as_nanos() as f64 / puts as f64
-    );
+    t.elapsed().as_nanos() as f64 / puts as f64
 }

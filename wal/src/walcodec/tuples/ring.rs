@@ -154,7 +154,6 @@ impl TupleCache {
     pub fn remove(&mut self, tid: &Tid) {
         if let Some((slot, _)) = self.find(tid) {
             self.unindex(slot, &tid.block);
-            self.shrink_if_sparse();
         }
     }
 
@@ -216,7 +215,6 @@ impl TupleCache {
         let len = data.len();
         if let Some(slot) = self.live_slot(&tid, self.tail) {
             self.unindex(slot, &tid.block);
-            self.shrink_if_sparse();
         }
         self.tail += record_size(len);
         self.records -= 1;
@@ -303,7 +301,8 @@ impl TupleCache {
         }
     }
 
-    /// Takes index slot `slot` (a tuple of `block`) out, moving later entries of its run back.
+    /// Takes index slot `slot` (a tuple of `block`) out, moving later entries of its run back;
+    /// then shrinks the index if it became sparse.
     fn unindex(&mut self, slot: usize, block: &BlockKey) {
         let mask = self.slots.len() - 1;
         let mut hole = slot;
@@ -330,6 +329,7 @@ impl TupleCache {
         self.live -= 1;
         let b = self.block_bucket(block);
         self.blocks[b] -= 1;
+        self.shrink_if_sparse();
     }
 
     /// Doubles the index and the block filter.
