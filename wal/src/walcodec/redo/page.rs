@@ -45,8 +45,7 @@ pub fn lp(p: &PageBuf, off: usize) -> Option<(usize, u32, usize)> {
     if off == 0 || off > max_offset(p)? {
         return None;
     }
-    let v = u32_at(p, PAGE_HEADER + 4 * (off - 1));
-    Some(((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize))
+    Some(lp_raw(p, off))
 }
 
 pub fn set_lp(p: &mut PageBuf, off: usize, lp_off: usize, flags: u32, len: usize) {
@@ -108,7 +107,11 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
 
 /// Line pointer `off` (1-based, at most the number of line pointers) without checks.
 fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
-    let v = u32_at(p, PAGE_HEADER + 4 * (off - 1));
+    lp_fields(u32_at(p, PAGE_HEADER + 4 * (off - 1)))
+}
+
+/// A line pointer's word: (lp_off, lp_flags, lp_len).
+fn lp_fields(v: u32) -> (usize, u32, usize) {
     ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
 }
 
@@ -131,7 +134,8 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
     if !items.presorted {
         scratch[upper..].copy_from_slice(&p[upper..]);
     }
-    let top = compact(p, n, special, items.presorted, scratch);
+    let (from, top) = items.first_moved;
+    let top = compact(p, from..=n, top, items.presorted, scratch);
     set_u16(p, 14, top as u16);
     let mut nunused = items.nunused;
     if truncate && items.final_used < n {
@@ -150,6 +154,10 @@ struct Items {
     total: usize,
     /// The tuples lie in descending order of offset, line pointer after line pointer.
     presorted: bool,
+    /// The first line pointer whose tuple moves, and where the tuples before it end (every
+    /// one of them already in place: packed against pd_special in line pointer order);
+    /// (n + 1, where the last ends) when none moves.
+    first_moved: (usize, usize),
 }
 
 /// Resets the unused line pointers of `p` to zero and measures the rest; None (the page
@@ -160,33 +168,59 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
         final_used: 0,
         total: 0,
         presorted: true,
+        first_moved: (n + 1, special),
     };
+    // Where the last tuple with storage starts; while `in_place`, also where the tuples so
+    // far, all in place, end.
     let mut last = special;
-    for off in 1..=n {
-        let (at, flags, len) = lp_raw(p, off);
+    let mut in_place = true;
+    let lps = &mut p[PAGE_HEADER..PAGE_HEADER + 4 * n];
+    for (i, raw) in lps.chunks_exact_mut(4).enumerate() {
+        let v = u32::from_le_bytes(<[u8; 4]>::try_from(&*raw).expect("four bytes"));
+        let (at, flags, len) = lp_fields(v);
         if flags == LP_UNUSED {
-            set_lp(p, off, 0, LP_UNUSED, 0);
+            raw.fill(0);
             items.nunused += 1;
             continue;
         }
-        items.final_used = off;
-        if len > 0 {
-            if at < upper || at >= special || at + len > PAGE_SIZE {
-                return None;
-            }
-            items.presorted &= at < last;
-            last = at;
-            items.total += len.next_multiple_of(8);
+        items.final_used = i + 1;
+        if len == 0 {
+            continue;
         }
+        let aligned = len.next_multiple_of(8);
+        if in_place {
+            // In place, its tuple is in bounds and below the one before.
+            if at >= upper && at + aligned == last {
+                last = at;
+                items.total += aligned;
+                continue;
+            }
+            in_place = false;
+            items.first_moved = (i + 1, last);
+        }
+        if at < upper || at >= special || at + len > PAGE_SIZE {
+            return None;
+        }
+        items.presorted &= at < last;
+        last = at;
+        items.total += aligned;
+    }
+    if in_place {
+        items.first_moved.1 = last;
     }
     Some(items)
 }
 
-/// Moves the tuples of the `n` line pointers of `p` up against `special`, in line pointer
-/// order (from the copy in `scratch` unless `presorted`), and points the line pointers at
-/// them; returns the new pd_upper.
-fn compact(p: &mut PageBuf, n: usize, special: usize, presorted: bool, scratch: &PageBuf) -> usize {
-    let mut top = special;
+/// Packs the tuples of line pointers `offs` of `p` below `top` (where the tuples before them
+/// end), in line pointer order (from the copy in `scratch` unless `presorted`), and
+/// points the line pointers at them; returns the new pd_upper.
+fn compact(
+    p: &mut PageBuf,
+    offs: std::ops::RangeInclusive<usize>,
+    mut top: usize,
+    presorted: bool,
+    scratch: &PageBuf,
+) -> usize {
     // Presorted: runs of adjacent items that move up by the same amount, one copy each (the
     // runs below have not moved yet, the ones above are in place).
     let mut run: Option<(usize, usize, usize)> = None;
@@ -195,7 +229,7 @@ fn compact(p: &mut PageBuf, n: usize, special: usize, presorted: bool, scratch: 
             p.copy_within(lo..hi, lo + shift);
         }
     };
-    for off in 1..=n {
+    for off in offs {
         let (at, flags, len) = lp_raw(p, off);
         if flags == LP_UNUSED || len == 0 {
             continue;
