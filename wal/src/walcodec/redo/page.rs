@@ -132,7 +132,8 @@ pub fn repair_fragmentation(p: &mut PageBuf, truncate: bool, scratch: &mut PageB
         return;
     }
     if !items.presorted {
-        scratch[upper..].copy_from_slice(&p[upper..]);
+        let end = items.moved_end.min(PAGE_SIZE);
+        scratch[upper..end].copy_from_slice(&p[upper..end]);
     }
     let (from, top) = items.first_moved;
     let top = compact(p, from..=n, top, items.presorted, scratch);
@@ -158,6 +159,9 @@ struct Items {
     /// one of them already in place: packed against pd_special in line pointer order);
     /// (n + 1, where the last ends) when none moves.
     first_moved: (usize, usize),
+    /// Where the tuples from the first moved one on end at most, MAXALIGNed (what
+    /// [`compact`] reads from the scratch copy lies below).
+    moved_end: usize,
 }
 
 /// Resets the unused line pointers of `p` to zero and measures the rest; None (the page
@@ -169,6 +173,7 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
         total: 0,
         presorted: true,
         first_moved: (n + 1, special),
+        moved_end: upper,
     };
     // Where the last tuple with storage starts; while `in_place`, also where the tuples so
     // far, all in place, end.
@@ -204,6 +209,7 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
         items.presorted &= at < last;
         last = at;
         items.total += aligned;
+        items.moved_end = items.moved_end.max(at + aligned);
     }
     if in_place {
         items.first_moved.1 = last;
