@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use walrelay_harness::bench::micro::{self, decode_all, encode_all, Cores};
+use walrelay_harness::bench::payloads::Payloads;
 use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder};
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
@@ -93,12 +94,28 @@ fn main() -> Result<()> {
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
     let sizes = (message, o.hold);
-    let (warm, warm_encoded) = encode_all(&mut enc, start, &wal[..split], sizes, cores)?;
+    let mut warm_encoded = Payloads::with_room(split, message);
+    let warm = encode_all(
+        &mut enc,
+        start,
+        &wal[..split],
+        sizes,
+        cores,
+        &mut warm_encoded,
+    )?;
     let before = enc.wal_stats().cloned().unwrap_or_default();
+    let mut encoded = Payloads::with_room(wal.len() - split, message);
     let t = Instant::now();
-    let (msgs, encoded) = encode_all(&mut enc, timed_start, &wal[split..], sizes, cores)?;
+    let msgs = encode_all(
+        &mut enc,
+        timed_start,
+        &wal[split..],
+        sizes,
+        cores,
+        &mut encoded,
+    )?;
     let mb = (wal.len() - split) as f64 / 1e6;
-    let bytes: usize = encoded.iter().map(Vec::len).sum();
+    let bytes = encoded.total();
     if split > 0 {
         println!("warmed on {} MB (untimed); timed: the rest", split >> 20);
     }

@@ -6,7 +6,8 @@
 //! on the same bytes, and through what `ssh -C` does to a forwarded stream
 //! ([`super::sshc`]; no state to warm beyond its 32 kB window).
 //! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
-//! replay runs), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
+//! replay runs; each pass keeps its payloads in memory touched before its timer starts,
+//! [`super::payloads`]), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
 //! codec also runs a second time as the relay's stages run it while behind: more than one
 //! core allowed, each message staged while the one before is finished (its sections
 //! compressed or decompressed on the codec's threads, images checked on a worker); its
@@ -29,6 +30,8 @@ use walrelay_wal::linkcodec::{checksum, CodecKind, Setup, WalDecoder, WalEncoder
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::rmgr::rmgr_name;
 use walrelay_wal::walcodec::{CodecParams, CodecStats};
+
+use super::payloads::Payloads;
 
 /// Bytes of WAL per message of the replays, after what the message before held back.
 pub const MESSAGE: usize = 256 << 10;
@@ -183,15 +186,16 @@ impl Recording<'_> {
             dec.decode(at, &out, n, max, sum, &mut restored)?;
         }
         let (start, wal) = (Lsn(start.0 + timed_from as u64), &wal[timed_from..]);
+        let mut encoded = Payloads::with_room(wal.len(), MESSAGE);
         let clock = Stopwatch::start();
-        let (msgs, encoded) = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores)?;
+        let msgs = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores, &mut encoded)?;
         let enc_secs = clock.secs();
         let stats = enc.wal_stats().cloned();
         let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
         let clock = Stopwatch::start();
         decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
         let dec_secs = clock.secs();
-        let bytes = encoded.iter().map(|e| e.len() as u64).sum();
+        let bytes = encoded.total() as u64;
         Ok((Pass::timed(wal.len(), bytes, enc_secs, dec_secs), stats))
     }
 }
@@ -200,7 +204,7 @@ impl Recording<'_> {
 /// compared; one core, timed as the codecs' passes are.
 fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
     let mut tx = super::sshc::SshC::new();
-    let mut packets = Vec::with_capacity(wal.len() / super::sshc::PACKET + 1);
+    let mut packets = Payloads::with_room(wal.len(), MESSAGE);
     let clock = Stopwatch::start();
     for chunk in wal.chunks(MESSAGE) {
         tx.send(chunk, Some(&mut packets))?;
@@ -209,7 +213,7 @@ fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
     let mut rx = super::sshc::SshCReceiver::new();
     let mut at = 0;
     let clock = Stopwatch::start();
-    for p in &packets {
+    for p in packets.iter() {
         let data = rx.receive(p)?;
         anyhow::ensure!(
             wal.get(at..at + data.len()) == Some(data),
@@ -280,21 +284,22 @@ pub fn encode_all<'a>(
     wal: &'a [u8],
     (message, hold): (usize, usize),
     cores: Cores,
-) -> Result<(Vec<(Lsn, &'a [u8])>, Vec<Vec<u8>>)> {
-    let (mut msgs, mut encoded, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    encoded: &mut Payloads,
+) -> Result<Vec<(Lsn, &'a [u8])>> {
+    let (mut msgs, mut out) = (Vec::new(), Vec::new());
     let mut cut = Cutter::new(wal, message, hold);
     while let Some((from, chunk, hold)) = cut.next_chunk() {
         let at = Lsn(start.0 + from as u64);
         let n = match cores {
             Cores::One => {
                 let n = enc.encode_held(at, chunk, hold, &mut out)?;
-                encoded.push(out.clone());
+                encoded.push(&out);
                 n
             }
             Cores::Staged => {
                 let n = enc.stage_held(at, chunk, hold)?;
                 if !msgs.is_empty() && enc.collect(&mut out)? {
-                    encoded.push(out.clone());
+                    encoded.push(&out);
                 }
                 n
             }
@@ -304,13 +309,13 @@ pub fn encode_all<'a>(
         cut.took(n);
     }
     while enc.collect(&mut out)? {
-        encoded.push(out.clone());
+        encoded.push(&out);
     }
     anyhow::ensure!(
         encoded.len() == msgs.len(),
         "a staged message's payload is missing"
     );
-    Ok((msgs, encoded))
+    Ok(msgs)
 }
 
 /// Restores every message and checks it against `sum(i)`, its checksum (computed
@@ -319,16 +324,16 @@ pub fn encode_all<'a>(
 pub fn decode_all(
     dec: &mut WalDecoder,
     msgs: &[(Lsn, &[u8])],
-    encoded: &[Vec<u8>],
+    encoded: &Payloads,
     sum: impl Fn(usize) -> u64,
     cores: Cores,
 ) -> Result<()> {
     let mut out = Vec::new();
     let staged = cores == Cores::Staged;
-    if let (true, Some(((at, chunk), payload))) = (staged, msgs.first().zip(encoded.first())) {
+    if let (true, Some(((at, chunk), payload))) = (staged, msgs.first().zip(encoded.get(0))) {
         dec.stage(*at, payload, chunk.len(), chunk.len())?;
     }
-    for (i, ((at, chunk), payload)) in msgs.iter().zip(encoded).enumerate() {
+    for (i, ((at, chunk), payload)) in msgs.iter().zip(encoded.iter()).enumerate() {
         if let (true, Some(((next, c), p))) = (staged, msgs.get(i + 1).zip(encoded.get(i + 1))) {
             dec.stage(*next, p, c.len(), c.len())?;
         }

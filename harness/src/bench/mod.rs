@@ -24,6 +24,7 @@
 mod disk;
 pub mod micro;
 mod pair;
+pub mod payloads;
 mod report;
 mod sample;
 pub mod sshc;

@@ -28,6 +28,8 @@
 use anyhow::{ensure, Context, Result};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 
+use super::payloads::Payloads;
+
 /// Most data bytes in one channel-data packet.
 pub const PACKET: usize = 32 * 1024;
 /// zlib level OpenSSH compresses with.
@@ -77,11 +79,11 @@ impl SshC {
 
     /// Sends `data` (what one read of the forwarded socket returned) as packets; `keep`, when
     /// given, gets each packet's compressed payload.
-    pub fn send(&mut self, data: &[u8], mut keep: Option<&mut Vec<Vec<u8>>>) -> Result<()> {
+    pub fn send(&mut self, data: &[u8], mut keep: Option<&mut Payloads>) -> Result<()> {
         for chunk in data.chunks(PACKET) {
             self.packet(chunk)?;
             if let Some(k) = keep.as_deref_mut() {
-                k.push(self.packed.clone());
+                k.push(&self.packed);
             }
         }
         Ok(())
@@ -234,7 +236,7 @@ mod tests {
     fn every_packet_is_flushed_and_round_trips() {
         let wal = sample(300_000);
         let mut s = SshC::new();
-        let mut packets = Vec::new();
+        let mut packets = Payloads::with_room(0, 0);
         for chunk in wal.chunks(100_000) {
             s.send(chunk, Some(&mut packets)).unwrap();
         }
@@ -242,7 +244,7 @@ mod tests {
         assert_eq!(packets.len(), 12);
         let mut r = SshCReceiver::new();
         let mut back = Vec::new();
-        for p in &packets {
+        for p in packets.iter() {
             back.extend_from_slice(r.receive(p).unwrap());
         }
         assert_eq!(back, wal);
@@ -287,9 +289,9 @@ mod tests {
     #[test]
     fn a_corrupt_payload_is_an_error() {
         let mut s = SshC::new();
-        let mut packets = Vec::new();
+        let mut packets = Payloads::with_room(0, 0);
         s.send(&sample(5000), Some(&mut packets)).unwrap();
-        let mut bad = packets[0].clone();
+        let mut bad = packets.get(0).unwrap().to_vec();
         bad[0] ^= 0xff;
         assert!(SshCReceiver::new().receive(&bad).is_err());
     }
