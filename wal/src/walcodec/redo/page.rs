@@ -36,8 +36,12 @@ pub fn set_u32(p: &mut PageBuf, at: usize, v: u32) {
 }
 
 pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
-    let b: [u8; 4] = p[at..at + 4].try_into().expect("four bytes");
-    u32::from_le_bytes(b)
+    le32(&p[at..at + 4])
+}
+
+/// The little-endian word in `b`, four bytes long.
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b.try_into().expect("four bytes"))
 }
 
 /// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
@@ -181,7 +185,7 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
     let mut in_place = true;
     let lps = &mut p[PAGE_HEADER..PAGE_HEADER + 4 * n];
     for (i, raw) in lps.chunks_exact_mut(4).enumerate() {
-        let v = u32::from_le_bytes(<[u8; 4]>::try_from(&*raw).expect("four bytes"));
+        let v = le32(raw);
         let (at, flags, len) = lp_fields(v);
         if flags == LP_UNUSED {
             raw.fill(0);
