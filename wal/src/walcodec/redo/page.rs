@@ -3,7 +3,7 @@
 //! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
 //! the page as it is or partly changed (the result is only a prediction).
 
-use crate::walcodec::wal::{max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE};
+use crate::walcodec::wal::{le32, max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE};
 
 pub type PageBuf = [u8; PAGE_SIZE];
 
@@ -36,12 +36,7 @@ pub fn set_u32(p: &mut PageBuf, at: usize, v: u32) {
 }
 
 pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
-    le32(&p[at..at + 4])
-}
-
-/// The little-endian word in `b`, four bytes long.
-fn le32(b: &[u8]) -> u32 {
-    u32::from_le_bytes(b.try_into().expect("four bytes"))
+    le32(p, at).expect("four bytes")
 }
 
 /// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
@@ -185,7 +180,7 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
     let mut in_place = true;
     let lps = &mut p[PAGE_HEADER..PAGE_HEADER + 4 * n];
     for (i, raw) in lps.chunks_exact_mut(4).enumerate() {
-        let v = le32(raw);
+        let v = le32(raw, 0).expect("four bytes");
         let (at, flags, len) = lp_fields(v);
         if flags == LP_UNUSED {
             raw.fill(0);
