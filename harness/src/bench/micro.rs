@@ -7,7 +7,11 @@
 //! ([`super::sshc`]; no state to warm beyond its 32 kB window).
 //! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
 //! replay runs; each pass keeps its payloads in memory touched before its timer starts,
-//! [`super::payloads`]), and the wall-clock speed of the WAL-aware codec beside them. The WAL-aware
+//! [`super::payloads`]), and the wall-clock speed of the WAL-aware codec beside them. Each
+//! pass also reports the share of its CPU time spent in the kernel: the codecs make no system
+//! calls while timed, so that is the kernel handing the WAL-aware codec's growing block and
+//! tuple caches memory it has not touched before (page faults, the pages zeroed; on a virtual
+//! machine whose host backs guest memory lazily, far slower than the memory's speed). The WAL-aware
 //! codec also runs a second time as the relay's stages run it while behind: more than one
 //! core allowed, each message staged while the one before is finished (its sections
 //! compressed or decompressed on the codec's threads, images checked on a worker); its
@@ -51,6 +55,9 @@ pub struct Pass {
     /// Per second of wall-clock time (more than the above when several cores worked).
     pub encode_wall_mb_s: f64,
     pub decode_wall_mb_s: f64,
+    /// Of the CPU time, the share spent in the kernel (0 to 1).
+    pub encode_kernel_share: f64,
+    pub decode_kernel_share: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -91,9 +98,30 @@ fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// User and kernel CPU time of the whole process, microseconds (`getrusage`, whose split of
+/// the total is the kernel's sampled estimate: good for shares, not for totals).
+fn process_user_sys_us() -> (u64, u64) {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes into the rusage we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(ru.ru_utime), us(ru.ru_stime))
+}
+
+/// How long a timed stretch took.
+#[derive(Debug, Clone, Copy)]
+struct Took {
+    cpu_secs: f64,
+    wall_secs: f64,
+    /// Of the CPU time, the share spent in the kernel.
+    kernel_share: f64,
+}
+
 /// CPU time of the whole process and wall-clock time since [`Stopwatch::start`].
 struct Stopwatch {
     cpu_ns: u64,
+    user_sys_us: (u64, u64),
     wall: std::time::Instant,
 }
 
@@ -101,29 +129,49 @@ impl Stopwatch {
     fn start() -> Stopwatch {
         Stopwatch {
             cpu_ns: process_cpu_ns(),
+            user_sys_us: process_user_sys_us(),
             wall: std::time::Instant::now(),
         }
     }
 
-    /// CPU seconds and wall-clock seconds since the start.
-    fn secs(&self) -> (f64, f64) {
-        let cpu = (process_cpu_ns() - self.cpu_ns) as f64 / 1e9;
-        (cpu, self.wall.elapsed().as_secs_f64())
+    /// CPU seconds, wall-clock seconds and the kernel's share since the start.
+    fn took(&self) -> Took {
+        let cpu_secs = process_cpu_ns().saturating_sub(self.cpu_ns) as f64 / 1e9;
+        let (user, sys) = process_user_sys_us();
+        let user = user.saturating_sub(self.user_sys_us.0);
+        let sys = sys.saturating_sub(self.user_sys_us.1);
+        Took {
+            cpu_secs,
+            wall_secs: self.wall.elapsed().as_secs_f64(),
+            kernel_share: kernel_share(user, sys),
+        }
+    }
+}
+
+/// `sys` of `user + sys`, 0 when both are 0.
+fn kernel_share(user: u64, sys: u64) -> f64 {
+    let all = user.saturating_add(sys);
+    if all == 0 {
+        0.0
+    } else {
+        sys as f64 / all as f64
     }
 }
 
 impl Pass {
     /// The pass over `wal_len` bytes that made `encoded_bytes`, its encode and decode having
-    /// taken `(CPU seconds, wall-clock seconds)` each.
-    fn timed(wal_len: usize, encoded_bytes: u64, enc: (f64, f64), dec: (f64, f64)) -> Pass {
+    /// taken `enc` and `dec`.
+    fn timed(wal_len: usize, encoded_bytes: u64, enc: Took, dec: Took) -> Pass {
         let mb = wal_len as f64 / 1e6;
         let speed = |secs: f64| mb / secs.max(1e-9);
         Pass {
             encoded_bytes,
-            encode_mb_s: speed(enc.0),
-            decode_mb_s: speed(dec.0),
-            encode_wall_mb_s: speed(enc.1),
-            decode_wall_mb_s: speed(dec.1),
+            encode_mb_s: speed(enc.cpu_secs),
+            decode_mb_s: speed(dec.cpu_secs),
+            encode_wall_mb_s: speed(enc.wall_secs),
+            decode_wall_mb_s: speed(dec.wall_secs),
+            encode_kernel_share: enc.kernel_share,
+            decode_kernel_share: dec.kernel_share,
         }
     }
 }
@@ -189,14 +237,14 @@ impl Recording<'_> {
         let mut encoded = Payloads::with_room(wal.len(), MESSAGE);
         let clock = Stopwatch::start();
         let msgs = encode_all(&mut enc, start, wal, (MESSAGE, HOLD), cores, &mut encoded)?;
-        let enc_secs = clock.secs();
+        let enc_took = clock.took();
         let stats = enc.wal_stats().cloned();
         let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
         let clock = Stopwatch::start();
         decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
-        let dec_secs = clock.secs();
+        let dec_took = clock.took();
         let bytes = encoded.total() as u64;
-        Ok((Pass::timed(wal.len(), bytes, enc_secs, dec_secs), stats))
+        Ok((Pass::timed(wal.len(), bytes, enc_took, dec_took), stats))
     }
 }
 
@@ -209,7 +257,7 @@ fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
     for chunk in wal.chunks(MESSAGE) {
         tx.send(chunk, Some(&mut packets))?;
     }
-    let enc_secs = clock.secs();
+    let enc_took = clock.took();
     let mut rx = super::sshc::SshCReceiver::new();
     let mut at = 0;
     let clock = Stopwatch::start();
@@ -226,8 +274,8 @@ fn ssh_c_pass(wal: &[u8]) -> Result<Pass> {
         "ssh -C restored {at} of {} bytes",
         wal.len()
     );
-    let dec_secs = clock.secs();
-    Ok(Pass::timed(wal.len(), tx.wire_bytes, enc_secs, dec_secs))
+    let dec_took = clock.took();
+    Ok(Pass::timed(wal.len(), tx.wire_bytes, enc_took, dec_took))
 }
 
 /// Cuts WAL into the messages the upstream sends while behind: each the next `message` bytes
@@ -441,4 +489,17 @@ pub fn run_warm(file: &Path, start: Lsn, warm: u64, major: u32) -> Result<WarmRe
         zstd3,
         ssh_c,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_share_is_sys_of_user_plus_sys() {
+        assert_eq!(kernel_share(0, 0), 0.0);
+        assert_eq!(kernel_share(3, 1), 0.25);
+        assert_eq!(kernel_share(0, 5), 1.0);
+        assert_eq!(kernel_share(u64::MAX, 1), 1.0 / u64::MAX as f64);
+    }
 }

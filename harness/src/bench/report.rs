@@ -438,7 +438,7 @@ impl Report {
     }
 
     fn replay_table(&self) -> String {
-        let head = "| workload | PG | WAL MB | walrelay encode / decode | walrelay staged, wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | ssh -C encode / decode | walrelay / zstd-3 bytes | walrelay / ssh -C bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        let head = "| workload | PG | WAL MB | walrelay encode / decode | of it in the kernel, encode / decode | walrelay staged, wall encode / decode | zstd-1 encode / decode | zstd-3 encode / decode | ssh -C encode / decode | walrelay / zstd-3 bytes | walrelay / ssh -C bytes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
         let cold: Pick = |r| {
             let row = r.replay.as_ref();
             let row = row.map(|m| {
@@ -456,7 +456,7 @@ impl Report {
             (row, r.warm_replay_error.as_deref())
         };
         let tables = [
-            ("Replay of the cold window's WAL on one core, fresh codecs (256 kB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time; ssh -C: zlib level 6 in full 32 kB packets with their framing, as OpenSSH compresses a forwarded stream, a best case for it)", cold),
+            ("Replay of the cold window's WAL on one core, fresh codecs (256 kB messages; MB/s per CPU-second; walrelay staged: more than one core allowed, each message staged while the one before is finished, as the relay's stages do while behind, MB/s per second of wall-clock time; in the kernel: the share of walrelay's one-core CPU time the kernel spent giving its growing caches memory not touched before, page faults that a virtual machine whose host backs memory lazily makes slow; ssh -C: zlib level 6 in full 32 kB packets with their framing, as OpenSSH compresses a forwarded stream, a best case for it)", cold),
             ("Replay of the steady window's WAL, the codecs warmed first on the WAL before it (up to 1 GiB, untimed): a relay that has been running", warm),
         ];
         let mut s = String::new();
@@ -534,16 +534,18 @@ fn replay_row(r: &RunResult, row: Option<ReplayRow>, error: Option<&str>) -> Str
     let (name, pg) = (r.workload.name(), r.pg_major);
     let Some((bytes, [w, staged, z1, z3], ssh)) = row else {
         return format!(
-            "| {name} | {pg} | {} | | | | | | | |\n",
+            "| {name} | {pg} | {} | | | | | | | | |\n",
             error.unwrap_or("-")
         );
     };
     let p = |x: &Pass| format!("{:.0} / {:.0}", x.encode_mb_s, x.decode_mb_s);
     let vs = |x: &Pass| ratio(w.encoded_bytes as f64, x.encoded_bytes as f64);
     format!(
-        "| {name} | {pg} | {:.1} | {} | {:.0} / {:.0} | {} | {} | {} | {:.2} | {:.2} |\n",
+        "| {name} | {pg} | {:.1} | {} | {:.0} / {:.0} % | {:.0} / {:.0} | {} | {} | {} | {:.2} | {:.2} |\n",
         mb(bytes),
         p(w),
+        w.encode_kernel_share * 100.0,
+        w.decode_kernel_share * 100.0,
         staged.encode_wall_mb_s,
         staged.decode_wall_mb_s,
         p(z1),
