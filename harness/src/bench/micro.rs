@@ -21,8 +21,8 @@
 //!   has just started; also what the codec did with each resource manager's records.
 //! - [`run_warm`]: the steady window's bytes (at most 512 MB) after the WAL before them (at
 //!   most 1 GiB, the default block cache) went through the same codecs untimed, encoded and
-//!   restored in turn: a relay that has been running, its caches filled and its memory
-//!   touched.
+//!   restored in turn: a relay that has been running, its caches holding what that WAL
+//!   imaged (a cache not yet full still grows while timed, and pays for those first touches).
 
 use std::io::Read;
 use std::path::Path;
