@@ -8,14 +8,15 @@
 //! Speeds are per CPU-second of the whole process (the rest of the process is idle while the
 //! replay runs; each pass keeps its payloads in memory touched before its timer starts,
 //! [`super::payloads`]), and the wall-clock speed of the WAL-aware codec beside them. Each
-//! pass also reports the share of its CPU time spent in the kernel: the codecs make no system
-//! calls while timed, so that is the kernel handing the WAL-aware codec's growing block and
-//! tuple caches memory it has not touched before (page faults, the pages zeroed; on a virtual
-//! machine whose host backs guest memory lazily, far slower than the memory's speed). The WAL-aware
-//! codec also runs a second time as the relay's stages run it while behind: more than one
-//! core allowed, each message staged while the one before is finished (its sections
-//! compressed or decompressed on the codec's threads, images checked on a worker); its
-//! wall-clock speed is what two cores get through.
+//! pass also reports the share of its CPU time spent in the kernel: a one-core pass makes no
+//! system call while timed, so that is the kernel handing the WAL-aware codec's growing block
+//! and tuple caches memory not touched before (page faults, the pages zeroed; on a virtual
+//! machine whose host backs guest memory lazily, far slower than the memory's speed); a staged
+//! pass's share also holds its threads' waits and wake-ups. The WAL-aware codec also runs a
+//! second time as the relay's stages run it while behind: more than one core allowed, each
+//! message staged while the one before is finished (its sections compressed or decompressed
+//! on the codec's threads, images checked on a worker); its wall-clock speed is what two
+//! cores get through.
 //!
 //! - [`run`]: the cold window's bytes (at most 512 MB), from fresh codecs, as a relay that
 //!   has just started; also what the codec did with each resource manager's records.
