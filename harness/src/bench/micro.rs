@@ -99,8 +99,9 @@ fn process_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// User and kernel CPU time of the whole process, microseconds (`getrusage`, whose split of
-/// the total is the kernel's sampled estimate: good for shares, not for totals).
+/// User and kernel CPU time of the whole process, microseconds (`getrusage`: the kernel
+/// splits the total by sampling ticks, so the split gives the share; the total stays
+/// [`process_cpu_ns`]'s nanoseconds, as the speeds always used).
 fn process_user_sys_us() -> (u64, u64) {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
