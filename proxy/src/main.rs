@@ -78,6 +78,11 @@ enum Cmd {
         /// files `<workload>-pg<major>.csv` into this directory (created if missing).
         #[arg(long)]
         timeline_dir: Option<PathBuf>,
+        /// Run pair Z (codec = "zstd") and its standby at nice 19, so that they take a core
+        /// only when W, the direct standby and the primary leave one idle: a diagnostic of
+        /// W's replay lag on a small machine. Z's lags and cores are then not comparable.
+        #[arg(long)]
+        z_background: bool,
     },
     /// Show a running process's standbys and totals (read from its [metrics] listen address).
     Status {
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
             steady_secs,
             sync_secs,
             timeline_dir,
+            z_background,
         } => {
             walrelay::logging::init("error", "text");
             let opts = BenchArgs {
@@ -122,6 +128,7 @@ fn main() -> ExitCode {
                 steady_secs,
                 sync_secs,
                 timeline_dir,
+                z_background,
             };
             bench(opts)
         }
@@ -223,6 +230,7 @@ struct BenchArgs {
     steady_secs: u64,
     sync_secs: u64,
     timeline_dir: Option<PathBuf>,
+    z_background: bool,
 }
 
 /// `walrelay bench`: prints the markdown tables, writes the JSON.
@@ -259,6 +267,7 @@ fn bench(a: BenchArgs) -> ExitCode {
             steady_secs: a.steady_secs,
             sync_secs: a.sync_secs,
             timeline_dir: a.timeline_dir,
+            z_background: a.z_background,
         };
         let report = bench::run(&opts).await?;
         println!("{}", report.markdown());

@@ -21,6 +21,7 @@
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
 
+mod background;
 mod disk;
 pub mod micro;
 mod pair;
@@ -65,6 +66,8 @@ pub struct BenchOpts {
     /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`,
     /// [`sample::timeline_csv`]).
     pub timeline_dir: Option<PathBuf>,
+    /// Pair Z and its standby at the lowest priority ([`background`]).
+    pub z_background: bool,
 }
 
 const CODECS: [&str; 2] = ["wal", "zstd"];
@@ -93,6 +96,7 @@ pub async fn run(opts: &BenchOpts) -> Result<Report> {
         cold_secs: opts.cold_secs,
         warmup_secs: opts.warmup_secs,
         steady_secs: opts.steady_secs,
+        z_background: opts.z_background,
         runs: Vec::new(),
         skipped: Vec::new(),
         sync_latency: None,
@@ -176,7 +180,7 @@ async fn run_one(
         true => Some(synclat::measure(&rig.root, &rig.primary, APPS[0], opts.sync_secs).await?),
         false => None,
     };
-    let integrity_failures = check_integrity(&rig).await?;
+    let integrity_failures = pair::check_integrity(&rig.pairs).await?;
     for s in &rig.standbys {
         s.stop().await?;
     }
@@ -251,22 +255,6 @@ async fn warm_replay(rig: &Rig, cuts: &[sample::Cut; 2], major: u32) -> Result<m
     .await?
 }
 
-/// The integrity counters of every process (must be 0) and their logs (no panic).
-async fn check_integrity(rig: &Rig) -> Result<f64> {
-    let mut failures = 0.0;
-    for p in &rig.pairs {
-        failures += p.integrity_failures().await?;
-        if let Some(problem) = p.log_problems() {
-            anyhow::bail!(problem);
-        }
-    }
-    anyhow::ensure!(
-        failures == 0.0,
-        "{failures} link messages failed verification (walrelay_integrity_failures_total)"
-    );
-    Ok(failures)
-}
-
 /// The window with its offline baselines: the `zstd` command over its copied WAL, and what
 /// `ssh -C` would send for it ([`sshc`]).
 async fn offline(
@@ -338,6 +326,9 @@ async fn setup(
          their upstreams would encode the load before the cold window"
     );
     let standbys = start_relayed_standbys(&primary, &root, down_ports).await?;
+    if opts.z_background {
+        background::lower(&pairs[1], &standbys[1])?;
+    }
     let direct = start_direct_standby(&primary, &root).await?;
     Ok(Rig {
         pairs,

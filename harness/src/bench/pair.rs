@@ -100,6 +100,22 @@ impl RelayPair {
         format!("walrelay_{}", self.tag)
     }
 
+    /// Sets both relay processes, every thread, to `nice` ([`super::background`]).
+    pub fn renice(&self, nice: i32) -> Result<()> {
+        for (half, p) in [
+            ("upstream", &self.upstream),
+            ("downstream", &self.downstream),
+        ] {
+            let pid = p
+                .pid()
+                .with_context(|| format!("the {} pair's {half} is not running", self.codec))?;
+            super::background::renice_tree(pid, nice).with_context(|| {
+                format!("renicing the {} pair's {half} (pid {pid})", self.codec)
+            })?;
+        }
+        Ok(())
+    }
+
     /// Waits until the downstream's link stream is open (its spool has a start position).
     pub async fn wait_stream_open(&self) -> Result<(), crate::cluster::ClusterError> {
         crate::cluster::wait_until(
@@ -264,4 +280,20 @@ impl RelayPair {
 /// A peak resident set as a counter value (NaN when unknown).
 fn peak(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64)
+}
+
+/// The integrity counters of every process (must be 0) and their logs (no panic).
+pub async fn check_integrity(pairs: &[RelayPair]) -> Result<f64> {
+    let mut failures = 0.0;
+    for p in pairs {
+        failures += p.integrity_failures().await?;
+        if let Some(problem) = p.log_problems() {
+            anyhow::bail!(problem);
+        }
+    }
+    anyhow::ensure!(
+        failures == 0.0,
+        "{failures} link messages failed verification (walrelay_integrity_failures_total)"
+    );
+    Ok(failures)
 }

@@ -13,6 +13,9 @@ pub struct Report {
     pub cold_secs: u64,
     pub warmup_secs: u64,
     pub steady_secs: u64,
+    /// Pair Z and its standby ran at nice 19 (`--z-background`, [`super::background`]): Z's
+    /// lag and cores are not comparable; W's lag is measured with Z out of the way.
+    pub z_background: bool,
     pub runs: Vec<RunResult>,
     /// Workloads left out, with the reason (a `wal_compression` the major lacks).
     pub skipped: Vec<String>,
@@ -233,6 +236,13 @@ impl Report {
     /// Every table: one per window, the replay, the resource managers, the sync latency.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        if self.z_background {
+            s.push_str(
+                "\nPair Z and its standby ran at nice 19 (--z-background): Z took a core only when W, \
+                 the direct standby and the primary left one idle. Z's bytes are as in any run; \
+                 its lags and cores are not comparable.\n",
+            );
+        }
         for (i, title) in [
             format!(
                 "Cold: the first {} s after the relays start",

@@ -341,17 +341,14 @@ host  all         all        127.0.0.1/32  scram-sha-256
 
     /// Whether the postmaster in `postmaster.pid` is alive (no subprocess involved).
     pub fn is_running(&self) -> bool {
-        let Ok(text) = std::fs::read_to_string(self.dir.join("postmaster.pid")) else {
-            return false;
-        };
-        let Some(pid) = text
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse::<libc::pid_t>().ok())
-        else {
-            return false;
-        };
-        pid_alive(pid)
+        self.postmaster_pid()
+            .is_some_and(|pid| pid_alive(pid as libc::pid_t))
+    }
+
+    /// The postmaster's pid as `postmaster.pid` gives it (None while there is none).
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.dir.join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
     }
 
     pub fn port(&self) -> u16 {
