@@ -23,7 +23,12 @@ pub const NICE: i32 = 19;
 /// Lowers `pair`'s relay processes and `standby` (its postmaster and every process below
 /// it) to [`NICE`].
 pub fn lower(pair: &RelayPair, standby: &Cluster) -> anyhow::Result<()> {
-    pair.renice(NICE)?;
+    for (half, pid) in pair.pids() {
+        let pid =
+            pid.with_context(|| format!("the {} pair's {half} is not running", pair.codec))?;
+        renice_tree(pid, NICE)
+            .with_context(|| format!("renicing the {} pair's {half} (pid {pid})", pair.codec))?;
+    }
     let pid = standby
         .postmaster_pid()
         .with_context(|| format!("standby {} has no postmaster.pid", standby.name()))?;

@@ -100,20 +100,12 @@ impl RelayPair {
         format!("walrelay_{}", self.tag)
     }
 
-    /// Sets both relay processes, every thread, to `nice` ([`super::background`]).
-    pub fn renice(&self, nice: i32) -> Result<()> {
-        for (half, p) in [
-            ("upstream", &self.upstream),
-            ("downstream", &self.downstream),
-        ] {
-            let pid = p
-                .pid()
-                .with_context(|| format!("the {} pair's {half} is not running", self.codec))?;
-            super::background::renice_tree(pid, nice).with_context(|| {
-                format!("renicing the {} pair's {half} (pid {pid})", self.codec)
-            })?;
-        }
-        Ok(())
+    /// The pid of each half while it runs, named.
+    pub fn pids(&self) -> [(&'static str, Option<u32>); 2] {
+        [
+            ("upstream", self.upstream.pid()),
+            ("downstream", self.downstream.pid()),
+        ]
     }
 
     /// Waits until the downstream's link stream is open (its spool has a start position).
