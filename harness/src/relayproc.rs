@@ -238,12 +238,18 @@ impl Drop for RelayProcess {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the command, `state` first: the file is
+/// `pid (comm) state ppid ...` and comm may hold spaces and parentheses, so the fields
+/// start after the last `)`. None when there is no such process.
+pub fn stat_after_comm(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.to_string())
+}
+
 /// utime + stime of process `pid` from `/proc/<pid>/stat`, in seconds.
 pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`: comm may hold spaces; utime and stime are fields 14 and 15,
-    // i.e. the 12th and 13th after the closing parenthesis.
-    let rest = stat.rsplit_once(')')?.1;
+    // utime and stime are fields 14 and 15, the 12th and 13th after the command.
+    let rest = stat_after_comm(pid)?;
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;

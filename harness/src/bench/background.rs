@@ -16,6 +16,7 @@ use anyhow::Context;
 
 use super::pair::RelayPair;
 use crate::cluster::Cluster;
+use crate::relayproc::stat_after_comm;
 
 /// The nice value given (the lowest priority).
 pub const NICE: i32 = 19;
@@ -93,20 +94,23 @@ fn descendants(root: u32) -> std::io::Result<Vec<u32>> {
     Ok(found)
 }
 
-/// The parent pid of `pid` (the field after the command in `/proc/<pid>/stat`, whose
-/// command may hold spaces and parentheses: read after the last `)`).
+/// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`, the second after the command).
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat_after_comm(pid)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
 #[cfg(test)]
 fn nice_of(tid: u32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(16)?.parse().ok()
+    stat_after_comm(tid)?
+        .split_whitespace()
+        .nth(16)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
