@@ -18,6 +18,8 @@
 //! while the one before is restored). `WALRELAY_WARM_MB=N` first passes the file's first N MB
 //! through both codecs untimed and times the rest: a steady state, with the block cache
 //! holding the pages the first part imaged (the numbers and counts printed are the rest's).
+//! `WALRELAY_FAST=1` encodes everything with the streams' fast settings, as the upstream does
+//! while it falls behind on CPU (`WalEncoder::set_fast`).
 /// The walrelay binary's allocator (its `main.rs` says why), so that profiles match it.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -39,6 +41,7 @@ struct Options {
     cache_mb: usize,
     warm_mb: usize,
     cores: Cores,
+    fast: bool,
 }
 
 impl Options {
@@ -51,6 +54,7 @@ impl Options {
             cache_mb: env_or("WALRELAY_BLOCK_CACHE_MB", 1024)?,
             warm_mb: env_or("WALRELAY_WARM_MB", 0)?,
             cores: if staged { Cores::Staged } else { Cores::One },
+            fast: std::env::var("WALRELAY_FAST").is_ok_and(|v| v == "1"),
         })
     }
 }
@@ -93,6 +97,7 @@ fn main() -> Result<()> {
     let timed_start = Lsn(start.0 + split as u64);
     let mut enc = WalEncoder::new(&setup)?;
     enc.set_parallel(cores == Cores::Staged);
+    enc.set_fast(o.fast);
     let sizes = (message, o.hold);
     // The warm-up is not timed: its payloads need no memory touched beforehand.
     let mut warm_encoded = Payloads::with_room(0, 0);

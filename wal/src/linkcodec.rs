@@ -122,6 +122,14 @@ impl WalEncoder {
         }
     }
 
+    /// The `wal` codec's fast zstd settings on or off (`walcodec::Encoder::set_fast`); the
+    /// other codecs keep theirs.
+    pub fn set_fast(&mut self, on: bool) {
+        if let EncCodec::Wal(e) = &mut self.codec {
+            e.set_fast(on);
+        }
+    }
+
     /// The WAL-aware codec's encoder, if this is one.
     pub fn wal(&self) -> Option<&walcodec::Encoder> {
         match &self.codec {

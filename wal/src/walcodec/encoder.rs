@@ -85,6 +85,8 @@ pub struct Encoder {
     /// Use more than one core: checks on a worker, a large message's sections compressed on
     /// a thread (see [`Encoder::set_parallel`]).
     parallel: bool,
+    /// The streams' fast settings for the next messages (see [`Encoder::set_fast`]).
+    fast: bool,
     /// Bytes of the message being encoded.
     msg_len: usize,
     /// The record being encoded writes new pages whole (XLOG_FPI, `log_newpage`): see
@@ -146,6 +148,7 @@ impl Encoder {
             })?,
             verify: Verifier::new(),
             parallel: payload::multi_core(),
+            fast: false,
             msg_len: 0,
             new_pages: false,
             hold: 0,
@@ -160,6 +163,16 @@ impl Encoder {
     /// differently.
     pub fn set_parallel(&mut self, on: bool) {
         self.parallel = on && payload::multi_core();
+    }
+
+    /// Compresses the streams of the messages encoded from now on at a fast zstd level
+    /// ([`super::streams::FAST_LEVEL`], no long-distance matching), or again at the
+    /// configured level: the runtime turns it on while it falls behind the primary on CPU
+    /// (more bytes, less lag). Each stream starts a new zstd frame at its first input after
+    /// a change, so the history built so far stops counting for matches. The decoder needs
+    /// nothing: the payload restores the same WAL either way.
+    pub fn set_fast(&mut self, on: bool) {
+        self.fast = on;
     }
 
     /// [`Encoder::set_parallel`], whatever the machine (tests).

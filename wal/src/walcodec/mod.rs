@@ -108,7 +108,10 @@
 //!
 //! Varints are unsigned LEB128. Each of CTRL..MAIN is the output of its own streaming zstd
 //! context for this message, ended with ZSTD_e_flush (absent when the stream got nothing this
-//! message), or a part of the combined chunk. The streams:
+//! message), or a part of the combined chunk. A stream is a sequence of zstd frames: a
+//! section may begin with the end (ZSTD_e_end) of the frame before and the start of a new one,
+//! where the encoder changed the stream's level (`streams::CStream::set_fast`); zstd's
+//! streaming decoder reads on across it, and the new frame has no history. The streams:
 //!
 //! - CTRL: the op sequence ([`format`](mod@format)) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
@@ -181,6 +184,8 @@ mod zseq;
 pub mod testgen;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fast;
 #[cfg(test)]
 mod tests_fpi;
 #[cfg(test)]

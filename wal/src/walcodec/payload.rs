@@ -148,6 +148,20 @@ impl Sections {
         })
     }
 
+    /// The fast settings for the next messages' bulk streams, or the normal ones
+    /// ([`CStream::set_fast`]: each stream changes at its next input).
+    ///
+    /// Only DATA, PAGE and RAW change: where a bulk load's bytes go, and where zstd's own
+    /// time is most of the encoding. The structural streams (CTRL, HDR, MAIN, IMG) and the
+    /// combined chunk of small messages keep their level: on pgbench WAL, where zstd is a
+    /// quarter of the encoding, they took most of the fast settings' 9.6 % more bytes for
+    /// no speed (`docs/keeping-up.md`, thirty-seventh round).
+    pub fn set_fast(&mut self, fast: bool) {
+        for s in [S_DATA, S_PAGE, S_RAW] {
+            self.streams[s].set_fast(fast);
+        }
+    }
+
     /// Writes the payload of one message: the streams' gathered bytes `bufs` (cleared),
     /// then `fpi`. `clens` gets each stream's share of the payload (the combined chunk is
     /// shared out by input bytes), for the counters.

@@ -6,7 +6,7 @@ use super::zprefix::{FrameError, PrefixCompressor, PrefixDecompressor};
 use super::zseq::SeqCompressor;
 use super::WalCodecError;
 use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
-use zstd_safe::{CCtx, DCtx, FrameFormat};
+use zstd_safe::{CCtx, DCtx, FrameFormat, ParamSwitch};
 
 use super::wal::PAGE_SIZE;
 
@@ -134,9 +134,32 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// zstd level of the streams while the encoder catches up ([`CStream::set_fast`]), with
+/// Huffman-coded literals (zstd turns them off at negative levels by default; text-like
+/// WAL then doubles) and without the long-distance matcher. Measured on recorded WAL
+/// (`harness/examples/codec_profile.rs`, PG 15, one core, medians of four alternating runs;
+/// `docs/keeping-up.md`, thirty-seventh round): a bulk load 254 → 351 MB/s encoded for
+/// 0.65 % more bytes; pgbench no faster (zstd is a quarter of its encoding) for 9.6 % more.
+pub const FAST_LEVEL: i32 = -3;
+
 /// One streaming zstd context of the encoder.
+///
+/// A stream is a sequence of zstd frames: one for as long as the context keeps its
+/// settings, a new one when [`CStream::set_fast`] changes them (zstd applies a new level
+/// only from a frame's start). A frame ends inside a message's section and the next starts
+/// right after it; zstd's streaming decoder reads across the boundary, so the decoder needs
+/// nothing for it. What a new frame costs is the history: matches start over.
 pub struct CStream {
     ctx: Encoder<'static>,
+    level: i32,
+    /// Long-distance matching in the normal settings (a window above [`WINDOW_LOG`]).
+    ldm: bool,
+    /// The settings of the frame being written: fast, or `level` (and `ldm`).
+    fast: bool,
+    /// The settings asked for; the next input with other settings than `fast` starts a frame.
+    want_fast: bool,
+    /// A frame has begun (bytes went out since the context's start or the last frame's end).
+    open: bool,
 }
 
 impl CStream {
@@ -147,13 +170,26 @@ impl CStream {
         let window_log = window_log.min(HISTORY_LOG_MAX);
         ctx.set_parameter(CParameter::WindowLog(window_log))
             .map_err(WalCodecError::zstd)?;
-        if window_log > WINDOW_LOG {
+        let ldm = window_log > WINDOW_LOG;
+        if ldm {
             ctx.set_parameter(CParameter::EnableLongDistanceMatching(true))
                 .map_err(WalCodecError::zstd)?;
             ctx.set_parameter(CParameter::LdmMinMatch(LDM_MIN_MATCH))
                 .map_err(WalCodecError::zstd)?;
         }
-        Ok(CStream { ctx })
+        Ok(CStream {
+            ctx,
+            level,
+            ldm,
+            fast: false,
+            want_fast: false,
+            open: false,
+        })
+    }
+
+    /// Asks for the fast settings ([`FAST_LEVEL`]) or the normal ones from the next input on.
+    pub fn set_fast(&mut self, fast: bool) {
+        self.want_fast = fast;
     }
 
     /// Compresses `buf` and flushes, appending to `out` (nothing for no bytes).
@@ -161,6 +197,10 @@ impl CStream {
         if buf.is_empty() {
             return Ok(());
         }
+        if self.want_fast != self.fast {
+            self.switch(out)?;
+        }
+        self.open = true;
         out.reserve(buf.len() / 2 + 64);
         let mut input = InBuffer::around(buf);
         while input.pos() < buf.len() {
@@ -178,6 +218,38 @@ impl CStream {
                 break;
             }
         }
+        Ok(())
+    }
+
+    /// Ends the open frame (its end goes to `out`) and sets the wanted settings for the next.
+    fn switch(&mut self, out: &mut Vec<u8>) -> Result<(), WalCodecError> {
+        if self.open {
+            loop {
+                spare(out, 1024);
+                let mut o = OutBuffer::around_pos(out, out.len());
+                let left = self.ctx.finish(&mut o, true).map_err(WalCodecError::zstd)?;
+                if left == 0 {
+                    break;
+                }
+            }
+            self.open = false;
+        }
+        let fast = self.want_fast;
+        let (level, literals) = if fast {
+            (FAST_LEVEL, ParamSwitch::Enable)
+        } else {
+            (self.level, ParamSwitch::Auto)
+        };
+        let ctx = &mut self.ctx;
+        ctx.set_parameter(CParameter::CompressionLevel(level))
+            .and_then(|()| ctx.set_parameter(CParameter::LiteralCompressionMode(literals)))
+            // `false` is zstd's "auto", which leaves the matcher off at the fast strategy.
+            .and_then(|()| match self.ldm {
+                true => ctx.set_parameter(CParameter::EnableLongDistanceMatching(!fast)),
+                false => Ok(()),
+            })
+            .map_err(WalCodecError::zstd)?;
+        self.fast = fast;
         Ok(())
     }
 }

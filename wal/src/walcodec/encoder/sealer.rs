@@ -40,6 +40,8 @@ pub(crate) struct Staged {
     /// Its records' bytes per resource manager, settled once the sections' sizes are known.
     pub tally: MsgTally,
     pub raw_len: usize,
+    /// Compressed with the streams' fast settings ([`Encoder::set_fast`]).
+    pub fast: bool,
 }
 
 /// A message's payload and what the counters need.
@@ -68,6 +70,7 @@ impl Work for Sections {
         payload.clear();
         let ulens = std::array::from_fn(|s| staged.bufs[s].len());
         let mut clens = [0; STREAMS];
+        self.set_fast(staged.fast);
         self.write(&mut staged.bufs, &staged.fpi, &mut payload, &mut clens)?;
         Ok(Sealed {
             staged,
@@ -120,6 +123,7 @@ impl Encoder {
         std::mem::swap(&mut st.fpi, &mut self.fpi);
         self.rmgr.end(&mut st.tally);
         st.raw_len = raw_len;
+        st.fast = self.fast;
         self.sealer.push(st, away)
     }
 
@@ -166,6 +170,7 @@ impl Sealer {
             fpi: Vec::new(),
             tally: MsgTally::default(),
             raw_len: 0,
+            fast: false,
         })
     }
 
