@@ -333,6 +333,7 @@ mod tests {
             ("link.keepalive_secs", s("10"), s("3")),
             ("link.connect_timeout_secs", s("10"), s("3")),
             ("link.batch_window_ms", s("10"), s("0")),
+            ("link.catch_up", s("true"), s("false")),
             ("limits.queue_messages", s("64"), s("7")),
             ("limits.max_message_bytes", s("4194304"), s("300000")),
             ("limits.max_sessions", s("64"), s("3")),

@@ -30,6 +30,9 @@ pub struct Metrics {
     /// WAL runs staged ahead: encoded in two halves (upstream, `WalEncoder::stage`) or their
     /// sections decompressed ahead (downstream, `WalDecoder::stage`).
     pub codec_staged_messages: [AtomicU64; 2],
+    /// Batches encoded with the codec's fast settings while the upstream fell behind on CPU
+    /// (`link.catch_up`).
+    pub codec_fast_messages: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Tunnels (`crate::walsender::tunnel`), per half ([upstream, downstream]): open now, and protocol

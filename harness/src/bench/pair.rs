@@ -60,6 +60,9 @@ pub struct PairCounters {
     /// `walrelay_codec_staged_messages_total` of the upstream's and the downstream's half:
     /// WAL runs each staged one batch ahead while behind (NaN when not scraped).
     pub staged: [f64; 2],
+    /// `walrelay_codec_fast_messages_total` of the upstream: batches encoded at the fast
+    /// zstd level while it fell behind on CPU (`link.catch_up`; NaN when not scraped).
+    pub fast: f64,
     /// The upstream's codec counters, [`CODEC_COUNTERS`] in order (NaN when not scraped).
     pub codec: [f64; 4],
 }
@@ -193,6 +196,7 @@ impl RelayPair {
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],
+            fast: f64::NAN,
             codec: [f64::NAN; 4],
         };
         if scrape {
@@ -212,6 +216,7 @@ impl RelayPair {
                 prom::sum(&up, staged, &[("half", "upstream")]),
                 prom::sum(&down, staged, &[("half", "downstream")]),
             ];
+            c.fast = prom::sum(&up, "walrelay_codec_fast_messages_total", &[]);
             c.codec = CODEC_COUNTERS.map(|name| prom::sum(&up, name, &[]));
             return Ok((c, RelayPositions::from_scrapes(&up, &down)));
         }

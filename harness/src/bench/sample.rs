@@ -149,6 +149,8 @@ pub struct PairCut {
     /// scraped).
     pub staged_up: Option<f64>,
     pub staged_down: Option<f64>,
+    /// Batches the upstream encoded at the fast zstd level (None when not scraped).
+    pub fast_up: Option<f64>,
     /// What the upstream's codec counted over the window (None when not scraped).
     pub codec: Option<CodecCut>,
     /// Seconds the upstream's and the downstream's threads waited for a core (None where the
@@ -250,6 +252,7 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             payload: num(a.payload, b.payload),
             staged_up: num(a.staged[0], b.staged[0]),
             staged_down: num(a.staged[1], b.staged[1]),
+            fast_up: num(a.fast, b.fast),
             codec: CodecCut::between(&a.codec, &b.codec),
             wait_up_s: num(a.wait_up, b.wait_up),
             wait_down_s: num(a.wait_down, b.wait_down),
@@ -399,6 +402,7 @@ mod tests {
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [3.0 * t, t],
+            fast: 5.0 * t,
             codec: [t, 2.0 * t, 10.0 * t, 4.0 * t],
         };
         Sample {
@@ -443,6 +447,7 @@ mod tests {
             (Some(6.0), Some(2.0))
         );
         assert_eq!(c.pairs[1].staged_up, Some(6.0));
+        assert_eq!(c.pairs[0].fast_up, Some(10.0));
         let codec = c.pairs[0].codec.unwrap();
         assert_eq!((codec.records_cut, codec.records_held), (2.0, 4.0));
         assert_eq!((codec.fpis, codec.fpi_cache_hits), (20.0, 8.0));

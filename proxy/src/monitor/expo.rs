@@ -336,6 +336,12 @@ fn codec_time_families(e: &mut Expo, m: &Metrics) {
         "WAL runs staged one batch ahead while behind: compressed on the codec's section thread while the next was transformed (upstream), sections decompressed while the run before was restored (downstream).",
         per_half(&m.codec_staged_messages),
     );
+    e.halves(
+        "walrelay_codec_fast_messages_total",
+        "counter",
+        "Batches the upstream encoded with a fast zstd level for its bulk streams while it fell behind the primary on CPU (link.catch_up): more bytes, less lag.",
+        [Some(count(&m.codec_fast_messages)), None],
+    );
 }
 
 /// What the wal codec did: bytes by kind and by resource manager, images, caches, tuples.

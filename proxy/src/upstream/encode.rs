@@ -18,6 +18,10 @@
 //! are transformed here, then frames the first. Otherwise it encodes one batch at a time on
 //! one core, which costs the least CPU. The frames and their bytes are the same either way.
 //!
+//! While batches keep waiting for the thread and the link takes its frames at once, the
+//! thread is short of CPU: it then has the codec compress its bulk streams at a fast zstd
+//! level until it keeps up again (`link.catch_up`, [`catchup`]: more bytes, less lag).
+//!
 //! A batch that ended because the primary's next WAL did not fit ([`Job::more`]) may leave
 //! the head of the record its end cuts (at most `hold_max` bytes,
 //! [`super::handshake::hold_max`]) to the next batch: the framer keeps it and puts it first in
@@ -40,6 +44,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::sync::{mpsc, watch};
@@ -53,6 +58,9 @@ use walrelay_wal::walcodec::STAGED_MAX;
 
 use crate::metrics::{timed, Metrics};
 use crate::monitor::codec_totals::SessionCodecStats;
+
+mod catchup;
+use catchup::{CatchUp, Seen};
 
 /// What a standby's own connection sends down the stream (through the feed's batches).
 #[derive(Debug)]
@@ -107,6 +115,8 @@ pub struct Framer {
     /// (`WalEncoder::encode_held`; a cut record passes raw). Only a batch that the
     /// primary's next WAL follows at once holds anything ([`Job::more`]).
     carry: Option<(WalHeader, BytesMut)>,
+    /// The codec's fast settings are on ([`catchup`]).
+    fast: bool,
 }
 
 /// Most WAL bytes in a batch the feed encodes itself when the thread is idle (see
@@ -155,11 +165,28 @@ impl Output {
         if behind {
             Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
         }
+        if framer.fast {
+            Metrics::add(&framer.metrics.codec_fast_messages, 1);
+        }
         let frame = framer.frame(job, staged)?;
         Metrics::add(&framer.metrics.link_messages_out, 1);
         Ok(ToDownstream {
             msg: Some(to_downstream::Msg::Frame(frame.into())),
         })
+    }
+
+    /// The codec's fast settings on or off from the next batch on ([`catchup`]).
+    fn set_fast(&self, fast: bool) {
+        let mut framer = self.framer();
+        framer.encoder.set_fast(fast);
+        framer.fast = fast;
+        if fast {
+            tracing::info!(
+                "the relay is short of CPU and falls behind the primary: compressing the bulk of the WAL at a fast zstd level until it keeps up (more bytes on the link; link.catch_up = false turns this off)"
+            );
+        } else {
+            tracing::info!("the relay keeps up again: back to the configured zstd level");
+        }
     }
 
     fn sent_down(&self, job: &Job) {
@@ -170,11 +197,13 @@ impl Output {
 }
 
 impl EncodeStage {
-    /// Starts the thread. Frames go to `tx`; `sent` learns where the WAL sent down ends.
+    /// Starts the thread. Frames go to `tx`; `sent` learns where the WAL sent down ends;
+    /// `catch_up`: `link.catch_up` ([`catchup`]).
     pub fn spawn(
         framer: Framer,
         tx: mpsc::Sender<Result<ToDownstream, Status>>,
         sent: watch::Sender<Lsn>,
+        catch_up: bool,
     ) -> Result<EncodeStage, Status> {
         let (jobs, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
@@ -188,6 +217,8 @@ impl EncodeStage {
             out: out.clone(),
             jobs: rx,
             failed: failed.clone(),
+            catch_up: CatchUp::new(catch_up),
+            link_full: false,
         };
         std::thread::Builder::new()
             .name("walrelay-encode".into())
@@ -245,6 +276,9 @@ struct EncodeThread {
     out: Output,
     jobs: mpsc::Receiver<Job>,
     failed: Arc<Mutex<Option<Status>>>,
+    catch_up: CatchUp,
+    /// The link's stream had no room for the last frame when the thread sent it.
+    link_full: bool,
 }
 
 impl EncodeThread {
@@ -263,6 +297,13 @@ impl EncodeThread {
             // faster than one core encodes. (A batch or two queued is a burst, which one
             // core absorbs; threads for it cost CPU and bought no lag in the bench.)
             let behind = self.out.in_flight.load(Ordering::Acquire) > QUEUE;
+            let seen = Seen {
+                behind,
+                link_full: self.link_full,
+            };
+            if let Some(fast) = self.catch_up.observe(Instant::now(), seen) {
+                self.out.set_fast(fast);
+            }
             let r = self.look_ahead(&mut job, &mut staged, behind, &mut ahead);
             let msg = match r.and_then(|()| self.out.frame(&mut job, behind, staged)) {
                 Ok(m) => m,
@@ -271,6 +312,7 @@ impl EncodeThread {
                     return;
                 }
             };
+            self.link_full = self.out.tx.capacity() == 0;
             if self.out.tx.blocking_send(Ok(msg)).is_err() {
                 return;
             }
@@ -319,6 +361,7 @@ impl Framer {
             metrics,
             hold_max,
             carry: None,
+            fast: false,
         }
     }
 

@@ -520,7 +520,7 @@ async fn run_stream(
     );
     let mut to_link = FeedToLink {
         conn,
-        stage: encode::EncodeStage::spawn(framer, tx, sent)?,
+        stage: encode::EncodeStage::spawn(framer, tx, sent, up.link.catch_up)?,
         events,
         metrics: &up.metrics,
         window: Duration::from_millis(up.link.batch_window_ms),
