@@ -154,8 +154,8 @@ impl Sections {
     /// Only DATA, PAGE and RAW change: where a bulk load's bytes go, and where zstd's own
     /// time is most of the encoding. The structural streams (CTRL, HDR, MAIN, IMG) and the
     /// combined chunk of small messages keep their level: on pgbench WAL, where zstd is a
-    /// quarter of the encoding, they took most of the fast settings' 9.6 % more bytes for
-    /// no speed (`docs/keeping-up.md`, thirty-seventh round).
+    /// quarter of the encoding, they took most of the 9.5 % more bytes that every stream at
+    /// the fast settings cost, for no speed (`docs/keeping-up.md`, thirty-seventh round).
     pub fn set_fast(&mut self, fast: bool) {
         for s in [S_DATA, S_PAGE, S_RAW] {
             self.streams[s].set_fast(fast);

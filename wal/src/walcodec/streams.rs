@@ -135,11 +135,12 @@ impl<'a> Reader<'a> {
 }
 
 /// zstd level of the streams while the encoder catches up ([`CStream::set_fast`]), with
-/// Huffman-coded literals (zstd turns them off at negative levels by default; text-like
-/// WAL then doubles) and without the long-distance matcher. Measured on recorded WAL
-/// (`harness/examples/codec_profile.rs`, PG 15, one core, medians of four alternating runs;
-/// `docs/keeping-up.md`, thirty-seventh round): a bulk load 254 → 351 MB/s encoded for
-/// 0.65 % more bytes; pgbench no faster (zstd is a quarter of its encoding) for 9.6 % more.
+/// Huffman-coded literals (zstd turns them off at negative levels by default: a bulk load's
+/// bytes then grow by 60 %) and without the long-distance matcher. Measured on recorded WAL
+/// (`harness/examples/codec_profile.rs`, PG 15, one core, medians of four alternating runs,
+/// DATA, PAGE and RAW fast as [`super::payload::Sections::set_fast`] does it;
+/// `docs/keeping-up.md`, thirty-seventh round): a bulk load 270 → 403 MB/s encoded for
+/// 0.87 % more bytes; pgbench no faster (zstd is a quarter of its encoding) for 2.4 % more.
 pub const FAST_LEVEL: i32 = -3;
 
 /// One streaming zstd context of the encoder.
