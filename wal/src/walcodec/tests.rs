@@ -488,39 +488,47 @@ fn small_messages_go_combined_big_ones_separate() {
     assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
 }
 
+/// Writes a heap insert of `body` (after a tuple header's fields) into block `blkno` of
+/// relation `rel` to `g`, one record per call.
+pub(super) fn insert_row(g: &mut WalGen, rel: u32, blkno: u32, body: &[u8]) {
+    let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
+    data.extend_from_slice(body);
+    let blocks = [testgen::GenBlock {
+        key: wal::BlockKey {
+            spc: 1663,
+            db: 5,
+            rel,
+            fork: 0,
+            blkno,
+        },
+        image: testgen::Image::None,
+        data,
+    }];
+    let rec = g.record(10, 0x00, 900 + blkno, &blocks, &[1, 0, 0]);
+    g.write_record(&rec);
+}
+
+/// A row of 6,000 random bytes, 6 MiB of other (incompressible) rows, then the first row
+/// again, from `mark` on.
+pub(super) fn value_seen_long_ago(seed: u64) -> (WalGen, usize) {
+    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, seed);
+    let value = g.rng.bytes(6000);
+    insert_row(&mut g, 16500, 0, &value);
+    for b in 1..1000 {
+        let other = g.rng.bytes(6000);
+        insert_row(&mut g, 16500, b, &other);
+    }
+    let mark = g.buf.len();
+    insert_row(&mut g, 16500, 1000, &value);
+    (g, mark)
+}
+
 /// A value written again long after (a TOAST value rewritten under new chunk ids) is found in
 /// DATA's long history when `block_cache_bytes` pays for it (an eighth of it), and not with
 /// the 4 MiB window of a small cache.
 #[test]
 fn content_seen_long_ago_is_a_reference() {
-    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 9);
-    let key = |blkno| wal::BlockKey {
-        spc: 1663,
-        db: 5,
-        rel: 16500,
-        fork: 0,
-        blkno,
-    };
-    let value = g.rng.bytes(6000);
-    let insert = |g: &mut WalGen, blkno: u32, body: &[u8]| {
-        let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
-        data.extend_from_slice(body);
-        let blocks = [testgen::GenBlock {
-            key: key(blkno),
-            image: testgen::Image::None,
-            data,
-        }];
-        let rec = g.record(10, 0x00, 900 + blkno, &blocks, &[1, 0, 0]);
-        g.write_record(&rec);
-    };
-    insert(&mut g, 0, &value);
-    // 6 MiB of other (incompressible) rows in between.
-    for b in 1..1000 {
-        let other = g.rng.bytes(6000);
-        insert(&mut g, b, &other);
-    }
-    let mark = g.buf.len();
-    insert(&mut g, 1000, &value);
+    let (g, mark) = value_seen_long_ago(9);
     let cost_of_last = |cache: usize| {
         let p = CodecParams {
             block_cache_bytes: cache,

@@ -5,8 +5,9 @@
 
 use proptest::prelude::*;
 
-use super::testgen::{self, Entropy, WalGen};
-use super::tests::{every, params, synthetic};
+use super::testgen::{Entropy, WalGen};
+use super::tests::{every, insert_row, params, synthetic, value_seen_long_ago};
+use super::tests_stage::assert_same_payloads;
 use super::*;
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -104,15 +105,7 @@ fn staged_messages_keep_the_settings_they_were_staged_with() {
     while enc.collect(&mut out).unwrap() {
         got.push(out.clone());
     }
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            g == w,
-            "message {i}: {} bytes, encode gave {}",
-            g.len(),
-            w.len()
-        );
-    }
+    assert_same_payloads(&got, &want);
 }
 
 /// Text-like rows (hex digits, like a bulk load of md5 text): the fast settings still code
@@ -121,27 +114,13 @@ fn staged_messages_keep_the_settings_they_were_staged_with() {
 fn fast_settings_keep_text_compressed() {
     let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 23);
     for b in 0..600u32 {
-        let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
         let row: Vec<u8> = g
             .rng
             .bytes(2000)
             .iter()
             .map(|x| b"0123456789abcdef"[(x & 15) as usize])
             .collect();
-        data.extend_from_slice(&row);
-        let blocks = [testgen::GenBlock {
-            key: wal::BlockKey {
-                spc: 1663,
-                db: 5,
-                rel: 16600,
-                fork: 0,
-                blkno: b,
-            },
-            image: testgen::Image::None,
-            data,
-        }];
-        let rec = g.record(10, 0x00, 900 + b, &blocks, &[1, 0, 0]);
-        g.write_record(&rec);
+        insert_row(&mut g, 16600, b, &row);
     }
     let p = params(200);
     let cuts = every(128 * 1024, g.buf.len());
@@ -168,32 +147,7 @@ fn fast_settings_keep_text_compressed() {
 /// the history gone), it costs its size again.
 #[test]
 fn a_switch_loses_the_long_history() {
-    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 24);
-    let insert = |g: &mut WalGen, blkno: u32, body: &[u8]| {
-        let mut data = vec![0x02, 0x00, 0x02, 0x08, 24];
-        data.extend_from_slice(body);
-        let blocks = [testgen::GenBlock {
-            key: wal::BlockKey {
-                spc: 1663,
-                db: 5,
-                rel: 16500,
-                fork: 0,
-                blkno,
-            },
-            image: testgen::Image::None,
-            data,
-        }];
-        let rec = g.record(10, 0x00, 900 + blkno, &blocks, &[1, 0, 0]);
-        g.write_record(&rec);
-    };
-    let value = g.rng.bytes(6000);
-    insert(&mut g, 0, &value);
-    for b in 1..1000 {
-        let other = g.rng.bytes(6000);
-        insert(&mut g, b, &other);
-    }
-    let mark = g.buf.len();
-    insert(&mut g, 1000, &value);
+    let (g, mark) = value_seen_long_ago(24);
     let p = CodecParams {
         block_cache_bytes: 1 << 30,
         ..params(0)

@@ -19,6 +19,19 @@ fn messages<'a>(start: u64, wal: &'a [u8], cuts: &[usize]) -> Vec<(Lsn, &'a [u8]
     out
 }
 
+/// `got` (the staged path's payloads) are `want` (those of `encode`), message by message.
+pub(super) fn assert_same_payloads(got: &[Vec<u8>], want: &[Vec<u8>]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g == w,
+            "message {i}: {} bytes, encode gave {}",
+            g.len(),
+            w.len()
+        );
+    }
+}
+
 #[test]
 fn staged_one_ahead_gives_the_bytes_and_counters_of_encode() {
     let g = synthetic(7, 1_500_000, 40);
@@ -49,15 +62,7 @@ fn staged_one_ahead_gives_the_bytes_and_counters_of_encode() {
     while two.collect(&mut out).unwrap() {
         got.push(out.clone());
     }
-    assert_eq!(got.len(), msgs.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            g == w,
-            "message {i}: {} bytes, encode gave {}",
-            g.len(),
-            w.len()
-        );
-    }
+    assert_same_payloads(&got, &want);
     assert_eq!(format!("{:?}", two.stats()), format!("{:?}", one.stats()));
     assert_eq!(two.stats().resyncs, 1);
 
