@@ -69,13 +69,26 @@ async fn frames_staged_ahead_pass_on_in_order() {
         frames: input,
         mut verified,
     } = DecodeStage::spawn(decoder, caps, metrics.clone()).unwrap();
+    let probe = input.frames.clone();
     let feed = tokio::spawn(async move {
         for f in frames {
             input.send(f).await.unwrap();
         }
     });
-    // The verified frames are taken slowly until frames queued up behind the thread and it
-    // staged one ahead, however fast or busy the machine.
+    // Nothing is taken until the queue in front of the thread is full (the thread holds a
+    // frame it cannot pass on, the feed waits with the next one counted): the next frame the
+    // thread takes finds it behind however busy the machine, where a reader merely slower
+    // than the thread depends on the thread's speed.
+    let full = async {
+        while probe.capacity() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), full)
+        .await
+        .expect("the frame queue never filled");
+    drop(probe);
+    // Then the verified frames are taken slowly until the thread staged one ahead.
     let staged = || metrics.codec_parallel_messages[1].load(Ordering::Relaxed) > 0;
 
     let (mut got, mut next, mut keepalives) = (Vec::new(), 0x100_0000u64, 0);

@@ -70,6 +70,7 @@ async fn batches_staged_ahead_restore_in_order() {
     let (sent, sent_rx) = watch::channel(Lsn(0));
     let stage = EncodeStage::spawn(framer, tx, sent, true).unwrap();
     const JOBS: usize = 40;
+    let probe = stage.jobs.clone();
     let feed = tokio::spawn(async move {
         let mut at = 0x100_0000u64;
         let mut want = Vec::new();
@@ -80,8 +81,11 @@ async fn batches_staged_ahead_restore_in_order() {
         }
         want
     });
-    // The frames are read slowly until the thread fell behind (batches queued up behind it)
-    // and encoded one in parallel, however fast or busy the machine.
+    // Nothing is read until the batch queue is full (the thread holds a frame the link cannot
+    // take, the feed waits with the next batch counted), so that the next batch the thread
+    // takes finds it behind however busy the machine; then the frames are read slowly until
+    // it encoded one in parallel.
+    wait_full(probe).await;
     let behind = || metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0;
     let (got, keepalives) = restore_frames(&mut rx, 0x100_0000, JOBS * RUN, &behind, PAUSE).await;
     let next = 0x100_0000 + got.len() as u64;
@@ -98,6 +102,18 @@ async fn batches_staged_ahead_restore_in_order() {
     // The queue was full behind some batches: those were staged ahead.
     assert!(metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0);
     assert!(metrics.codec_staged_messages[0].load(Ordering::Relaxed) > 0);
+}
+
+/// Waits (up to 30 s) until the batch queue `probe` is a sender of is full.
+async fn wait_full<T>(probe: mpsc::Sender<T>) {
+    let full = async {
+        while probe.capacity() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), full)
+        .await
+        .expect("the batch queue never filled");
 }
 
 /// One WAL run of `bytes` at `start`, as a batch of its own.
@@ -247,8 +263,7 @@ async fn a_cut_record_waits_for_the_next_batch() {
 /// either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
-    const JOBS: usize = 30;
-    for link_open in [true, false] {
+    for (link_open, jobs) in [(true, 60), (false, 30)] {
         let metrics = Arc::new(Metrics::default());
         let framer = Framer::new(
             WalEncoder::new(&wal_setup()).unwrap(),
@@ -256,15 +271,15 @@ async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
             metrics.clone(),
             0,
         );
-        let (tx, mut rx) = mpsc::channel(if link_open { 4 * JOBS } else { 1 });
+        let (tx, mut rx) = mpsc::channel(if link_open { 4 * jobs } else { 1 });
         let (sent, _sent_rx) = watch::channel(Lsn(0));
         let stage = EncodeStage::spawn(framer, tx, sent, true).unwrap();
         let mut at = 0x100_0000u64;
         // Made before any is sent: the feed hands them over faster than the thread encodes.
-        let jobs: Vec<_> = (0..JOBS).map(|i| job(i, &mut at)).collect();
+        let batches: Vec<_> = (0..jobs).map(|i| job(i, &mut at)).collect();
         let feed = tokio::spawn(async move {
             let mut want = Vec::new();
-            for (job, bytes) in jobs {
+            for (job, bytes) in batches {
                 want.extend_from_slice(&bytes);
                 stage.send(job).await.unwrap();
             }
@@ -274,7 +289,7 @@ async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
         let (got, _) = restore_frames(
             &mut rx,
             0x100_0000,
-            JOBS * RUN,
+            jobs * RUN,
             &|| link_open,
             Duration::from_millis(50),
         )
@@ -287,7 +302,7 @@ async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
         if link_open {
             // Most of them when the feed keeps the queue full; a busy machine that is slow to
             // wake the feed leaves gaps in the run (14 to 27 of 30 here with other tests).
-            assert!(fast > 0, "no batch of {JOBS} fast");
+            assert!(fast > 0, "no batch of {jobs} fast");
         } else {
             assert_eq!(fast, 0, "fast settings behind a full link");
         }
