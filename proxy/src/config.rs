@@ -244,7 +244,8 @@ section! {
         restart batch_window_ms: u64,
         /// While the upstream falls behind the primary for lack of CPU (and the link is not
         /// what holds it back), compress the bulk of the WAL at a fast zstd level: about 1 %
-        /// more bytes on a bulk load, much less lag. False: the configured level always.
+        /// more bytes on a bulk load, much less lag. False: the configured level always. The
+        /// `wal` codec only.
         restart catch_up: bool,
     }
 }

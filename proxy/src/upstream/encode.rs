@@ -198,7 +198,7 @@ impl Output {
 
 impl EncodeStage {
     /// Starts the thread. Frames go to `tx`; `sent` learns where the WAL sent down ends;
-    /// `catch_up`: `link.catch_up` ([`catchup`]).
+    /// `catch_up`: `link.catch_up` ([`catchup`]), which only the `wal` codec has settings for.
     pub fn spawn(
         framer: Framer,
         tx: mpsc::Sender<Result<ToDownstream, Status>>,
@@ -207,6 +207,7 @@ impl EncodeStage {
     ) -> Result<EncodeStage, Status> {
         let (jobs, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
+        let catch_up = catch_up && framer.encoder.wal().is_some();
         let out = Output {
             framer: Arc::new(Mutex::new(framer)),
             in_flight: Arc::new(AtomicUsize::new(0)),

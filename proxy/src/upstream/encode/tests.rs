@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::testwal::{raw_run, wal_setup};
-use walrelay_wal::linkcodec::WalDecoder;
+use walrelay_wal::linkcodec::{CodecKind, Setup, WalDecoder};
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::testgen::WalGen;
 
@@ -307,4 +307,38 @@ async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
             assert_eq!(fast, 0, "fast settings behind a full link");
         }
     }
+}
+
+/// The `zstd` codec has no fast settings: behind on CPU with the link open, the thread
+/// neither claims nor counts any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catch_up_leaves_the_zstd_codec_alone() {
+    const JOBS: usize = 40;
+    let metrics = Arc::new(Metrics::default());
+    let setup = Setup {
+        kind: CodecKind::Zstd,
+        ..wal_setup()
+    };
+    let framer = Framer::new(
+        WalEncoder::new(&setup).unwrap(),
+        metrics.ops.codec.session(),
+        metrics.clone(),
+        0,
+    );
+    let (tx, mut rx) = mpsc::channel(4 * JOBS);
+    let (sent, _sent_rx) = watch::channel(Lsn(0));
+    let stage = EncodeStage::spawn(framer, tx, sent, true).unwrap();
+    let mut at = 0x100_0000u64;
+    let batches: Vec<_> = (0..JOBS).map(|i| job(i, &mut at)).collect();
+    let feed = tokio::spawn(async move {
+        for (job, _) in batches {
+            stage.send(job).await.unwrap();
+        }
+    });
+    for _ in 0..JOBS {
+        rx.recv().await.expect("the stage ended early").unwrap();
+    }
+    feed.await.unwrap();
+    // (With the settings claimed for every codec, this counted most batches here.)
+    assert_eq!(metrics.codec_fast_messages.load(Ordering::Relaxed), 0);
 }
