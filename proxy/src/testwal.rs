@@ -1,4 +1,5 @@
-//! Test helpers: a `wal` codec session setup and WAL-shaped bytes the codec passes raw.
+//! Test helpers: a `wal` codec session setup, WAL-shaped bytes the codec passes raw, and a
+//! wait for a stage's input queue to fill.
 
 use crate::config::CodecKind;
 use walrelay_wal::linkcodec::Setup;
@@ -24,4 +25,18 @@ pub fn raw_run(seed: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|k| ((k / 7) as u8).wrapping_mul(31) ^ (seed as u8) ^ ((k % 5) as u8))
         .collect()
+}
+
+/// Waits (up to 30 s) until the bounded queue `probe` sends into is full: a stage's thread
+/// then holds an item it cannot pass on and the feed waits with the next one counted, so the
+/// next item the thread takes finds it behind, however busy the machine.
+pub async fn wait_full<T>(probe: &tokio::sync::mpsc::Sender<T>) {
+    let full = async {
+        while probe.capacity() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), full)
+        .await
+        .expect("the stage's input queue never filled");
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::testwal::{raw_run, wal_setup};
+use crate::testwal::{raw_run, wait_full, wal_setup};
 use walrelay_proto::frame::{self, WalHeader};
 use walrelay_wal::linkcodec::WalEncoder;
 
@@ -79,14 +79,7 @@ async fn frames_staged_ahead_pass_on_in_order() {
     // frame it cannot pass on, the feed waits with the next one counted): the next frame the
     // thread takes finds it behind however busy the machine, where a reader merely slower
     // than the thread depends on the thread's speed.
-    let full = async {
-        while probe.capacity() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), full)
-        .await
-        .expect("the frame queue never filled");
+    wait_full(&probe).await;
     drop(probe);
     // Then the verified frames are taken slowly until the thread staged one ahead.
     let staged = || metrics.codec_parallel_messages[1].load(Ordering::Relaxed) > 0;

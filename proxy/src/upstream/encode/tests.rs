@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::testwal::{raw_run, wal_setup};
+use crate::testwal::{raw_run, wait_full, wal_setup};
 use walrelay_wal::linkcodec::{CodecKind, Setup, WalDecoder};
 use walrelay_wal::pg::PgMajor;
 use walrelay_wal::walcodec::testgen::WalGen;
@@ -85,7 +85,7 @@ async fn batches_staged_ahead_restore_in_order() {
     // take, the feed waits with the next batch counted), so that the next batch the thread
     // takes finds it behind however busy the machine; then the frames are read slowly until
     // it encoded one in parallel.
-    wait_full(probe).await;
+    wait_full(&probe).await;
     let behind = || metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0;
     let (got, keepalives) = restore_frames(&mut rx, 0x100_0000, JOBS * RUN, &behind, PAUSE).await;
     let next = 0x100_0000 + got.len() as u64;
@@ -102,18 +102,6 @@ async fn batches_staged_ahead_restore_in_order() {
     // The queue was full behind some batches: those were staged ahead.
     assert!(metrics.codec_parallel_messages[0].load(Ordering::Relaxed) > 0);
     assert!(metrics.codec_staged_messages[0].load(Ordering::Relaxed) > 0);
-}
-
-/// Waits (up to 30 s) until the batch queue `probe` is a sender of is full.
-async fn wait_full<T>(probe: mpsc::Sender<T>) {
-    let full = async {
-        while probe.capacity() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), full)
-        .await
-        .expect("the batch queue never filled");
 }
 
 /// One WAL run of `bytes` at `start`, as a batch of its own.
