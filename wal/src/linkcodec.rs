@@ -130,6 +130,11 @@ impl WalEncoder {
         }
     }
 
+    /// Whether the next messages get the `wal` codec's fast settings (never for the others).
+    pub fn fast(&self) -> bool {
+        self.wal().is_some_and(walcodec::Encoder::fast)
+    }
+
     /// The WAL-aware codec's encoder, if this is one.
     pub fn wal(&self) -> Option<&walcodec::Encoder> {
         match &self.codec {

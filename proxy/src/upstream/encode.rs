@@ -115,8 +115,6 @@ pub struct Framer {
     /// (`WalEncoder::encode_held`; a cut record passes raw). Only a batch that the
     /// primary's next WAL follows at once holds anything ([`Job::more`]).
     carry: Option<(WalHeader, BytesMut)>,
-    /// The codec's fast settings are on ([`catchup`]).
-    fast: bool,
 }
 
 /// Most WAL bytes in a batch the feed encodes itself when the thread is idle (see
@@ -165,7 +163,7 @@ impl Output {
         if behind {
             Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
         }
-        if framer.fast {
+        if framer.encoder.fast() {
             Metrics::add(&framer.metrics.codec_fast_messages, 1);
         }
         let frame = framer.frame(job, staged)?;
@@ -179,7 +177,6 @@ impl Output {
     fn set_fast(&self, fast: bool) {
         let mut framer = self.framer();
         framer.encoder.set_fast(fast);
-        framer.fast = fast;
         if fast {
             tracing::info!(
                 "the relay is short of CPU and falls behind the primary: compressing the bulk of the WAL at a fast zstd level until it keeps up (more bytes on the link; link.catch_up = false turns this off)"
@@ -362,7 +359,6 @@ impl Framer {
             metrics,
             hold_max,
             carry: None,
-            fast: false,
         }
     }
 

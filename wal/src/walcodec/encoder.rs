@@ -175,6 +175,11 @@ impl Encoder {
         self.fast = on;
     }
 
+    /// Whether the next messages get the fast settings ([`Encoder::set_fast`]).
+    pub fn fast(&self) -> bool {
+        self.fast
+    }
+
     /// [`Encoder::set_parallel`], whatever the machine (tests).
     #[cfg(test)]
     pub(super) fn threaded_checks(&mut self, on: bool) {

@@ -110,6 +110,16 @@ mod tests {
         link_full: true,
     };
 
+    /// A policy that just went fast after a run of batches behind at `t`.
+    fn gone_fast(t: Instant) -> CatchUp {
+        let mut c = CatchUp::new(true);
+        for _ in 0..ENTER_BATCHES {
+            c.observe(t, BEHIND);
+        }
+        assert!(c.fast());
+        c
+    }
+
     #[test]
     fn fast_after_a_run_of_batches_behind_and_not_for_a_burst() {
         let t = Instant::now();
@@ -130,11 +140,7 @@ mod tests {
     #[test]
     fn normal_again_only_after_a_calm_spell() {
         let t = Instant::now();
-        let mut c = CatchUp::new(true);
-        for _ in 0..ENTER_BATCHES {
-            c.observe(t, BEHIND);
-        }
-        assert!(c.fast());
+        let mut c = gone_fast(t);
         let soon = t + LEAVE_AFTER / 2;
         assert_eq!(
             c.observe(soon, CALM),
@@ -155,10 +161,7 @@ mod tests {
     #[test]
     fn a_full_link_turns_it_off_at_once_and_never_on() {
         let t = Instant::now();
-        let mut c = CatchUp::new(true);
-        for _ in 0..ENTER_BATCHES {
-            c.observe(t, BEHIND);
-        }
+        let mut c = gone_fast(t);
         assert_eq!(c.observe(t, LINK_FULL), Some(false));
         for _ in 0..10 * ENTER_BATCHES {
             assert_eq!(c.observe(t, LINK_FULL), None);
