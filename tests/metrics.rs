@@ -336,6 +336,8 @@ fn other_families_are_exported(samples: &[Sample]) {
     assert!(value(samples, "walrelay_spool_write_seconds_total", &[]) > 0.0);
     assert!(value(samples, "walrelay_spool_syncs_total", &[]) > 0.0);
     assert!(value(samples, "walrelay_spool_sync_seconds_total", &[]) > 0.0);
+    // Exported (the spool is far from full here, so nothing was written over yet).
+    assert!(value(samples, "walrelay_spool_segments_reused_total", &[]) >= 0.0);
     assert_eq!(
         value(samples, "walrelay_integrity_failures_total", &[]),
         0.0

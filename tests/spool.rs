@@ -101,6 +101,23 @@ async fn a_full_spool_drops_its_oldest_segments() {
     );
     let d = &env.downstream;
     assert!(d.log_text().contains("spool full"), "{}", d.log_text());
+    // Segments that went were kept and written over as new ones: those are still the
+    // primary's bytes, and no more than two files wait for reuse.
+    assert!(
+        d.log_text().contains("its file kept to be written over"),
+        "{}",
+        d.log_text()
+    );
+    let end = spool_end(&env.spool);
+    assert!(compare_segments(&env.primary.wal_dir(), &env.spool, &segment_name(1, end)) >= 1);
+    let kept = std::fs::read_dir(&env.spool)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("recycled.")
+        })
+        .count();
+    assert!(kept <= 2, "{kept} files kept for reuse");
     // The stopped standby comes back to find its WAL gone: PostgreSQL's own error.
     env.standbys[1].start().await.unwrap();
     let s = &env.standbys[1];

@@ -488,10 +488,11 @@ fn spool_and_slot_families(e: &mut Expo, m: &Metrics) {
         for (name, help, v) in ones {
             e.one(name, "gauge", help, v);
         }
-        let io: [(&str, &str, f64); 3] = [
+        let io: [(&str, &str, f64); 4] = [
             ("walrelay_spool_write_seconds_total", "Time the downstream spent appending WAL to the spool (standbys get WAL once it is appended).", count(&s.write_ns) / 1e9),
             ("walrelay_spool_sync_seconds_total", "Time the spool's sync thread spent making WAL durable: the periodic fsync (at most every 100 ms while WAL arrives), each filled segment's fsync and rename, the state file (nobody waits for it but the primary's slot).", count(&s.sync_ns) / 1e9),
             ("walrelay_spool_syncs_total", "The spool's periodic fsyncs.", count(&s.syncs)),
+            ("walrelay_spool_segments_reused_total", "Segments the spool wrote over a file its retention kept (as PostgreSQL recycles pg_wal segments) instead of a new file.", count(&s.reused)),
         ];
         for (name, help, v) in io {
             e.one(name, "counter", help, v);

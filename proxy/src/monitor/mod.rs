@@ -74,6 +74,8 @@ pub struct SpoolGauges {
     pub write_ns: AtomicU64,
     pub sync_ns: AtomicU64,
     pub syncs: AtomicU64,
+    /// Segments written over a file kept from retention instead of a new file.
+    pub reused: AtomicU64,
 }
 
 /// A stream's slot: the primary's WAL end as last stated, and the durable end of the

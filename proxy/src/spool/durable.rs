@@ -28,11 +28,13 @@ use super::{io, Spool, SpoolError};
 /// One piece of durability work, made by the spool and done without it.
 #[derive(Debug)]
 pub enum Durability {
-    /// The partial segment holds WAL up to `end`: fdatasync it.
+    /// The partial segment holds WAL up to `end`: fdatasync it, and fsync the directory
+    /// when `name` (the segment's name is new since the last).
     Data {
         file: File,
         tli: TimeLineId,
         end: Lsn,
+        name: bool,
     },
     /// Segment `segno` is full (its end is `end`): fsync it, rename it from `.partial` to
     /// its name, fsync the directory.
@@ -53,8 +55,16 @@ impl Durability {
     /// The fsyncs (and rename) of the job; returns the timeline and end now durable.
     pub fn perform(self, dir: &Path, seg: WalSegSize) -> Result<(TimeLineId, Lsn), SpoolError> {
         match self {
-            Durability::Data { file, tli, end } => {
+            Durability::Data {
+                file,
+                tli,
+                end,
+                name,
+            } => {
                 file.sync_data().map_err(io(dir))?;
+                if name {
+                    files::sync_dir(dir)?;
+                }
                 Ok((tli, end))
             }
             Durability::Filled {
@@ -100,19 +110,23 @@ impl Spool {
     }
 
     /// The periodic sync of everything written to the partial segment, if any of it is not
-    /// durable yet (a filled segment's WAL is its own job's).
-    pub fn sync_job(&self) -> Result<Option<Durability>, SpoolError> {
+    /// durable yet (a filled segment's WAL is its own job's). The first job of a segment also
+    /// makes its name durable: a new file's, or a recycled one's new name.
+    pub fn sync_job(&mut self) -> Result<Option<Durability>, SpoolError> {
         let Some((_, file)) = &self.current else {
             return Ok(None);
         };
         if self.ext.durable >= self.ext.end {
             return Ok(None);
         }
-        Ok(Some(Durability::Data {
+        let job = Durability::Data {
             file: file.try_clone().map_err(io(&self.dir))?,
             tli: self.ext.tli,
             end: self.ext.end,
-        }))
+            name: !self.named,
+        };
+        self.named = true;
+        Ok(Some(job))
     }
 
     /// The `spool.state` saying WAL of `tli` is durable up to `end` (None: another timeline

@@ -37,15 +37,20 @@
 //!
 //! Retention: complete segments beyond `downstream.spool_bytes` go, oldest first; a standby
 //! that asks for them later gets PostgreSQL's "requested WAL segment … has already been
-//! removed".
+//! removed". Up to two of them are kept as `recycled.<n>` and written over as new segments
+//! ([`recycle`]).
 
 mod durable;
 mod files;
+mod reader;
 mod recent;
+mod recycle;
 mod state;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_recycle;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -58,6 +63,7 @@ use walrelay_wal::timeline;
 
 pub use durable::Durability;
 pub use files::{write_atomically, SegmentFile};
+pub use reader::SpoolFiles;
 pub use recent::{Recent, RECENT_BYTES};
 pub use state::{write as write_state_file, SpoolState};
 
@@ -114,6 +120,12 @@ pub struct Spool {
     ext: Extent,
     /// The partial segment being written, if any.
     current: Option<(u64, File)>,
+    /// The current partial segment's name is durable (its directory was fsynced since it got
+    /// it); until then the next sync fsyncs the directory too.
+    named: bool,
+    /// Segment files kept for reuse, and how many segments were written over one.
+    pool: recycle::Pool,
+    reused: u64,
     /// Filled segments are left in `filled` for a sync thread ([`Spool::set_deferred`]).
     deferred: bool,
     filled: Vec<Durability>,
@@ -140,6 +152,9 @@ impl Spool {
                 durable: Lsn(0),
             },
             current: None,
+            named: false,
+            pool: recycle::Pool::default(),
+            reused: 0,
             deferred: false,
             filled: Vec::new(),
             recent: Arc::default(),
@@ -152,6 +167,7 @@ impl Spool {
                 )
             })?;
             spool.system_id = st.system_id;
+            spool.pool = recycle::Pool::scan(dir, spool.seg)?;
             spool.recover(&st)?;
         }
         Ok(spool)
@@ -163,6 +179,7 @@ impl Spool {
         if self.system_id == 0 {
             self.system_id = system_id;
             self.seg = seg;
+            self.pool = recycle::Pool::scan(&self.dir, seg)?;
             return Ok(());
         }
         if self.system_id != system_id || self.seg != seg {
@@ -196,6 +213,11 @@ impl Spool {
 
     pub fn segment_size(&self) -> WalSegSize {
         self.seg
+    }
+
+    /// Segments written over a file kept for reuse since the spool opened.
+    pub fn reused(&self) -> u64 {
+        self.reused
     }
 
     /// True until the first WAL is appended.
@@ -240,6 +262,7 @@ impl Spool {
             file.set_len(end.0 - seg_start.0).map_err(io(&path))?;
             file.seek(SeekFrom::End(0)).map_err(io(&path))?;
             self.current = Some((segno, file));
+            self.named = false;
         }
         self.write_state()
     }
@@ -290,21 +313,36 @@ impl Spool {
         Ok(())
     }
 
-    /// The partial segment `segno`, opened (created) for appending at the spool's end.
+    /// The partial segment `segno`, opened (created, or a kept file reused when it starts
+    /// there) for appending at the spool's end.
     fn open_current(&mut self, segno: u64) -> Result<&mut File, SpoolError> {
         if self.current.as_ref().map(|(s, _)| *s) != Some(segno) {
             let f = SegmentFile::partial(self.ext.tli, segno);
             let path = f.path(&self.dir, self.seg);
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(io(&path))?;
             let at = self.seg.offset_in_segment(self.ext.end);
-            file.set_len(at).map_err(io(&path))?;
-            file.seek(SeekFrom::Start(at)).map_err(io(&path))?;
+            let reused = match at == 0 && !path.exists() {
+                true => self.pool.take(&path)?,
+                false => None,
+            };
+            let file = match reused {
+                Some(file) => {
+                    self.reused += 1;
+                    file
+                }
+                None => {
+                    let mut file = std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(&path)
+                        .map_err(io(&path))?;
+                    file.set_len(at).map_err(io(&path))?;
+                    file.seek(SeekFrom::Start(at)).map_err(io(&path))?;
+                    file
+                }
+            };
             self.current = Some((segno, file));
+            self.named = false;
         }
         match &mut self.current {
             Some((_, f)) => Ok(f),
@@ -331,6 +369,10 @@ impl Spool {
         }
         if let Some((_, file)) = &self.current {
             file.sync_data().map_err(io(&self.dir))?;
+            if !self.named {
+                files::sync_dir(&self.dir)?;
+                self.named = true;
+            }
         }
         self.ext.durable = self.ext.end;
         self.write_state()?;
@@ -382,9 +424,19 @@ impl Spool {
             if total <= self.cap {
                 break;
             }
-            std::fs::remove_file(&path).map_err(io(&path))?;
+            let kept = self.pool.offer(&self.dir, &path, self.seg)?;
+            if !kept {
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
             total -= self.seg.bytes();
-            tracing::info!(segment = %f.name(self.seg), "spool full (downstream.spool_bytes): removed the oldest segment");
+            match kept {
+                true => {
+                    tracing::info!(segment = %f.name(self.seg), "spool full (downstream.spool_bytes): removed the oldest segment, its file kept to be written over as a new one")
+                }
+                false => {
+                    tracing::info!(segment = %f.name(self.seg), "spool full (downstream.spool_bytes): removed the oldest segment")
+                }
+            }
         }
         self.ext.start =
             files::oldest_start(&self.dir, self.seg, self.ext.tli)?.unwrap_or(self.ext.end);
@@ -430,6 +482,8 @@ impl Spool {
             nf.write_all(&prefix).map_err(io(&new))?;
             nf.sync_all().map_err(io(&new))?;
             self.current = Some((segno, nf));
+            // The directory's fsync below makes the name durable.
+            self.named = true;
         }
         self.recent.clear();
         self.ext.tli = tli;
@@ -465,81 +519,5 @@ impl Spool {
         max: usize,
     ) -> Result<Vec<u8>, SpoolError> {
         self.files().read(tli, at, limit, max)
-    }
-}
-
-/// The read side of a spool, for the standbys' sessions (any number, concurrently with the
-/// writer: they only read below the end the writer published).
-#[derive(Debug, Clone)]
-pub struct SpoolFiles {
-    pub dir: PathBuf,
-    pub seg: WalSegSize,
-    /// The newest WAL, answered from memory when it holds all of a read.
-    pub recent: Arc<Recent>,
-}
-
-impl SpoolFiles {
-    /// The history file of timeline `tli`, if the spool has it.
-    pub fn history(&self, tli: TimeLineId) -> Option<Vec<u8>> {
-        std::fs::read(self.dir.join(history_file_name(tli))).ok()
-    }
-
-    /// Up to `max` bytes of timeline `tli` from `at`, no further than `limit` (the spool's end
-    /// for the current timeline, the switchpoint for an older one), nor past `at`'s segment.
-    fn span(&self, at: Lsn, limit: Lsn, max: usize) -> usize {
-        let seg_end = self
-            .seg
-            .segment_start(self.seg.segment_of(at) + 1)
-            .unwrap_or(Lsn(u64::MAX));
-        (limit.min(seg_end).0.saturating_sub(at.0)).min(max as u64) as usize
-    }
-
-    /// What [`read`](Self::read) returns, when memory holds all of it (no I/O: fit for an
-    /// async task).
-    pub fn read_recent(&self, tli: TimeLineId, at: Lsn, limit: Lsn, max: usize) -> Option<Vec<u8>> {
-        match self.span(at, limit, max) {
-            0 => Some(Vec::new()),
-            n => self.recent.read(tli, at, n),
-        }
-    }
-
-    /// Up to `max` bytes of timeline `tli` from `at`, no further than `limit` (the spool's end
-    /// for the current timeline, the switchpoint for an older one), nor past `at`'s segment:
-    /// from memory when it holds them, else from the segment file.
-    pub fn read(
-        &self,
-        tli: TimeLineId,
-        at: Lsn,
-        limit: Lsn,
-        max: usize,
-    ) -> Result<Vec<u8>, SpoolError> {
-        if let Some(v) = self.read_recent(tli, at, limit, max) {
-            return Ok(v);
-        }
-        let segno = self.seg.segment_of(at);
-        let off = self.seg.offset_in_segment(at);
-        let n = self.span(at, limit, max);
-        let (path, mut f) = self.open_segment(tli, segno)?;
-        f.seek(SeekFrom::Start(off)).map_err(io(&path))?;
-        let mut buf = vec![0u8; n];
-        f.read_exact(&mut buf).map_err(io(&path))?;
-        Ok(buf)
-    }
-
-    /// Segment `segno` opened for reading. The writer renames `.partial` to its complete
-    /// name when the segment fills, possibly between finding the file and opening it: then
-    /// it is looked for again.
-    fn open_segment(&self, tli: TimeLineId, segno: u64) -> Result<(PathBuf, File), SpoolError> {
-        let mut tries = 2;
-        loop {
-            let path = files::find(&self.dir, self.seg, tli, segno).ok_or_else(|| {
-                SpoolError::Removed(SegmentFile::complete(tli, segno).name(self.seg))
-            })?;
-            match File::open(&path) {
-                Ok(f) => return Ok((path, f)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries > 1 => tries -= 1,
-                Err(e) => return Err(io(&path)(e)),
-            }
-        }
     }
 }

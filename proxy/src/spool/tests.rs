@@ -1,19 +1,19 @@
 use super::*;
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
 fn seg() -> WalSegSize {
     WalSegSize::new(MIB).unwrap()
 }
 
 /// Deterministic "WAL": byte i of the address space is a function of i.
-fn wal(from: u64, n: usize) -> Vec<u8> {
+pub(super) fn wal(from: u64, n: usize) -> Vec<u8> {
     (from..from + n as u64)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect()
 }
 
-fn names(dir: &Path) -> Vec<String> {
+pub(super) fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -22,9 +22,9 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
-const T1: TimeLineId = TimeLineId(1);
+pub(super) const T1: TimeLineId = TimeLineId(1);
 
-fn open(dir: &Path, system: u64, cap: u64) -> Spool {
+pub(super) fn open(dir: &Path, system: u64, cap: u64) -> Spool {
     let mut s = Spool::open(dir, cap).unwrap();
     s.bind(system, seg()).unwrap();
     s

@@ -68,6 +68,7 @@ impl Publish {
         g.start.store(e.start.0, Relaxed);
         g.end.store(e.end.0, Relaxed);
         g.durable.store(e.durable.0, Relaxed);
+        g.reused.store(spool.reused(), Relaxed);
         self.view_tx.send_replace(view(spool, failed));
     }
 }
