@@ -83,6 +83,11 @@ enum Cmd {
         /// W's replay lag on a small machine. Z's lags and cores are then not comparable.
         #[arg(long)]
         z_background: bool,
+        /// Each downstream's `downstream.spool_bytes` (default: the relay's, 8 GiB). Below the
+        /// WAL a run writes, the windows after the spool fills measure a full spool, whose
+        /// segments are written over: the steady state of a relay that has run for a while.
+        #[arg(long)]
+        spool_bytes: Option<u64>,
     },
     /// Show a running process's standbys and totals (read from its [metrics] listen address).
     Status {
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
             sync_secs,
             timeline_dir,
             z_background,
+            spool_bytes,
         } => {
             walrelay::logging::init("error", "text");
             let opts = BenchArgs {
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
                 sync_secs,
                 timeline_dir,
                 z_background,
+                spool_bytes,
             };
             bench(opts)
         }
@@ -231,6 +238,7 @@ struct BenchArgs {
     sync_secs: u64,
     timeline_dir: Option<PathBuf>,
     z_background: bool,
+    spool_bytes: Option<u64>,
 }
 
 /// `walrelay bench`: prints the markdown tables, writes the JSON.
@@ -268,6 +276,7 @@ fn bench(a: BenchArgs) -> ExitCode {
             sync_secs: a.sync_secs,
             timeline_dir: a.timeline_dir,
             z_background: a.z_background,
+            spool_bytes: a.spool_bytes,
         };
         let report = bench::run(&opts).await?;
         println!("{}", report.markdown());

@@ -68,6 +68,8 @@ pub struct BenchOpts {
     pub timeline_dir: Option<PathBuf>,
     /// Pair Z and its standby at the lowest priority ([`background`]).
     pub z_background: bool,
+    /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
+    pub spool_bytes: Option<u64>,
 }
 
 const CODECS: [&str; 2] = ["wal", "zstd"];
@@ -84,6 +86,10 @@ pub async fn run(opts: &BenchOpts) -> Result<Report> {
         opts.cold_secs > 0 && opts.steady_secs > 0,
         "--cold-secs and --steady-secs must be at least 1"
     );
+    anyhow::ensure!(
+        opts.spool_bytes.is_none_or(|b| b >= 64 << 20),
+        "--spool-bytes must be at least 64 MiB (67108864), downstream.spool_bytes's least"
+    );
     let zstd = tokio::process::Command::new("zstd")
         .arg("--version")
         .output()
@@ -97,6 +103,7 @@ pub async fn run(opts: &BenchOpts) -> Result<Report> {
         warmup_secs: opts.warmup_secs,
         steady_secs: opts.steady_secs,
         z_background: opts.z_background,
+        spool_bytes: opts.spool_bytes,
         runs: Vec::new(),
         skipped: Vec::new(),
         sync_latency: None,
@@ -307,6 +314,7 @@ async fn setup(
         dir: root.path(),
         primary: &primary,
         certs: &certs,
+        spool_bytes: opts.spool_bytes,
     };
     let mut pairs = Vec::new();
     for (i, codec) in CODECS.into_iter().enumerate() {

@@ -32,6 +32,8 @@ pub struct Site<'a> {
     pub dir: &'a Path,
     pub primary: &'a Cluster,
     pub certs: &'a LinkCerts,
+    /// `downstream.spool_bytes` (None: the relay's default).
+    pub spool_bytes: Option<u64>,
 }
 
 /// Counters of one pair at one moment.
@@ -130,6 +132,7 @@ impl RelayPair {
             dir,
             primary,
             certs,
+            spool_bytes,
         } = *site;
         let (up_port, up_metrics, down_metrics) = (free_port(), free_port(), free_port());
         let up_toml = format!(
@@ -150,10 +153,11 @@ impl RelayPair {
         )?;
         let forwarder = Forwarder::start(up_port)?;
         let down_toml = format!(
-            "[downstream]\nlisten = \"127.0.0.1:{down_port}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {USER} = {} }}\nspool_dir = {}\nname = \"{tag}\"\n\n[link]\n{}tls_server_name = \"localhost\"\ncodec = \"{codec}\"\n\n[metrics]\nlisten = \"127.0.0.1:{down_metrics}\"\n",
+            "[downstream]\nlisten = \"127.0.0.1:{down_port}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {USER} = {} }}\nspool_dir = {}\nname = \"{tag}\"\n{}\n[link]\n{}tls_server_name = \"localhost\"\ncodec = \"{codec}\"\n\n[metrics]\nlisten = \"127.0.0.1:{down_metrics}\"\n",
             forwarder.port,
             toml_str(&walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD)),
             toml_str(&dir.join(format!("{tag}-spool")).display().to_string()),
+            spool_bytes.map_or(String::new(), |b| format!("spool_bytes = {b}\n")),
             certs.downstream_toml()
         );
         let downstream = RelayProcess::start(

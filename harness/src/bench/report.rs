@@ -16,6 +16,9 @@ pub struct Report {
     /// Pair Z and its standby ran at nice 19 (`--z-background`, [`super::background`]): Z's
     /// lag and cores are not comparable; W's lag is measured with Z out of the way.
     pub z_background: bool,
+    /// Each downstream's `downstream.spool_bytes` when `--spool-bytes` set it.
+    #[serde(default)]
+    pub spool_bytes: Option<u64>,
     pub runs: Vec<RunResult>,
     /// Workloads left out, with the reason (a `wal_compression` the major lacks).
     pub skipped: Vec<String>,
@@ -240,6 +243,14 @@ impl Report {
     /// Every table: one per window, the replay, the resource managers, the sync latency.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        if let Some(b) = self.spool_bytes {
+            s.push_str(&format!(
+                "\nEach downstream's spool held at most {:.0} MiB of complete segments (--spool-bytes): \
+                 once the run's WAL passed that, each new segment was written over a file the \
+                 spool's retention kept.\n",
+                b as f64 / (1 << 20) as f64
+            ));
+        }
         if self.z_background {
             s.push_str(
                 "\nPair Z and its standby ran at nice 19 (--z-background): Z took a core only when W, \
