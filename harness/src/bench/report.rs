@@ -246,8 +246,8 @@ impl Report {
         if let Some(b) = self.spool_bytes {
             s.push_str(&format!(
                 "\nEach downstream's spool held at most {:.0} MiB of complete segments (--spool-bytes): \
-                 once the run's WAL passed that, each new segment was written over a file the \
-                 spool's retention kept.\n",
+                 once the run's WAL passed that, the spool was full and its oldest segments went \
+                 as new ones came, as in a relay that has run for a while.\n",
                 b as f64 / (1 << 20) as f64
             ));
         }

@@ -90,12 +90,19 @@ impl Pool {
         Ok(true)
     }
 
-    /// A kept file renamed to `to` and opened for writing at its start, if the pool has one.
+    /// A kept file renamed to `to` and opened for writing at its start, if the pool has one
+    /// (a kept file someone removed meanwhile is passed over).
     pub fn take(&mut self, to: &Path) -> Result<Option<File>, SpoolError> {
-        let Some(from) = self.files.pop() else {
-            return Ok(None);
-        };
-        std::fs::rename(&from, to).map_err(io(&from))?;
+        loop {
+            let Some(from) = self.files.pop() else {
+                return Ok(None);
+            };
+            match std::fs::rename(&from, to) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(&from)(e)),
+            }
+        }
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(to)
@@ -141,6 +148,15 @@ mod tests {
         assert_eq!(got.len() as u64, seg.bytes(), "written over, not truncated");
         assert_eq!((&got[..3], got[3]), (&b"new"[..], 7));
         assert_eq!(pool.len(), KEEP - 1);
+        // A kept file removed behind the pool's back: passed over, no error.
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().unwrap().to_string_lossy().starts_with(PREFIX) {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        assert!(pool.take(&dir.join("x")).unwrap().is_none());
+        assert_eq!(pool.len(), 0);
     }
 
     #[test]
