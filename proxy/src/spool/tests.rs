@@ -24,6 +24,16 @@ pub(super) fn names(dir: &Path) -> Vec<String> {
 
 pub(super) const T1: TimeLineId = TimeLineId(1);
 
+/// Appends the WAL from `from` to `to` in 300 kB pieces.
+pub(super) fn fill(s: &mut Spool, from: u64, to: u64) {
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(300_000);
+        s.append(T1, Lsn(at), &wal(at, n as usize)).unwrap();
+        at += n;
+    }
+}
+
 pub(super) fn open(dir: &Path, system: u64, cap: u64) -> Spool {
     let mut s = Spool::open(dir, cap).unwrap();
     s.bind(system, seg()).unwrap();
@@ -318,12 +328,7 @@ fn the_newest_wal_is_served_from_memory() {
     let d = tempfile::tempdir().unwrap();
     let mut s = open(d.path(), 42, 100 * MIB);
     let total = RECENT_BYTES as u64 + 3 * MIB + 17;
-    let mut at = 0;
-    while at < total {
-        let n = (total - at).min(300_000);
-        s.append(T1, Lsn(at), &wal(at, n as usize)).unwrap();
-        at += n;
-    }
+    fill(&mut s, 0, total);
     for (_, path) in files::segments(d.path(), seg()).unwrap() {
         std::fs::remove_file(path).unwrap();
     }

@@ -3,7 +3,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use super::tests::{names, open, wal, MIB, T1};
+use super::tests::{fill, names, open, wal, MIB, T1};
 use super::*;
 
 fn inode(p: &Path) -> u64 {
@@ -12,16 +12,6 @@ fn inode(p: &Path) -> u64 {
 
 fn segment(n: u64) -> String {
     format!("0000000100000000000000{n:02X}")
-}
-
-/// Appends the WAL from `from` to `to` in 300 kB pieces.
-fn fill(s: &mut Spool, from: u64, to: u64) {
-    let mut at = from;
-    while at < to {
-        let n = (to - at).min(300_000);
-        s.append(T1, Lsn(at), &wal(at, n as usize)).unwrap();
-        at += n;
-    }
 }
 
 #[test]
