@@ -182,8 +182,8 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
         Ok(opened) => opened,
         Err(e) => return e,
     };
-    let (mut rx, stage) = match Receiver::new(sp, &welcome, empty) {
-        Ok(r) => r,
+    let stage = match Applier::start(sp, &welcome, empty) {
+        Ok(stage) => stage,
         Err(e) => return e,
     };
     info!(upstream = %sp.cfg.upstream, timeline = welcome.timeline, start = %Lsn(welcome.start), codec = %welcome.codec, timeline_switches = welcome.switches.len(), "link stream open: spooling the primary's WAL");
@@ -191,25 +191,30 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     sp.set_welcome(Some(Arc::new(welcome)));
     sp.set_error(None);
     reopen_channels(sp);
-    let DecodeStage {
-        frames,
-        mut verified,
-    } = stage;
-    // Frames in to the decode stage as they arrive; when the stream ends, what the stage
-    // already verified is still applied (it was received whole), then the stream's end counts.
+    let DecodeStage { frames, mut failed } = stage;
+    // Frames in to the decode stage as they arrive; the stage applies them in order.
     let recv = forward_frames(inbound, frames);
-    let pipeline = async {
-        let apply = rx.apply_all(sp, &mut verified);
-        tokio::pin!(recv, apply);
-        tokio::select! {
-            failed = &mut apply => failed.unwrap_or_else(|| other("the decode stage stopped")),
-            // The stage's input is closed with `recv`: it drains, then its output closes.
-            received = &mut recv => apply.await.unwrap_or(received),
-        }
-    };
-    tokio::select! {
-        e = pipeline => e,
+    let end = tokio::select! {
+        f = failed.recv() => f.map_or_else(|| other("the decode stage stopped"), Ended::from),
+        e = recv => e,
         e = send_loop(sp, ltx) => e,
+    };
+    // The stage's input closed with `recv`. What the thread still holds was received whole,
+    // and is applied before the next stream's Hello states where the spool ends (a stuck
+    // writer is waited for up to SETTLE_MAX, as `settled` does); a frame of it that fails
+    // verification names the stream's end.
+    match tokio::time::timeout(SETTLE_MAX, failed.recv()).await {
+        Ok(Some(f)) => Ended::from(f),
+        _ => end,
+    }
+}
+
+impl From<Failure> for Ended {
+    fn from(f: Failure) -> Ended {
+        match f {
+            Failure::Integrity(why) => Ended::Integrity(why),
+            Failure::Malformed(why) | Failure::Stopped(why) => Ended::Other(why),
+        }
     }
 }
 
@@ -278,14 +283,16 @@ fn reopen_channels(sp: &Spooler) {
 }
 
 /// The upstream → downstream direction: frames restored and verified by the decode stage
-/// ([`decode`]), then spooled and routed here, in order.
-struct Receiver {
+/// ([`decode`]) are applied here, in order, on the stage's thread: WAL and timeline switches
+/// to the spool's writer, answers and starts to the standbys' channels.
+struct Applier {
+    sp: Arc<Spooler>,
     tli: TimeLineId,
 }
 
-impl Receiver {
+impl Applier {
     /// Agrees on the stream's parameters and starts its decode stage.
-    fn new(sp: &Spooler, w: &Welcome, empty: bool) -> Result<(Receiver, DecodeStage), Ended> {
+    fn start(sp: &Arc<Spooler>, w: &Welcome, empty: bool) -> Result<DecodeStage, Ended> {
         let agreed = handshake::agree(w, &sp.link_cfg, &sp.limits, empty).map_err(other)?;
         let decoder = WalDecoder::new(&agreed.setup).map_err(|e| {
             other(format!(
@@ -303,33 +310,26 @@ impl Receiver {
             max_raw: sp.limits.max_message_bytes,
             max_frame: link::max_link_message(&sp.limits),
         };
-        let stage = DecodeStage::spawn(decoder, caps, sp.metrics.clone())
-            .map_err(|e| other(format!("cannot start the stream's decode thread: {e}")))?;
-        Ok((Receiver { tli }, stage))
+        let sink = Box::new(Applier {
+            sp: sp.clone(),
+            tli,
+        });
+        DecodeStage::spawn(decoder, caps, sp.metrics.clone(), sink)
+            .map_err(|e| other(format!("cannot start the stream's decode thread: {e}")))
     }
 
-    /// Applies verified frames until the stage ends: `None` when it ran out of frames.
-    async fn apply_all(
-        &mut self,
-        sp: &Spooler,
-        verified: &mut mpsc::Receiver<Result<Vec<Item>, Failure>>,
-    ) -> Option<Ended> {
-        while let Some(r) = verified.recv().await {
-            let items = match r {
-                Ok(items) => items,
-                Err(Failure::Integrity(why)) => return Some(Ended::Integrity(why)),
-                Err(Failure::Malformed(why)) => return Some(Ended::Other(why)),
-            };
-            if let Err(e) = self.apply(sp, items).await {
-                return Some(e);
-            }
-        }
-        None
+    /// Hands an op to the spool's writer, waiting while its queue is full.
+    fn write(&self, op: Op) -> Result<(), String> {
+        self.sp
+            .writer
+            .send(op)
+            .map_err(|_| "the spool's writer stopped".to_string())
     }
+}
 
-    /// One verified frame's items, in order.
-    async fn apply(&mut self, sp: &Spooler, items: Vec<Item>) -> Result<(), Ended> {
-        let metrics = &*sp.metrics;
+impl decode::Apply for Applier {
+    fn apply(&mut self, items: Vec<Item>) -> Result<(), String> {
+        let sp = &*self.sp;
         for item in items {
             match item {
                 Item::Wal {
@@ -338,20 +338,14 @@ impl Receiver {
                     bytes,
                 } => {
                     sp.saw_primary_end(primary_end);
-                    Metrics::add(&metrics.wal_bytes_delivered, bytes.len() as u64);
+                    Metrics::add(&sp.metrics.wal_bytes_delivered, bytes.len() as u64);
                     let tli = self.tli;
-                    send_op(sp, Op::Append { tli, start, bytes }).await?;
+                    self.write(Op::Append { tli, start, bytes })?;
                 }
                 Item::Timeline { tli, history } => {
                     self.tli = TimeLineId(tli);
-                    send_op(
-                        sp,
-                        Op::Switch {
-                            tli: self.tli,
-                            history,
-                        },
-                    )
-                    .await?;
+                    let tli = self.tli;
+                    self.write(Op::Switch { tli, history })?;
                 }
                 Item::Backend { chan, bytes } => route(sp, chan, ChanEvent::Backend(bytes)),
                 Item::Started { chan, synchronous } => {
@@ -365,14 +359,10 @@ impl Receiver {
         }
         Ok(())
     }
-}
 
-/// Hands an op to the spool's writer (see [`super::writer::SpoolWriter::send`]).
-async fn send_op(sp: &Spooler, op: Op) -> Result<(), Ended> {
-    sp.writer
-        .send(op)
-        .await
-        .map_err(|_| other("the spool's writer stopped"))
+    fn ready(&self) -> bool {
+        self.sp.writer.idle()
+    }
 }
 
 fn route(sp: &Spooler, chan: u32, e: ChanEvent) {

@@ -1,26 +1,35 @@
-//! The decode stage: the upstream's frames restored and verified on a thread of the stream's
-//! own, while the runtime receives the next frames and the spool writer writes the last.
+//! The decode stage: the upstream's frames restored, verified and applied on a thread of the
+//! stream's own, while the runtime receives the next frames and the spool writer writes the
+//! last.
 //!
 //! The stream ([`super::client`]) hands each frame as it arrives to the `walrelay-decode`
 //! thread, which owns the frame state and the WAL decoder: it parses the frame, restores
-//! every WAL run, checks the frame's digest over the restored bytes, and only then passes the
-//! frame's items on, owned, in arrival order. Nothing of a frame that fails verification is
-//! passed on: the thread sends the failure instead and stops. Both channels hold [`QUEUE`]
-//! frames, so at most `2 × QUEUE + 1` frames (each within `limits.max_message_bytes`) are in
-//! the stage; when the spool writer is slow, the output fills, the thread waits, the input
-//! fills and the stream stops reading from the link (HTTP/2 flow control then holds the
-//! upstream back).
+//! every WAL run, checks the frame's digest over the restored bytes, and only then applies
+//! the frame's items, in arrival order, through the stream's [`Apply`] (WAL and timeline
+//! switches to the spool's writer thread, answers to the standbys' channels). Applying here
+//! rather than on the runtime saves a wake-up per frame: a wake-up across cores cost the waker
+//! 85–120 µs on the bench's virtual machine (docs/keeping-up.md, thirty-sixth round). Nothing of a
+//! frame that fails verification is applied: the thread reports the failure instead and
+//! stops. The input holds [`QUEUE`] frames, so at most `QUEUE + 1` frames (each within
+//! `limits.max_message_bytes`) are in the stage; when the spool writer is slow, `apply`
+//! waits, the input fills and the stream stops reading from the link (HTTP/2 flow control
+//! then holds the upstream back).
 //!
 //! While the queue behind the frame being restored is full, the codec may use more cores
 //! (`WalDecoder::set_parallel`: images compressed again on a worker) and the thread works one
 //! frame ahead: it stages the WAL payloads of the frame and of the next one in the queue
 //! (`WalDecoder::stage`), so that the second's sections are decompressed on the codec's
 //! thread while the first's records are restored here. Otherwise it restores one frame at a
-//! time on one core, which costs the least CPU. What it passes on is the same either way.
+//! time on one core, which costs the least CPU. What it applies is the same either way.
 //!
-//! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle is restored and verified
-//! by the stream itself, under the same lock, and its result goes to the same output: a
-//! synchronous commit then waits for no thread to wake up.
+//! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle and the writer ready is
+//! restored, verified and applied by the stream itself, under the same lock: a synchronous
+//! commit then waits for no thread to wake up. Order is kept: the thread counts a frame done
+//! only once it is applied.
+//!
+//! When the stream ends, the thread applies the frames it still holds and stops; the stream
+//! waits for that (the failure channel closing) before the next one states where the spool
+//! ends.
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -36,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use super::lock;
 use crate::metrics::{timed, Metrics};
 
-/// Frames waiting for the thread, and verified frames waiting to be applied.
+/// Frames waiting for the thread.
 pub const QUEUE: usize = 2;
 
 /// A verified frame's item, owning its bytes.
@@ -72,6 +81,20 @@ pub enum Failure {
     Integrity(String),
     /// The frame could not be parsed.
     Malformed(String),
+    /// A verified frame could not be applied (the spool's writer stopped).
+    Stopped(String),
+}
+
+/// Where verified frames go, in order: on the decode thread, or on the stream's task for a
+/// small frame that found the thread idle.
+pub trait Apply: Send + 'static {
+    /// Applies one verified frame's items in order, waiting while the spool's writer is
+    /// full; `Err` (why) when they cannot be: the stage then stops.
+    fn apply(&mut self, items: Vec<Item>) -> Result<(), String>;
+
+    /// Whether `apply` would not wait now (the writer has nothing queued): the stream's
+    /// task restores a small frame itself only then, so the runtime never waits on a disk.
+    fn ready(&self) -> bool;
 }
 
 /// Limits of what a frame may hold (`limits.max_message_bytes` and the link's).
@@ -88,7 +111,9 @@ pub const INLINE_MAX: usize = 8 * 1024;
 /// The stream's handle on its decode thread.
 pub struct DecodeStage {
     pub frames: FrameInput,
-    pub verified: mpsc::Receiver<Result<Vec<Item>, Failure>>,
+    /// The failure that stopped the stage; closes without one once the input is closed and
+    /// the thread applied every frame it had.
+    pub failed: mpsc::Receiver<Failure>,
 }
 
 /// Where the stream hands frames to the stage, in arrival order. Dropping it closes the
@@ -96,21 +121,26 @@ pub struct DecodeStage {
 pub struct FrameInput {
     frames: mpsc::Sender<Bytes>,
     decoding: Arc<Mutex<Decoding>>,
-    /// Frames handed to the thread whose result is not yet in `out`.
+    /// Frames handed to the thread and not yet applied.
     in_flight: Arc<AtomicUsize>,
-    out: mpsc::Sender<Result<Vec<Item>, Failure>>,
+    failed: mpsc::Sender<Failure>,
 }
 
 impl FrameInput {
     /// Hands a frame on; `Err` when the stage stopped.
     ///
-    /// A small frame that finds the thread idle is restored and verified here instead: a
-    /// synchronous commit then waits for no thread to wake up. Order is kept: with nothing in
-    /// flight, every earlier frame's result is already in the output.
+    /// A small frame that finds the thread idle and the writer ready is restored, verified
+    /// and applied here instead: a synchronous commit then waits for no thread to wake up.
+    /// Order is kept: with nothing in flight, every earlier frame is applied.
     pub async fn send(&self, frame: Bytes) -> Result<(), ()> {
         if self.in_flight.load(Ordering::Acquire) == 0 && frame.len() <= INLINE_MAX {
-            let r = lock(&self.decoding).frame(&frame, false);
-            return self.out.send(r).await.map_err(|_| ());
+            let mut d = lock(&self.decoding);
+            if d.sink.ready() {
+                return d.frame(&frame, false).map_err(|f| {
+                    // The only failure: the thread is idle and stops at none of its own.
+                    let _ = self.failed.try_send(f);
+                });
+            }
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.frames.send(frame).await.map_err(|_| ())
@@ -122,9 +152,10 @@ impl DecodeStage {
         decoder: WalDecoder,
         caps: Caps,
         metrics: Arc<Metrics>,
+        sink: Box<dyn Apply>,
     ) -> std::io::Result<DecodeStage> {
         let (frames, frames_rx) = mpsc::channel(QUEUE);
-        let (out, verified) = mpsc::channel(QUEUE);
+        let (failed_tx, failed) = mpsc::channel(1);
         let decoding = Arc::new(Mutex::new(Decoding {
             state: DownState::default(),
             ahead: None,
@@ -133,23 +164,24 @@ impl DecodeStage {
             caps,
             metrics,
             restored: Vec::new(),
+            sink,
         }));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let thread = DecodeThread {
             decoding: decoding.clone(),
             in_flight: in_flight.clone(),
         };
-        let thread_out = out.clone();
+        let thread_failed = failed_tx.clone();
         std::thread::Builder::new()
             .name("walrelay-decode".into())
-            .spawn(move || thread.run(frames_rx, thread_out))?;
+            .spawn(move || thread.run(frames_rx, thread_failed))?;
         let frames = FrameInput {
             frames,
             decoding,
             in_flight,
-            out,
+            failed: failed_tx,
         };
-        Ok(DecodeStage { frames, verified })
+        Ok(DecodeStage { frames, failed })
     }
 }
 
@@ -159,11 +191,7 @@ struct DecodeThread {
 }
 
 impl DecodeThread {
-    fn run(
-        &self,
-        mut frames: mpsc::Receiver<Bytes>,
-        out: mpsc::Sender<Result<Vec<Item>, Failure>>,
-    ) {
+    fn run(&self, mut frames: mpsc::Receiver<Bytes>, failed: mpsc::Sender<Failure>) {
         // The next frame, taken from the queue early and maybe staged already.
         let mut ahead: Option<(Bytes, bool)> = None;
         loop {
@@ -187,9 +215,10 @@ impl DecodeThread {
                     ahead = Some((next, next_staged));
                 }
             }
-            let r = lock(&self.decoding).frame(&frame, behind);
-            let failed = r.is_err();
-            if out.blocking_send(r).is_err() || failed {
+            if let Err(f) = lock(&self.decoding).frame(&frame, behind) {
+                // Nothing more is restored: `in_flight` stays above zero, so no frame is
+                // restored inline either.
+                let _ = failed.blocking_send(f);
                 return;
             }
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -197,8 +226,8 @@ impl DecodeThread {
     }
 }
 
-/// The frame state and the WAL decoder of the stream, used by one of the thread and the
-/// inline path at a time.
+/// The frame state, the WAL decoder and the sink of the stream, used by one of the thread and
+/// the inline path at a time.
 struct Decoding {
     state: DownState,
     /// The frame state after the last frame staged ahead of `state`, while one is staged
@@ -210,6 +239,7 @@ struct Decoding {
     caps: Caps,
     metrics: Arc<Metrics>,
     restored: Vec<u8>,
+    sink: Box<dyn Apply>,
 }
 
 impl Decoding {
@@ -256,9 +286,16 @@ impl Decoding {
         true
     }
 
-    /// One frame: restored and verified whole, or a failure; `behind`: the queue behind it is
-    /// full, so the codec may use more than one core (`WalDecoder::set_parallel`).
-    fn frame(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
+    /// One frame: restored, verified whole and applied, or a failure; `behind`: the queue
+    /// behind it is full, so the codec may use more than one core
+    /// (`WalDecoder::set_parallel`).
+    fn frame(&mut self, frame: &[u8], behind: bool) -> Result<(), Failure> {
+        let items = self.verified(frame, behind)?;
+        self.sink.apply(items).map_err(Failure::Stopped)
+    }
+
+    /// One frame's items, restored and verified whole, or a failure.
+    fn verified(&mut self, frame: &[u8], behind: bool) -> Result<Vec<Item>, Failure> {
         self.decoder.set_parallel(behind);
         if behind {
             Metrics::add(&self.metrics.codec_parallel_messages[1], 1);

@@ -6,13 +6,14 @@
 //! end for the stream (which tells the upstream, so the primary's slot advances).
 //!
 //! A small append (≤ [`INLINE_MAX`] bytes) that stays inside the current segment and finds the
-//! writer idle is written by the stream itself, under the same lock, and published at once: a
-//! synchronous commit then waits for no thread to wake up. It never syncs; the thread is
-//! nudged to sync it within [`SYNC_EVERY`], as it would a write of its own. Order is kept as
-//! in the decode stage: one producer, and "idle" means no op handed to the thread is still
-//! unapplied. The lock is never held across an fsync (those are the sync thread's, outside
-//! it, except the final sync and a timeline switch, which no inline append meets: they are
-//! ops in flight), so the stream may wait for it.
+//! writer idle is written by its sender (the stream's decode stage, [`super::decode`]) itself,
+//! under the same lock, and published at once: a synchronous commit then waits for no thread
+//! to wake up. It never syncs; the thread is nudged to sync it within [`SYNC_EVERY`], as it
+//! would a write of its own. Order is kept as in the decode stage: one producer, and "idle"
+//! means no op handed to the thread is still unapplied. The lock is never held across an
+//! fsync (those are the sync thread's, outside it, except the final sync and a timeline
+//! switch, which no inline append meets: they are ops in flight), so the sender may wait for
+//! it.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -112,25 +113,19 @@ pub fn start(
 }
 
 impl SpoolWriter {
-    /// Hands an op on in order, waiting (off the runtime) while the thread's queue is full;
-    /// a small append that finds the writer idle is written here (see the module's doc).
-    pub async fn send(&self, op: Op) -> Result<(), Stopped> {
-        let op = match self.try_inline(op) {
-            Ok(r) => return r,
-            Err(op) => op,
-        };
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        match self.ops.try_send(Some(op)) {
-            Ok(()) => Ok(()),
-            Err(std_mpsc::TrySendError::Full(op)) => {
-                let tx = self.ops.clone();
-                tokio::task::spawn_blocking(move || tx.send(op))
-                    .await
-                    .map_err(|_| Stopped)?
-                    .map_err(|_| Stopped)
-            }
-            Err(std_mpsc::TrySendError::Disconnected(_)) => Err(Stopped),
+    /// Hands an op on in order, waiting while the thread's queue is full (call it off the
+    /// runtime, or when [`SpoolWriter::idle`]); a small append that finds the writer idle is
+    /// written here (see the module's doc).
+    pub fn send(&self, op: Op) -> Result<(), Stopped> {
+        match self.try_inline(op) {
+            Ok(r) => r,
+            Err(op) => self.send_now(op),
         }
+    }
+
+    /// Whether every op handed on is applied (a `send` now does not wait for a full queue).
+    pub fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// Waits until every op handed on is applied, the writer failed, or `max` passed. A
@@ -354,7 +349,7 @@ mod tests {
         .unwrap();
         let mut at = MIB;
         let (op, end) = append(&mut at, 100);
-        w.send(op).await.unwrap();
+        w.send(op).unwrap();
         until(&mut view, |v| v.extent.end == Lsn(end)).await;
         let (held_tx, held) = std_mpsc::channel();
         let writing = w.writing.clone();
@@ -366,7 +361,7 @@ mod tests {
         held.recv().unwrap();
         for _ in 0..5 {
             let (op, _) = append(&mut at, 100_000);
-            w.send(op).await.unwrap();
+            w.send(op).unwrap();
         }
         assert_eq!(view.borrow().extent.end, Lsn(end), "still queued");
         w.settled(&mut view, Duration::from_secs(10)).await;
@@ -428,14 +423,14 @@ mod tests {
         // An empty spool's first append and a large one: the thread's.
         for n in [100, 200_000] {
             let (op, end) = append(&mut at, n);
-            w.send(op).await.unwrap();
+            w.send(op).unwrap();
             until(&mut view, |v| v.extent.end == Lsn(end)).await;
         }
         // Small ones: visible as soon as `send` returns, each of them.
         for n in [1, 5000, INLINE_MAX] {
             for _ in 0..20 {
                 let (op, end) = append(&mut at, n);
-                w.send(op).await.unwrap();
+                w.send(op).unwrap();
                 assert_eq!(view.borrow().extent.end, Lsn(end), "{n} bytes");
             }
         }
@@ -446,23 +441,23 @@ mod tests {
         until(&mut view, |v| v.extent.durable == Lsn(end)).await;
         // Also the first write after a sync, when the thread had no deadline.
         let (op, end) = append(&mut at, 10);
-        w.send(op).await.unwrap();
+        w.send(op).unwrap();
         assert_eq!(view.borrow().extent.end, Lsn(end));
         until(&mut view, |v| v.extent.durable == Lsn(end)).await;
         // A large append queued, then small ones right behind it: they wait their turn.
         let (big, _) = append(&mut at, 100_000);
-        w.send(big).await.unwrap();
+        w.send(big).unwrap();
         for _ in 0..10 {
             let (op, _) = append(&mut at, 1000);
-            w.send(op).await.unwrap();
+            w.send(op).unwrap();
         }
         // Up to 10 bytes before the segment's end, then an append completing it: the thread
         // syncs and renames the segment.
         let rest = usize::try_from((2 * MIB).checked_sub(at).unwrap()).unwrap();
         let (op, _) = append(&mut at, rest - 10);
-        w.send(op).await.unwrap();
+        w.send(op).unwrap();
         let (op, end) = append(&mut at, 100);
-        w.send(op).await.unwrap();
+        w.send(op).unwrap();
         until(&mut view, |v| {
             v.extent.end == Lsn(end) && v.extent.durable >= Lsn(2 * MIB)
         })
