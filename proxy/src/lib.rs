@@ -14,8 +14,9 @@
 //! - [`upstream`]: the half next to the primary: serves the link; per downstream one stream
 //!   whose feed reads the primary once and whose encode thread frames the WAL; per standby its
 //!   own connection to the primary.
-//! - [`spooler`]: the downstream's end of the stream: a decode thread restores and verifies the
-//!   frames, a writer thread keeps them in the [`spool`] that every standby is served from.
+//! - [`spooler`]: the downstream's end of the stream: a decode thread restores, verifies and
+//!   applies the frames, a writer thread keeps them in the [`spool`] that every standby is
+//!   served from.
 //! - [`link`]: gRPC channel/server setup, socket byte counting, delta-encoded WAL headers.
 //! - [`walsender`]: the half next to the standbys: startup, authentication, relaying; its
 //!   `tunnel` carries the client sessions the spool does not serve (base backups, logical

@@ -380,7 +380,7 @@ fn route(sp: &Spooler, chan: u32, e: ChanEvent) {
 /// end, batched into frames; an ALIVE item when nothing else went for [`ALIVE_EVERY`].
 async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
     let mut state = UpState::default();
-    let mut view = sp.view.clone();
+    let mut durable_rx = sp.writer.durable();
     let mut durable_sent = Lsn(0);
     let mut last_sent = tokio::time::Instant::now();
     loop {
@@ -391,13 +391,16 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
             _ = sp.wake.notified() => {}
             _ = due => {}
             _ = tokio::time::sleep_until(alive_due) => {}
-            r = view.changed() => if r.is_err() { return other("the spool's writer stopped") },
+            r = durable_rx.changed() => if r.is_err() { return other("the spool's writer stopped") },
         }
-        let durable = view.borrow().extent.durable;
+        let (durable, tli) = {
+            let v = sp.view.borrow();
+            (v.extent.durable, v.extent.tli)
+        };
         let mut out = build(sp, &mut state);
         if durable > durable_sent {
             let item = Up::Durable {
-                tli: view.borrow().extent.tli.0,
+                tli: tli.0,
                 end: durable.0,
             };
             push(&mut state, &mut out, &item);

@@ -29,7 +29,7 @@ use walrelay_wal::segment::WalSegSize;
 use super::lock;
 use super::syncer::Syncer;
 pub use super::writing::SpoolView;
-use super::writing::{view, Publish, Writing};
+use super::writing::{Publish, Writing};
 use crate::metrics::{timed_wall, Metrics};
 use crate::spool::{Durability, Spool, SpoolError};
 
@@ -73,6 +73,8 @@ pub struct SpoolWriter {
     writing: Arc<Mutex<Writing>>,
     /// Ops handed to the thread and not yet applied.
     in_flight: Arc<AtomicUsize>,
+    /// The spool's durable end, changed only when it moves.
+    durable: watch::Receiver<Lsn>,
 }
 
 /// The writer thread stopped (the spool failed, see the view's `failed`).
@@ -86,14 +88,14 @@ pub fn start(
 ) -> std::io::Result<(SpoolWriter, watch::Receiver<SpoolView>)> {
     let (tx, rx) = std_mpsc::sync_channel(QUEUE);
     spool.set_deferred(true);
-    let (view_tx, view_rx) = watch::channel(view(&spool, None));
     metrics.ops.spool.capacity.store(spool.capacity(), Relaxed);
+    let (publish, view_rx, durable) = Publish::new(&spool, metrics);
     let writing = Arc::new(Mutex::new(Writing {
         spool,
         dirty_since: None,
         sync_pending: false,
         failed: false,
-        publish: Publish { view_tx, metrics },
+        publish,
     }));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let thread = WriterThread {
@@ -108,6 +110,7 @@ pub fn start(
         ops: tx,
         writing,
         in_flight,
+        durable,
     };
     Ok((writer, view_rx))
 }
@@ -121,6 +124,12 @@ impl SpoolWriter {
             Ok(r) => r,
             Err(op) => self.send_now(op),
         }
+    }
+
+    /// The spool's durable end: changes only when it moves (not at every append, as the
+    /// view does).
+    pub fn durable(&self) -> watch::Receiver<Lsn> {
+        self.durable.clone()
     }
 
     /// Whether every op handed on is applied (a `send` now does not wait for a full queue).
@@ -377,16 +386,13 @@ mod tests {
         let mut spool = Spool::open(d.path(), 100 * MIB).unwrap();
         spool.set_deferred(true);
         spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
-        let (view_tx, _view) = watch::channel(view(&spool, None));
+        let (publish, _view, _durable) = Publish::new(&spool, Metrics::new());
         let mut w = Writing {
             spool,
             dirty_since: None,
             sync_pending: false,
             failed: false,
-            publish: Publish {
-                view_tx,
-                metrics: Metrics::new(),
-            },
+            publish,
         };
         let long_ago = || Some(Instant::now() - 2 * SYNC_EVERY);
         let mut at = MIB;
@@ -407,6 +413,42 @@ mod tests {
         assert!(
             w.op(None, true).unwrap().is_empty(),
             "one periodic sync at a time"
+        );
+    }
+
+    /// The durable end's receiver (the stream's send loop) changes only when the durable end
+    /// moves; the view changes at every append.
+    #[test]
+    fn the_durable_end_is_published_only_when_it_moves() {
+        let d = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(d.path(), 100 * MIB).unwrap();
+        spool.set_deferred(true);
+        spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
+        let (publish, mut view, mut durable) = Publish::new(&spool, Metrics::new());
+        let mut w = Writing {
+            spool,
+            dirty_since: None,
+            sync_pending: false,
+            failed: false,
+            publish,
+        };
+        let mut at = MIB;
+        for _ in 0..3 {
+            let (op, end) = append(&mut at, 1000);
+            w.op(Some(op), false).unwrap();
+            w.published();
+            assert!(view.has_changed().unwrap(), "the view shows each append");
+            assert_eq!(view.borrow_and_update().extent.end, Lsn(end));
+            assert!(!durable.has_changed().unwrap(), "nothing more is durable");
+        }
+        w.spool.sync().unwrap();
+        w.published();
+        assert!(durable.has_changed().unwrap());
+        assert_eq!(*durable.borrow_and_update(), Lsn(at));
+        w.published();
+        assert!(
+            !durable.has_changed().unwrap(),
+            "published again, not moved"
         );
     }
 

@@ -9,6 +9,8 @@ use std::time::Instant;
 use tokio::sync::watch;
 use tracing::warn;
 
+use walrelay_wal::lsn::Lsn;
+
 use crate::metrics::Metrics;
 use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
 
@@ -55,13 +57,32 @@ impl Writing {
     }
 }
 
-/// Where the writer tells what the spool holds.
+/// Where the writer tells what the spool holds: the whole view after every change (the
+/// standbys' sessions wait for new WAL on it), and the durable end only when it moves (the
+/// stream's send loop waits on that alone, rather than waking at every append).
 pub(super) struct Publish {
-    pub(super) view_tx: watch::Sender<SpoolView>,
+    view_tx: watch::Sender<SpoolView>,
+    durable_tx: watch::Sender<Lsn>,
     pub(super) metrics: Arc<Metrics>,
 }
 
 impl Publish {
+    /// A publisher starting from `spool` as it is, with the view's and the durable end's
+    /// receivers.
+    pub(super) fn new(
+        spool: &Spool,
+        metrics: Arc<Metrics>,
+    ) -> (Publish, watch::Receiver<SpoolView>, watch::Receiver<Lsn>) {
+        let (view_tx, view_rx) = watch::channel(view(spool, None));
+        let (durable_tx, durable_rx) = watch::channel(spool.extent().durable);
+        let publish = Publish {
+            view_tx,
+            durable_tx,
+            metrics,
+        };
+        (publish, view_rx, durable_rx)
+    }
+
     pub(super) fn send(&self, spool: &Spool, failed: Option<String>) {
         let e = spool.extent();
         let g = &self.metrics.ops.spool;
@@ -70,6 +91,11 @@ impl Publish {
         g.durable.store(e.durable.0, Relaxed);
         g.reused.store(spool.reused(), Relaxed);
         self.view_tx.send_replace(view(spool, failed));
+        self.durable_tx.send_if_modified(|d| {
+            let moved = *d != e.durable;
+            *d = e.durable;
+            moved
+        });
     }
 }
 
