@@ -378,22 +378,30 @@ mod tests {
         release.join().unwrap();
     }
 
-    /// A sync falls due on the append that fills a segment exactly: the filled segment's job
-    /// has that WAL, and no periodic sync is left pending (none could follow it).
-    #[test]
-    fn a_sync_due_at_a_filled_segment_leaves_none_pending() {
-        let d = tempfile::tempdir().unwrap();
-        let mut spool = Spool::open(d.path(), 100 * MIB).unwrap();
+    /// A bound, deferred spool in `dir` with the writer's state, run by the test (no threads).
+    fn writing(
+        dir: &std::path::Path,
+    ) -> (Writing, watch::Receiver<SpoolView>, watch::Receiver<Lsn>) {
+        let mut spool = Spool::open(dir, 100 * MIB).unwrap();
         spool.set_deferred(true);
         spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
-        let (publish, _view, _durable) = Publish::new(&spool, Metrics::new());
-        let mut w = Writing {
+        let (publish, view, durable) = Publish::new(&spool, Metrics::new());
+        let w = Writing {
             spool,
             dirty_since: None,
             sync_pending: false,
             failed: false,
             publish,
         };
+        (w, view, durable)
+    }
+
+    /// A sync falls due on the append that fills a segment exactly: the filled segment's job
+    /// has that WAL, and no periodic sync is left pending (none could follow it).
+    #[test]
+    fn a_sync_due_at_a_filled_segment_leaves_none_pending() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut w, _view, _durable) = writing(d.path());
         let long_ago = || Some(Instant::now() - 2 * SYNC_EVERY);
         let mut at = MIB;
         let (op, _) = append(&mut at, 1000);
@@ -421,17 +429,7 @@ mod tests {
     #[test]
     fn the_durable_end_is_published_only_when_it_moves() {
         let d = tempfile::tempdir().unwrap();
-        let mut spool = Spool::open(d.path(), 100 * MIB).unwrap();
-        spool.set_deferred(true);
-        spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
-        let (publish, mut view, mut durable) = Publish::new(&spool, Metrics::new());
-        let mut w = Writing {
-            spool,
-            dirty_since: None,
-            sync_pending: false,
-            failed: false,
-            publish,
-        };
+        let (mut w, mut view, mut durable) = writing(d.path());
         let mut at = MIB;
         for _ in 0..3 {
             let (op, end) = append(&mut at, 1000);
