@@ -30,6 +30,7 @@ mod report;
 mod sample;
 pub mod sshc;
 mod stages;
+mod standbys;
 mod synclat;
 pub mod walrange;
 mod workloads;
@@ -43,10 +44,7 @@ pub use report::{PairWindow, Report, RunResult, Verified, Window};
 pub use workloads::Workload;
 
 use crate::certs::LinkCerts;
-use crate::cluster::{
-    free_port, majors, wait_replayed, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts,
-    TempRoot,
-};
+use crate::cluster::{free_port, majors, wait_replayed, Cluster, PgInstall, PrimaryOpts, TempRoot};
 use pair::{RelayPair, PRIMARY_PASSWORD};
 use sample::{Sample, Sampler};
 
@@ -333,11 +331,11 @@ async fn setup(
         "the relays' slots hold WAL from {oldest}, before the end of the workload's data ({load_end}): \
          their upstreams would encode the load before the cold window"
     );
-    let standbys = start_relayed_standbys(&primary, &root, down_ports).await?;
+    let standbys = standbys::start_relayed_standbys(&primary, &root, down_ports).await?;
     if opts.z_background {
         background::lower(&pairs[1], &standbys[1])?;
     }
-    let direct = start_direct_standby(&primary, &root).await?;
+    let direct = standbys::start_direct_standby(&primary, &root).await?;
     Ok(Rig {
         pairs,
         standbys,
@@ -393,77 +391,6 @@ async fn begin_after_load(primary: &Cluster) -> Result<walrelay_wal::lsn::Lsn> {
         .execute("select pg_switch_wal(); checkpoint")
         .await?;
     Ok(load_end)
-}
-
-/// The standbys of W and Z, backed up from the primary, streaming through the downstreams
-/// on `down_ports`.
-async fn start_relayed_standbys(
-    primary: &Cluster,
-    root: &TempRoot,
-    down_ports: [u16; 2],
-) -> Result<[Cluster; 2]> {
-    let mut standbys = Vec::new();
-    for (i, app) in APPS.iter().enumerate() {
-        let mut so = StandbyOpts::new(pair::standby_conninfo(down_ports[i], app));
-        so.application_name = Some(app.to_string());
-        standbys.push(
-            primary
-                .basebackup_standby(root, &format!("standby_{}", CODECS[i]), &so)
-                .context("pg_basebackup of a standby")?,
-        );
-    }
-    let standbys: [Cluster; 2] = standbys
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("two standbys"))?;
-    for s in &standbys {
-        s.start().await?;
-    }
-    for (s, port) in standbys.iter().zip(down_ports) {
-        wait_streaming(primary, s, port).await?;
-    }
-    Ok(standbys)
-}
-
-/// The reference standby, streaming from the primary itself.
-async fn start_direct_standby(primary: &Cluster, root: &TempRoot) -> Result<Cluster> {
-    let mut so = StandbyOpts::new(format!(
-        "host=127.0.0.1 port={} user={} password={PRIMARY_PASSWORD} application_name={DIRECT_APP}",
-        primary.port(),
-        pair::USER
-    ));
-    so.application_name = Some(DIRECT_APP.to_string());
-    let direct = primary
-        .basebackup_standby(root, "standby_lag_ref", &so)
-        .context("pg_basebackup of the direct standby")?;
-    direct.start().await?;
-    wait_streaming(primary, &direct, primary.port()).await?;
-    Ok(direct)
-}
-
-/// Waits until `standby` streams through the downstream on `port` and has received all the
-/// primary wrote.
-async fn wait_streaming(primary: &Cluster, standby: &Cluster, port: u16) -> Result<()> {
-    let want = format!("streaming:{port}");
-    let sql =
-        "select coalesce((select status || ':' || sender_port from pg_stat_wal_receiver), '')";
-    wait_until(
-        "a standby streaming through its relay pair",
-        Duration::from_secs(120),
-        || async { Ok(standby.query_one_string(sql).await? == want) },
-    )
-    .await
-    .with_context(|| format!("standby log:\n{}", standby.log_tail(20)))?;
-    let target = primary
-        .query_lsn("select pg_current_wal_lsn()::text")
-        .await?;
-    wait_until("a standby catching up", LONG_WAIT, || async {
-        Ok(standby
-            .query_lsn("select pg_last_wal_receive_lsn()::text")
-            .await?
-            >= target)
-    })
-    .await?;
-    Ok(())
 }
 
 /// Runs the load and samples until both standbys received the steady window's end; checks
