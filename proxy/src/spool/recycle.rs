@@ -114,6 +114,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spool::tests::names;
 
     fn seg() -> WalSegSize {
         WalSegSize::new(1 << 20).unwrap()
@@ -149,11 +150,8 @@ mod tests {
         assert_eq!((&got[..3], got[3]), (&b"new"[..], 7));
         assert_eq!(pool.len(), KEEP - 1);
         // A kept file removed behind the pool's back: passed over, no error.
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.file_name().unwrap().to_string_lossy().starts_with(PREFIX) {
-                std::fs::remove_file(p).unwrap();
-            }
+        for name in names(dir).iter().filter(|n| n.starts_with(PREFIX)) {
+            std::fs::remove_file(dir.join(name)).unwrap();
         }
         assert!(pool.take(&dir.join("x")).unwrap().is_none());
         assert_eq!(pool.len(), 0);
@@ -170,12 +168,7 @@ mod tests {
         file(dir, "recycled.x", seg.bytes());
         let mut pool = Pool::scan(dir, seg).unwrap();
         assert_eq!(pool.len(), KEEP);
-        let mut left: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["recycled.4", "recycled.9"]);
+        assert_eq!(names(dir), ["recycled.4", "recycled.9"]);
         // New names do not collide with the kept ones.
         pool.take(&dir.join("a")).unwrap().unwrap();
         let p = file(dir, "b", seg.bytes());

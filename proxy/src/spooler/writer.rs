@@ -152,7 +152,7 @@ impl SpoolWriter {
     }
 
     /// Hands an op to the thread, blocking while its queue is full (the few ops of a
-    /// handshake).
+    /// handshake, and what `send` does not write inline).
     pub fn send_now(&self, op: Op) -> Result<(), Stopped> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.ops.send(Some(op)).map_err(|_| Stopped)
