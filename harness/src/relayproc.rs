@@ -4,6 +4,7 @@
 //! `walrelay demo` pass their own executable, the tests `env!("CARGO_BIN_EXE_walrelay")`.
 
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -43,13 +44,16 @@ pub struct RelayProcess {
     pub log: PathBuf,
     ports: Vec<u16>,
     rust_log: Option<String>,
+    /// Started in a session of its own ([`RelayProcess::start_in_own_session`]).
+    own_session: bool,
 }
 
 impl RelayProcess {
     /// Writes `toml` to `<dir>/<name>.toml` and runs `bin run --config` on it, output appended
     /// to `<dir>/<name>.log`, then waits until every port of `ports` on 127.0.0.1 accepts
     /// connections. `rust_log` is set as `RUST_LOG`; `None` removes it, so `[log] level` of
-    /// the config decides.
+    /// the config decides. The process stays in the caller's session and process group, so
+    /// that an interrupt at the terminal reaches it too.
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -57,6 +61,35 @@ impl RelayProcess {
         toml: &str,
         ports: &[u16],
         rust_log: Option<&str>,
+    ) -> Result<RelayProcess, RelayError> {
+        Self::start_with(bin, dir, name, toml, ports, rust_log, false)
+    }
+
+    /// As [`RelayProcess::start`], in a session of its own (`setsid`), as a service manager
+    /// starts a daemon: where the kernel shares the CPU between sessions (autogroup, on by
+    /// default on Linux without a cgroup per service), the relay then competes for a core as
+    /// one of its own, like each PostgreSQL process (every one of them is a session leader),
+    /// rather than with everything else the caller started in its session. An interrupt at
+    /// the terminal no longer reaches it: the caller must drop or stop it.
+    pub fn start_in_own_session(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        toml: &str,
+        ports: &[u16],
+        rust_log: Option<&str>,
+    ) -> Result<RelayProcess, RelayError> {
+        Self::start_with(bin, dir, name, toml, ports, rust_log, true)
+    }
+
+    fn start_with(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        toml: &str,
+        ports: &[u16],
+        rust_log: Option<&str>,
+        own_session: bool,
     ) -> Result<RelayProcess, RelayError> {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).map_err(|source| RelayError::Io {
@@ -70,6 +103,7 @@ impl RelayProcess {
             log: dir.join(format!("{name}.log")),
             ports: ports.to_vec(),
             rust_log: rust_log.map(str::to_string),
+            own_session,
         };
         p.spawn()?;
         Ok(p)
@@ -97,6 +131,17 @@ impl RelayProcess {
             Some(filter) => cmd.env("RUST_LOG", filter),
             None => cmd.env_remove("RUST_LOG"),
         };
+        if self.own_session {
+            // SAFETY: the hook runs in the child between fork and exec, where only
+            // async-signal-safe calls may be made: setsid is one, and the hook touches no
+            // memory of the parent's.
+            unsafe {
+                cmd.pre_exec(|| match libc::setsid() {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                })
+            };
+        }
         let child = cmd
             .stdin(Stdio::null())
             .stdout(log)
@@ -281,6 +326,52 @@ fn status_kib(status: &str, name: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
+    fn session_of(pid: u32) -> Option<u32> {
+        stat_after_comm(pid)?
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()
+    }
+
+    /// A stand-in for the binary: `BIN run --config FILE` listens on `port` until killed.
+    fn listener(dir: &Path, port: u16) -> PathBuf {
+        let bin = dir.join("fake-walrelay");
+        let py = format!(
+            "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {port}))\ns.listen()\ntime.sleep(60)\n"
+        );
+        std::fs::write(&bin, format!("#!/bin/sh\nexec python3 -c \"{py}\"\n")).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        bin
+    }
+
+    #[test]
+    fn a_process_started_in_its_own_session_leads_it_and_the_other_stays_in_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = session_of(std::process::id()).unwrap();
+        for own in [true, false] {
+            let port = crate::cluster::free_port();
+            let bin = listener(dir.path(), port);
+            let start = match own {
+                true => RelayProcess::start_in_own_session,
+                false => RelayProcess::start,
+            };
+            let mut p = start(&bin, dir.path(), "r", "", &[port], None).unwrap();
+            let pid = p.pid().unwrap();
+            let sid = session_of(pid);
+            p.kill();
+            assert_eq!(
+                sid,
+                Some(if own { pid } else { ours }),
+                "own session: {own}"
+            );
+        }
+    }
+
     #[test]
     fn reads_the_peak_resident_set() {
         let st = "Name:\twalrelay\nVmHWM:\t  123456 kB\nVmRSS:\t   1024 kB\n";

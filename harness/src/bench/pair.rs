@@ -1,6 +1,11 @@
 //! One relay pair as a user runs it: an upstream process next to the primary, a downstream
 //! process next to the standby, each the real `walrelay run` with its own config file, mutual
-//! TLS on the link, and a counting forwarder on the link socket between them.
+//! TLS on the link, and a counting forwarder on the link socket between them. Each process
+//! runs in a session of its own, as a service manager starts a daemon
+//! ([`RelayProcess::start_in_own_session`]): where Linux shares the CPU between sessions
+//! first (autogroup), each half then competes for a core as one, as every PostgreSQL process
+//! of the run does (each is a session leader), not together with the other pair, the bench
+//! and its load in the bench's session.
 
 use std::path::Path;
 use std::time::Duration;
@@ -143,7 +148,7 @@ impl RelayPair {
             )),
             certs.upstream_toml()
         );
-        let upstream = RelayProcess::start(
+        let upstream = RelayProcess::start_in_own_session(
             bin,
             dir,
             &format!("{tag}-upstream"),
@@ -160,7 +165,7 @@ impl RelayPair {
             spool_bytes.map_or(String::new(), |b| format!("spool_bytes = {b}\n")),
             certs.downstream_toml()
         );
-        let downstream = RelayProcess::start(
+        let downstream = RelayProcess::start_in_own_session(
             bin,
             dir,
             &format!("{tag}-downstream"),
