@@ -8,7 +8,10 @@
 //!
 //! Linux keeps a nice value per thread, and a new thread or process inherits its creator's:
 //! [`renice_tree`] sets every thread of a process and of its descendants, so what they
-//! start later is niced as well.
+//! start later is niced as well. Where the kernel shares the CPU between sessions first
+//! (autogroup), a thread's nice value only weighs against the threads of its own session,
+//! and each relay process ([`super::pair`]) and each PostgreSQL process is a session of its
+//! own: so it also sets the nice value of each process's session group.
 
 use std::path::Path;
 
@@ -63,8 +66,25 @@ pub fn renice_tree(root: u32, nice: i32) -> std::io::Result<usize> {
                 return Err(std::io::Error::last_os_error());
             }
         }
+        if session_of(*pid) == Some(*pid) {
+            match renice_autogroup(*pid, nice) {
+                Err(e) if i == 0 => return Err(e),
+                _ => {}
+            }
+        }
     }
     Ok(set)
+}
+
+/// Sets the nice value of the session group (autogroup) of `pid`, a session leader (so that
+/// the caller's own session is never touched); false when the kernel has none (built
+/// without autogroup: then threads' nice values weigh machine-wide).
+fn renice_autogroup(pid: u32, nice: i32) -> std::io::Result<bool> {
+    match std::fs::write(format!("/proc/{pid}/autogroup"), nice.to_string()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// `root` and every process below it (by the parent pid in `/proc/<pid>/stat`), `root` first.
@@ -101,6 +121,23 @@ fn parent_of(pid: u32) -> Option<u32> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
+fn session_of(pid: u32) -> Option<u32> {
+    stat_after_comm(pid)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// The nice value of the session group of `pid` (`/proc/<pid>/autogroup` reads
+/// `/autogroup-<n> nice <v>`); None without autogroup.
+#[cfg(test)]
+fn autogroup_nice_of(pid: u32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+    s.split_whitespace().last()?.parse().ok()
 }
 
 /// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
@@ -142,6 +179,36 @@ mod tests {
         let _ = sh.wait();
         assert_eq!(set, 2);
         assert_eq!((a, b), (Some(target), Some(target)));
+    }
+
+    #[test]
+    fn a_session_leader_gets_it_for_its_session_group_and_the_callers_group_keeps_its_own() {
+        use std::os::unix::process::CommandExt;
+        let me = std::process::id();
+        let mine = autogroup_nice_of(me);
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30");
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent's.
+        unsafe {
+            cmd.pre_exec(|| match libc::setsid() {
+                -1 => Err(std::io::Error::last_os_error()),
+                _ => Ok(()),
+            })
+        };
+        let mut leader = cmd.spawn().unwrap();
+        let pid = leader.id();
+        let sid = session_of(pid);
+        let before = autogroup_nice_of(pid);
+        let result = renice_tree(pid, NICE);
+        let after = autogroup_nice_of(pid);
+        let _ = leader.kill();
+        let _ = leader.wait();
+        result.unwrap();
+        assert_eq!(sid, Some(pid));
+        if before.is_some() {
+            assert_eq!(after, Some(NICE));
+        }
+        assert_eq!(autogroup_nice_of(me), mine);
     }
 
     #[test]
