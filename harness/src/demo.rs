@@ -18,7 +18,7 @@ use crate::cluster::{
     free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
 };
 use crate::prom::{self, Sample};
-use crate::relayproc::RelayProcess;
+use crate::relayproc::{RelayProcess, Session};
 
 const STANDBY_PASSWORD: &str = "demo-standby";
 const PRIMARY_PASSWORD: &str = "demo-primary";
@@ -155,6 +155,7 @@ fn start_relay(
         &toml,
         &[up, down, metrics],
         None,
+        Session::Caller,
     )?)
 }
 

@@ -32,6 +32,21 @@ pub enum RelayError {
     NotRunning(PathBuf),
 }
 
+/// The session a [`RelayProcess`] runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Session {
+    /// The caller's session and process group: an interrupt at the terminal reaches it too
+    /// (the tests).
+    Caller,
+    /// A session of its own (`setsid`), as a service manager starts a daemon: where the
+    /// kernel shares the CPU between sessions first (autogroup, on by default on Linux
+    /// without a cgroup per service), the relay competes for a core as one of its own, like
+    /// each PostgreSQL process (every one of them is a session leader), rather than with
+    /// everything else in the caller's session (the bench). An interrupt at the terminal no
+    /// longer reaches it: the caller must drop or stop it.
+    Own,
+}
+
 /// A `walrelay run` child process. Dropping it kills the process (SIGKILL); call
 /// [`RelayProcess::terminate`] for an orderly drain.
 #[derive(Debug)]
@@ -44,16 +59,14 @@ pub struct RelayProcess {
     pub log: PathBuf,
     ports: Vec<u16>,
     rust_log: Option<String>,
-    /// Started in a session of its own ([`RelayProcess::start_in_own_session`]).
-    own_session: bool,
+    session: Session,
 }
 
 impl RelayProcess {
     /// Writes `toml` to `<dir>/<name>.toml` and runs `bin run --config` on it, output appended
     /// to `<dir>/<name>.log`, then waits until every port of `ports` on 127.0.0.1 accepts
     /// connections. `rust_log` is set as `RUST_LOG`; `None` removes it, so `[log] level` of
-    /// the config decides. The process stays in the caller's session and process group, so
-    /// that an interrupt at the terminal reaches it too.
+    /// the config decides. `session`: whose session the process runs in ([`Session`]).
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -61,35 +74,7 @@ impl RelayProcess {
         toml: &str,
         ports: &[u16],
         rust_log: Option<&str>,
-    ) -> Result<RelayProcess, RelayError> {
-        Self::start_with(bin, dir, name, toml, ports, rust_log, false)
-    }
-
-    /// As [`RelayProcess::start`], in a session of its own (`setsid`), as a service manager
-    /// starts a daemon: where the kernel shares the CPU between sessions (autogroup, on by
-    /// default on Linux without a cgroup per service), the relay then competes for a core as
-    /// one of its own, like each PostgreSQL process (every one of them is a session leader),
-    /// rather than with everything else the caller started in its session. An interrupt at
-    /// the terminal no longer reaches it: the caller must drop or stop it.
-    pub fn start_in_own_session(
-        bin: &Path,
-        dir: &Path,
-        name: &str,
-        toml: &str,
-        ports: &[u16],
-        rust_log: Option<&str>,
-    ) -> Result<RelayProcess, RelayError> {
-        Self::start_with(bin, dir, name, toml, ports, rust_log, true)
-    }
-
-    fn start_with(
-        bin: &Path,
-        dir: &Path,
-        name: &str,
-        toml: &str,
-        ports: &[u16],
-        rust_log: Option<&str>,
-        own_session: bool,
+        session: Session,
     ) -> Result<RelayProcess, RelayError> {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).map_err(|source| RelayError::Io {
@@ -103,7 +88,7 @@ impl RelayProcess {
             log: dir.join(format!("{name}.log")),
             ports: ports.to_vec(),
             rust_log: rust_log.map(str::to_string),
-            own_session,
+            session,
         };
         p.spawn()?;
         Ok(p)
@@ -131,7 +116,7 @@ impl RelayProcess {
             Some(filter) => cmd.env("RUST_LOG", filter),
             None => cmd.env_remove("RUST_LOG"),
         };
-        if self.own_session {
+        if self.session == Session::Own {
             // SAFETY: the hook runs in the child between fork and exec, where only
             // async-signal-safe calls may be made: setsid is one, and the hook touches no
             // memory of the parent's.
@@ -291,6 +276,15 @@ pub fn stat_after_comm(pid: u32) -> Option<String> {
     Some(stat.rsplit_once(')')?.1.to_string())
 }
 
+/// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
+pub fn session_of(pid: u32) -> Option<u32> {
+    stat_after_comm(pid)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
 /// utime + stime of process `pid` from `/proc/<pid>/stat`, in seconds.
 pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     // utime and stime are fields 14 and 15, the 12th and 13th after the command.
@@ -356,11 +350,9 @@ mod tests {
         for own in [true, false] {
             let port = crate::cluster::free_port();
             let bin = listener(dir.path(), port);
-            let start = match own {
-                true => RelayProcess::start_in_own_session,
-                false => RelayProcess::start,
-            };
-            let mut p = start(&bin, dir.path(), "r", "", &[port], None).unwrap();
+            let session = if own { Session::Own } else { Session::Caller };
+            let mut p =
+                RelayProcess::start(&bin, dir.path(), "r", "", &[port], None, session).unwrap();
             let pid = p.pid().unwrap();
             let sid = session_of(pid);
             p.kill();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use walrelay_harness::cluster::{
     free_port, wait_until, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
 };
-use walrelay_harness::relayproc::RelayProcess;
+use walrelay_harness::relayproc::{RelayProcess, Session};
 
 pub const REPL_PASSWORD: &str = "repl-secret";
 pub const STANDBY_PASSWORD: &str = "standby-secret";
@@ -74,6 +74,7 @@ impl Relay {
             toml,
             &ports,
             rust_log,
+            Session::Caller,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         Relay {

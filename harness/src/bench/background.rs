@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use super::pair::RelayPair;
 use crate::cluster::Cluster;
-use crate::relayproc::stat_after_comm;
+use crate::relayproc::{session_of, stat_after_comm};
 
 /// The nice value given (the lowest priority).
 pub const NICE: i32 = 19;
@@ -119,15 +119,6 @@ fn parent_of(pid: u32) -> Option<u32> {
     stat_after_comm(pid)?
         .split_whitespace()
         .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
-fn session_of(pid: u32) -> Option<u32> {
-    stat_after_comm(pid)?
-        .split_whitespace()
-        .nth(3)?
         .parse()
         .ok()
 }

@@ -2,7 +2,7 @@
 //! process next to the standby, each the real `walrelay run` with its own config file, mutual
 //! TLS on the link, and a counting forwarder on the link socket between them. Each process
 //! runs in a session of its own, as a service manager starts a daemon
-//! ([`RelayProcess::start_in_own_session`]): where Linux shares the CPU between sessions
+//! ([`Session::Own`]): where Linux shares the CPU between sessions
 //! first (autogroup), each half then competes for a core as one, as every PostgreSQL process
 //! of the run does (each is a session leader), not together with the other pair, the bench
 //! and its load in the bench's session.
@@ -16,7 +16,7 @@ use crate::certs::{toml_str, LinkCerts};
 use crate::cluster::{free_port, Cluster};
 use crate::forward::Forwarder;
 use crate::prom;
-use crate::relayproc::RelayProcess;
+use crate::relayproc::{RelayProcess, Session};
 
 use super::stages::RelayPositions;
 
@@ -148,13 +148,14 @@ impl RelayPair {
             )),
             certs.upstream_toml()
         );
-        let upstream = RelayProcess::start_in_own_session(
+        let upstream = RelayProcess::start(
             bin,
             dir,
             &format!("{tag}-upstream"),
             &up_toml,
             &[up_port, up_metrics],
             None,
+            Session::Own,
         )?;
         let forwarder = Forwarder::start(up_port)?;
         let down_toml = format!(
@@ -165,13 +166,14 @@ impl RelayPair {
             spool_bytes.map_or(String::new(), |b| format!("spool_bytes = {b}\n")),
             certs.downstream_toml()
         );
-        let downstream = RelayProcess::start_in_own_session(
+        let downstream = RelayProcess::start(
             bin,
             dir,
             &format!("{tag}-downstream"),
             &down_toml,
             &[down_port, down_metrics],
             None,
+            Session::Own,
         )?;
         Ok(RelayPair {
             codec,
