@@ -322,15 +322,6 @@ fn status_kib(status: &str, name: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
-    fn session_of(pid: u32) -> Option<u32> {
-        stat_after_comm(pid)?
-            .split_whitespace()
-            .nth(3)?
-            .parse()
-            .ok()
-    }
-
     /// A stand-in for the binary: `BIN run --config FILE` listens on `port` until killed.
     fn listener(dir: &Path, port: u16) -> PathBuf {
         let bin = dir.join("fake-walrelay");
