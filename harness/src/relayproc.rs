@@ -117,15 +117,7 @@ impl RelayProcess {
             None => cmd.env_remove("RUST_LOG"),
         };
         if self.session == Session::Own {
-            // SAFETY: the hook runs in the child between fork and exec, where only
-            // async-signal-safe calls may be made: setsid is one, and the hook touches no
-            // memory of the parent's.
-            unsafe {
-                cmd.pre_exec(|| match libc::setsid() {
-                    -1 => Err(std::io::Error::last_os_error()),
-                    _ => Ok(()),
-                })
-            };
+            in_own_session(&mut cmd);
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -274,6 +266,18 @@ impl Drop for RelayProcess {
 pub fn stat_after_comm(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     Some(stat.rsplit_once(')')?.1.to_string())
+}
+
+/// Makes the process `cmd` starts lead a session of its own (`setsid` before exec).
+pub fn in_own_session(cmd: &mut Command) {
+    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
+    // calls may be made: setsid is one, and the hook touches no memory of the parent's.
+    unsafe {
+        cmd.pre_exec(|| match libc::setsid() {
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        })
+    };
 }
 
 /// The session id of `pid` (field 6 of `/proc/<pid>/stat`).

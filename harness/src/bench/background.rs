@@ -174,18 +174,11 @@ mod tests {
 
     #[test]
     fn a_session_leader_gets_it_for_its_session_group_and_the_callers_group_keeps_its_own() {
-        use std::os::unix::process::CommandExt;
         let me = std::process::id();
         let mine = autogroup_nice_of(me);
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("30");
-        // SAFETY: setsid is async-signal-safe and touches no memory of the parent's.
-        unsafe {
-            cmd.pre_exec(|| match libc::setsid() {
-                -1 => Err(std::io::Error::last_os_error()),
-                _ => Ok(()),
-            })
-        };
+        crate::relayproc::in_own_session(&mut cmd);
         let mut leader = cmd.spawn().unwrap();
         let pid = leader.id();
         let sid = session_of(pid);
