@@ -67,9 +67,10 @@ pub fn renice_tree(root: u32, nice: i32) -> std::io::Result<usize> {
             }
         }
         if session_of(*pid) == Some(*pid) {
-            match renice_autogroup(*pid, nice) {
-                Err(e) if i == 0 => return Err(e),
-                _ => {}
+            if let Err(e) = renice_autogroup(*pid, nice) {
+                if i == 0 {
+                    return Err(e);
+                }
             }
         }
     }
@@ -77,13 +78,12 @@ pub fn renice_tree(root: u32, nice: i32) -> std::io::Result<usize> {
 }
 
 /// Sets the nice value of the session group (autogroup) of `pid`, a session leader (so that
-/// the caller's own session is never touched); false when the kernel has none (built
+/// the caller's own session is never touched); nothing when the kernel has none (built
 /// without autogroup: then threads' nice values weigh machine-wide).
-fn renice_autogroup(pid: u32, nice: i32) -> std::io::Result<bool> {
+fn renice_autogroup(pid: u32, nice: i32) -> std::io::Result<()> {
     match std::fs::write(format!("/proc/{pid}/autogroup"), nice.to_string()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
     }
 }
 
