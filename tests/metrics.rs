@@ -320,6 +320,7 @@ fn other_families_are_exported(samples: &[Sample]) {
         for name in [
             "walrelay_codec_parallel_messages_total",
             "walrelay_codec_staged_messages_total",
+            "walrelay_codec_short_of_cpu_messages_total",
         ] {
             assert!(value(samples, name, &[("half", half)]) >= 0.0);
         }

@@ -44,6 +44,7 @@
 pub mod cancelkeys;
 pub mod config;
 pub mod conninfo;
+pub mod coreshare;
 pub mod gate;
 pub mod lifecycle;
 pub mod link;

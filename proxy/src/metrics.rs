@@ -30,6 +30,9 @@ pub struct Metrics {
     /// WAL runs staged ahead: encoded in two halves (upstream, `WalEncoder::stage`) or their
     /// sections decompressed ahead (downstream, `WalDecoder::stage`).
     pub codec_staged_messages: [AtomicU64; 2],
+    /// Batches (upstream) and frames (downstream) found behind that the stage kept on one
+    /// core because its thread was short of CPU (`crate::coreshare`).
+    pub codec_short_of_cpu_messages: [AtomicU64; 2],
     /// Batches encoded with the codec's fast settings while the upstream fell behind on CPU
     /// (`link.catch_up`).
     pub codec_fast_messages: AtomicU64,

@@ -337,6 +337,12 @@ fn codec_time_families(e: &mut Expo, m: &Metrics) {
         per_half(&m.codec_staged_messages),
     );
     e.halves(
+        "walrelay_codec_short_of_cpu_messages_total",
+        "counter",
+        "Batches encoded (upstream) and frames restored (downstream) while the stage's queue was full, on one core because the stage's thread waited for a CPU at least a quarter as long as it ran: a second thread would only have shared its CPU time.",
+        per_half(&m.codec_short_of_cpu_messages),
+    );
+    e.halves(
         "walrelay_codec_fast_messages_total",
         "counter",
         "Batches the upstream encoded with a fast zstd level for its bulk streams while it fell behind the primary on CPU (link.catch_up): more bytes, less lag.",

@@ -20,7 +20,9 @@
 //! frame ahead: it stages the WAL payloads of the frame and of the next one in the queue
 //! (`WalDecoder::stage`), so that the second's sections are decompressed on the codec's
 //! thread while the first's records are restored here. Otherwise it restores one frame at a
-//! time on one core, which costs the least CPU. What it applies is the same either way.
+//! time on one core, which costs the least CPU. So it does too while its own thread waits for
+//! a CPU a quarter as long as it runs ([`crate::coreshare`]): a second thread would then only
+//! share the same CPU time. What it applies is the same either way.
 //!
 //! A small frame (≤ [`INLINE_MAX`] bytes) that finds the thread idle and the writer ready is
 //! restored, verified and applied by the stream itself, under the same lock: a synchronous
@@ -43,6 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::lock;
+use crate::coreshare::CoreShare;
 use crate::metrics::{timed, Metrics};
 
 /// Frames waiting for the thread.
@@ -156,6 +159,7 @@ impl DecodeStage {
     ) -> std::io::Result<DecodeStage> {
         let (frames, frames_rx) = mpsc::channel(QUEUE);
         let (failed_tx, failed) = mpsc::channel(1);
+        let thread_metrics = metrics.clone();
         let decoding = Arc::new(Mutex::new(Decoding {
             state: DownState::default(),
             ahead: None,
@@ -170,6 +174,7 @@ impl DecodeStage {
         let thread = DecodeThread {
             decoding: decoding.clone(),
             in_flight: in_flight.clone(),
+            metrics: thread_metrics,
         };
         let thread_failed = failed_tx.clone();
         std::thread::Builder::new()
@@ -188,12 +193,14 @@ impl DecodeStage {
 struct DecodeThread {
     decoding: Arc<Mutex<Decoding>>,
     in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 impl DecodeThread {
     fn run(&self, mut frames: mpsc::Receiver<Bytes>, failed: mpsc::Sender<Failure>) {
         // The next frame, taken from the queue early and maybe staged already.
         let mut ahead: Option<(Bytes, bool)> = None;
+        let mut cores = CoreShare::for_this_thread();
         loop {
             let (frame, mut staged) = match ahead.take() {
                 Some(a) => a,
@@ -205,7 +212,12 @@ impl DecodeThread {
             // This frame and a full queue behind it: frames arrive faster than one core
             // restores them (a frame or two queued is a burst, which one core absorbs).
             let behind = self.in_flight.load(Ordering::Acquire) > QUEUE;
-            if behind {
+            // More cores only where another thread would get one (`crate::coreshare`).
+            let spread = behind && !cores.short(std::time::Instant::now());
+            if behind && !spread {
+                Metrics::add(&self.metrics.codec_short_of_cpu_messages[1], 1);
+            }
+            if spread {
                 if let Ok(next) = frames.try_recv() {
                     // Staged: this frame's sections decompress while the one before it is
                     // restored (see the module doc).
@@ -215,7 +227,7 @@ impl DecodeThread {
                     ahead = Some((next, next_staged));
                 }
             }
-            if let Err(f) = lock(&self.decoding).frame(&frame, behind) {
+            if let Err(f) = lock(&self.decoding).frame(&frame, spread) {
                 // Nothing more is restored: `in_flight` stays above zero, so no frame is
                 // restored inline either.
                 let _ = failed.blocking_send(f);

@@ -16,7 +16,9 @@
 //! batch ahead: it stages the batch and the next one (`WalEncoder::stage`), so that the
 //! first's streams are compressed on the codec's section thread while the second's records
 //! are transformed here, then frames the first. Otherwise it encodes one batch at a time on
-//! one core, which costs the least CPU. The frames and their bytes are the same either way.
+//! one core, which costs the least CPU. So it does too while its own thread waits for a CPU
+//! a quarter as long as it runs ([`crate::coreshare`]): a second thread would then only share
+//! the same CPU time. The frames and their bytes are the same either way.
 //!
 //! While batches keep waiting for the thread and the link takes its frames at once, the
 //! thread is short of CPU: it then has the codec compress its bulk streams at a fast zstd
@@ -56,6 +58,7 @@ use walrelay_wal::linkcodec::WalEncoder;
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::walcodec::STAGED_MAX;
 
+use crate::coreshare::CoreShare;
 use crate::metrics::{timed, Metrics};
 use crate::monitor::codec_totals::SessionCodecStats;
 
@@ -153,14 +156,14 @@ impl Output {
     }
 
     /// The batch's frame, encoded under the framer's lock (its WAL runs `staged` before, or
-    /// encoded now); `behind`: the queue behind it is full, so the codec may use more than
-    /// one core (`WalEncoder::set_parallel`).
-    fn frame(&self, job: &mut Job, behind: bool, staged: bool) -> Result<ToDownstream, Status> {
+    /// encoded now); `spread`: the queue behind it is full and another thread would get a
+    /// core, so the codec may use more than one (`WalEncoder::set_parallel`).
+    fn frame(&self, job: &mut Job, spread: bool, staged: bool) -> Result<ToDownstream, Status> {
         let mut framer = self.framer();
         if !staged {
-            framer.encoder.set_parallel(behind);
+            framer.encoder.set_parallel(spread);
         }
-        if behind {
+        if spread {
             Metrics::add(&framer.metrics.codec_parallel_messages[0], 1);
         }
         if framer.encoder.fast() {
@@ -205,6 +208,7 @@ impl EncodeStage {
         let (jobs, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
         let catch_up = catch_up && framer.encoder.wal().is_some();
+        let metrics = framer.metrics.clone();
         let out = Output {
             framer: Arc::new(Mutex::new(framer)),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -217,6 +221,7 @@ impl EncodeStage {
             failed: failed.clone(),
             catch_up: CatchUp::new(catch_up),
             link_full: false,
+            metrics,
         };
         std::thread::Builder::new()
             .name("walrelay-encode".into())
@@ -277,12 +282,14 @@ struct EncodeThread {
     catch_up: CatchUp,
     /// The link's stream had no room for the last frame when the thread sent it.
     link_full: bool,
+    metrics: Arc<Metrics>,
 }
 
 impl EncodeThread {
     fn run(mut self) {
         // The next batch, taken from the queue early and maybe staged already.
         let mut ahead: Option<(Job, bool)> = None;
+        let mut cores = CoreShare::for_this_thread();
         loop {
             let (mut job, mut staged) = match ahead.take() {
                 Some(a) => a,
@@ -302,8 +309,13 @@ impl EncodeThread {
             if let Some(fast) = self.catch_up.observe(Instant::now(), seen) {
                 self.out.set_fast(fast);
             }
-            let r = self.look_ahead(&mut job, &mut staged, behind, &mut ahead);
-            let msg = match r.and_then(|()| self.out.frame(&mut job, behind, staged)) {
+            // More cores only where another thread would get one (`crate::coreshare`).
+            let spread = behind && !cores.short(Instant::now());
+            if behind && !spread {
+                Metrics::add(&self.metrics.codec_short_of_cpu_messages[0], 1);
+            }
+            let r = self.look_ahead(&mut job, &mut staged, spread, &mut ahead);
+            let msg = match r.and_then(|()| self.out.frame(&mut job, spread, staged)) {
                 Ok(m) => m,
                 Err(status) => {
                     *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
@@ -319,17 +331,17 @@ impl EncodeThread {
         }
     }
 
-    /// While behind: stages `job` (unless it is already) and the next batch in the queue, so
-    /// that compressing the first overlaps transforming the second. The next batch, staged or
-    /// not, goes to `ahead`.
+    /// While behind with cores to spare (`spread`): stages `job` (unless it is already) and
+    /// the next batch in the queue, so that compressing the first overlaps transforming the
+    /// second. The next batch, staged or not, goes to `ahead`.
     fn look_ahead(
         &mut self,
         job: &mut Job,
         staged: &mut bool,
-        behind: bool,
+        spread: bool,
         ahead: &mut Option<(Job, bool)>,
     ) -> Result<(), Status> {
-        if !behind || ahead.is_some() || wal_runs(&job.parts) == 0 {
+        if !spread || ahead.is_some() || wal_runs(&job.parts) == 0 {
             return Ok(());
         }
         let Ok(mut next) = self.jobs.try_recv() else {
