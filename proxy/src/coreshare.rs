@@ -10,7 +10,7 @@
 //! larger share. Measured with `codec_profile` on recorded pgbench WAL, on this project's
 //! 2-core machine, with busy loops in sessions of their own (`docs/keeping-up.md`,
 //! forty-first round):
-//! - Nothing else running: staging ran the two threads at 1.37 cores and took 0.65 × the
+//! - Nothing else running: staging ran the two threads at 1.37 cores and took 0.64–0.75 × the
 //!   one-core wall time.
 //! - One busy loop: the one-core thread waited for a core 2 % as long as it ran. Staged, the
 //!   two threads got 1.0 core between them, as one thread alone did.
