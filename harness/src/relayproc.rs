@@ -282,9 +282,15 @@ pub fn in_own_session(cmd: &mut Command) {
 
 /// The session id of `pid` (field 6 of `/proc/<pid>/stat`).
 pub fn session_of(pid: u32) -> Option<u32> {
+    stat_field(pid, 3)
+}
+
+/// Field `k` after the command in `/proc/<pid>/stat` (0: the state, 1: the parent, 3: the
+/// session, 16: the nice value; `man 5 proc` numbers them from 3 on), parsed.
+pub fn stat_field<T: std::str::FromStr>(pid: u32, k: usize) -> Option<T> {
     stat_after_comm(pid)?
         .split_whitespace()
-        .nth(3)?
+        .nth(k)?
         .parse()
         .ok()
 }
@@ -325,6 +331,19 @@ fn status_kib(status: &str, name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command() {
+        let me = std::process::id();
+        assert_eq!(
+            stat_field::<u32>(me, 1),
+            Some(std::os::unix::process::parent_id())
+        );
+        // The state is a letter, not a number; a process that does not exist has no fields.
+        assert_eq!(stat_field::<u32>(me, 0), None);
+        assert!(stat_field::<String>(me, 0).is_some());
+        assert_eq!(stat_field::<u32>(u32::MAX, 1), None);
+    }
 
     /// A stand-in for the binary: `BIN run --config FILE` listens on `port` until killed.
     fn listener(dir: &Path, port: u16) -> PathBuf {

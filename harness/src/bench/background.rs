@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use super::pair::RelayPair;
 use crate::cluster::Cluster;
-use crate::relayproc::{session_of, stat_after_comm};
+use crate::relayproc::{session_of, stat_field};
 
 /// The nice value given (the lowest priority).
 pub const NICE: i32 = 19;
@@ -116,11 +116,7 @@ fn descendants(root: u32) -> std::io::Result<Vec<u32>> {
 
 /// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`, the second after the command).
 fn parent_of(pid: u32) -> Option<u32> {
-    stat_after_comm(pid)?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat_field(pid, 1)
 }
 
 /// The nice value of the session group of `pid` (`/proc/<pid>/autogroup` reads
@@ -134,11 +130,7 @@ fn autogroup_nice_of(pid: u32) -> Option<i32> {
 /// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
 #[cfg(test)]
 fn nice_of(tid: u32) -> Option<i32> {
-    stat_after_comm(tid)?
-        .split_whitespace()
-        .nth(16)?
-        .parse()
-        .ok()
+    stat_field(tid, 16)
 }
 
 #[cfg(test)]
