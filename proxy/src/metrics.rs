@@ -25,7 +25,8 @@ pub struct Metrics {
     pub encode_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     /// Batches encoded (upstream) and frames restored (downstream) with the codec's extra
-    /// threads allowed (the stage's queue was full: `WalEncoder::set_parallel`).
+    /// threads allowed (the stage's queue was full and its thread not short of CPU:
+    /// `WalEncoder::set_parallel`).
     pub codec_parallel_messages: [AtomicU64; 2],
     /// WAL runs staged ahead: encoded in two halves (upstream, `WalEncoder::stage`) or their
     /// sections decompressed ahead (downstream, `WalDecoder::stage`).

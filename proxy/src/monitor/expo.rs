@@ -327,7 +327,7 @@ fn codec_time_families(e: &mut Expo, m: &Metrics) {
     e.halves(
         "walrelay_codec_parallel_messages_total",
         "counter",
-        "Batches encoded (upstream) and frames restored (downstream) while the stage's queue was full, with the codec's extra threads allowed.",
+        "Batches encoded (upstream) and frames restored (downstream) while the stage's queue was full and its thread not short of CPU, with the codec's extra threads allowed.",
         per_half(&m.codec_parallel_messages),
     );
     e.halves(
