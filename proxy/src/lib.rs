@@ -27,6 +27,8 @@
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
 //!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
+//! - [`coreshare`]: whether a stage's thread gets a CPU when it wants one (its own
+//!   `schedstat`), which decides if the encode and decode stages use a second core.
 //! - [`gate`]: the standby listener's pre-authentication budget (in all and per address).
 //! - [`cancelkeys`]: the BackendKeyData of live tunnels, for relaying cancel requests.
 //!
