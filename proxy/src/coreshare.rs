@@ -32,7 +32,10 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
+
+use crate::metrics::Metrics;
 
 /// How often the thread's statistics are sampled (at most; only when the stage asks).
 pub const INTERVAL: Duration = Duration::from_millis(250);
@@ -90,11 +93,25 @@ impl CoreShare {
         }
     }
 
+    /// Whether a stage that is `behind` may use more than one core now: only while its thread
+    /// is not short of CPU. Each time it is behind and kept to one core counts in `kept` (the
+    /// stage's half of `walrelay_codec_short_of_cpu_messages_total`).
+    pub fn spread(&mut self, behind: bool, kept: &AtomicU64) -> bool {
+        if !behind {
+            return false;
+        }
+        let short = self.short(Instant::now());
+        if short {
+            Metrics::add(kept, 1);
+        }
+        !short
+    }
+
     /// Whether the thread is short of CPU at `now`, so that another thread would not run
     /// beside it; samples the statistics at most once per [`INTERVAL`].
     pub fn short(&mut self, now: Instant) -> bool {
         if !self.judge.wants_sample(now) {
-            return self.judge.short;
+            return self.judge.short();
         }
         match self.stat.as_mut().and_then(read) {
             Some((run_ns, wait_ns)) => self.judge.observe(Sample {

@@ -116,3 +116,18 @@ fn reads_the_calling_threads_own_statistics() {
     // The first sample is a baseline: no verdict yet.
     assert!(!c.short(Instant::now()));
 }
+
+#[test]
+fn spreads_only_while_behind_and_counts_the_batches_kept_to_one_core() {
+    let kept = std::sync::atomic::AtomicU64::new(0);
+    let mut c = CoreShare::for_this_thread();
+    assert!(!c.spread(false, &kept));
+    // Behind for the first time: the baseline sample, no verdict, so more cores.
+    assert!(c.spread(true, &kept));
+    // Judged short: kept to one core, and counted.
+    c.judge.short = true;
+    c.judge.hold_until = Some(Instant::now() + HOLD);
+    assert!(!c.spread(true, &kept));
+    assert!(!c.spread(false, &kept));
+    assert_eq!(kept.load(std::sync::atomic::Ordering::Relaxed), 1);
+}

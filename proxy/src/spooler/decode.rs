@@ -213,10 +213,7 @@ impl DecodeThread {
             // restores them (a frame or two queued is a burst, which one core absorbs).
             let behind = self.in_flight.load(Ordering::Acquire) > QUEUE;
             // More cores only where another thread would get one (`crate::coreshare`).
-            let spread = behind && !cores.short(std::time::Instant::now());
-            if behind && !spread {
-                Metrics::add(&self.metrics.codec_short_of_cpu_messages[1], 1);
-            }
+            let spread = cores.spread(behind, &self.metrics.codec_short_of_cpu_messages[1]);
             if spread {
                 if let Ok(next) = frames.try_recv() {
                     // Staged: this frame's sections decompress while the one before it is

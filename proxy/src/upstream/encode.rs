@@ -310,10 +310,7 @@ impl EncodeThread {
                 self.out.set_fast(fast);
             }
             // More cores only where another thread would get one (`crate::coreshare`).
-            let spread = behind && !cores.short(Instant::now());
-            if behind && !spread {
-                Metrics::add(&self.metrics.codec_short_of_cpu_messages[0], 1);
-            }
+            let spread = cores.spread(behind, &self.metrics.codec_short_of_cpu_messages[0]);
             let r = self.look_ahead(&mut job, &mut staged, spread, &mut ahead);
             let msg = match r.and_then(|()| self.out.frame(&mut job, spread, staged)) {
                 Ok(m) => m,
