@@ -110,8 +110,10 @@
 //! context for this message, ended with ZSTD_e_flush (absent when the stream got nothing this
 //! message), or a part of the combined chunk. A stream is a sequence of zstd frames: a
 //! section may begin with the end (ZSTD_e_end) of the frame before and the start of a new one,
-//! where the encoder changed the stream's level (`streams::CStream::set_fast`); zstd's
-//! streaming decoder reads on across it, and the new frame has no history. The streams:
+//! where the encoder changed the stream's level (`streams::CStream::set_fast`) or, in a
+//! stream without long-distance matching, filled the two windows of input it keeps for a
+//! frame (`streams::CStream`, a section may then hold several such boundaries); zstd's
+//! streaming decoder reads on across them, and the new frame has no history. The streams:
 //!
 //! - CTRL: the op sequence ([`format`](mod@format)) and small record-header fields;
 //! - HDR: block-header areas of records and page headers that were not predicted;
@@ -196,6 +198,8 @@ mod tests_hold;
 mod tests_inserts;
 #[cfg(test)]
 mod tests_long;
+#[cfg(test)]
+mod tests_ring;
 #[cfg(test)]
 mod tests_stage;
 
