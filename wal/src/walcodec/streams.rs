@@ -189,8 +189,7 @@ impl CStream {
     /// A context with a window of 2^`window_log` bytes (at most [`HISTORY_LOG_MAX`]), with
     /// long-distance matching above [`WINDOW_LOG`], and its input in place at or below it.
     pub fn new(level: i32, window_log: u32) -> Result<CStream, WalCodecError> {
-        let mut ctx = CCtx::try_create()
-            .ok_or_else(|| WalCodecError::Zstd("cannot create a compression context".into()))?;
+        let mut ctx = new_cctx()?;
         let window_log = window_log.min(HISTORY_LOG_MAX);
         let ldm = window_log > WINDOW_LOG;
         ctx.set_parameter(CParameter::CompressionLevel(level))
@@ -306,6 +305,12 @@ fn end_frame(ctx: &mut CCtx<'static>, out: &mut Vec<u8>) -> Result<(), WalCodecE
     }
 }
 
+/// A fresh compression context, or the error that says zstd could not allocate one.
+fn new_cctx() -> Result<CCtx<'static>, WalCodecError> {
+    CCtx::try_create()
+        .ok_or_else(|| WalCodecError::Zstd("cannot create a compression context".into()))
+}
+
 fn spare(out: &mut Vec<u8>, n: usize) {
     if out.capacity() - out.len() < n {
         out.reserve(n);
@@ -383,8 +388,7 @@ pub struct PageCompressor {
 
 impl PageCompressor {
     pub fn new(level: i32) -> Result<PageCompressor, WalCodecError> {
-        let mut cctx = CCtx::try_create()
-            .ok_or_else(|| WalCodecError::Zstd("cannot create a compression context".into()))?;
+        let mut cctx = new_cctx()?;
         for p in [
             zstd_safe::CParameter::CompressionLevel(level),
             zstd_safe::CParameter::Format(FrameFormat::Magicless),

@@ -4,19 +4,22 @@
 //! across messages within a frame and is lost where the ring starts over.
 
 use super::streams::{CStream, DStream, SMALL_WINDOW_LOG};
+use super::testgen::{Entropy, Rng};
 
-/// 0..`n` bytes of text-like data (a few hundred distinct words) from `seed`.
+/// `n` bytes of text-like data (a few hundred distinct words) from `seed`.
 fn words(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(n + 16);
     while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(format!("w{} ", x % 397).as_bytes());
+        out.extend_from_slice(format!("w{} ", rng.below(397)).as_bytes());
     }
     out.truncate(n);
     out
+}
+
+/// 100,000 incompressible bytes from `seed`.
+fn noise(seed: u64) -> Vec<u8> {
+    Rng::new(seed).bytes(100_000)
 }
 
 /// The two ends of one stream.
@@ -66,17 +69,6 @@ fn messages_through_several_rings_restore() {
 
 #[test]
 fn history_holds_within_a_frame_and_restarts_with_the_ring() {
-    let noise = |seed: u64| -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..100_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    };
     let a = noise(7);
     let mut ends = pair();
     // The same incompressible message twice: the second is a match into the first.
