@@ -94,7 +94,7 @@ pub enum WalDecoder {
 
 /// The checksum carried with every `Wal` message.
 pub fn checksum(raw: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(raw)
+    twox_hash::XxHash3_64::oneshot(raw)
 }
 
 impl WalEncoder {

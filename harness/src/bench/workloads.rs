@@ -339,14 +339,17 @@ async fn copy_rows(
 ) -> Result<(), tokio_postgres::Error> {
     use futures::SinkExt;
     use std::fmt::Write;
-    use xxhash_rust::xxh3::xxh3_128_with_seed;
+    use twox_hash::XxHash3_128;
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     buf.clear();
     for g in from..from + BULK_BATCH {
-        let k = xxh3_128_with_seed(&g.to_le_bytes(), 0);
-        let v = format!("{:032x}", xxh3_128_with_seed(&g.to_le_bytes(), seed));
+        let k = XxHash3_128::oneshot_with_seed(0, &g.to_le_bytes());
+        let v = format!(
+            "{:032x}",
+            XxHash3_128::oneshot_with_seed(seed, &g.to_le_bytes())
+        );
         // Writing to a String cannot fail.
         let _ = writeln!(buf, "{g}\t{k:032x}\t{v}{v}{v}{v}");
     }

@@ -6,6 +6,7 @@
 //! `<target dir>/walrec/` (see [`cache_dir`]), so repeated test runs do not start PostgreSQL;
 //! set `WALRELAY_WALREC_REFRESH=1` to record afresh.
 
+use std::hash::Hasher as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -358,11 +359,11 @@ fn load_cached(dir: &Path, stem: &str, cap: usize) -> Option<Recording> {
 /// system identifier is unique to the cluster that wrote it, so a `.txt` never passes for
 /// another run's `.wal`. (Hashing all of it costs seconds in unoptimised test builds.)
 fn page_header_digest(bytes: &[u8]) -> u64 {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut hasher = twox_hash::XxHash3_64::new();
     for page in bytes.chunks(WAL_PAGE_SIZE) {
-        hasher.update(&page[..page.len().min(64)]);
+        hasher.write(&page[..page.len().min(64)]);
     }
-    hasher.digest()
+    hasher.finish()
 }
 
 /// Writes `<stem>.wal` and `<stem>.txt` (each via a temporary file and rename, so concurrent

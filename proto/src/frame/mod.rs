@@ -114,7 +114,8 @@ pub use tunnel::{
 };
 pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, STATUS_LEN};
 
-use xxhash_rust::xxh3::Xxh3;
+use std::hash::Hasher as _;
+use twox_hash::XxHash3_64;
 
 /// Item kinds (the first byte of an item, and the kind byte of its digest).
 pub const ITEM_WAL: u8 = 0x01;
@@ -187,11 +188,11 @@ pub struct WalHeader {
 
 /// The checksum of a frame's restored content (see the module docs); both ends feed it the
 /// same way, item by item.
-pub struct Digest(Xxh3);
+pub struct Digest(XxHash3_64);
 
 impl Default for Digest {
     fn default() -> Self {
-        Digest(Xxh3::new())
+        Digest(XxHash3_64::new())
     }
 }
 
@@ -204,20 +205,20 @@ impl Digest {
         b[9..17].copy_from_slice(&h.end.to_le_bytes());
         b[17..25].copy_from_slice(&h.send_time.to_le_bytes());
         b[25..].copy_from_slice(&h.raw_len.to_le_bytes());
-        self.0.update(&b);
-        self.0.update(raw);
+        self.0.write(&b);
+        self.0.write(raw);
     }
 
     /// Any other item: kind, channel, restored bytes.
     pub fn item(&mut self, kind: u8, chan: u32, bytes: &[u8]) {
-        self.0.update(&[kind]);
-        self.0.update(&chan.to_le_bytes());
-        self.0.update(&(bytes.len() as u64).to_le_bytes());
-        self.0.update(bytes);
+        self.0.write(&[kind]);
+        self.0.write(&chan.to_le_bytes());
+        self.0.write(&(bytes.len() as u64).to_le_bytes());
+        self.0.write(bytes);
     }
 
     pub fn finish(&self) -> u64 {
-        self.0.digest()
+        self.0.finish()
     }
 }
 

@@ -236,7 +236,7 @@ impl Spool {
             let whole = match std::fs::read(&path) {
                 Ok(bytes) if bytes.len() as u64 >= need => {
                     let from = need.saturating_sub(TAIL_CHECK) as usize;
-                    xxhash_rust::xxh3::xxh3_64(&bytes[from..need as usize]) == st.tail
+                    twox_hash::XxHash3_64::oneshot(&bytes[from..need as usize]) == st.tail
                 }
                 _ => false,
             };
@@ -406,7 +406,7 @@ impl Spool {
         let mut file = File::open(&path).map_err(io(&path))?;
         file.seek(SeekFrom::Start(from)).map_err(io(&path))?;
         file.read_exact(&mut buf).map_err(io(&path))?;
-        Ok(xxhash_rust::xxh3::xxh3_64(&buf))
+        Ok(twox_hash::XxHash3_64::oneshot(&buf))
     }
 
     /// Removes the oldest complete segments while the spool holds more than its cap. An older

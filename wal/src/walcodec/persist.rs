@@ -29,7 +29,7 @@
 //! what is left and the slot count against the capacity; it never panics on any bytes.
 //! Saving costs the caches' size (up to `block_cache_bytes` and an eighth more) in `out`.
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use super::cache::{slots_for, DecCache, EncCache, Page};
 use super::streams::Reader;
@@ -87,7 +87,7 @@ fn save_common<'a>(
         n += 1;
     }
     out[at..at + 4].copy_from_slice(&n.to_le_bytes());
-    let digest = xxh3_64(out);
+    let digest = XxHash3_64::oneshot(out);
     out.extend_from_slice(&digest.to_le_bytes());
     digest
 }
@@ -221,7 +221,7 @@ fn load_common<'a>(p: &CodecParams, saved: &'a [u8]) -> Result<Loaded<'a>, WalCo
         tuples.put(Tid { block, off }, head, r.bytes(len)?);
     }
     let covered = r.position();
-    if r.u64()? != xxh3_64(&saved[..covered]) {
+    if r.u64()? != XxHash3_64::oneshot(&saved[..covered]) {
         return Err(bad("digest mismatch (damaged)"));
     }
     Ok((slots, tuples, r))

@@ -439,7 +439,11 @@ fn image_ref(c: &mut Cursor<'_>, compressed_mask: u8) -> Result<ImageRef, AreaEr
 pub fn record_crc(rec: &[u8]) -> u32 {
     let body = rec.get(REC_HDR..).unwrap_or(&[]);
     let head = rec.get(..20).unwrap_or(rec);
-    crc32c::crc32c_append(crc32c::crc32c(body), head)
+    let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    crc.update(body);
+    crc.update(head);
+    // CRC-32/ISCSI is a 32-bit CRC: the digest's upper half is zero.
+    crc.finalize() as u32
 }
 
 /// Sets a whole record's xl_crc (bytes 20..24) to [`record_crc`]; `rec` holds at least the
