@@ -142,16 +142,24 @@ fn slot(e: u16) -> usize {
 /// `pglz_hist_idx` of every position of `s` into `out` (bytes read as signed chars): from a
 /// position's four bytes, or its one byte where fewer than four are left.
 fn hist_idx(s: &[u8], mask: i32, out: &mut Vec<u16>) {
-    let c = |x: u8| i32::from(x as i8);
-    // `mask` is below MAX_HISTORY_LISTS: the low 16 bits hold every bit it keeps.
+    // The C code computes in `int`; `mask` is below MAX_HISTORY_LISTS, so only the low 13
+    // bits count, and those of a sign extension, a left shift and an exclusive or are the same
+    // in 16 bits: lanes of u16, four shifted views of `s` zipped, which the compiler vectorises.
+    let c = |x: u8| x as i8 as i16 as u16;
     let m = mask as u16;
+    let four = s.len().saturating_sub(3);
     out.clear();
-    out.extend(
-        s.windows(4)
-            .map(|w| ((c(w[0]) << 6) ^ (c(w[1]) << 4) ^ (c(w[2]) << 2) ^ c(w[3])) as u16 & m),
-    );
-    let four = out.len();
-    out.extend(s[four..].iter().map(|&b| c(b) as u16 & m));
+    out.resize(s.len(), 0);
+    let (head, tail) = out.split_at_mut(four);
+    // (An input of under three bytes has no four-byte positions, nor `s[3..]`.)
+    if let Some(s3) = s.get(3..) {
+        for ((((o, &a), &b), &d), &e) in head.iter_mut().zip(s).zip(&s[1..]).zip(&s[2..]).zip(s3) {
+            *o = ((c(a) << 6) ^ (c(b) << 4) ^ (c(d) << 2) ^ c(e)) & m;
+        }
+    }
+    for (o, &b) in tail.iter_mut().zip(&s[four..]) {
+        *o = c(b) & m;
+    }
 }
 
 /// How many bytes `a` and `b` have in common from their starts, at most `a.len()` (`b` is at

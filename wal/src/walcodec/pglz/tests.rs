@@ -39,6 +39,25 @@ fn known_encodings() {
 }
 
 #[test]
+fn inputs_of_a_few_bytes_are_the_transcription() {
+    // STRATEGY_ALWAYS has no minimum size: every length from empty on reaches the lists.
+    let mut fast = Pglz::new();
+    let mut slow = super::reference::Reference::new();
+    for n in 0..12 {
+        for data in [
+            vec![0x80u8; n],
+            (0..n as u8).map(|i| i.wrapping_mul(97)).collect(),
+        ] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let got = fast.compress(&data, &STRATEGY_ALWAYS, &mut a);
+            let want =
+                super::compress_with(&mut slow, &mut Vec::new(), &data, &STRATEGY_ALWAYS, &mut b);
+            assert_eq!((got, &a), (want, &b), "{data:?}");
+        }
+    }
+}
+
+#[test]
 fn good_match_settles_within_the_table() {
     for good in 17..=MAX_MATCH as i32 {
         for drop in 0..=100 {
