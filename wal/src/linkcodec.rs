@@ -389,6 +389,29 @@ mod tests {
 
     const MAX: usize = 1 << 20;
 
+    /// The checksum is XXH3-64 with seed 0, whatever library computes it: a peer of another
+    /// release, a spool's tail and saved codec state were hashed by earlier ones (the values
+    /// below by xxhash-rust 0.8, which walrelay used until 2026-12-03). Lengths reach each of
+    /// XXH3's paths: empty, 1–3, 4–8, 9–16, 17–128, 129–240 and the long loop with its tail.
+    #[test]
+    fn checksum_is_xxh3_64() {
+        let pat: Vec<u8> = (0..(1u32 << 20) + 7)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for (n, want) in [
+            (0, 0x2d06_8005_38d3_94c2),
+            (3, 0xa1c4_a825_9b82_7291),
+            (8, 0x79d0_2238_b80e_37b1),
+            (16, 0x222e_9aea_d6bd_dd51),
+            (100, 0xad1e_77ff_670a_2548),
+            (200, 0x20a8_7db9_07ce_74e4),
+            (1000, 0xa067_b58e_6ea5_d2f2),
+            (pat.len(), 0xa80b_ea05_3044_86e6u64),
+        ] {
+            assert_eq!(checksum(&pat[..n]), want, "{n} bytes");
+        }
+    }
+
     fn setup(kind: CodecKind) -> Setup {
         Setup {
             kind,
