@@ -91,6 +91,19 @@ pub enum SpoolError {
     UnknownTimeline(TimeLineId),
 }
 
+/// The `tail` of `spool.state`: the xxh3-64 of the last (at most [`TAIL_CHECK`]) bytes before
+/// offset `off` of the segment file at `path`, read from there alone (a segment can be 1 GiB).
+/// An error when the file is missing or shorter than `off`.
+fn tail_hash(path: &Path, off: u64) -> std::io::Result<u64> {
+    let from = off.saturating_sub(TAIL_CHECK);
+    let len = usize::try_from(off - from).expect("at most TAIL_CHECK bytes");
+    let mut buf = vec![0u8; len];
+    let mut file = File::open(path)?;
+    file.seek(SeekFrom::Start(from))?;
+    file.read_exact(&mut buf)?;
+    Ok(twox_hash::XxHash3_64::oneshot(&buf))
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
     move |source| SpoolError::Io {
         path: path.to_path_buf(),
@@ -232,14 +245,8 @@ impl Spool {
         if end != seg_start {
             let f = SegmentFile::partial(st.tli, segno);
             let path = f.path(&self.dir, self.seg);
-            let need = end.0 - seg_start.0;
-            let whole = match std::fs::read(&path) {
-                Ok(bytes) if bytes.len() as u64 >= need => {
-                    let from = need.saturating_sub(TAIL_CHECK) as usize;
-                    twox_hash::XxHash3_64::oneshot(&bytes[from..need as usize]) == st.tail
-                }
-                _ => false,
-            };
+            // Missing, too short or unreadable: all the same, not what was synced.
+            let whole = matches!(tail_hash(&path, end.0 - seg_start.0), Ok(h) if h == st.tail);
             if !whole {
                 tracing::warn!(file = %path.display(), "the spool's partial segment is shorter than or differs from what was synced: discarding it, it is fetched again");
                 let _ = std::fs::remove_file(&path);
@@ -401,12 +408,7 @@ impl Spool {
         }
         let f = SegmentFile::partial(self.ext.tli, self.seg.segment_of(end));
         let path = f.path(&self.dir, self.seg);
-        let from = off.saturating_sub(TAIL_CHECK);
-        let mut buf = vec![0u8; (off - from) as usize];
-        let mut file = File::open(&path).map_err(io(&path))?;
-        file.seek(SeekFrom::Start(from)).map_err(io(&path))?;
-        file.read_exact(&mut buf).map_err(io(&path))?;
-        Ok(twox_hash::XxHash3_64::oneshot(&buf))
+        tail_hash(&path, off).map_err(io(&path))
     }
 
     /// Removes the oldest complete segments while the spool holds more than its cap. An older

@@ -123,7 +123,7 @@ fn reopens_where_it_was_synced() {
 
 #[test]
 fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
-    for damage in ["truncate", "flip"] {
+    for damage in ["truncate", "flip", "remove"] {
         let d = tempfile::tempdir().unwrap();
         let mut s = open(d.path(), 42, 100 * MIB);
         s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
@@ -133,9 +133,14 @@ fn a_torn_or_damaged_partial_segment_is_discarded_and_fetched_again() {
         let mut b = std::fs::read(&p).unwrap();
         match damage {
             "truncate" => b.truncate(b.len() - 100),
-            _ => *b.last_mut().unwrap() ^= 1,
+            "flip" => *b.last_mut().unwrap() ^= 1,
+            _ => {}
         }
-        std::fs::write(&p, &b).unwrap();
+        if damage == "remove" {
+            std::fs::remove_file(&p).unwrap();
+        } else {
+            std::fs::write(&p, &b).unwrap();
+        }
         let mut s = open(d.path(), 42, 100 * MIB);
         assert_eq!(
             s.extent().end,
