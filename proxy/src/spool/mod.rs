@@ -245,10 +245,14 @@ impl Spool {
         if end != seg_start {
             let f = SegmentFile::partial(st.tli, segno);
             let path = f.path(&self.dir, self.seg);
-            // Missing, too short or unreadable: all the same, not what was synced.
-            let whole = matches!(tail_hash(&path, end.0 - seg_start.0), Ok(h) if h == st.tail);
-            if !whole {
-                tracing::warn!(file = %path.display(), "the spool's partial segment is shorter than or differs from what was synced: discarding it, it is fetched again");
+            // Missing, too short, unreadable or different: discarded all the same, with the reason.
+            let damage = match tail_hash(&path, end.0 - seg_start.0) {
+                Ok(h) if h == st.tail => None,
+                Ok(_) => Some("its last bytes differ from what was synced".to_string()),
+                Err(e) => Some(format!("it cannot be read up to what was synced: {e}")),
+            };
+            if let Some(why) = damage {
+                tracing::warn!(file = %path.display(), "the spool's partial segment is discarded and its WAL fetched again: {why}");
                 let _ = std::fs::remove_file(&path);
                 end = seg_start;
             }
