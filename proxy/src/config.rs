@@ -244,8 +244,9 @@ section! {
         restart batch_window_ms: u64,
         /// While the upstream falls behind the primary for lack of CPU (and the link is not
         /// what holds it back), compress the bulk of the WAL at a fast zstd level: about 1 %
-        /// more bytes on a bulk load, much less lag. False: the configured level always. The
-        /// `wal` codec only.
+        /// more bytes on a bulk load, but twice the bytes where TOASTed values are rewritten
+        /// (its long-distance matches are lost; `docs/keeping-up.md`, forty-fourth round).
+        /// False: the configured level always. The `wal` codec only.
         restart catch_up: bool,
     }
 }
