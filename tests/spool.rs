@@ -47,7 +47,10 @@ async fn a_killed_downstream_resumes_from_its_spool_and_refetches_a_torn_segment
     wait_until(
         "the downstream discarded the torn segment",
         TIMEOUT,
-        || async move { Ok(d.log_text().contains("discarding it, it is fetched again")) },
+        || async move {
+            Ok(d.log_text()
+                .contains("partial segment is discarded and its WAL fetched again: it is shorter"))
+        },
     )
     .await
     .unwrap();

@@ -249,7 +249,13 @@ impl Spool {
             let damage = match tail_hash(&path, end.0 - seg_start.0) {
                 Ok(h) if h == st.tail => None,
                 Ok(_) => Some("its last bytes differ from what was synced".to_string()),
-                Err(e) => Some(format!("it cannot be read up to what was synced: {e}")),
+                Err(e) => Some(match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        "it is shorter than what was synced".into()
+                    }
+                    std::io::ErrorKind::NotFound => "it is missing".into(),
+                    _ => format!("it cannot be read: {e}"),
+                }),
             };
             if let Some(why) = damage {
                 tracing::warn!(file = %path.display(), "the spool's partial segment is discarded and its WAL fetched again: {why}");
