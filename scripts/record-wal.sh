@@ -10,7 +10,9 @@
 # cycles: the bench's `bulk`),
 # pgbench-pglz, pgbench-lz4, pgbench-zstd (pgbench with the primary's `wal_compression`),
 # updates (300k rows of md5 text, two random rows updated per transaction, 4 clients),
-# moves (40k wide rows of md5 text on full pages, one small column updated: the rows move).
+# moves (40k wide rows of md5 text on full pages, one small column updated: the rows move),
+# toast (20,000 documents of ~6.6 kB of md5 hex stored out of line; each transaction
+# overwrites 32 characters of a random one, which TOAST writes whole again).
 # SECONDS (default 60) of load; checkpoints at the bench's pace (checkpoint_timeout = 30s),
 # never forced (`wal_keep_size` keeps every segment for the copy). OUT.wal is the segment
 # files from the one holding the load's start to the last complete one, concatenated;
@@ -28,9 +30,9 @@ workload=$1 out=$2 secs=${3:-60}
 bin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 [[ -x $bin/postgres ]] || die "no PostgreSQL server in $bin: set PG_BIN or run scripts/install-deps.sh"
 case $workload in
-    pgbench | bulk | updates | moves) compression=off ;;
+    pgbench | bulk | updates | moves | toast) compression=off ;;
     pgbench-pglz | pgbench-lz4 | pgbench-zstd) compression=${workload#pgbench-} ;;
-    *) die "unknown workload '$workload' (pgbench, bulk, updates, moves, pgbench-pglz, pgbench-lz4, pgbench-zstd)" ;;
+    *) die "unknown workload '$workload' (pgbench, bulk, updates, moves, toast, pgbench-pglz, pgbench-lz4, pgbench-zstd)" ;;
 esac
 
 dir=$(mktemp -d)
@@ -75,6 +77,12 @@ case $workload in
             -c "insert into movers select g, 0, (select string_agg(md5(random()::text || i), '') from generate_series(1, 12 + 0 * g) i) from generate_series(1, 40000) g" \
             -c "vacuum analyze movers"
         ;;
+    toast)
+        "${psql[@]}" -c "create table docs (id int primary key, n int not null default 0, body text)" \
+            -c "alter table docs alter column body set storage external" \
+            -c "insert into docs select g, 0, (select string_agg(md5(random()::text || i), ' ') from generate_series(1, 200 + 0 * g) i) from generate_series(1, 20000) g" \
+            -c "vacuum analyze docs"
+        ;;
     *) "${pgbench[@]}" -i -s 10 -q postgres >/dev/null 2>&1 ;;
 esac
 # The load starts in a fresh segment right after a checkpoint, as the bench's does (its
@@ -100,14 +108,17 @@ if [[ $workload == bulk ]]; then
         "${psql[@]}" -c "create index bulk_k on bulk (k)" -c "create index bulk_v on bulk (v)" \
             -c "drop index bulk_k" -c "drop index bulk_v" -c "truncate bulk"
     done
-elif [[ $workload == updates || $workload == moves ]]; then
+elif [[ $workload == updates || $workload == moves || $workload == toast ]]; then
     script=$dir/$workload.sql
     if [[ $workload == updates ]]; then
         printf '%s\n' '\set id1 random(1, 300000)' '\set id2 random(1, 300000)' 'begin;' \
             'update updates set payload = md5(random()::text) where id = :id1;' \
             'update updates set payload = md5(random()::text) where id = :id2;' 'end;' >"$script"
-    else
+    elif [[ $workload == moves ]]; then
         printf '%s\n' '\set id random(1, 40000)' 'update movers set n = n + 1 where id = :id;' >"$script"
+    else
+        printf '%s\n' '\set id random(1, 20000)' \
+            'update docs set n = n + 1, body = overlay(body placing md5(random()::text) from 1 + (random() * 6000)::int for 32) where id = :id;' >"$script"
     fi
     chmod 644 "$script"
     "${pgbench[@]}" -n -j 2 -c 4 ${RATE:+-R "$RATE"} -T "$secs" -f "$script" postgres >/dev/null 2>&1
