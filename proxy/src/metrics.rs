@@ -37,6 +37,9 @@ pub struct Metrics {
     /// Batches encoded with the codec's fast settings while the upstream fell behind on CPU
     /// (`link.catch_up`).
     pub codec_fast_messages: AtomicU64,
+    /// Times the upstream turned the fast settings on (`link.catch_up`): each time, and again
+    /// when it turns them off, the bulk streams start new zstd frames and lose their history.
+    pub codec_fast_spells: AtomicU64,
     pub auth_failures: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Tunnels (`crate::walsender::tunnel`), per half ([upstream, downstream]): open now, and protocol

@@ -70,6 +70,9 @@ pub struct PairCounters {
     /// `walrelay_codec_fast_messages_total` of the upstream: batches encoded at the fast
     /// zstd level while it fell behind on CPU (`link.catch_up`; NaN when not scraped).
     pub fast: f64,
+    /// `walrelay_codec_fast_spells_total` of the upstream: times the fast level went on (NaN
+    /// when not scraped).
+    pub fast_spells: f64,
     /// The upstream's codec counters, [`CODEC_COUNTERS`] in order (NaN when not scraped).
     pub codec: [f64; 4],
 }
@@ -208,6 +211,7 @@ impl RelayPair {
             payload: f64::NAN,
             staged: [f64::NAN; 2],
             fast: f64::NAN,
+            fast_spells: f64::NAN,
             codec: [f64::NAN; 4],
         };
         if scrape {
@@ -228,6 +232,7 @@ impl RelayPair {
                 prom::sum(&down, staged, &[("half", "downstream")]),
             ];
             c.fast = prom::sum(&up, "walrelay_codec_fast_messages_total", &[]);
+            c.fast_spells = prom::sum(&up, "walrelay_codec_fast_spells_total", &[]);
             c.codec = CODEC_COUNTERS.map(|name| prom::sum(&up, name, &[]));
             return Ok((c, RelayPositions::from_scrapes(&up, &down)));
         }

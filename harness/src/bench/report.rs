@@ -109,6 +109,9 @@ pub struct PairWindow {
     /// Batches the upstream encoded at the fast zstd level while it fell behind on CPU
     /// (`walrelay_codec_fast_messages_total`, `link.catch_up`; None when not scraped).
     pub upstream_fast: Option<f64>,
+    /// Times the upstream turned the fast level on over the window
+    /// (`walrelay_codec_fast_spells_total`; None when not scraped).
+    pub upstream_fast_spells: Option<f64>,
     /// Seconds each half's threads spent runnable but waiting for a core, per second of the
     /// window (schedstat; None where the kernel does not keep it).
     pub upstream_waiting_cores: Option<f64>,
@@ -201,6 +204,7 @@ impl Window {
                 upstream_staged: p.staged_up,
                 downstream_staged: p.staged_down,
                 upstream_fast: p.fast_up,
+                upstream_fast_spells: p.fast_spells_up,
                 upstream_waiting_cores: p.wait_up_s.map(|w| ratio(w, p.t1 - p.t0)),
                 downstream_waiting_cores: p.wait_down_s.map(|w| ratio(w, p.t1 - p.t0)),
                 max_replay_lag_bytes: p.max_replay_lag,
@@ -290,7 +294,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down; fast | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down; fast (times on) | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -307,7 +311,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {}; {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {}; {} ({}) | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -330,6 +334,7 @@ impl Report {
                 opt(pw.upstream_staged, 0),
                 opt(pw.downstream_staged, 0),
                 opt(pw.upstream_fast, 0),
+                opt(pw.upstream_fast_spells, 0),
                 mb(pw.max_replay_lag_bytes),
                 mb(pz.max_replay_lag_bytes),
                 mb(w.direct_max_replay_lag_bytes),

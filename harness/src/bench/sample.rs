@@ -151,6 +151,8 @@ pub struct PairCut {
     pub staged_down: Option<f64>,
     /// Batches the upstream encoded at the fast zstd level (None when not scraped).
     pub fast_up: Option<f64>,
+    /// Times the upstream turned the fast level on (None when not scraped).
+    pub fast_spells_up: Option<f64>,
     /// What the upstream's codec counted over the window (None when not scraped).
     pub codec: Option<CodecCut>,
     /// Seconds the upstream's and the downstream's threads waited for a core (None where the
@@ -253,6 +255,7 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             staged_up: num(a.staged[0], b.staged[0]),
             staged_down: num(a.staged[1], b.staged[1]),
             fast_up: num(a.fast, b.fast),
+            fast_spells_up: num(a.fast_spells, b.fast_spells),
             codec: CodecCut::between(&a.codec, &b.codec),
             wait_up_s: num(a.wait_up, b.wait_up),
             wait_down_s: num(a.wait_down, b.wait_down),
@@ -403,6 +406,7 @@ mod tests {
             payload: f64::NAN,
             staged: [3.0 * t, t],
             fast: 5.0 * t,
+            fast_spells: t,
             codec: [t, 2.0 * t, 10.0 * t, 4.0 * t],
         };
         Sample {
@@ -448,6 +452,7 @@ mod tests {
         );
         assert_eq!(c.pairs[1].staged_up, Some(6.0));
         assert_eq!(c.pairs[0].fast_up, Some(10.0));
+        assert_eq!(c.pairs[0].fast_spells_up, Some(2.0));
         let codec = c.pairs[0].codec.unwrap();
         assert_eq!((codec.records_cut, codec.records_held), (2.0, 4.0));
         assert_eq!((codec.fpis, codec.fpi_cache_hits), (20.0, 8.0));

@@ -348,6 +348,12 @@ fn codec_time_families(e: &mut Expo, m: &Metrics) {
         "Batches the upstream encoded with a fast zstd level for its bulk streams while it fell behind the primary on CPU (link.catch_up): more bytes, less lag.",
         [Some(count(&m.codec_fast_messages)), None],
     );
+    e.halves(
+        "walrelay_codec_fast_spells_total",
+        "counter",
+        "Times the upstream turned the fast zstd level on (link.catch_up). Each time, and again when it turns it off, the bulk streams start new zstd frames: the history built so far no longer counts for matches.",
+        [Some(count(&m.codec_fast_spells)), None],
+    );
 }
 
 /// What the wal codec did: bytes by kind and by resource manager, images, caches, tuples.

@@ -181,6 +181,7 @@ impl Output {
         let mut framer = self.framer();
         framer.encoder.set_fast(fast);
         if fast {
+            Metrics::add(&framer.metrics.codec_fast_spells, 1);
             tracing::info!(
                 "the relay is short of CPU and falls behind the primary: compressing the bulk of the WAL at a fast zstd level until it keeps up (more bytes on the link; link.catch_up = false turns this off)"
             );

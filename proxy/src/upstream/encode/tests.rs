@@ -287,12 +287,18 @@ async fn behind_on_cpu_goes_fast_behind_a_full_link_does_not() {
             "restored WAL differs from what was fed"
         );
         let fast = metrics.codec_fast_messages.load(Ordering::Relaxed);
+        let spells = metrics.codec_fast_spells.load(Ordering::Relaxed);
         if link_open {
             // Most of them when the feed keeps the queue full; a busy machine that is slow to
             // wake the feed leaves gaps in the run (14 to 27 of 30 here with other tests).
             assert!(fast > 0, "no batch of {jobs} fast");
+            // Counted each time they go on, not per batch; at most one spell per batch.
+            assert!(
+                (1..=fast).contains(&spells),
+                "{spells} spells for {fast} batches"
+            );
         } else {
-            assert_eq!(fast, 0, "fast settings behind a full link");
+            assert_eq!((fast, spells), (0, 0), "fast settings behind a full link");
         }
     }
 }
