@@ -166,7 +166,7 @@ impl Encoder {
     }
 
     /// Compresses the streams of the messages encoded from now on at a fast zstd level
-    /// ([`super::streams::FAST_LEVEL`], no long-distance matching), or again at the
+    /// ([`super::streams::FAST_LEVEL`], DATA's long-distance matcher sampling sparsely), or again at the
     /// configured level: the runtime turns it on while it falls behind the primary on CPU
     /// (more bytes, less lag). Each stream starts a new zstd frame at its first input after
     /// a change, so the history built so far stops counting for matches. The decoder needs

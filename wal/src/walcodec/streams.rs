@@ -137,12 +137,23 @@ impl<'a> Reader<'a> {
 
 /// zstd level of the streams while the encoder catches up ([`CStream::set_fast`]), with
 /// Huffman-coded literals (zstd turns them off at negative levels by default: a bulk load's
-/// bytes then grow by 60 %) and without the long-distance matcher. Measured on recorded WAL
-/// (`harness/examples/codec_profile.rs`, PG 15, one core, medians of four alternating runs,
-/// DATA, PAGE and RAW fast as [`super::payload::Sections::set_fast`] does it;
-/// `docs/keeping-up.md`, thirty-seventh round): a bulk load 270 → 403 MB/s encoded for
-/// 0.87 % more bytes; pgbench no faster (zstd is a quarter of its encoding) for 2.4 % more.
+/// bytes then grow by 60 %). Measured on recorded WAL (`harness/examples/codec_profile.rs`,
+/// PG 15, one core, DATA, PAGE and RAW fast as [`super::payload::Sections::set_fast`] does
+/// it; `docs/keeping-up.md`, thirty-seventh and forty-fifth rounds): a bulk load 1.39 × the
+/// normal settings' encoding speed for 1.2 % more bytes; pgbench no faster (zstd is a
+/// quarter of its encoding) for 2.4 % more; `toast` 1.20 × for 2.7 % more.
 pub const FAST_LEVEL: i32 = -3;
+
+/// How sparsely DATA's long-distance matcher samples its input at the fast settings:
+/// `ZSTD_c_ldmHashRateLog`, one position in 2^9 looked up and inserted, where zstd's default
+/// for a 128 MiB window is one in 2^7. The matcher stays on: it is what finds a TOAST value
+/// rewritten whole from far back, and without it the bench's `toast` WAL took 2.15 × the
+/// bytes (`docs/keeping-up.md`, forty-fifth round). Sampled this sparsely it still finds
+/// those values (2.7 % more bytes than the normal settings; 0.6 % at one in 2^8, 0.4 % at
+/// zstd's default) and leaves a bulk load most of the fast settings' speed: 1.39 × the
+/// normal settings' (medians of paired runs), against 1.23 × at one in 2^8, 1.16 × at
+/// zstd's default and 1.57 × without the matcher.
+const FAST_LDM_HASH_RATE_LOG: u32 = 9;
 
 /// How many windows a stream's in-place input holds ([`CStream`]): the frame starts over,
 /// its history lost, each time it fills. Recorded PG 15 WAL at level 1 with 4 MiB windows
@@ -173,11 +184,12 @@ const RING_WINDOWS: usize = 2;
 pub struct CStream {
     ctx: CCtx<'static>,
     level: i32,
-    /// Long-distance matching in the normal settings (a window above [`WINDOW_LOG`]).
+    /// Long-distance matching (a window above [`WINDOW_LOG`]), at both settings.
     ldm: bool,
     /// The open frame's input, read by zstd in place; `None` for zstd's own buffer.
     ring: Option<Vec<u8>>,
-    /// The settings of the frame being written: fast, or `level` (and `ldm`).
+    /// The settings of the frame being written: fast, or `level` (with `ldm`, the matcher
+    /// sampling at zstd's default rate).
     fast: bool,
     /// The settings asked for; the next input with other settings than `fast` starts a frame.
     want_fast: bool,
@@ -262,12 +274,13 @@ impl CStream {
         } else {
             (self.level, ParamSwitch::Auto)
         };
+        // 0 is zstd's default sampling for the window.
+        let rate = if fast { FAST_LDM_HASH_RATE_LOG } else { 0 };
         let ctx = &mut self.ctx;
         ctx.set_parameter(CParameter::CompressionLevel(level))
             .and_then(|_| ctx.set_parameter(CParameter::LiteralCompressionMode(literals)))
-            // `false` is zstd's "auto", which leaves the matcher off at the fast strategy.
             .and_then(|_| match self.ldm {
-                true => ctx.set_parameter(CParameter::EnableLongDistanceMatching(!fast)),
+                true => ctx.set_parameter(CParameter::LdmHashRateLog(rate)),
                 false => Ok(0),
             })
             .map_err(zerr)?;

@@ -143,10 +143,10 @@ fn fast_settings_keep_text_compressed() {
 }
 
 /// A value written again long after is found through DATA's long history at the normal
-/// settings; with the fast ones (no long-distance matching), or after a switch (new frames,
-/// the history gone), it costs its size again.
+/// settings and at the fast ones (their long-distance matcher samples more sparsely, but
+/// stays on); after a switch (new frames, the history gone) it costs its size again.
 #[test]
-fn a_switch_loses_the_long_history() {
+fn the_fast_settings_keep_the_long_history_and_a_switch_loses_it() {
     let (g, mark) = value_seen_long_ago(24);
     let p = CodecParams {
         block_cache_bytes: 1 << 30,
@@ -162,10 +162,12 @@ fn a_switch_loses_the_long_history() {
             .len()
     };
     let kept = cost(&|_| false);
+    let kept_fast = cost(&|_| true);
     let fast = cost(&|i| i == last);
     let back = cost(&|i| i == last - 1);
     assert!(kept < 300, "normal settings throughout: {kept}");
-    assert!(fast > 5000, "fast settings for the repeat: {fast}");
+    assert!(kept_fast < 300, "fast settings throughout: {kept_fast}");
+    assert!(fast > 5000, "fast settings from the repeat on: {fast}");
     assert!(back > 5000, "normal again after a switch: {back}");
 }
 

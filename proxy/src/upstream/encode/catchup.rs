@@ -3,8 +3,9 @@
 //! A relay that falls behind the primary adds replication lag, which costs a user more than
 //! a few more bytes on the link. While the thread cannot keep up because it runs out of CPU
 //! (batches wait for it and the link takes its frames at once), the codec compresses its
-//! bulk streams at a fast zstd level (`WalEncoder::set_fast`): on a bulk load about 1.5 × the
-//! encoding speed for about 1 % more bytes (`docs/keeping-up.md`, thirty-seventh round). When
+//! bulk streams at a fast zstd level (`WalEncoder::set_fast`): on recorded WAL of a bulk load
+//! about 1.4 × the encoding speed for about 1 % more bytes, of rewritten TOAST values 1.2 ×
+//! for 2.7 % more (`docs/keeping-up.md`, thirty-seventh and forty-fifth rounds). When
 //! the link is what holds the frames back, more bytes would only make it worse, so the normal
 //! settings come back at once. Each change starts new zstd frames (the history is lost for
 //! matches), so the policy changes rarely: fast after [`ENTER_BATCHES`] batches in a row
