@@ -166,11 +166,11 @@ impl Encoder {
     }
 
     /// Compresses the streams of the messages encoded from now on at a fast zstd level
-    /// ([`super::streams::FAST_LEVEL`], DATA's long-distance matcher sampling sparsely), or again at the
-    /// configured level: the runtime turns it on while it falls behind the primary on CPU
-    /// (more bytes, less lag). Each stream starts a new zstd frame at its first input after
-    /// a change, so the history built so far stops counting for matches. The decoder needs
-    /// nothing: the payload restores the same WAL either way.
+    /// ([`super::streams::FAST_LEVEL`], DATA's long-distance matcher sampling sparsely), or
+    /// again at the configured level: the runtime turns it on while it falls behind the
+    /// primary on CPU (more bytes, less lag). Each stream starts a new zstd frame at its first
+    /// input after a change, so the history built so far stops counting for matches. The
+    /// decoder needs nothing: the payload restores the same WAL either way.
     pub fn set_fast(&mut self, on: bool) {
         self.fast = on;
     }

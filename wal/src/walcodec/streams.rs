@@ -146,7 +146,7 @@ pub const FAST_LEVEL: i32 = -3;
 
 /// How sparsely DATA's long-distance matcher samples its input at the fast settings:
 /// `ZSTD_c_ldmHashRateLog`, one position in 2^9 looked up and inserted, where zstd's default
-/// for a 128 MiB window is one in 2^7. The matcher stays on: it is what finds a TOAST value
+/// (1.5.6) is one in 2^7. The matcher stays on: it is what finds a TOAST value
 /// rewritten whole from far back, and without it the bench's `toast` WAL took 2.15 × the
 /// bytes (`docs/keeping-up.md`, forty-fifth round). Sampled this sparsely it still finds
 /// those values (2.7 % more bytes than the normal settings; 0.6 % at one in 2^8, 0.4 % at
