@@ -415,7 +415,7 @@ fn main() {
 /// The counters of `b` minus those of `a` (what the measured range did).
 fn delta(a: &CodecStats, b: &CodecStats) -> Delta {
     let mut d = Delta {
-        sections: [0; 8],
+        sections: [0; 9],
         header: b.header_out - a.header_out,
         ops: [0; 8],
         frames: [0; 8],
@@ -433,8 +433,10 @@ fn delta(a: &CodecStats, b: &CodecStats) -> Delta {
         fpi_opaque: b.fpi_opaque - a.fpi_opaque,
         recompressed: b.fpi_recompressed - a.fpi_recompressed,
     };
+    for (i, s) in d.sections.iter_mut().enumerate() {
+        *s = b.section_out[i] - a.section_out[i];
+    }
     for i in 0..8 {
-        d.sections[i] = b.section_out[i] - a.section_out[i];
         d.ops[i] = b.image_ops[i] - a.image_ops[i];
         d.frames[i] = b.image_frame_out[i] - a.image_frame_out[i];
     }
@@ -454,7 +456,7 @@ fn delta(a: &CodecStats, b: &CodecStats) -> Delta {
 }
 
 struct Delta {
-    sections: [u64; 8],
+    sections: [u64; 9],
     header: u64,
     ops: [u64; 8],
     frames: [u64; 8],
@@ -471,7 +473,9 @@ struct Delta {
 }
 
 fn breakdown(label: &str, d: &Delta, zstd: u64) -> String {
-    const NAMES: [&str; 8] = ["CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "FPI"];
+    const NAMES: [&str; 9] = [
+        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "LONG", "FPI",
+    ];
     const OPS: [&str; 8] = [
         "opaque",
         "new",

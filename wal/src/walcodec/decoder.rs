@@ -12,7 +12,8 @@ use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, seal_record, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
-    check_params, CodecParams, WalCodecError, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW,
+    check_params, CodecParams, WalCodecError, S_CTRL, S_DATA, S_HDR, S_IMG, S_LONG, S_MAIN, S_PAGE,
+    S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -77,6 +78,7 @@ struct Sections<'a> {
     ctrl: Reader<'a>,
     hdr: Reader<'a>,
     data: Reader<'a>,
+    long: Reader<'a>,
     main: Reader<'a>,
     raw: Reader<'a>,
     img: Reader<'a>,
@@ -244,6 +246,7 @@ impl Decoder {
             ctrl: Reader::new(&b[S_CTRL], "CTRL"),
             hdr: Reader::new(&b[S_HDR], "HDR"),
             data: Reader::new(&b[S_DATA], "DATA"),
+            long: Reader::new(&b[S_LONG], "LONG"),
             main: Reader::new(&b[S_MAIN], "MAIN"),
             raw: Reader::new(&b[S_RAW], "RAW"),
             img: Reader::new(&b[S_IMG], "IMG"),
@@ -257,7 +260,7 @@ impl Decoder {
         }
         self.st.deferred.settle(out)?;
         for rd in [
-            &r.ctrl, &r.hdr, &r.data, &r.main, &r.raw, &r.img, &r.page, &r.fpi,
+            &r.ctrl, &r.hdr, &r.data, &r.long, &r.main, &r.raw, &r.img, &r.page, &r.fpi,
         ] {
             if !rd.done() {
                 return Err(corrupt(format!(
@@ -457,7 +460,11 @@ impl State {
             let d = usize::from(b.data_len);
             let at = self.rec.len();
             let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.get_site(site, &[], &mut r.data, d, &mut r.ctrl)?;
+            let from = match data_stream(self.rec[17], self.rec[16], d) {
+                S_LONG => &mut r.long,
+                _ => &mut r.data,
+            };
+            self.get_site(site, &[], from, d, &mut r.ctrl)?;
             if b.id == 0 && d > 0 {
                 block0 = Some(at..at + d);
             }

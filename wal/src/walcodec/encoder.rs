@@ -16,8 +16,8 @@ use super::wal::{
     REC_HDR, RM_XLOG_ID, SHORT_PHD, WAL_PAGE, XLOG_FPI,
 };
 use super::{
-    check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG,
-    S_MAIN, S_RAW,
+    check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_HDR, S_IMG, S_MAIN,
+    S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -166,7 +166,7 @@ impl Encoder {
     }
 
     /// Compresses the streams of the messages encoded from now on at a fast zstd level
-    /// ([`super::streams::FAST_LEVEL`], DATA's long-distance matcher sampling sparsely), or
+    /// ([`super::streams::FAST_LEVEL`], LONG's long-distance matcher sampling sparsely), or
     /// again at the configured level: the runtime turns it on while it falls behind the
     /// primary on CPU (more bytes, less lag). Each stream starts a new zstd frame at its first
     /// input after a change, so the history built so far stops counting for matches. The

@@ -26,10 +26,10 @@
 //!          | 3 REF    j:varint k:varint len:varint  frame against slot j; store in slot k
 //!          | 4 IDENT  k:varint             the page in slot k, unchanged
 //!          | 5 NOCACHE len:varint          frame (no reference), not stored
-//!          | 6 STREAM k:varint             the next 8192 bytes of PAGE (of DATA for pages
+//!          | 6 STREAM k:varint             the next 8192 bytes of PAGE (of LONG for pages
 //!                                          of long items: `page_stream`); store in slot k
 //!                                          (only for images of at least 1024 bytes)
-//!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE (or DATA), not stored
+//!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE (or LONG), not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
 //!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 2,
 //!                                         3, 5) and no page bytes (6, 7); the image is
@@ -52,7 +52,8 @@
 //!
 //! The record is rebuilt as: the 24-byte header (xl_tot_len = 24 + area_len + data announced
 //! by the area, the two pad bytes zero, xl_crc recomputed), the area, then per block its image
-//! (from the image op) and its data (`data_length` bytes of DATA, or fewer when a site says
+//! (from the image op) and its data (`data_length` bytes of DATA or LONG as [`data_stream`]
+//! says, or fewer when a site says
 //! its tuple is a delta), then `main_len` bytes of MAIN (the same). All images of a record are
 //! restored (and enter the block cache) before any data, so a tuple may refer to the image of
 //! any block of its own record. MAIN is read in two steps: first the fixed struct of a heap
@@ -60,7 +61,7 @@
 //! It is laid out from the current position with a page header at each page boundary.
 
 use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE};
-use super::{S_DATA, S_PAGE};
+use super::{S_DATA, S_LONG, S_PAGE};
 
 pub const OP_RAW: u8 = 0x01;
 pub const OP_RAW_HDR: u8 = 0x02;
@@ -94,20 +95,21 @@ pub const BND_LONG: u8 = 2;
 /// Items (tuples) of at least this many bytes each on average, as the image's hole tells
 /// ([`page_stream`]).
 pub const LONG_ITEMS: usize = 1024;
-/// The smallest image (bimg_len) whose page may go through DATA: each page there restores to
-/// at most four times the WAL it stands for, which bounds DATA at 4 × the message
+/// The smallest image (bimg_len) whose page may go through LONG: each page there restores to
+/// at most four times the WAL it stands for, which bounds LONG at 4 × the message
 /// (`payload::cap`).
 pub const DATA_PAGE_MIN_LEN: usize = PAGE_SIZE / 4;
 
 /// The stream that holds the page of a STREAM or STREAM_NOCACHE op for image `img` (format
-/// 9), decided from the image header, which both ends have before the op: DATA for a page of
-/// long items (`pd_lower` from the hole's start, `pd_upper` from its end, at least
-/// [`LONG_ITEMS`] bytes per line pointer) at least [`DATA_PAGE_MIN_LEN`] long, else PAGE.
-/// Long items are mostly tuples a record carried before (TOAST chunks, wide rows), still in
-/// DATA's long window (`streams::history_log`, long-distance matching) where PAGE's 4 MiB
-/// window has lost them: recorded PG 15 WAL of TOAST rewrites 18.7 % fewer bytes; pgbench,
-/// bulk loads, updates, moved rows and lz4 images the same bytes (none of their pages
-/// qualifies; a threshold of 256 bytes would move some and cost them).
+/// 9; LONG since format 11, where DATA was), decided from the image header, which both ends
+/// have before the op: LONG for a page of long items (`pd_lower` from the hole's start,
+/// `pd_upper` from its end, at least [`LONG_ITEMS`] bytes per line pointer) at least
+/// [`DATA_PAGE_MIN_LEN`] long, else PAGE. Long items are mostly tuples a record carried
+/// before (TOAST chunks, wide rows), still in LONG's long window (`streams::history_log`,
+/// long-distance matching) where PAGE's 4 MiB window has lost them: recorded PG 15 WAL of
+/// TOAST rewrites 18.7 % fewer bytes; pgbench, bulk loads, updates, moved rows and lz4 images
+/// the same bytes (none of their pages qualifies; a threshold of 256 bytes would move some
+/// and cost them).
 pub fn page_stream(img: &ImageRef) -> usize {
     let lower = usize::from(img.hole_offset);
     let upper = lower + usize::from(img.hole_len);
@@ -117,9 +119,40 @@ pub fn page_stream(img: &ImageRef) -> usize {
         && upper <= PAGE_SIZE
         && PAGE_SIZE - upper >= LONG_ITEMS * items;
     if long && usize::from(img.len) >= DATA_PAGE_MIN_LEN {
-        S_DATA
+        S_LONG
     } else {
         S_PAGE
+    }
+}
+
+/// A block's data of at least this many bytes goes through LONG ([`data_stream`]): the last
+/// chunk of a TOAST value can be short, and shorter data would not be taken by the
+/// long-distance matcher anyway (`streams::LDM_MIN_MATCH`); a bulk load's rows of a key and
+/// a 128-character text (182 bytes) stay in DATA.
+pub const LONG_DATA: usize = 256;
+/// `xl_rmid` of heap2 records and the op of a multi-insert (`heapam_xlog.h`).
+const RM_HEAP2_ID: u8 = 9;
+const XLOG_HEAP2_MULTI_INSERT: u8 = 0x50;
+const XLOG_HEAP_OPMASK: u8 = 0x70;
+
+/// The stream that holds `len` bytes of a block's data of a record (`xl_rmid`, `xl_info`)
+/// (format 11), decided from what both ends have before the data: LONG for data of at least
+/// [`LONG_DATA`] bytes, unless it is a multi-insert's (the many short rows of a `COPY`),
+/// else DATA. LONG has the long window and long-distance matching that find a TOAST chunk or
+/// a wide row written again long after; DATA, the short rows, a 4 MiB window read in place
+/// (`streams::CStream`), where zstd's faster one-segment matcher runs and no long-distance
+/// matcher samples every byte. Recorded PG 15 WAL, one core, format 10 (all of it in DATA)
+/// against 11, medians of four paired runs (`docs/keeping-up.md`, forty-sixth round): the
+/// bench's bulk load (all its data short or a multi-insert's) encodes 1.40 × as fast for
+/// 0.009 % more bytes; TOAST rewrites 1.08 × for 4.4 % fewer (the rows apart from their
+/// chunks); pgbench the same speed for 0.39 % fewer; random-payload updates, moved rows and
+/// pglz images the same bytes within 0.005 %.
+pub fn data_stream(rmid: u8, info: u8, len: usize) -> usize {
+    let multi_insert = rmid == RM_HEAP2_ID && info & XLOG_HEAP_OPMASK == XLOG_HEAP2_MULTI_INSERT;
+    if len >= LONG_DATA && !multi_insert {
+        S_LONG
+    } else {
+        S_DATA
     }
 }
 

@@ -1,39 +1,43 @@
-//! The payload's framing: which sections a message has and where they are (format version 7;
-//! the framing is that of version 3).
+//! The payload's framing: which sections a message has and where they are (format version 11;
+//! the framing is that of version 3 with an eighth stream and `present` a varint).
 //!
 //! ```text
 //! payload  = separate | combined
-//! separate = 0x08 present:u8 clen:varint × (sections present) section × (present) FPI-bytes
-//!            present: bit s (0..=6) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN)
-//!            has bytes this message, bit 7 when there are page frames (FPI); each present
+//! separate = 0x0b present:varint clen:varint × (sections present) section × (present) FPI-bytes
+//!            present: bit s (0..=7) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN,
+//!            LONG) has bytes this message, bit 8 when there are page frames (FPI); each present
 //!            stream's section is `clen` bytes of its own streaming zstd context, flushed
 //!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 7 set iff any)
-//! combined = 0x18 clen:varint chunk FPI-bytes
+//! combined = 0x1b clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
-//!            decompress to ulen:varint × 7 then the 7 streams' bytes in order; FPI as above
+//!            decompress to ulen:varint × 8 then the 8 streams' bytes in order; FPI as above
 //! ```
 //!
 //! A message whose streams got fewer than [`COMBINED_MAX`] bytes goes combined: one flush
-//! instead of up to seven, no section sizes outside the compressed chunk. Measured with a
+//! instead of up to eight, no section sizes outside the compressed chunk. Measured with a
 //! message per commit (steady, payload / zstd-3): pgbench 0.502 → 0.449, random-payload
 //! updates 0.690 → 0.663; 20 ms batches unchanged (bigger messages compress better kept
 //! apart, by kind, in their own contexts: all combined was 6 % worse there). The decoder
 //! follows the mode byte; each context only ever sees the messages of its mode.
 //!
 //! Decompressed sizes are capped before anything is allocated (the encoder's output always
-//! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, DATA 4 × raw_len +
-//! 8192 (since format 9), the others raw_len; the combined chunk their sum plus 70 bytes of
-//! lengths.
+//! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, LONG 4 × raw_len +
+//! 8192 (DATA's since format 9, LONG's since 11), the others raw_len; the combined chunk their
+//! sum plus 80 bytes of lengths.
 
 use super::format::DATA_PAGE_MIN_LEN;
 use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::wal::PAGE_SIZE;
 use super::{
-    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_MAIN, S_PAGE, S_RAW,
+    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_LONG, S_MAIN, S_PAGE,
+    S_RAW,
 };
 
 pub const SEPARATE: u8 = FORMAT_VERSION;
 pub const COMBINED: u8 = 0x10 | FORMAT_VERSION;
+/// The bit of a separate payload's `present` that says page frames follow the sections
+/// (the streams have the bits below it).
+const FPI_BIT: usize = STREAMS;
 /// Messages whose streams' input is below this go combined.
 pub const COMBINED_MAX: usize = 4 * 1024;
 
@@ -102,13 +106,13 @@ fn each_section<T: Send>(
 }
 
 /// The largest number of bytes stream `s` may restore to for a message of `raw_len` bytes:
-/// PAGE's pages may stand for images of 1 kB, DATA's for images of at least
+/// PAGE's pages may stand for images of 1 kB, LONG's for images of at least
 /// [`DATA_PAGE_MIN_LEN`] (format 9, `format::page_stream`) beside the records' data.
 pub fn cap(s: usize, raw_len: usize) -> usize {
     match s {
         S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
         S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
-        S_DATA => raw_len
+        S_LONG => raw_len
             .saturating_mul(PAGE_SIZE / DATA_PAGE_MIN_LEN)
             .saturating_add(PAGE_SIZE),
         _ => raw_len,
@@ -127,14 +131,14 @@ pub struct Sections {
 }
 
 impl Sections {
-    /// The contexts for streams compressed at `level`; DATA keeps `data_log` of history
-    /// (with long-distance matching), RAW, PAGE and MAIN [`WINDOW_LOG`], the rest less.
+    /// The contexts for streams compressed at `level`; LONG keeps `data_log` of history
+    /// (with long-distance matching), DATA, RAW, PAGE and MAIN [`WINDOW_LOG`], the rest less.
     pub fn new(level: i32, data_log: u32) -> Result<Sections, WalCodecError> {
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
-                    S_DATA => data_log,
-                    S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
+                    S_LONG => data_log,
+                    S_DATA | S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
                 CStream::new(level, wlog)
@@ -151,13 +155,13 @@ impl Sections {
     /// The fast settings for the next messages' bulk streams, or the normal ones
     /// ([`CStream::set_fast`]: each stream changes at its next input).
     ///
-    /// Only DATA, PAGE and RAW change: where a bulk load's bytes go, and where zstd's own
+    /// Only DATA, LONG, PAGE and RAW change: where a bulk load's bytes go, and where zstd's own
     /// time is most of the encoding. The structural streams (CTRL, HDR, MAIN, IMG) and the
     /// combined chunk of small messages keep their level: on pgbench WAL, where zstd is a
     /// quarter of the encoding, they took most of the 9.5 % more bytes that every stream at
     /// the fast settings cost, for no speed (`docs/keeping-up.md`, thirty-seventh round).
     pub fn set_fast(&mut self, fast: bool) {
-        for s in [S_DATA, S_PAGE, S_RAW] {
+        for s in [S_DATA, S_LONG, S_PAGE, S_RAW] {
             self.streams[s].set_fast(fast);
         }
     }
@@ -194,11 +198,11 @@ impl Sections {
             }
         } else {
             out.push(SEPARATE);
-            let mut present = u8::from(!fpi.is_empty()) << 7;
+            let mut present = u64::from(!fpi.is_empty()) << FPI_BIT;
             for (s, u) in ulens.iter().enumerate() {
-                present |= u8::from(*u > 0) << s;
+                present |= u64::from(*u > 0) << s;
             }
-            out.push(present);
+            put_varint(out, present);
             for s in 0..STREAMS {
                 let section = &mut self.scratch[s];
                 section.clear();
@@ -231,11 +235,11 @@ pub struct DecSections {
 }
 
 impl DecSections {
-    /// The contexts; DATA's refuses windows above 2^`data_log` bytes, the others above
+    /// The contexts; LONG's refuses windows above 2^`data_log` bytes, the others above
     /// [`WINDOW_LOG`].
     pub fn new(data_log: u32) -> Result<DecSections, WalCodecError> {
         let streams = (0..STREAMS)
-            .map(|s| DStream::new(if s == S_DATA { data_log } else { WINDOW_LOG }))
+            .map(|s| DStream::new(if s == S_LONG { data_log } else { WINDOW_LOG }))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(DecSections {
             streams,
@@ -274,7 +278,13 @@ impl DecSections {
         bufs: &mut [Vec<u8>],
         parallel: bool,
     ) -> Result<&'a [u8], WalCodecError> {
-        let present = hdr.u8()?;
+        let present = hdr.varint()?;
+        if present >> (FPI_BIT + 1) != 0 {
+            return Err(corrupt(format!(
+                "payload header names sections 0x{present:x}, this decoder knows {STREAMS} and \
+                 the page frames"
+            )));
+        }
         let mut clens = [0usize; STREAMS];
         for (s, c) in clens.iter_mut().enumerate() {
             if present & (1 << s) != 0 {
@@ -309,7 +319,7 @@ impl DecSections {
                 stream.decode_capped(chunk, cap(s, raw_len), buf, STREAM_NAMES[s])
             },
         )?;
-        if (present & 0x80 != 0) == rest.is_empty() {
+        if (present & (1 << FPI_BIT) != 0) == rest.is_empty() {
             return Err(corrupt("page frames present or absent against the header"));
         }
         Ok(rest)

@@ -19,11 +19,11 @@ pub const MAX_PREFIX: usize = 2 * PAGE_SIZE;
 /// Window of RAW, PAGE, MAIN and the combined context (4 MiB); the decoder refuses larger
 /// ones. This bounds the decoder's memory per stream.
 pub const WINDOW_LOG: u32 = 22;
-/// Bounds of the DATA stream's window ([`history_log`]): 4 MiB to 1 GiB.
+/// Bounds of the LONG stream's window ([`history_log`]): 4 MiB to 1 GiB.
 pub const HISTORY_LOG_MIN: u32 = 22;
 pub const HISTORY_LOG_MAX: u32 = 30;
 
-/// Window of the DATA stream for a `block_cache_bytes` budget: the largest power of two up to
+/// Window of the LONG stream for a `block_cache_bytes` budget: the largest power of two up to
 /// an eighth of it, within [`HISTORY_LOG_MIN`]..=[`HISTORY_LOG_MAX`] (128 MiB for the default
 /// 1 GiB). Above 4 MiB zstd's long-distance matcher finds content written again under another
 /// identity long after (a TOAST value rewritten whole under new chunk ids, a row copied).
@@ -138,21 +138,23 @@ impl<'a> Reader<'a> {
 /// zstd level of the streams while the encoder catches up ([`CStream::set_fast`]), with
 /// Huffman-coded literals (zstd turns them off at negative levels by default: a bulk load's
 /// bytes then grow by 60 %). Measured on recorded WAL (`harness/examples/codec_profile.rs`,
-/// PG 15, one core, DATA, PAGE and RAW fast as [`super::payload::Sections::set_fast`] does
-/// it; `docs/keeping-up.md`, thirty-seventh and forty-fifth rounds): a bulk load 1.39 × the
-/// normal settings' encoding speed for 1.2 % more bytes; pgbench no faster (zstd is a
-/// quarter of its encoding) for 2.4 % more; `toast` 1.20 × for 2.7 % more.
+/// PG 15, one core, DATA, LONG, PAGE and RAW fast as [`super::payload::Sections::set_fast`]
+/// does it, medians of four paired runs; `docs/keeping-up.md`, thirty-seventh, forty-fifth
+/// and forty-sixth rounds): at format 11 a bulk load 1.37 × the normal settings' encoding
+/// speed for 1.2 % more bytes, `toast` 1.20 × for 3.9 % more; pgbench (format 10) no faster
+/// (zstd is a quarter of its encoding) for 2.4 % more.
 pub const FAST_LEVEL: i32 = -3;
 
-/// How sparsely DATA's long-distance matcher samples its input at the fast settings:
+/// How sparsely LONG's long-distance matcher samples its input at the fast settings:
 /// `ZSTD_c_ldmHashRateLog`, one position in 2^9 looked up and inserted, where zstd's default
 /// (1.5.6) is one in 2^7. The matcher stays on: it is what finds a TOAST value
 /// rewritten whole from far back, and without it the bench's `toast` WAL took 2.15 × the
 /// bytes (`docs/keeping-up.md`, forty-fifth round). Sampled this sparsely it still finds
-/// those values (2.7 % more bytes than the normal settings; 0.6 % at one in 2^8, 0.4 % at
-/// zstd's default) and leaves a bulk load most of the fast settings' speed: 1.39 × the
-/// normal settings' (medians of paired runs), against 1.23 × at one in 2^8, 1.16 × at
-/// zstd's default and 1.57 × without the matcher.
+/// those values (at format 10, 2.7 % more bytes than the normal settings; 0.6 % at one in
+/// 2^8, 0.4 % at zstd's default) and left a bulk load most of the fast settings' speed:
+/// 1.39 × the normal settings' (medians of paired runs), against 1.23 × at one in 2^8,
+/// 1.16 × at zstd's default and 1.57 × without the matcher. (Since format 11 a bulk load's
+/// rows go through DATA, which has no long-distance matcher at either setting.)
 const FAST_LDM_HASH_RATE_LOG: u32 = 9;
 
 /// How many windows a stream's in-place input holds ([`CStream`]): the frame starts over,
@@ -179,7 +181,7 @@ const RING_WINDOWS: usize = 2;
 /// its two-segment form, and zstd allocates no input buffer of its own. The ring is
 /// appended to within its capacity only (it never moves while a frame reads it; zstd
 /// checks the address at every call and fails rather than read elsewhere) and cleared only
-/// once the frame has ended. DATA's window (up to 1 GiB, with long-distance matching) would
+/// once the frame has ended. LONG's window (up to 1 GiB, with long-distance matching) would
 /// need a ring of several times its size: it keeps zstd's own buffer.
 pub struct CStream {
     ctx: CCtx<'static>,

@@ -479,9 +479,13 @@ fn small_messages_go_combined_big_ones_separate() {
         .unwrap()
         .decode(Lsn(g.start), &bad, msg.len(), &mut restored);
     assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
-    // Page frames announced but cut off, or present but not announced.
-    let mut bad = out.clone();
-    bad[1] ^= 0x80;
+    // Page frames announced but cut off, or present but not announced: the header's
+    // `present` varint with its page-frame bit (the one after the streams') flipped.
+    let mut r = super::streams::Reader::new(&out[1..], "test");
+    let present = r.varint().unwrap();
+    let mut bad = vec![out[0]];
+    super::streams::put_varint(&mut bad, present ^ (1 << STREAMS));
+    bad.extend_from_slice(&out[1 + r.position()..]);
     let e = Decoder::new(&p)
         .unwrap()
         .decode(Lsn(g.start), &bad, msg.len(), &mut restored);
@@ -524,7 +528,7 @@ pub(super) fn value_seen_long_ago(seed: u64) -> (WalGen, usize) {
 }
 
 /// A value written again long after (a TOAST value rewritten under new chunk ids) is found in
-/// DATA's long history when `block_cache_bytes` pays for it (an eighth of it), and not with
+/// LONG's long history when `block_cache_bytes` pays for it (an eighth of it), and not with
 /// the 4 MiB window of a small cache.
 #[test]
 fn content_seen_long_ago_is_a_reference() {

@@ -150,16 +150,17 @@ fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8], combined: bool) ->
         out.extend_from_slice(fpi);
         return out;
     }
-    let mut present = u8::from(!fpi.is_empty()) << 7;
+    let mut present = u64::from(!fpi.is_empty()) << STREAMS;
     let mut secs = Vec::new();
     for (i, s) in sections.iter().enumerate() {
-        present |= u8::from(!s.is_empty()) << i;
+        present |= u64::from(!s.is_empty()) << i;
         let mut c = CStream::new(3, 20).unwrap();
         let mut sec = Vec::new();
         c.compress(s, &mut sec).unwrap();
         secs.push(sec);
     }
-    let mut out = vec![FORMAT_VERSION, present];
+    let mut out = vec![FORMAT_VERSION];
+    put_varint(&mut out, present);
     for sec in secs.iter().filter(|s| !s.is_empty()) {
         put_varint(&mut out, sec.len() as u64);
     }
@@ -193,7 +194,7 @@ proptest! {
             lsn = start + *len as u64;
         }
         let h = other.len() / 2;
-        let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec()];
+        let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec(), other[..h].to_vec()];
         let pl = garbage_payload(&sections, &fpi, combined);
         let _ = dec.decode(Lsn(lsn), &pl, len, &mut out);
     }
@@ -212,11 +213,23 @@ fn hand_built_payloads_reach_the_ops() {
         let mut dec = Decoder::new(&params(4)).unwrap();
         dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out).unwrap();
         assert_eq!(out, vec![0u8; 100]);
-        let mut extra = sections.clone();
-        extra[S_DATA] = vec![1, 2, 3];
-        let pl = garbage_payload(&extra, &[], combined);
-        let mut dec = Decoder::new(&params(4)).unwrap();
-        let e = dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out);
-        assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+        for s in [S_DATA, S_LONG] {
+            let mut extra = sections.clone();
+            extra[s] = vec![1, 2, 3];
+            let pl = garbage_payload(&extra, &[], combined);
+            let mut dec = Decoder::new(&params(4)).unwrap();
+            let e = dec.decode(Lsn(3 * SEG + 24), &pl, 100, &mut out);
+            assert!(matches!(e, Err(WalCodecError::Corrupt(_))), "{e:?}");
+        }
     }
+    // A separate payload naming a section beyond the eight streams and the page frames.
+    let mut pl = vec![FORMAT_VERSION];
+    super::streams::put_varint(&mut pl, 1 << (STREAMS + 1));
+    let e = Decoder::new(&params(4))
+        .unwrap()
+        .decode(Lsn(3 * SEG + 24), &pl, 100, &mut Vec::new());
+    assert!(
+        matches!(&e, Err(WalCodecError::Corrupt(m)) if m.contains("names sections")),
+        "{e:?}"
+    );
 }

@@ -1,12 +1,12 @@
-//! Streamed pages of long items (format 9, `format::page_stream`): they go through DATA,
-//! whose long window still holds the tuples records carried into them (TOAST chunks, wide
+//! Streamed pages of long items (format 9, `format::page_stream`): they go through LONG (DATA
+//! before format 11), whose long window still holds the tuples records carried into them (TOAST chunks, wide
 //! rows), so such a page costs little more than its layout; on every image path, also when
 //! the primary compressed the image and the receiver's compression does not reproduce it.
 
-use super::format::{page_stream, IMG_STREAM, IMG_STREAM_NOCACHE};
+use super::format::{data_stream, page_stream, IMG_STREAM, IMG_STREAM_NOCACHE};
 use super::fpi::{compress_like_pg, Method};
 use super::testgen::{Entropy, Image, Rng, WalGen};
-use super::tests::{every, round_trip, round_trip_checks};
+use super::tests::{every, insert_row, round_trip, round_trip_checks};
 use super::tests_fpi::{given_block, params};
 use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI};
 use super::*;
@@ -33,9 +33,9 @@ fn plain(lower: usize, upper: usize) -> ImageRef {
 #[test]
 fn the_stream_of_a_page_follows_its_hole() {
     // Four TOAST chunks of about 2 kB.
-    assert_eq!(page_stream(&plain(40, PAGE_SIZE - 4 * 2032)), S_DATA);
+    assert_eq!(page_stream(&plain(40, PAGE_SIZE - 4 * 2032)), S_LONG);
     // Exactly 1 KiB per line pointer, and a byte less.
-    assert_eq!(page_stream(&plain(32, PAGE_SIZE - 2 * 1024)), S_DATA);
+    assert_eq!(page_stream(&plain(32, PAGE_SIZE - 2 * 1024)), S_LONG);
     assert_eq!(page_stream(&plain(32, PAGE_SIZE - 2 * 1024 + 1)), S_PAGE);
     // pgbench's rows: 60 items of 120 bytes.
     assert_eq!(
@@ -44,16 +44,62 @@ fn the_stream_of_a_page_follows_its_hole() {
     );
     // No hole (a full page, or no standard layout): the line pointers are unknown.
     assert_eq!(page_stream(&image(PAGE_SIZE, 0, 0, false)), S_PAGE);
-    // A compressed image: at least 2 KiB of WAL for a page in DATA (its cap).
+    // A compressed image: at least 2 KiB of WAL for a page in LONG (its cap).
     let hole = PAGE_SIZE - 28 - 3000;
     assert_eq!(page_stream(&image(2047, 28, hole, true)), S_PAGE);
-    assert_eq!(page_stream(&image(2048, 28, hole, true)), S_DATA);
+    assert_eq!(page_stream(&image(2048, 28, hole, true)), S_LONG);
     // Holes that no page has: past its end, or starting inside the page header.
     assert_eq!(page_stream(&image(4000, 8000, 4000, true)), S_PAGE);
     assert_eq!(
         page_stream(&image(8092, PAGE_HEADER - 4, 100, false)),
         S_PAGE
     );
+}
+
+/// A block's data goes through LONG from 256 bytes on, unless a multi-insert's, else through
+/// DATA (format 11, `format::data_stream`); both ends route alike at any message cut.
+#[test]
+fn block_data_goes_through_long_from_256_bytes() {
+    const HEAP: u8 = 10;
+    const HEAP2: u8 = 9;
+    assert_eq!(data_stream(HEAP, 0x00, 255), S_DATA);
+    assert_eq!(data_stream(HEAP, 0x00, 256), S_LONG);
+    // An update with the init-page bit, an index page split.
+    assert_eq!(data_stream(HEAP, 0x20 | 0x80, 3000), S_LONG);
+    assert_eq!(data_stream(11, 0x30, 4000), S_LONG);
+    // Multi-inserts (also with the init-page bit), and heap2's other records.
+    assert_eq!(data_stream(HEAP2, 0x50, 8000), S_DATA);
+    assert_eq!(data_stream(HEAP2, 0x50 | 0x80, 8000), S_DATA);
+    assert_eq!(data_stream(HEAP2, 0x10, 8000), S_LONG);
+
+    let mut g = WalGen::new(PgMajor::V15, SEG, 0, 7);
+    let (mut short, mut long) = (0, 0);
+    for blkno in 0..300u32 {
+        let n = if blkno % 3 == 0 {
+            1500
+        } else {
+            150 + blkno as usize % 100
+        };
+        let body = g.rng.bytes(n);
+        insert_row(&mut g, REL, blkno, &body);
+        // The record's data: the body after a 5-byte tuple header (`insert_row`).
+        *(if n + 5 >= 256 { &mut long } else { &mut short }) += n + 5;
+    }
+    g.switch();
+    for cut in [0, 20_000, 50_000] {
+        let cuts = if cut == 0 {
+            Vec::new()
+        } else {
+            every(cut, g.buf.len())
+        };
+        let (st, _) = round_trip(&params(PgMajor::V15, SLOTS), g.start, &g.buf, &cuts);
+        let what = format!("cut {cut}: {st:?}");
+        // (A record cut by a message boundary goes through RAW.)
+        assert!(st.section_in[S_LONG] <= long as u64, "{what}");
+        assert!(st.section_in[S_LONG] >= long as u64 * 8 / 10, "{what}");
+        assert!(st.section_in[S_DATA] <= short as u64, "{what}");
+        assert!(st.section_in[S_DATA] >= short as u64 * 8 / 10, "{what}");
+    }
 }
 
 /// A heap page holding `items` (line pointers in order, items from the page's end down)
@@ -76,7 +122,7 @@ fn page_of(items: &[Vec<u8>]) -> (Box<[u8; PAGE_SIZE]>, (u16, u16)) {
 }
 
 const REL: u32 = 99_020;
-/// A block cache of 64 MiB, whose DATA keeps 8 MiB of history (`streams::history_log`):
+/// A block cache of 64 MiB, whose LONG keeps 8 MiB of history (`streams::history_log`):
 /// more than PAGE's 4 MiB, so with long-distance matching, as the default's 128 MiB.
 const SLOTS: usize = 8192;
 
@@ -157,12 +203,12 @@ fn long_items(major: PgMajor, pages: u32, imaged: Imaged) -> (WalGen, usize) {
     (g, pages as usize * 4 * 1990)
 }
 
-/// Each page goes whole through DATA and costs a small part of its items, which records
+/// Each page goes whole through LONG and costs a small part of its items, which records
 /// sent before (PAGE's window, which never saw them, would cost them again), whether it
 /// stays out of the cache, enters it, or was compressed by the primary; in one message and
 /// in many.
 #[test]
-fn pages_of_long_items_go_through_data_and_match_their_tuples() {
+fn pages_of_long_items_go_through_long_and_match_their_tuples() {
     let major = PgMajor::V16;
     for imaged in [Imaged::Whole, Imaged::Record, Imaged::Lz4] {
         let (g, items) = long_items(major, 30, imaged);
@@ -180,7 +226,7 @@ fn pages_of_long_items_go_through_data_and_match_their_tuples() {
             assert_eq!(streamed, st.fpis, "{what}");
             assert!(st.fpis >= 24, "{what}");
             assert_eq!(st.section_in[S_PAGE], 0, "{what}");
-            assert!(st.section_in[S_DATA] >= 30 * PAGE_SIZE as u64, "{what}");
+            assert!(st.section_in[S_LONG] >= 30 * PAGE_SIZE as u64, "{what}");
             if let Imaged::Lz4 = imaged {
                 assert_eq!(st.fpi_recompressed, st.fpis, "{what}");
             } else {
@@ -192,10 +238,10 @@ fn pages_of_long_items_go_through_data_and_match_their_tuples() {
 }
 
 /// With the checks on a worker, an image that recompression does not reproduce has its
-/// page taken out of DATA again at the message's end (`encoder/verify.rs`), and the
+/// page taken out of LONG again at the message's end (`encoder/verify.rs`), and the
 /// decoder reads the primary's bytes: the stream round-trips at any message size.
 #[test]
-fn pages_of_long_items_leave_data_when_their_check_fails() {
+fn pages_of_long_items_leave_long_when_their_check_fails() {
     let major = PgMajor::V16;
     let (g, items) = long_items(major, 12, Imaged::ForeignZstd);
     for cut in [0, 16 * 1024, 100_000] {
@@ -209,10 +255,10 @@ fn pages_of_long_items_leave_data_when_their_check_fails() {
         // (Records cut by a message boundary go as they are.)
         assert!(st.fpis >= 6, "{what}");
         assert!(st.fpi_primary_bytes > 0, "{what}");
-        // The pages that went as the primary's bytes left DATA: it holds the items alone.
+        // The pages that went as the primary's bytes left LONG: it holds the items alone.
         let left = st.fpis - st.fpi_primary_bytes;
         assert!(
-            st.section_in[S_DATA] <= (items + left as usize * PAGE_SIZE) as u64,
+            st.section_in[S_LONG] <= (items + left as usize * PAGE_SIZE) as u64,
             "{what}"
         );
         assert_eq!(

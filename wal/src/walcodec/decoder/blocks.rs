@@ -178,8 +178,8 @@ impl State {
                 } else {
                     None
                 };
-                let from = if page_stream(img) == S_DATA {
-                    &mut r.data
+                let from = if page_stream(img) == S_LONG {
+                    &mut r.long
                 } else {
                     &mut r.page
                 };

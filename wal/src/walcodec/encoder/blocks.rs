@@ -38,7 +38,7 @@ impl Encoder {
                 block0 = Some(p..p + d);
             }
             let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.put_site(site, S_DATA, data);
+            self.put_site(site, data_stream(rec[17], rec[16], d), data);
             self.stats.data_in += d as u64;
             p += d;
         }
@@ -318,7 +318,7 @@ impl Encoder {
         Ok(())
     }
 
-    /// A page whole through `stream` (PAGE, or DATA for long items: `format::page_stream`),
+    /// A page whole through `stream` (PAGE, or LONG for long items: `format::page_stream`),
     /// transformed where that `helps`; stored into the cache slot `store`, if any.
     fn encode_streamed(&mut self, stream: usize, store: Option<u32>, helps: bool, recompress: u8) {
         let flags = recompress | if helps { 0 } else { IMG_PLAIN };

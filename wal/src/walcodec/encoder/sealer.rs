@@ -22,7 +22,9 @@
 use super::super::handoff::{Handoff, Work};
 use super::super::payload::Sections;
 use super::super::rmgr::MsgTally;
-use super::super::{WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_MAIN, S_PAGE, S_RAW};
+use super::super::{
+    WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_LONG, S_MAIN, S_PAGE, S_RAW,
+};
 use super::Encoder;
 
 /// Most messages staged and not collected: a caller one batch ahead of the batch it frames,
@@ -140,7 +142,7 @@ impl Encoder {
         st.tally.settle(&mut self.stats.by_rmgr, ulens, clens);
         let c = |s: usize| clens[s] as u64;
         self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
-        self.stats.data_out += c(S_DATA) + c(S_MAIN);
+        self.stats.data_out += c(S_DATA) + c(S_LONG) + c(S_MAIN);
         self.stats.raw_out += c(S_RAW);
         self.stats.fpi_out += c(S_IMG) + c(S_PAGE) + fpi as u64;
         self.stats.messages += 1;

@@ -8,7 +8,7 @@
 //! while the encoder goes on with the message: the image is sent as a page,
 //! and once the message is complete ([`Verifier::settle`]) the op of an image that did not
 //! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its
-//! page's bytes in PAGE or DATA) taken out, the primary's bytes put into IMG where the
+//! page's bytes in PAGE or LONG) taken out, the primary's bytes put into IMG where the
 //! decoder will read them; the decoder gets the page by decompressing them. Such an image
 //! costs what an opaque one does, and its page still enters the cache. The outcomes are
 //! applied, last image first, when the message ends. When the worker is behind it declines
@@ -34,7 +34,7 @@ use super::super::{S_CTRL, S_IMG};
 use super::Encoder;
 
 /// Where a deferred image's op and bytes are: the lengths of CTRL, IMG, the page frames and
-/// the stream its page would go through (`page_in`: PAGE or DATA, `format::page_stream`)
+/// the stream its page would go through (`page_in`: PAGE or LONG, `format::page_stream`)
 /// before its op was written.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::walcodec) struct Spot {
