@@ -25,9 +25,10 @@
 //!   or the tuple's line pointer in a cached page image ([`tuples`]);
 //! - everything else (header fields that are not derivable, block headers, block and main data,
 //!   raw bytes) goes through streaming zstd, one context per kind, flushed every message; the
-//!   block data's context keeps a long history (an eighth of `block_cache_bytes`) searched by
-//!   zstd's long-distance matcher, so content that crossed the link before under another
-//!   identity (a TOAST value written again under new chunk ids) is a reference.
+//!   context of long block data (LONG: 256 bytes or more) keeps a long history (an eighth of
+//!   `block_cache_bytes`) searched by zstd's long-distance matcher, so content that crossed
+//!   the link before under another identity (a TOAST value written again under new chunk ids)
+//!   is a reference.
 //!
 //! When a codec end may use more than one core (`set_parallel`: the runtime allows it while
 //! messages wait behind the current one), each end splits a message's work in two halves
