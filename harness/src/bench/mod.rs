@@ -96,6 +96,11 @@ pub async fn run(opts: &BenchOpts) -> Result<Report> {
         zstd.is_ok_and(|o| o.status.success()),
         "the bench needs the zstd command for its offline baselines: apt-get install zstd (or scripts/install-deps.sh)"
     );
+    let secs = opts.cold_secs + opts.warmup_secs + opts.steady_secs;
+    if let Some((w, gb)) = disk::most_needed(&opts.workloads, secs) {
+        disk::check_free_space(&std::env::temp_dir(), gb, w.name())
+            .context("checking free disk for every workload before the first one starts")?;
+    }
     let mut report = Report {
         cold_secs: opts.cold_secs,
         warmup_secs: opts.warmup_secs,

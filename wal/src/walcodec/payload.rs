@@ -7,7 +7,7 @@
 //!            present: bit s (0..=7) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN,
 //!            LONG) has bytes this message, bit 8 when there are page frames (FPI); each present
 //!            stream's section is `clen` bytes of its own streaming zstd context, flushed
-//!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 7 set iff any)
+//!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 8 set iff any)
 //! combined = 0x1b clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
 //!            decompress to ulen:varint × 8 then the 8 streams' bytes in order; FPI as above
