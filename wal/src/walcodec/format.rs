@@ -60,7 +60,7 @@
 //! record (`tuples::HeapRec::main_fixed`, which locates the record's tuples), then the rest.
 //! It is laid out from the current position with a page header at each page boundary.
 
-use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE};
+use super::wal::{ImageRef, PAGE_HEADER, PAGE_SIZE, RM_HEAP2_ID, XLOG_HEAP_OPMASK};
 use super::{S_DATA, S_LONG, S_PAGE};
 
 pub const OP_RAW: u8 = 0x01;
@@ -130,10 +130,8 @@ pub fn page_stream(img: &ImageRef) -> usize {
 /// long-distance matcher anyway (`streams::LDM_MIN_MATCH`); a bulk load's rows of a key and
 /// a 128-character text (182 bytes) stay in DATA.
 pub const LONG_DATA: usize = 256;
-/// `xl_rmid` of heap2 records and the op of a multi-insert (`heapam_xlog.h`).
-const RM_HEAP2_ID: u8 = 9;
+/// The op of a heap2 multi-insert (`heapam_xlog.h`).
 const XLOG_HEAP2_MULTI_INSERT: u8 = 0x50;
-const XLOG_HEAP_OPMASK: u8 = 0x70;
 
 /// The stream that holds `len` bytes of a block's data of a record (`xl_rmid`, `xl_info`)
 /// (format 11), decided from what both ends have before the data: LONG for data of at least

@@ -16,8 +16,9 @@
 //! 0.37 MB (pgbench: 1.37 → 0.92 and 0.19 → 0.17). (Heap2 PRUNE's conflict horizon against the
 //! last xid gained nothing.)
 
+use super::wal::RM_HEAP_ID;
+
 const RM_XACT_ID: u8 = 1;
-const RM_HEAP_ID: u8 = 10;
 
 /// State both ends keep: the last transaction end time.
 #[derive(Debug, Default)]

@@ -34,11 +34,11 @@ mod tests;
 use page::*;
 
 use super::tuples::LoggedTuple;
-use super::wal::{le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR};
+use super::wal::{
+    le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,
+};
 use crate::pg::PgMajor;
 
-const RM_HEAP2_ID: u8 = 9;
-const RM_HEAP_ID: u8 = 10;
 const INIT_PAGE: u8 = 0x80;
 
 const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;

@@ -60,8 +60,7 @@ fn the_stream_of_a_page_follows_its_hole() {
 /// DATA (format 11, `format::data_stream`); both ends route alike at any message cut.
 #[test]
 fn block_data_goes_through_long_from_256_bytes() {
-    const HEAP: u8 = 10;
-    const HEAP2: u8 = 9;
+    use super::wal::{RM_HEAP2_ID as HEAP2, RM_HEAP_ID as HEAP};
     assert_eq!(data_stream(HEAP, 0x00, 255), S_DATA);
     assert_eq!(data_stream(HEAP, 0x00, 256), S_LONG);
     // An update with the init-page bit, an index page split.

@@ -62,8 +62,8 @@ pub use inserts::COLD_AFTER;
 pub(super) use logged::LoggedTuple;
 pub use ring::TupleCache;
 
-pub const RM_HEAP_ID: u8 = 10;
-const XLOG_HEAP_OPMASK: u8 = 0x70;
+pub use super::wal::RM_HEAP_ID;
+use super::wal::XLOG_HEAP_OPMASK;
 const XLOG_HEAP_INSERT: u8 = 0x00;
 const XLOG_HEAP_DELETE: u8 = 0x10;
 const XLOG_HEAP_UPDATE: u8 = 0x20;

@@ -53,6 +53,11 @@ pub const XLP_BKP_REMOVABLE: u16 = 0x0004;
 pub const XLP_ALL_FLAGS: u16 = 0x000F;
 
 pub const RM_XLOG_ID: u8 = 0;
+/// `xl_rmid` of heap2 and heap records (`rmgrlist.h`), and the bits of `xl_info` that name
+/// their op (`heapam_xlog.h`; 0x80 is the init-page flag).
+pub const RM_HEAP2_ID: u8 = 9;
+pub const RM_HEAP_ID: u8 = 10;
+pub const XLOG_HEAP_OPMASK: u8 = 0x70;
 pub const XLOG_SWITCH: u8 = 0x40;
 /// XLOG_FPI (`log_newpage`: a page written whole, e.g. by an index build), all majors.
 pub const XLOG_FPI: u8 = 0xB0;
