@@ -19,8 +19,13 @@ fn num(v: &Value, path: &[&str]) -> f64 {
 /// `walrelay bench` of the `updates` workload with a cold window of `cold_secs` and a few
 /// seconds after it, without the sync-latency runs.
 fn tiny_bench(cold_secs: &str) -> Command {
+    tiny_bench_of("updates", cold_secs)
+}
+
+/// [`tiny_bench`] of `workloads` ("updates,updates").
+fn tiny_bench_of(workloads: &str, cold_secs: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_walrelay"));
-    cmd.args(["bench", "--workload", "updates", "--cold-secs", cold_secs])
+    cmd.args(["bench", "--workload", workloads, "--cold-secs", cold_secs])
         .args([
             "--warmup-secs",
             "1",
@@ -42,6 +47,9 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
 
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let r = the_only_run(&report);
+    // Nothing left out, no stop.
+    assert_eq!(report["not_run"], serde_json::json!([]), "{report}");
+    assert!(report["stopped"].is_null(), "{report}");
     assert_wal_and_link_bytes_counted(r);
     assert_staged_counters_read(r);
     assert_waiting_for_a_core_read(r, &stdout);
@@ -282,16 +290,20 @@ fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
 
 /// SIGTERM in the middle of a run (`kill`, a CI job's timeout): the bench stops the relays and
 /// clusters it started, removes its directory and fails, naming the signal. Before, it died
-/// at once and left four relay processes, its clusters and its WAL copies behind.
+/// at once and left four relay processes, its clusters and its WAL copies behind. Sent during
+/// the second of two workloads: the `--json` written when the first finished stays, with the
+/// second named as not run (before, a bench stopped anywhere reported nothing).
 #[test]
-fn a_bench_stopped_by_sigterm_leaves_nothing_behind() {
+fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     // The clusters run as the postgres user when the tests run as root: it must reach them.
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let err_path = logs.path().join("stderr");
-    let mut child = tiny_bench("60")
+    let (err_path, json) = (logs.path().join("stderr"), logs.path().join("bench.json"));
+    let mut child = tiny_bench_of("updates,updates", "3")
+        .arg("--json")
+        .arg(&json)
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -299,15 +311,21 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind() {
         .unwrap();
     let under = tmp.path().to_str().unwrap().to_string();
     let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
-    // Its relays run (their config files are under TMPDIR) and so do its clusters.
-    let relays_up = wait_for(180, || {
-        processes_under(&under)
-            .iter()
-            .filter(|p| p.contains("walrelay run --config"))
-            .count()
-            == 4
+    // The first workload finished, and the second's relays run (their config files are
+    // under TMPDIR), as do its clusters.
+    let second_up = wait_for(400, || {
+        stderr().contains("x zstd-3 (Z")
+            && processes_under(&under)
+                .iter()
+                .filter(|p| p.contains("walrelay run --config"))
+                .count()
+                == 4
     });
-    assert!(relays_up, "no relays after 180 s: {}", stderr());
+    assert!(
+        second_up,
+        "the second workload's relays not up after 400 s: {}",
+        stderr()
+    );
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let mut status = None;
@@ -333,4 +351,16 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind() {
     );
     let files: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(files.is_empty(), "left in TMPDIR: {files:?}");
+    // What finished is kept, and what did not is named.
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    the_only_run(&report);
+    let not_run = report["not_run"].as_array().unwrap();
+    assert_eq!(not_run.len(), 1, "{report}");
+    assert!(
+        not_run[0]
+            .as_str()
+            .unwrap()
+            .starts_with("updates on PostgreSQL "),
+        "{report}"
+    );
 }

@@ -278,15 +278,39 @@ fn bench(a: BenchArgs) -> ExitCode {
             z_background: a.z_background,
             spool_bytes: a.spool_bytes,
         };
-        let report = bench::run(&opts).await?;
-        println!("{}", report.markdown());
-        if let Some(path) = a.json {
-            std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+        let json = a.json.as_deref();
+        let (report, outcome) =
+            bench::run(&opts, &mut |so_far| write_report_json(json, so_far)).await;
+        if report.runs.is_empty() && outcome.is_err() {
+            return outcome;
         }
-        Ok(())
+        println!("{}", report.markdown());
+        write_report_json(json, &report)?;
+        outcome.with_context(|| {
+            format!(
+                "the report above holds the {} workload(s) that finished",
+                report.runs.len()
+            )
+        })
     };
     exit(run_tool(run, Interrupt::Fails))
+}
+
+/// Writes the bench's report so far to `--json`, whole or not at all (a temporary file
+/// beside it, renamed over it): a bench stopped at any point leaves the JSON of every
+/// workload that finished.
+fn write_report_json(
+    path: Option<&Path>,
+    report: &walrelay_harness::bench::Report,
+) -> anyhow::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// Makes sure the bench can write its outputs before it runs for minutes: creates the
@@ -313,7 +337,7 @@ fn prepare_outputs(json: Option<&Path>, timeline_dir: Option<&Path>) -> anyhow::
 }
 
 /// What Ctrl-C means to a tool: the end of the demo (its live table stops), or a bench that
-/// did not finish (it reports nothing, so it fails). SIGTERM always fails.
+/// did not finish (it fails; its `--json` holds the workloads that finished). SIGTERM always fails.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Interrupt {
     Ends,

@@ -26,6 +26,7 @@ mod disk;
 pub mod micro;
 mod pair;
 pub mod payloads;
+mod plan;
 mod report;
 mod sample;
 pub mod sshc;
@@ -78,8 +79,36 @@ const DIRECT_APP: &str = "bench_lag_ref";
 /// Catching up, replaying, copying: every wait of a run is bounded by this.
 const LONG_WAIT: Duration = Duration::from_secs(600);
 
-/// Runs every workload on every major; prints progress to stderr.
-pub async fn run(opts: &BenchOpts) -> Result<Report> {
+/// Runs every workload on every major; prints progress to stderr. After each workload that
+/// finished, `finished` sees the report so far ([`plan`]: the CLI writes `--json` then).
+/// Returns the report of what finished, and the error that stopped the run if one did; the
+/// report then names the workloads that did not run and why.
+pub async fn run(
+    opts: &BenchOpts,
+    finished: &mut dyn FnMut(&Report) -> Result<()>,
+) -> (Report, Result<()>) {
+    let mut report = Report {
+        cold_secs: opts.cold_secs,
+        warmup_secs: opts.warmup_secs,
+        steady_secs: opts.steady_secs,
+        z_background: opts.z_background,
+        spool_bytes: opts.spool_bytes,
+        runs: Vec::new(),
+        skipped: Vec::new(),
+        not_run: Vec::new(),
+        stopped: None,
+        sync_latency: None,
+    };
+    let outcome = match preflight(opts).await {
+        Ok(installs) => run_all(opts, &installs, &mut report, finished).await,
+        Err(e) => Err(e),
+    };
+    (report, outcome)
+}
+
+/// What must hold before the first workload starts: the options, the zstd command, every
+/// major's install and the disk the largest workload needs.
+async fn preflight(opts: &BenchOpts) -> Result<Vec<PgInstall>> {
     anyhow::ensure!(
         opts.cold_secs > 0 && opts.steady_secs > 0,
         "--cold-secs and --steady-secs must be at least 1"
@@ -96,53 +125,76 @@ pub async fn run(opts: &BenchOpts) -> Result<Report> {
         zstd.is_ok_and(|o| o.status.success()),
         "the bench needs the zstd command for its offline baselines: apt-get install zstd (or scripts/install-deps.sh)"
     );
+    let installs = installs(&opts.majors)?;
     let secs = opts.cold_secs + opts.warmup_secs + opts.steady_secs;
     if let Some((w, gb)) = disk::most_needed(&opts.workloads, secs) {
         disk::check_free_space(&std::env::temp_dir(), gb, w.name())
             .context("checking free disk for every workload before the first one starts")?;
     }
-    let mut report = Report {
-        cold_secs: opts.cold_secs,
-        warmup_secs: opts.warmup_secs,
-        steady_secs: opts.steady_secs,
-        z_background: opts.z_background,
-        spool_bytes: opts.spool_bytes,
-        runs: Vec::new(),
-        skipped: Vec::new(),
-        sync_latency: None,
-    };
-    for install in installs(&opts.majors)? {
+    Ok(installs)
+}
+
+/// One workload on one install, with its `wal_compression`.
+#[derive(Clone)]
+struct OneRun<'a> {
+    install: &'a PgInstall,
+    workload: Workload,
+    compression: &'static str,
+}
+
+impl plan::Job for OneRun<'_> {
+    fn label(&self) -> String {
+        format!(
+            "{} on PostgreSQL {}",
+            self.workload.name(),
+            self.install.major
+        )
+    }
+}
+
+/// Every workload on every install, in order ([`plan::run_jobs`]); those a major cannot run
+/// go to `report.skipped`.
+async fn run_all<'a>(
+    opts: &BenchOpts,
+    installs: &'a [PgInstall],
+    report: &mut Report,
+    finished: &mut dyn FnMut(&Report) -> Result<()>,
+) -> Result<()> {
+    let mut jobs = Vec::new();
+    for install in installs {
         for &w in &opts.workloads {
-            let Some(compression) = w.wal_compression_setting(install.major) else {
-                report.skipped.push(format!(
+            match w.wal_compression_setting(install.major) {
+                Some(compression) => jobs.push(OneRun {
+                    install,
+                    workload: w,
+                    compression,
+                }),
+                None => report.skipped.push(format!(
                     "{} on PostgreSQL {}: no wal_compression = {} before 15",
                     w.name(),
                     install.major,
                     w.wal_compression()
-                ));
-                continue;
-            };
-            let sync =
-                opts.sync_secs > 0 && report.sync_latency.is_none() && w == Workload::Pgbench;
-            eprintln!("bench: {} on PostgreSQL {} ...", w.name(), install.major);
-            let (r, lat) = run_one(opts, &install, w, compression, sync)
-                .await
-                .with_context(|| {
-                    format!("workload {} on PostgreSQL {}", w.name(), install.major)
-                })?;
-            eprintln!(
-                "bench: {}: steady {:.1} MB WAL, W link {:.2} MB = {:.2} x zstd-3 (Z {:.2} x)",
-                w.name(),
-                r.steady.wal_bytes as f64 / 1e6,
-                r.steady.w.link_bytes as f64 / 1e6,
-                r.steady.w.vs_zstd3,
-                r.steady.z.vs_zstd3
-            );
-            report.runs.push(r);
-            report.sync_latency = report.sync_latency.take().or(lat);
+                )),
+            }
         }
     }
-    Ok(report)
+    let one = |j: OneRun<'a>, no_latency_yet: bool| async move {
+        let sync = opts.sync_secs > 0 && no_latency_yet && j.workload == Workload::Pgbench;
+        eprintln!("bench: {} ...", plan::Job::label(&j));
+        let (r, lat) = run_one(opts, j.install, j.workload, j.compression, sync)
+            .await
+            .with_context(|| format!("workload {}", plan::Job::label(&j)))?;
+        eprintln!(
+            "bench: {}: steady {:.1} MB WAL, W link {:.2} MB = {:.2} x zstd-3 (Z {:.2} x)",
+            j.workload.name(),
+            r.steady.wal_bytes as f64 / 1e6,
+            r.steady.w.link_bytes as f64 / 1e6,
+            r.steady.w.vs_zstd3,
+            r.steady.z.vs_zstd3
+        );
+        Ok((r, lat))
+    };
+    plan::run_jobs(report, jobs, one, finished).await
 }
 
 fn installs(majors: &[u32]) -> Result<Vec<PgInstall>> {

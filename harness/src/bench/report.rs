@@ -22,6 +22,11 @@ pub struct Report {
     pub runs: Vec<RunResult>,
     /// Workloads left out, with the reason (a `wal_compression` the major lacks).
     pub skipped: Vec<String>,
+    /// Workloads that have not run ("bulk on PostgreSQL 15"): still to come in a report
+    /// written while the bench runs, or left out by a failure ([`super::plan`]).
+    pub not_run: Vec<String>,
+    /// Why the bench stopped before its last workload (None: it did not, or has not yet).
+    pub stopped: Option<String>,
     pub sync_latency: Option<SyncLatency>,
 }
 
@@ -45,7 +50,7 @@ pub struct RunResult {
 }
 
 /// What was checked after the run (the bench fails instead of reporting a failed check).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Verified {
     /// WAL bytes of each standby byte-compared with the primary's (both windows).
     pub wal_bytes_compared: u64,
@@ -54,7 +59,7 @@ pub struct Verified {
     pub integrity_failures: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Window {
     /// "cold" or "steady".
     pub name: &'static str,
@@ -83,7 +88,7 @@ pub struct Window {
     pub cpu_pressure: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct PairWindow {
     pub codec: &'static str,
     /// Bytes on the link socket, both directions.
@@ -288,6 +293,13 @@ impl Report {
         s.push_str(&self.sync_line());
         for k in &self.skipped {
             s.push_str(&format!("\nskipped: {k}\n"));
+        }
+        if !self.not_run.is_empty() {
+            let why = match &self.stopped {
+                Some(e) => format!("the bench stopped: {e}"),
+                None => "still to run when this was written".into(),
+            };
+            s.push_str(&format!("\nnot run: {} ({why})\n", self.not_run.join(", ")));
         }
         s
     }

@@ -133,7 +133,7 @@ impl Sampler {
 }
 
 /// What one pair moved over a window.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct PairCut {
     /// Seconds (since t = 0) of the samples at which the standby had received L0 and L1.
     pub t0: f64,

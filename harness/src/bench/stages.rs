@@ -70,7 +70,7 @@ pub fn primary_sql(apps: [&str; 3]) -> String {
 
 /// A path's largest lags: the primary's walsender, the standby's receipt and replay; and its
 /// mean replay lag over the window's samples (the largest is one moment, often a burst).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct PathLags {
     pub primary_sent: Option<u64>,
     pub received: u64,
@@ -79,7 +79,7 @@ pub struct PathLags {
 }
 
 /// Largest lag behind the primary's write position at each stage over a window, bytes.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct StageLags {
     pub flushed: u64,
     pub direct: PathLags,
