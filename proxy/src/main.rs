@@ -296,21 +296,22 @@ fn bench(a: BenchArgs) -> ExitCode {
     exit(run_tool(run, Interrupt::Fails))
 }
 
-/// Writes the bench's report so far to `--json`, whole or not at all (a temporary file
-/// beside it, renamed over it): a bench stopped at any point leaves the JSON of every
-/// workload that finished.
+/// Writes the bench's report so far to `--json`, whole or not at all
+/// ([`walrelay::spool::write_atomically`]): a bench stopped at any point leaves the JSON of
+/// every workload that finished.
 fn write_report_json(
     path: Option<&Path>,
     report: &walrelay_harness::bench::Report,
 ) -> anyhow::Result<()> {
     let Some(path) = path else { return Ok(()) };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    let tmp = std::path::PathBuf::from(tmp);
-    std::fs::write(&tmp, serde_json::to_string_pretty(report)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("--json {}: not a file name in UTF-8", path.display()))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let json = serde_json::to_string_pretty(report)?;
+    walrelay::spool::write_atomically(dir.unwrap_or(Path::new(".")), name, json.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Makes sure the bench can write its outputs before it runs for minutes: creates the
@@ -325,6 +326,11 @@ fn prepare_outputs(json: Option<&Path>, timeline_dir: Option<&Path>) -> anyhow::
         anyhow::ensure!(
             !path.is_dir(),
             "--json {} is a directory: give a file name",
+            path.display()
+        );
+        anyhow::ensure!(
+            path.file_name().and_then(|n| n.to_str()).is_some(),
+            "--json {}: give a file name in UTF-8",
             path.display()
         );
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -135,7 +135,6 @@ async fn preflight(opts: &BenchOpts) -> Result<Vec<PgInstall>> {
 }
 
 /// One workload on one install, with its `wal_compression`.
-#[derive(Clone)]
 struct OneRun<'a> {
     install: &'a PgInstall,
     workload: Workload,

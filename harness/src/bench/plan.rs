@@ -32,7 +32,7 @@ pub(super) async fn run_jobs<J, F, Fut>(
     finished: &mut dyn FnMut(&Report) -> Result<()>,
 ) -> Result<()>
 where
-    J: Job + Clone,
+    J: Job,
     F: FnMut(J, bool) -> Fut,
     Fut: Future<Output = Result<(RunResult, Option<SyncLatency>)>>,
 {
@@ -58,7 +58,6 @@ where
             return Err(e.context(format!("the bench stopped; not run: {not_run}")));
         }
     }
-    report.not_run.clear();
     Ok(())
 }
 
