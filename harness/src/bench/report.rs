@@ -1,4 +1,5 @@
-//! What a bench run found, as JSON (serde) and as markdown tables.
+//! What a bench run found: the JSON's types (serde) and their arithmetic; `markdown` renders them as
+//! the tables the bench prints.
 
 use serde::Serialize;
 
