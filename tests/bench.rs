@@ -161,6 +161,16 @@ fn assert_waiting_for_a_core_read(r: &Value, stdout: &str) {
                 }
             }
         }
+        for pair in ["w", "z"] {
+            // Every half ran in both windows, so its CPU time has a kernel share, 0 to 1.
+            for half in ["upstream_kernel_share", "downstream_kernel_share"] {
+                let v = &r[w][pair][half];
+                assert!(
+                    v.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)),
+                    "{w} {pair} {half}: {v}"
+                );
+            }
+        }
         let p = &r[w]["cpu_pressure"];
         match psi {
             // A share of the window (sampling may stretch it a little past 1).
@@ -172,6 +182,7 @@ fn assert_waiting_for_a_core_read(r: &Value, stdout: &str) {
         }
     }
     assert!(stdout.contains("Waiting for a core"), "{stdout}");
+    assert!(stdout.contains("| kernel % W up / down |"), "{stdout}");
 }
 
 /// Checks that W's codec counters were read for each window, Z's were not, and their table.

@@ -51,6 +51,9 @@ pub struct PairCounters {
     /// CPU seconds of the upstream and the downstream process.
     pub cpu_up: f64,
     pub cpu_down: f64,
+    /// Of those, the seconds in the kernel.
+    pub kernel_up: f64,
+    pub kernel_down: f64,
     /// Seconds the upstream's and the downstream's threads waited for a core (NaN where the
     /// kernel does not keep it).
     pub wait_up: f64,
@@ -192,17 +195,18 @@ impl RelayPair {
     /// Socket bytes and CPU now; with `scrape`, also the link message and payload counters
     /// (else NaN) and the relay's stage positions (else None).
     pub async fn counters(&self, scrape: bool) -> Result<(PairCounters, Option<RelayPositions>)> {
+        let up = self.upstream.cpu_times().context("the upstream is gone")?;
+        let down = self
+            .downstream
+            .cpu_times()
+            .context("the downstream is gone")?;
         let mut c = PairCounters {
             toward_standby: self.forwarder.bytes_from_target(),
             toward_primary: self.forwarder.bytes_toward_target(),
-            cpu_up: self
-                .upstream
-                .cpu_seconds()
-                .context("the upstream is gone")?,
-            cpu_down: self
-                .downstream
-                .cpu_seconds()
-                .context("the downstream is gone")?,
+            cpu_up: up.total,
+            cpu_down: down.total,
+            kernel_up: up.kernel,
+            kernel_down: down.kernel,
             wait_up: self.upstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             wait_down: self.downstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             peak_rss_up: peak(self.upstream.peak_rss_bytes()),

@@ -108,6 +108,10 @@ pub struct PairWindow {
     /// CPU seconds per second of the window: the cores each half kept busy.
     pub upstream_cores: f64,
     pub downstream_cores: f64,
+    /// Of each half's CPU time, the share spent in the kernel (0 to 1): system calls, and
+    /// the pages of memory touched for the first time (W's caches as they fill).
+    pub upstream_kernel_share: f64,
+    pub downstream_kernel_share: f64,
     /// WAL runs each half staged one batch ahead while behind, over the window
     /// (`walrelay_codec_staged_messages_total`; None when not scraped).
     pub upstream_staged: Option<f64>,
@@ -207,6 +211,8 @@ impl Window {
                 downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
                 upstream_cores: ratio(p.cpu_up_s, p.t1 - p.t0),
                 downstream_cores: ratio(p.cpu_down_s, p.t1 - p.t0),
+                upstream_kernel_share: ratio(p.kernel_up_s, p.cpu_up_s),
+                downstream_kernel_share: ratio(p.kernel_down_s, p.cpu_down_s),
                 upstream_staged: p.staged_up,
                 downstream_staged: p.staged_down,
                 upstream_fast: p.fast_up,

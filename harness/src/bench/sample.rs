@@ -142,6 +142,9 @@ pub struct PairCut {
     pub toward_primary: u64,
     pub cpu_up_s: f64,
     pub cpu_down_s: f64,
+    /// Of those, the seconds in the kernel.
+    pub kernel_up_s: f64,
+    pub kernel_down_s: f64,
     /// None when not scraped (pair Z).
     pub messages: Option<f64>,
     pub payload: Option<f64>,
@@ -250,6 +253,8 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             toward_primary: b.toward_primary - a.toward_primary,
             cpu_up_s: b.cpu_up - a.cpu_up,
             cpu_down_s: b.cpu_down - a.cpu_down,
+            kernel_up_s: b.kernel_up - a.kernel_up,
+            kernel_down_s: b.kernel_down - a.kernel_down,
             messages: num(a.messages, b.messages),
             payload: num(a.payload, b.payload),
             staged_up: num(a.staged[0], b.staged[0]),
@@ -398,6 +403,8 @@ mod tests {
             toward_primary: b / 10,
             cpu_up: t,
             cpu_down: t / 2.0,
+            kernel_up: t / 4.0,
+            kernel_down: 0.0,
             wait_up: 2.0 * t,
             wait_down: f64::NAN,
             peak_rss_up: 1e6 * t,
@@ -456,6 +463,12 @@ mod tests {
         let codec = c.pairs[0].codec.unwrap();
         assert_eq!((codec.records_cut, codec.records_held), (2.0, 4.0));
         assert_eq!((codec.fpis, codec.fpi_cache_hits), (20.0, 8.0));
+        // CPU and its kernel part between the same samples.
+        assert_eq!((c.pairs[1].cpu_up_s, c.pairs[1].kernel_up_s), (2.0, 0.5));
+        assert_eq!(
+            (c.pairs[1].cpu_down_s, c.pairs[1].kernel_down_s),
+            (1.0, 0.0)
+        );
         // Waiting likewise; unknown stays unknown; the machine's pressure over the window.
         assert_eq!(
             (c.pairs[1].wait_up_s, c.pairs[1].wait_down_s),

@@ -130,9 +130,17 @@ impl Report {
     /// Per workload and window: how short of CPU the machine and each relay half were.
     fn wait_table(&self) -> String {
         let mut s = String::from(
-            "\nWaiting for a core: the share of each window during which some runnable task on the machine waited for one (CPU pressure, /proc/pressure/cpu), and per relay half the cores it ran beside the cores' worth of time its threads were runnable but waited (schedstat). A half whose threads wait longer than they run is short of CPU, not slow at its work. Memory: each half's largest resident set up to the window's end (VmHWM, MB); W's halves each hold a block cache of up to `link.block_cache_bytes` (1 GiB here), filled as blocks are imaged, and a tuple cache of an eighth of it.\n\n| workload | PG | window | CPU pressure | W up ran / waited | W down ran / waited | Z up ran / waited | Z down ran / waited | peak MB W up / down | peak MB Z up / down |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+            "\nWaiting for a core: the share of each window during which some runnable task on the machine waited for one (CPU pressure, /proc/pressure/cpu), and per relay half the cores it ran beside the cores' worth of time its threads were runnable but waited (schedstat). A half whose threads wait longer than they run is short of CPU, not slow at its work. Kernel: of each half's CPU time, the share spent in the kernel (/proc/<pid>/stat): system calls, and the pages of memory a process touches for the first time, which the kernel zeroes (W's caches as they fill; on a virtual machine whose host backs guest memory lazily, far slower than the memory's speed). Memory: each half's largest resident set up to the window's end (VmHWM, MB); W's halves each hold a block cache of up to `link.block_cache_bytes` (1 GiB here), filled as blocks are imaged, and a tuple cache of an eighth of it.\n\n| workload | PG | window | CPU pressure | W up ran / waited | W down ran / waited | Z up ran / waited | Z down ran / waited | kernel % W up / down | kernel % Z up / down | peak MB W up / down | peak MB Z up / down |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let half = |ran: f64, waited: Option<f64>| format!("{ran:.2} / {}", opt(waited, 2));
+        let kernel = |p: &PairWindow| {
+            let pct = |share: f64| share * 100.0;
+            format!(
+                "{:.0} / {:.0}",
+                pct(p.upstream_kernel_share),
+                pct(p.downstream_kernel_share)
+            )
+        };
         let mb = |p: &PairWindow| {
             let m = |b: Option<f64>| opt(b.map(|b| b / 1e6), 0);
             format!("{} / {}", m(p.raw.peak_rss_up), m(p.raw.peak_rss_down))
@@ -140,7 +148,7 @@ impl Report {
         for r in &self.runs {
             for w in [&r.cold, &r.steady] {
                 s.push_str(&format!(
-                    "| {} | {} | {} | {} % | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} % | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     r.workload.name(),
                     r.pg_major,
                     w.name,
@@ -149,6 +157,8 @@ impl Report {
                     half(w.w.downstream_cores, w.w.downstream_waiting_cores),
                     half(w.z.upstream_cores, w.z.upstream_waiting_cores),
                     half(w.z.downstream_cores, w.z.downstream_waiting_cores),
+                    kernel(&w.w),
+                    kernel(&w.z),
                     mb(&w.w),
                     mb(&w.z),
                 ));

@@ -22,3 +22,46 @@ fn framing_is_estimated_only_where_the_standby_received_the_window_in_time() {
     // The same rule marks the pair's figures approximate (†).
     assert!(!is_late(LATE_SECS) && is_late(LATE_SECS + 0.1));
 }
+
+#[test]
+fn each_half_reports_the_kernel_share_of_its_cpu_time() {
+    let w = PairCut {
+        t0: 0.0,
+        t1: 10.0,
+        cpu_up_s: 4.0,
+        kernel_up_s: 1.0,
+        cpu_down_s: 2.0,
+        kernel_down_s: 1.5,
+        ..PairCut::default()
+    };
+    // A half that used no CPU at all has no kernel share rather than a division by zero.
+    let z = PairCut {
+        t0: 0.0,
+        t1: 10.0,
+        ..PairCut::default()
+    };
+    let cut = Cut {
+        t_start: 0.0,
+        t_end: 10.0,
+        lsn_start: 0,
+        lsn_end: 1_000_000_000,
+        pairs: [w, z],
+        direct_max_replay_lag: 0,
+        direct_max_receive_lag: 0,
+        stages: Default::default(),
+        cpu_pressure: None,
+    };
+    let base = Baselines {
+        zstd3: 1,
+        zstd19: 1,
+        ssh_c: 1,
+    };
+    let win = Window::new("cold", &cut, base, ["wal", "zstd"]);
+    assert_eq!(win.w.upstream_kernel_share, 0.25);
+    assert_eq!(win.w.downstream_kernel_share, 0.75);
+    assert_eq!(win.w.upstream_cpu_s_per_gb, 4.0);
+    assert_eq!(
+        (win.z.upstream_kernel_share, win.z.downstream_kernel_share),
+        (0.0, 0.0)
+    );
+}
