@@ -134,12 +134,8 @@ impl Report {
         );
         let half = |ran: f64, waited: Option<f64>| format!("{ran:.2} / {}", opt(waited, 2));
         let kernel = |p: &PairWindow| {
-            let pct = |share: f64| share * 100.0;
-            format!(
-                "{:.0} / {:.0}",
-                pct(p.upstream_kernel_share),
-                pct(p.downstream_kernel_share)
-            )
+            let (up, down) = (p.upstream_kernel_share, p.downstream_kernel_share);
+            format!("{:.0} / {:.0}", up * 100.0, down * 100.0)
         };
         let mb = |p: &PairWindow| {
             let m = |b: Option<f64>| opt(b.map(|b| b / 1e6), 0);
