@@ -301,7 +301,8 @@ fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
 /// clusters it started, removes its directory and fails, naming the signal. Before, it died
 /// at once and left four relay processes, its clusters and its WAL copies behind. Sent during
 /// the second of two workloads: the `--json` written when the first finished stays, with the
-/// second named as not run (before, a bench stopped anywhere reported nothing).
+/// second named as not run (before, a bench stopped anywhere reported nothing), and the
+/// tables of the first are printed, naming the signal (before, only the JSON had them).
 #[test]
 fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     use std::os::unix::fs::PermissionsExt;
@@ -310,11 +311,12 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let logs = tempfile::tempdir().unwrap();
     let (err_path, json) = (logs.path().join("stderr"), logs.path().join("bench.json"));
+    let out_path = logs.path().join("stdout");
     let mut child = tiny_bench_of("updates,updates", "3")
         .arg("--json")
         .arg(&json)
         .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
@@ -371,5 +373,19 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
             .unwrap()
             .starts_with("updates on PostgreSQL "),
         "{report}"
+    );
+    assert_eq!(report["stopped"], "stopped by SIGTERM", "{report}");
+    // The first workload's tables on stdout, one row per window, and the second named.
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let rows = stdout.lines().filter(|l| l.starts_with("| updates |"));
+    assert!(
+        rows.count() >= 2,
+        "no table rows for the finished workload:\n{stdout}"
+    );
+    let last = stdout.lines().rev().find(|l| !l.is_empty()).unwrap_or("");
+    assert!(
+        last.starts_with("not run: updates on PostgreSQL ")
+            && last.ends_with("(the bench stopped: stopped by SIGTERM)"),
+        "{stdout}"
     );
 }

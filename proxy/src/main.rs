@@ -110,7 +110,7 @@ fn main() -> ExitCode {
                 let bin = std::env::current_exe().context("locating the walrelay executable")?;
                 walrelay_harness::demo::run(&bin, seconds).await
             };
-            exit(run_tool(demo, Interrupt::Ends))
+            exit(run_tool(demo, Interrupt::Ends, |_| {}))
         }
         Cmd::Bench {
             workload,
@@ -264,6 +264,9 @@ fn bench(a: BenchArgs) -> ExitCode {
             }
         }
     };
+    // The report as of the last workload that finished, for the tables a signal prints.
+    let so_far = std::sync::Arc::new(std::sync::Mutex::new(None::<bench::Report>));
+    let (json_path, kept) = (a.json.clone(), so_far.clone());
     let run = async move {
         prepare_outputs(a.json.as_deref(), a.timeline_dir.as_deref())?;
         let opts = bench::BenchOpts {
@@ -279,8 +282,11 @@ fn bench(a: BenchArgs) -> ExitCode {
             spool_bytes: a.spool_bytes,
         };
         let json = a.json.as_deref();
-        let (report, outcome) =
-            bench::run(&opts, &mut |so_far| write_report_json(json, so_far)).await;
+        let (report, outcome) = bench::run(&opts, &mut |report| {
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
+            write_report_json(json, report)
+        })
+        .await;
         if report.runs.is_empty() && outcome.is_err() {
             return outcome;
         }
@@ -293,7 +299,17 @@ fn bench(a: BenchArgs) -> ExitCode {
             )
         })
     };
-    exit(run_tool(run, Interrupt::Fails))
+    exit(run_tool(run, Interrupt::Fails, |by| {
+        // The workloads still to come are in `not_run` already; `stopped` names the signal.
+        let report = so_far.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut report) = report {
+            report.stopped = Some(format!("stopped by {by}"));
+            println!("{}", report.markdown());
+            if let Err(e) = write_report_json(json_path.as_deref(), &report) {
+                eprintln!("walrelay: {e:#}");
+            }
+        }
+    }))
 }
 
 /// Writes the bench's report so far to `--json`, whole or not at all
@@ -353,9 +369,11 @@ enum Interrupt {
 /// Runs `bench` or `demo` until done, Ctrl-C (SIGINT) or SIGTERM (`kill`, a CI job's timeout);
 /// dropping the future on a signal stops the child processes and clusters it started and
 /// removes its directory, so an interrupted run leaves nothing running and nothing in `TMPDIR`.
+/// Then `stopped(signal)` says what the tool had finished (the bench's tables so far).
 fn run_tool(
     f: impl std::future::Future<Output = anyhow::Result<()>>,
     interrupt: Interrupt,
+    stopped: impl FnOnce(&str),
 ) -> anyhow::Result<()> {
     let rt = runtime();
     let r = rt.block_on(async move {
@@ -368,6 +386,7 @@ fn run_tool(
         };
         // `f` is dropped by now: its processes and clusters are stopped, its directory gone.
         eprintln!("walrelay: {by}: stopped and removed what was started");
+        stopped(by);
         anyhow::ensure!(!fails, "stopped by {by} before the end");
         Ok(())
     });
