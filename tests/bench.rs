@@ -265,8 +265,23 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     let mut lines = csv.lines();
     let head = lines.next().unwrap();
     assert!(head.starts_with("t,primary_written,"), "{head}");
+    let lines: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     // ~10 samples a second over at least the 7 s of the windows.
-    assert!(lines.count() >= 50, "{csv}");
+    assert!(lines.len() >= 50, "{csv}");
+    // Each half's kernel seconds are part of its CPU seconds, in every sample.
+    let col = |name: &str| head.split(',').position(|c| c == name).expect(name);
+    for half in ["w_up", "w_down", "z_up", "z_down"] {
+        let (pair, dir) = half.split_once('_').unwrap();
+        let cpu = col(&format!("{pair}_cpu_{dir}_s"));
+        let kernel = col(&format!("{pair}_kernel_{dir}_s"));
+        for l in &lines {
+            let (c, k): (f64, f64) = (l[cpu].parse().unwrap(), l[kernel].parse().unwrap());
+            assert!(
+                (0.0..=c + 0.001).contains(&k),
+                "{half}: kernel {k} of cpu {c}"
+            );
+        }
+    }
 }
 
 /// Processes whose command line mentions `path` (the relays' config files, the clusters' data

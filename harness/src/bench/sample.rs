@@ -345,10 +345,10 @@ pub fn lag_over_run(samples: &[Sample], t_end: f64, parts: usize) -> Vec<LagPart
 }
 
 /// Header of [`timeline_csv`].
-const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s\n";
+const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_kernel_up_s,w_kernel_down_s,z_kernel_up_s,z_kernel_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s\n";
 
-/// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds,
-/// seconds waited for a core (empty when unknown).
+/// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds
+/// and the kernel's part of them, seconds waited for a core (empty when unknown).
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
@@ -363,7 +363,7 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
         let r = x.w_relay;
         let _ = writeln!(
             s,
-            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
             x.t,
             x.primary_lsn,
             x.primary.flushed,
@@ -383,6 +383,10 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             x.pairs[0].cpu_down,
             x.pairs[1].cpu_up,
             x.pairs[1].cpu_down,
+            x.pairs[0].kernel_up,
+            x.pairs[0].kernel_down,
+            x.pairs[1].kernel_up,
+            x.pairs[1].kernel_down,
             f(x.pairs[0].wait_up),
             f(x.pairs[0].wait_down),
             f(x.pairs[1].wait_up),
@@ -539,7 +543,11 @@ mod tests {
 
     #[test]
     fn the_timeline_has_a_line_per_sample_with_every_column() {
-        let csv = timeline_csv(&[staged(0.0, 1000, 100), staged(1.0, 2000, 10)]);
+        let mut second = staged(1.0, 2000, 10);
+        second.pairs[0].cpu_up = 2.5;
+        second.pairs[0].kernel_up = 0.75;
+        second.pairs[1].kernel_down = 0.125;
+        let csv = timeline_csv(&[staged(0.0, 1000, 100), second]);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 3);
         let cols = lines[0].split(',').count();
@@ -548,6 +556,12 @@ mod tests {
         assert!(lines[1].starts_with("0.000,1000,900,900,,,,500,400,,"));
         assert!(
             lines[2].starts_with("1.000,2000,1990,1990,1980,1970,1960,1950,1940,,1990,1980,2000,")
+        );
+        // CPU seconds of W up / down, Z up / down, then their kernel parts.
+        let cols2: Vec<&str> = lines[2].split(',').collect();
+        assert_eq!(
+            cols2[15..23],
+            ["2.500", "0.000", "0.000", "0.000", "0.750", "0.000", "0.000", "0.125"]
         );
         // Seconds waited for a core, then the machine's pressure (unknown here: empty).
         assert!(lines[1].ends_with(",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,"));
