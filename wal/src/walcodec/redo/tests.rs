@@ -328,7 +328,7 @@ fn reference_repair(p: &PageBuf) -> Box<PageBuf> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
     /// Pages laid out in line pointer order (compacted in place, in runs) and shuffled ones
-    /// (through scratch, also in runs) come out as the plain algorithm makes them, every
+    /// (through scratch, item by item) come out as the plain algorithm makes them, every
     /// byte between pd_upper and pd_special included.
     #[test]
     fn compaction_matches_postgres(lens in proptest::collection::vec(24usize..200, 1..60),
