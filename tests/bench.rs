@@ -77,6 +77,17 @@ fn run_tiny_bench(timeline: &std::path::Path, json: &std::path::Path) -> String 
         "walrelay bench failed:\n{stderr}\n{stdout}"
     );
     assert!(stdout.contains("| updates |"), "{stdout}");
+    // Progress: each step that takes long on a large window says so before it starts.
+    for step in [
+        "offline zstd -3",
+        "one-core replays of the cold window",
+        "one-core replays of the steady window",
+    ] {
+        assert!(
+            stderr.contains(&format!("bench: updates: {step}")),
+            "{stderr}"
+        );
+    }
     stdout.into_owned()
 }
 

@@ -266,10 +266,14 @@ async fn run_one(
         window_file(&rig.root, "cold"),
         install.major,
     );
+    let replayed = |c: &sample::Cut| (c.lsn_end - c.lsn_start).min(micro::MAX_BYTES);
+    progress(w, "one-core replays of the cold window", replayed(&cuts[0]));
     let replay = tokio::task::spawn_blocking(move || {
         micro::run(&file, walrelay_wal::lsn::Lsn(start), major)
     })
     .await?;
+    let step = "one-core replays of the steady window, the WAL before it warming the codecs";
+    progress(w, step, replayed(&cuts[1]));
     let warm = warm_replay(&rig, &cuts, major).await;
     let result = RunResult {
         workload: w,
@@ -325,11 +329,8 @@ async fn offline(
     c: &sample::Cut,
 ) -> Result<Window> {
     let file = window_file(root, name);
-    eprintln!(
-        "bench: {}: offline zstd -3, zstd -19 --long=27 and ssh -C of the {name} window ({:.1} MB) ...",
-        w.name(),
-        (c.lsn_end - c.lsn_start) as f64 / 1e6
-    );
+    let step = format!("offline zstd -3, zstd -19 --long=27 and ssh -C of the {name} window");
+    progress(w, &step, c.lsn_end - c.lsn_start);
     let z3 = walrange::zstd_size(&file, &["-3"]).await?;
     let z19 = walrange::zstd_size(&file, &["-19", "--long=27", "-T2"]).await?;
     let ssh_c = sshc::file_size(&file).await?;
@@ -339,6 +340,15 @@ async fn offline(
         ssh_c,
     };
     Ok(Window::new(name, c, base, CODECS))
+}
+
+/// A line on stderr before a step that takes minutes on a large window.
+fn progress(w: Workload, step: &str, bytes: u64) {
+    eprintln!(
+        "bench: {}: {step} ({:.1} MB) ...",
+        w.name(),
+        bytes as f64 / 1e6
+    );
 }
 
 fn window_file(root: &TempRoot, name: &str) -> PathBuf {
