@@ -281,15 +281,14 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     assert!(lines.len() >= 50, "{csv}");
     // Each half's kernel seconds are part of its CPU seconds, in every sample.
     let col = |name: &str| head.split(',').position(|c| c == name).expect(name);
-    for half in ["w_up", "w_down", "z_up", "z_down"] {
-        let (pair, dir) = half.split_once('_').unwrap();
+    for (pair, dir) in [("w", "up"), ("w", "down"), ("z", "up"), ("z", "down")] {
         let cpu = col(&format!("{pair}_cpu_{dir}_s"));
         let kernel = col(&format!("{pair}_kernel_{dir}_s"));
         for l in &lines {
             let (c, k): (f64, f64) = (l[cpu].parse().unwrap(), l[kernel].parse().unwrap());
             assert!(
                 (0.0..=c + 0.001).contains(&k),
-                "{half}: kernel {k} of cpu {c}"
+                "{pair} {dir}: kernel {k} of cpu {c}"
             );
         }
     }

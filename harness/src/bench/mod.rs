@@ -266,15 +266,13 @@ async fn run_one(
         window_file(&rig.root, "cold"),
         install.major,
     );
-    let replayed = |c: &sample::Cut| (c.lsn_end - c.lsn_start).min(micro::MAX_BYTES);
-    progress(w, "one-core replays of the cold window", replayed(&cuts[0]));
+    let replayed = (cuts[0].lsn_end - start).min(micro::MAX_BYTES);
+    progress(w, "one-core replays of the cold window", replayed);
     let replay = tokio::task::spawn_blocking(move || {
         micro::run(&file, walrelay_wal::lsn::Lsn(start), major)
     })
     .await?;
-    let step = "one-core replays of the steady window, the WAL before it warming the codecs";
-    progress(w, step, replayed(&cuts[1]));
-    let warm = warm_replay(&rig, &cuts, major).await;
+    let warm = warm_replay(&rig, &cuts, w).await;
     let result = RunResult {
         workload: w,
         pg_major: install.major,
@@ -299,8 +297,8 @@ async fn run_one(
 /// The steady window replayed with warm codecs ([`micro::run_warm`]): its WAL and up to
 /// [`micro::WARM_MAX_BYTES`] before it (not before the cold window), copied from the stopped
 /// primary's `pg_wal`.
-async fn warm_replay(rig: &Rig, cuts: &[sample::Cut; 2], major: u32) -> Result<micro::WarmReplay> {
-    let (cold, steady) = (&cuts[0], &cuts[1]);
+async fn warm_replay(rig: &Rig, cuts: &[sample::Cut; 2], w: Workload) -> Result<micro::WarmReplay> {
+    let (cold, steady, major) = (&cuts[0], &cuts[1], rig.primary.install().major);
     let from = steady
         .lsn_start
         .saturating_sub(micro::WARM_MAX_BYTES)
@@ -311,6 +309,8 @@ async fn warm_replay(rig: &Rig, cuts: &[sample::Cut; 2], major: u32) -> Result<m
         rig.root.path().join("warm-steady.wal"),
     );
     let warm = steady.lsn_start - from;
+    let step = "one-core replays of the steady window, the WAL before it warming the codecs";
+    progress(w, step, to - steady.lsn_start);
     tokio::task::spawn_blocking(move || {
         walrange::copy_range(&dir, from, to, &file)?;
         let replay = micro::run_warm(&file, walrelay_wal::lsn::Lsn(from), warm, major);
