@@ -269,7 +269,8 @@ fn assert_every_stage_sampled(r: &Value, stdout: &str) {
     assert!(stdout.contains("Lag along each path"), "{stdout}");
 }
 
-/// Checks the timeline CSV: its header and ~10 samples a second.
+/// Checks the timeline CSV: its header, ~10 samples a second, each half's kernel seconds within
+/// its CPU seconds, each half's resident set, and W's images and cache hits where scraped.
 fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     let csv =
         std::fs::read_to_string(timeline.join(format!("updates-pg{}.csv", r["pg_major"]))).unwrap();
@@ -291,7 +292,24 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
                 "{pair} {dir}: kernel {k} of cpu {c}"
             );
         }
+        // Each half's resident set: known in every sample.
+        let rss = col(&format!("{pair}_rss_{dir}_mb"));
+        for l in &lines {
+            let mb: f64 = l[rss].parse().unwrap();
+            assert!(mb > 1.0, "{pair} {dir}: {mb} MB resident");
+        }
     }
+    // W's images and cache hits, where scraped (every tenth sample): hits ≤ images, both
+    // counted from the upstream's start, so never falling.
+    let (images, hits) = (col("w_images"), col("w_image_hits"));
+    let scraped: Vec<(u64, u64)> = lines
+        .iter()
+        .filter(|l| !l[images].is_empty())
+        .map(|l| (l[images].parse().unwrap(), l[hits].parse().unwrap()))
+        .collect();
+    assert!(scraped.len() >= 5, "{csv}");
+    assert!(scraped.iter().all(|(i, h)| h <= i), "{scraped:?}");
+    assert!(scraped.windows(2).all(|w| w[0].0 <= w[1].0), "{scraped:?}");
 }
 
 /// Processes whose command line mentions `path` (the relays' config files, the clusters' data

@@ -243,6 +243,11 @@ impl RelayProcess {
         process_peak_rss_bytes(self.pid()?)
     }
 
+    /// Its resident set now (`VmRSS`), in bytes (None when not running).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        process_status_bytes(self.pid()?, "VmRSS:")
+    }
+
     pub fn log_text(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
     }

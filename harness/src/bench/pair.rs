@@ -62,6 +62,9 @@ pub struct PairCounters {
     /// unknown).
     pub peak_rss_up: f64,
     pub peak_rss_down: f64,
+    /// Their resident sets now, bytes (NaN when unknown).
+    pub rss_up: f64,
+    pub rss_down: f64,
     /// Link messages, summed over every `walrelay_link_messages_sent_total` series of both
     /// processes (NaN when not scraped).
     pub messages: f64,
@@ -209,8 +212,10 @@ impl RelayPair {
             kernel_down: down.kernel,
             wait_up: self.upstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             wait_down: self.downstream.cpu_wait_seconds().unwrap_or(f64::NAN),
-            peak_rss_up: peak(self.upstream.peak_rss_bytes()),
-            peak_rss_down: peak(self.downstream.peak_rss_bytes()),
+            peak_rss_up: bytes_or_nan(self.upstream.peak_rss_bytes()),
+            peak_rss_down: bytes_or_nan(self.downstream.peak_rss_bytes()),
+            rss_up: bytes_or_nan(self.upstream.rss_bytes()),
+            rss_down: bytes_or_nan(self.downstream.rss_bytes()),
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],
@@ -294,8 +299,8 @@ impl RelayPair {
     }
 }
 
-/// A peak resident set as a counter value (NaN when unknown).
-fn peak(bytes: Option<u64>) -> f64 {
+/// A resident set's bytes as a counter value (NaN when unknown).
+fn bytes_or_nan(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64)
 }
 

@@ -345,10 +345,12 @@ pub fn lag_over_run(samples: &[Sample], t_end: f64, parts: usize) -> Vec<LagPart
 }
 
 /// Header of [`timeline_csv`].
-const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_kernel_up_s,w_kernel_down_s,z_kernel_up_s,z_kernel_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s\n";
+const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_kernel_up_s,w_kernel_down_s,z_kernel_up_s,z_kernel_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s,w_rss_up_mb,w_rss_down_mb,z_rss_up_mb,z_rss_down_mb,w_images,w_image_hits\n";
 
 /// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds
-/// and the kernel's part of them, seconds waited for a core (empty when unknown).
+/// and the kernel's part of them, seconds waited for a core, each half's resident set (MB),
+/// and the images W's upstream sent through its block cache and of those cache hits (scraped
+/// every tenth sample); empty when unknown.
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
@@ -359,11 +361,18 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             String::new()
         }
     };
+    let whole = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.0}")
+        } else {
+            String::new()
+        }
+    };
     for x in samples {
         let r = x.w_relay;
         let _ = writeln!(
             s,
-            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
             x.t,
             x.primary_lsn,
             x.primary.flushed,
@@ -392,6 +401,13 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             f(x.pairs[1].wait_up),
             f(x.pairs[1].wait_down),
             f(x.cpu_pressure),
+            f(x.pairs[0].rss_up / 1e6),
+            f(x.pairs[0].rss_down / 1e6),
+            f(x.pairs[1].rss_up / 1e6),
+            f(x.pairs[1].rss_down / 1e6),
+            // Images and cache hits (`pair::CODEC_COUNTERS` order).
+            whole(x.pairs[0].codec[2]),
+            whole(x.pairs[0].codec[3]),
         );
     }
     s
@@ -413,6 +429,8 @@ mod tests {
             wait_down: f64::NAN,
             peak_rss_up: 1e6 * t,
             peak_rss_down: f64::NAN,
+            rss_up: 1e6 * t,
+            rss_down: f64::NAN,
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [3.0 * t, t],
@@ -547,7 +565,12 @@ mod tests {
         second.pairs[0].cpu_up = 2.5;
         second.pairs[0].kernel_up = 0.75;
         second.pairs[1].kernel_down = 0.125;
-        let csv = timeline_csv(&[staged(0.0, 1000, 100), second]);
+        second.pairs[0].rss_up = 123.4e6;
+        second.pairs[1].rss_down = f64::NAN;
+        second.pairs[0].codec = [1.0, 2.0, 300.0, 40.0];
+        let mut first = staged(0.0, 1000, 100);
+        first.pairs[0].codec = [f64::NAN; 4];
+        let csv = timeline_csv(&[first, second]);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 3);
         let cols = lines[0].split(',').count();
@@ -563,7 +586,11 @@ mod tests {
             cols2[15..23],
             ["2.500", "0.000", "0.000", "0.000", "0.750", "0.000", "0.000", "0.125"]
         );
-        // Seconds waited for a core, then the machine's pressure (unknown here: empty).
-        assert!(lines[1].ends_with(",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,"));
+        // Seconds waited for a core, the machine's pressure (unknown here: empty), each half's
+        // resident set in MB, and W's images and cache hits (not scraped at t = 0: empty).
+        assert!(lines[1].ends_with(
+            ",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,,0.000,0.000,0.000,0.000,,"
+        ));
+        assert!(lines[2].ends_with(",,123.400,0.000,0.000,,300,40"));
     }
 }
