@@ -354,20 +354,15 @@ const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
-    let f = |v: f64| {
+    // A number with `digits` decimals; empty when unknown (NaN).
+    let num = |v: f64, digits: usize| {
         if v.is_finite() {
-            format!("{v:.3}")
+            format!("{v:.digits$}")
         } else {
             String::new()
         }
     };
-    let whole = |v: f64| {
-        if v.is_finite() {
-            format!("{v:.0}")
-        } else {
-            String::new()
-        }
-    };
+    let f = |v: f64| num(v, 3);
     for x in samples {
         let r = x.w_relay;
         let _ = writeln!(
@@ -406,8 +401,8 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             f(x.pairs[1].rss_up / 1e6),
             f(x.pairs[1].rss_down / 1e6),
             // Images and cache hits (`pair::CODEC_COUNTERS` order).
-            whole(x.pairs[0].codec[2]),
-            whole(x.pairs[0].codec[3]),
+            num(x.pairs[0].codec[2], 0),
+            num(x.pairs[0].codec[3], 0),
         );
     }
     s
