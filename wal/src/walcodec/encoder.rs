@@ -13,7 +13,7 @@ use super::tracker::{RecState, Tracker};
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{
     le16, le32, le64, parse_area, phd_len, record_crc, Area, BlockKey, ImageRef, PAGE_SIZE,
-    REC_HDR, RM_XLOG_ID, SHORT_PHD, WAL_PAGE, XLOG_FPI,
+    REC_HDR, RM_XLOG_ID, SHORT_PHD, WAL_PAGE, XLOG_FPI, XLOG_FPI_FOR_HINT,
 };
 use super::{
     check_params, CodecParams, CodecStats, WalCodecError, STREAMS, S_CTRL, S_HDR, S_IMG, S_MAIN,
@@ -89,8 +89,8 @@ pub struct Encoder {
     fast: bool,
     /// Bytes of the message being encoded.
     msg_len: usize,
-    /// The record being encoded writes new pages whole (XLOG_FPI, `log_newpage`): see
-    /// `blocks::Encoder::encode_page_op`.
+    /// The record being encoded logs pages whole that are seldom imaged again soon (XLOG_FPI,
+    /// XLOG_FPI_FOR_HINT): see `blocks::Encoder::encode_page_op`.
     new_pages: bool,
     /// Most bytes of the message's end that may be held back for the next message (see
     /// [`Encoder::encode_held`]); 0: none.

@@ -12,7 +12,7 @@ use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
 use super::testgen::{Compressor, Entropy, GenBlock, GivenImage, Image, WalGen};
 use super::tests::{chunks_from, every, round_trip, round_trip_checks};
-use super::wal::{BlockKey, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI};
+use super::wal::{BlockKey, PAGE_SIZE, RM_XLOG_ID, XLOG_FPI, XLOG_FPI_FOR_HINT};
 use super::*;
 use crate::pg::PgMajor;
 
@@ -367,20 +367,22 @@ fn small_compressed_images_go_whole_through_page_within_its_cap() {
     );
 }
 
-/// A page written whole by an XLOG_FPI record (an index build, a table rewrite) does not
-/// enter the block cache, so the block's next image is no cache hit; the same page imaged by
-/// a heap record does, and its next image is one. Both round-trip.
+/// A page written whole by an XLOG_FPI record (an index build, a table rewrite) or logged for
+/// a hint bit (XLOG_FPI_FOR_HINT) does not enter the block cache, so the block's next image is
+/// no cache hit; the same page imaged by a heap record does, and its next image is one. All
+/// round-trip.
 #[test]
 fn pages_written_whole_stay_out_of_the_cache() {
     let major = PgMajor::V15;
-    for (rmid, info, hits) in [(RM_XLOG_ID, XLOG_FPI, 0u64), (10, 0x00, 1)] {
+    let cases = [
+        (RM_XLOG_ID, XLOG_FPI, 0u64),
+        (RM_XLOG_ID, XLOG_FPI_FOR_HINT, 0),
+        (10, 0x00, 1),
+    ];
+    for (rmid, info, hits) in cases {
         let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
         for version in 0..2u8 {
-            // A full page (no hole): it goes through PAGE when it is no cache hit.
-            let mut page = Box::new([0u8; PAGE_SIZE]);
-            for (i, b) in page.iter_mut().enumerate() {
-                *b = (i % 251) as u8 ^ if i % 1000 == 0 { version } else { 0 };
-            }
+            let page = versioned_page(version);
             let b = given_block(99_003, 7, page, (0, 0), None);
             g.xid += 1;
             let rec = g.record(rmid, info, g.xid, &[b], b"");
@@ -392,6 +394,40 @@ fn pages_written_whole_stay_out_of_the_cache() {
         assert_eq!((st.fpis, st.records_raw), (2, 0), "{what}");
         assert_eq!(st.fpi_cache_hits, hits, "{what}");
     }
+}
+
+/// A hint bit's image of a block the cache holds is a hit like any other, and stays cached:
+/// heap record, XLOG_FPI_FOR_HINT, heap record of one block give two hits.
+#[test]
+fn a_hint_image_of_a_cached_block_is_a_hit() {
+    let major = PgMajor::V15;
+    let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
+    for (version, (rmid, info)) in [(10, 0x00), (RM_XLOG_ID, XLOG_FPI_FOR_HINT), (10, 0x00)]
+        .into_iter()
+        .enumerate()
+    {
+        let b = given_block(99_003, 7, versioned_page(version as u8), (0, 0), None);
+        g.xid += 1;
+        let rec = g.record(rmid, info, g.xid, &[b], b"");
+        g.write_record(&rec);
+    }
+    g.switch();
+    let (st, _) = round_trip(&params(major, 64), g.start, &g.buf, &[]);
+    assert_eq!(
+        (st.fpis, st.fpi_cache_hits, st.records_raw),
+        (3, 2, 0),
+        "{st:?}"
+    );
+}
+
+/// A full page (no hole; it goes through PAGE when it is no cache hit), one byte in a thousand
+/// set by `version`.
+fn versioned_page(version: u8) -> Box<[u8; PAGE_SIZE]> {
+    let mut page = Box::new([0u8; PAGE_SIZE]);
+    for (i, b) in page.iter_mut().enumerate() {
+        *b = (i % 251) as u8 ^ if i % 1000 == 0 { version } else { 0 };
+    }
+    page
 }
 
 #[test]

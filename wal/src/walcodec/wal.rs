@@ -61,6 +61,9 @@ pub const XLOG_HEAP_OPMASK: u8 = 0x70;
 pub const XLOG_SWITCH: u8 = 0x40;
 /// XLOG_FPI (`log_newpage`: a page written whole, e.g. by an index build), all majors.
 pub const XLOG_FPI: u8 = 0xB0;
+/// XLOG_FPI_FOR_HINT: a page logged whole when a hint bit is first set on it after a
+/// checkpoint (data checksums or `wal_log_hints` on), all majors.
+pub const XLOG_FPI_FOR_HINT: u8 = 0xA0;
 
 pub const XLR_MAX_BLOCK_ID: u8 = 32;
 pub const XLR_BLOCK_ID_DATA_SHORT: u8 = 255;

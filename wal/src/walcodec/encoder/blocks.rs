@@ -14,7 +14,8 @@ impl Encoder {
         let main = &rec[tot - self.area.main_len as usize..];
         let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
         let blocks = std::mem::take(&mut self.area.blocks);
-        self.new_pages = rec[17] == RM_XLOG_ID && rec[16] & 0xF0 == XLOG_FPI;
+        self.new_pages =
+            rec[17] == RM_XLOG_ID && matches!(rec[16] & 0xF0, XLOG_FPI | XLOG_FPI_FOR_HINT);
         let mut res = Ok(());
         let mut block0 = None;
         // Every image first (so tuples may refer to any of them), then the data in order.
@@ -213,7 +214,12 @@ impl Encoder {
         // Pages written whole by a bulk operation (an index build, a table rewrite,
         // CREATE DATABASE: XLOG_FPI records) are seldom seen again soon: streamed, they do
         // not enter the cache unless already there, which spares both ends the copy (and the
-        // first touch of the cache's memory) and keeps the cache for the blocks that are.
+        // first touch of the cache's memory) and keeps the cache for the blocks that are. So
+        // do pages logged for a hint bit (XLOG_FPI_FOR_HINT) of blocks the cache does not
+        // hold: with data checksums (PostgreSQL 18's default) vacuum's first pass over a
+        // freshly loaded table logs each of its pages so; on recorded PG 18 WAL this kept
+        // 28,715 of a bulk load's pages (237 MB) out of the cache for 0.01 % fewer bytes, and
+        // touched 13 of pgbench's 35,552 images (the others are hits: blocks it holds).
         let store = plan.store.filter(|_| framed || !self.new_pages);
         if framed {
             self.encode_framed(&plan, helps, recompress)?;
