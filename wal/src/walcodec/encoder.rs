@@ -91,7 +91,7 @@ pub struct Encoder {
     msg_len: usize,
     /// The record being encoded logs pages whole that are seldom imaged again soon (XLOG_FPI,
     /// XLOG_FPI_FOR_HINT): see `blocks::Encoder::encode_page_op`.
-    new_pages: bool,
+    seldom_reimaged: bool,
     /// Most bytes of the message's end that may be held back for the next message (see
     /// [`Encoder::encode_held`]); 0: none.
     hold: usize,
@@ -150,7 +150,7 @@ impl Encoder {
             parallel: payload::multi_core(),
             fast: false,
             msg_len: 0,
-            new_pages: false,
+            seldom_reimaged: false,
             hold: 0,
         })
     }

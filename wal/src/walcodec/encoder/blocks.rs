@@ -14,7 +14,7 @@ impl Encoder {
         let main = &rec[tot - self.area.main_len as usize..];
         let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
         let blocks = std::mem::take(&mut self.area.blocks);
-        self.new_pages =
+        self.seldom_reimaged =
             rec[17] == RM_XLOG_ID && matches!(rec[16] & 0xF0, XLOG_FPI | XLOG_FPI_FOR_HINT);
         let mut res = Ok(());
         let mut block0 = None;
@@ -220,7 +220,7 @@ impl Encoder {
         // freshly loaded table logs each of its pages so; on recorded PG 18 WAL this kept
         // 28,715 of a bulk load's pages (237 MB) out of the cache for 0.01 % fewer bytes, and
         // touched 13 of pgbench's 35,552 images (the others are hits: blocks it holds).
-        let store = plan.store.filter(|_| framed || !self.new_pages);
+        let store = plan.store.filter(|_| framed || !self.seldom_reimaged);
         if framed {
             self.encode_framed(&plan, helps, recompress)?;
         } else {
