@@ -238,14 +238,9 @@ impl RelayProcess {
         crate::cpuwait::process_wait_seconds(self.pid()?)
     }
 
-    /// The largest resident set it has had so far, in bytes (None when not running).
-    pub fn peak_rss_bytes(&self) -> Option<u64> {
-        process_peak_rss_bytes(self.pid()?)
-    }
-
-    /// Its resident set now (`VmRSS`), in bytes (None when not running).
-    pub fn rss_bytes(&self) -> Option<u64> {
-        process_status_bytes(self.pid()?, "VmRSS:")
+    /// Its resident set now and the largest so far (None when not running).
+    pub fn resident(&self) -> Option<Resident> {
+        process_resident(self.pid()?)
     }
 
     pub fn log_text(&self) -> String {
@@ -334,6 +329,25 @@ pub fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
     process_status_bytes(pid, "VmHWM:")
 }
 
+/// A process's resident set, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    /// `VmRSS`: now.
+    pub now: u64,
+    /// `VmHWM`: the largest so far, as the kernel last recorded it (it may read below an
+    /// earlier `now`).
+    pub peak: u64,
+}
+
+/// [`Resident`] of process `pid`, from one read of `/proc/<pid>/status`.
+pub fn process_resident(pid: u32) -> Option<Resident> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(Resident {
+        now: status_kib(&status, "VmRSS:")? * 1024,
+        peak: status_kib(&status, "VmHWM:")? * 1024,
+    })
+}
+
 /// A `Name:   <n> kB` field (`name` with its colon, e.g. `VmRSS:`) of `/proc/<pid>/status`,
 /// in bytes.
 pub fn process_status_bytes(pid: u32, name: &str) -> Option<u64> {
@@ -410,6 +424,8 @@ mod tests {
         std::hint::black_box(&v);
         let peak = super::process_peak_rss_bytes(std::process::id()).unwrap();
         assert!(peak >= 32 << 20, "{peak}");
+        let r = super::process_resident(std::process::id()).unwrap();
+        assert!(r.now >= 32 << 20 && r.peak >= 32 << 20, "{r:?}");
     }
 
     #[test]

@@ -203,6 +203,7 @@ impl RelayPair {
             .downstream
             .cpu_times()
             .context("the downstream is gone")?;
+        let (up_mem, down_mem) = (self.upstream.resident(), self.downstream.resident());
         let mut c = PairCounters {
             toward_standby: self.forwarder.bytes_from_target(),
             toward_primary: self.forwarder.bytes_toward_target(),
@@ -212,10 +213,10 @@ impl RelayPair {
             kernel_down: down.kernel,
             wait_up: self.upstream.cpu_wait_seconds().unwrap_or(f64::NAN),
             wait_down: self.downstream.cpu_wait_seconds().unwrap_or(f64::NAN),
-            peak_rss_up: bytes_or_nan(self.upstream.peak_rss_bytes()),
-            peak_rss_down: bytes_or_nan(self.downstream.peak_rss_bytes()),
-            rss_up: bytes_or_nan(self.upstream.rss_bytes()),
-            rss_down: bytes_or_nan(self.downstream.rss_bytes()),
+            peak_rss_up: bytes_or_nan(up_mem.map(|r| r.peak)),
+            peak_rss_down: bytes_or_nan(down_mem.map(|r| r.peak)),
+            rss_up: bytes_or_nan(up_mem.map(|r| r.now)),
+            rss_down: bytes_or_nan(down_mem.map(|r| r.now)),
             messages: f64::NAN,
             payload: f64::NAN,
             staged: [f64::NAN; 2],
