@@ -373,23 +373,13 @@ fn small_compressed_images_go_whole_through_page_within_its_cap() {
 /// round-trip.
 #[test]
 fn pages_written_whole_stay_out_of_the_cache() {
-    let major = PgMajor::V15;
     let cases = [
         (RM_XLOG_ID, XLOG_FPI, 0u64),
         (RM_XLOG_ID, XLOG_FPI_FOR_HINT, 0),
         (10, 0x00, 1),
     ];
     for (rmid, info, hits) in cases {
-        let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
-        for version in 0..2u8 {
-            let page = versioned_page(version);
-            let b = given_block(99_003, 7, page, (0, 0), None);
-            g.xid += 1;
-            let rec = g.record(rmid, info, g.xid, &[b], b"");
-            g.write_record(&rec);
-        }
-        g.switch();
-        let (st, _) = round_trip(&params(major, 64), g.start, &g.buf, &[]);
+        let st = images_of_one_block(&[(rmid, info), (rmid, info)]);
         let what = format!("rmid {rmid} info {info:#x}: {st:?}");
         assert_eq!((st.fpis, st.records_raw), (2, 0), "{what}");
         assert_eq!(st.fpi_cache_hits, hits, "{what}");
@@ -400,24 +390,27 @@ fn pages_written_whole_stay_out_of_the_cache() {
 /// heap record, XLOG_FPI_FOR_HINT, heap record of one block give two hits.
 #[test]
 fn a_hint_image_of_a_cached_block_is_a_hit() {
+    let st = images_of_one_block(&[(10, 0x00), (RM_XLOG_ID, XLOG_FPI_FOR_HINT), (10, 0x00)]);
+    assert_eq!(
+        (st.fpis, st.fpi_cache_hits, st.records_raw),
+        (3, 2, 0),
+        "{st:?}"
+    );
+}
+
+/// Round-trips one record per (rmid, info) of `kinds`, in order, each imaging the same block
+/// whole with the next [`versioned_page`]; the codec's stats.
+fn images_of_one_block(kinds: &[(u8, u8)]) -> CodecStats {
     let major = PgMajor::V15;
     let mut g = WalGen::new(major, SEG, 3 * SEG, 12);
-    for (version, (rmid, info)) in [(10, 0x00), (RM_XLOG_ID, XLOG_FPI_FOR_HINT), (10, 0x00)]
-        .into_iter()
-        .enumerate()
-    {
+    for (version, &(rmid, info)) in kinds.iter().enumerate() {
         let b = given_block(99_003, 7, versioned_page(version as u8), (0, 0), None);
         g.xid += 1;
         let rec = g.record(rmid, info, g.xid, &[b], b"");
         g.write_record(&rec);
     }
     g.switch();
-    let (st, _) = round_trip(&params(major, 64), g.start, &g.buf, &[]);
-    assert_eq!(
-        (st.fpis, st.fpi_cache_hits, st.records_raw),
-        (3, 2, 0),
-        "{st:?}"
-    );
+    round_trip(&params(major, 64), g.start, &g.buf, &[]).0
 }
 
 /// A full page (no hole; it goes through PAGE when it is no cache hit), one byte in a thousand
