@@ -6,20 +6,18 @@
 //! the same at any priority (the link codec does not depend on timing); its lag and cores
 //! are not comparable in such a run. The primary's walsenders feeding Z keep their priority.
 //!
-//! Linux keeps a nice value per thread, and a new thread or process inherits its creator's:
-//! [`renice_tree`] sets every thread of a process and of its descendants, so what they
-//! start later is niced as well. Where the kernel shares the CPU between sessions first
+//! [`renice_tree`] sets every thread of a process and of its descendants ([`proctree`]), so
+//! what they start later is niced as well. Where the kernel shares the CPU between sessions first
 //! (autogroup), a thread's nice value only weighs against the threads of its own session,
 //! and each relay process ([`super::pair`]) and each PostgreSQL process is a session of its
 //! own: so it also sets the nice value of each process's session group.
 
-use std::path::Path;
-
 use anyhow::Context;
 
 use super::pair::RelayPair;
+use super::proctree;
 use crate::cluster::Cluster;
-use crate::relayproc::{session_of, stat_field};
+use crate::relayproc::session_of;
 
 /// The nice value given (the lowest priority).
 pub const NICE: i32 = 19;
@@ -45,36 +43,21 @@ pub fn lower(pair: &RelayPair, standby: &Cluster) -> anyhow::Result<()> {
 /// returns how many threads were set. Fails when `root` does not exist or a thread of it
 /// cannot be set (threads of descendants that end meanwhile are skipped).
 pub fn renice_tree(root: u32, nice: i32) -> std::io::Result<usize> {
-    let procs = descendants(root)?;
-    let mut set = 0;
-    for (i, pid) in procs.iter().enumerate() {
-        let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
-            Ok(t) => t,
-            Err(e) if i > 0 && e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for t in tasks {
-            let Some(tid) = t?.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
+    proctree::each_thread(
+        root,
+        &mut |tid| {
             // SAFETY: setpriority has no memory-safety preconditions; it only reads its
             // integer arguments.
-            let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
-            if rc == 0 {
-                set += 1;
-            } else if i == 0 {
-                return Err(std::io::Error::last_os_error());
+            match unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
             }
-        }
-        if session_of(*pid) == Some(*pid) {
-            if let Err(e) = renice_autogroup(*pid, nice) {
-                if i == 0 {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(set)
+        },
+        &mut |pid| match session_of(pid) == Some(pid) {
+            true => renice_autogroup(pid, nice),
+            false => Ok(()),
+        },
+    )
 }
 
 /// Sets the nice value of the session group (autogroup) of `pid`, a session leader (so that
@@ -85,38 +68,6 @@ fn renice_autogroup(pid: u32, nice: i32) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,
     }
-}
-
-/// `root` and every process below it (by the parent pid in `/proc/<pid>/stat`), `root` first.
-fn descendants(root: u32) -> std::io::Result<Vec<u32>> {
-    if !Path::new(&format!("/proc/{root}")).exists() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("no process {root} to renice"),
-        ));
-    }
-    let mut parents: Vec<(u32, u32)> = Vec::new();
-    for entry in std::fs::read_dir("/proc")? {
-        let Some(pid) = entry?.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        if let Some(ppid) = parent_of(pid) {
-            parents.push((pid, ppid));
-        }
-    }
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let p = found[i];
-        found.extend(parents.iter().filter(|&&(_, pp)| pp == p).map(|&(c, _)| c));
-        i += 1;
-    }
-    Ok(found)
-}
-
-/// The parent pid of `pid` (field 4 of `/proc/<pid>/stat`, the second after the command).
-fn parent_of(pid: u32) -> Option<u32> {
-    stat_field(pid, 1)
 }
 
 /// The nice value of the session group of `pid` (`/proc/<pid>/autogroup` reads
@@ -130,7 +81,7 @@ fn autogroup_nice_of(pid: u32) -> Option<i32> {
 /// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
 #[cfg(test)]
 fn nice_of(tid: u32) -> Option<i32> {
-    stat_field(tid, 16)
+    crate::relayproc::stat_field(tid, 16)
 }
 
 #[cfg(test)]
@@ -148,7 +99,9 @@ mod tests {
         let child = (0..200)
             .find_map(|_| {
                 std::thread::sleep(std::time::Duration::from_millis(10));
-                descendants(pid).ok().and_then(|d| d.get(1).copied())
+                proctree::descendants(pid)
+                    .ok()
+                    .and_then(|d| d.get(1).copied())
             })
             .expect("the shell's child started");
         // Above the test's own nice value: raising it needs no privilege.
@@ -185,18 +138,5 @@ mod tests {
             assert_eq!(after, Some(NICE));
         }
         assert_eq!(autogroup_nice_of(me), mine);
-    }
-
-    #[test]
-    fn a_missing_process_is_an_error_that_names_it() {
-        let e = renice_tree(u32::MAX - 1, NICE).unwrap_err();
-        assert!(e.to_string().contains("no process"), "{e}");
-    }
-
-    #[test]
-    fn the_parent_pid_is_read_after_the_command() {
-        let me = std::process::id();
-        let parent = parent_of(me).unwrap();
-        assert_eq!(parent, std::os::unix::process::parent_id());
     }
 }

@@ -27,6 +27,7 @@ pub mod micro;
 mod pair;
 pub mod payloads;
 mod plan;
+mod proctree;
 mod report;
 mod sample;
 pub mod sshc;
