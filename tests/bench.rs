@@ -340,6 +340,73 @@ fn wait_for(secs: u64, mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
+/// The CPUs a process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`: "0-2,5").
+fn cpus_allowed(pid: &str) -> Option<Vec<u64>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<u64>().ok()?..=b.parse::<u64>().ok()?);
+    }
+    Some(cpus)
+}
+
+/// `--sites`: the report of the finished workload names two disjoint sets of CPUs, and within
+/// a minute each relay half and each cluster's postmaster of the running one (their command
+/// lines mention `under`) may run on its site's only: the upstreams and the primary on the
+/// first set, the downstreams and the three standbys on the second.
+fn assert_sites_pinned(json: &std::path::Path, under: &str) {
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let set = |k: &str| -> Vec<u64> {
+        let v = report["sites"][k].as_array();
+        let v = v.unwrap_or_else(|| panic!("no sites.{k} in the report: {report}"));
+        v.iter().map(|c| c.as_u64().unwrap()).collect()
+    };
+    let (primary, standbys) = (set("primary_cpus"), set("standby_cpus"));
+    assert!(!primary.is_empty() && !standbys.is_empty(), "{report}");
+    assert!(primary.iter().all(|c| !standbys.contains(c)), "{report}");
+    // The relay halves by their config files, the clusters by their postmasters (not the
+    // pg_ctl that starts or stops one, which the bench runs unpinned).
+    let site_of = |cmd: &str| {
+        let relay = cmd.contains("walrelay run --config");
+        let postmaster = cmd.contains("bin/postgres -D");
+        let primary_site =
+            relay && cmd.contains("-upstream.toml") || postmaster && cmd.contains("/primary ");
+        let standby_site =
+            relay && cmd.contains("-downstream.toml") || postmaster && cmd.contains("/standby_");
+        match (primary_site, standby_site) {
+            (true, false) => Some(&primary),
+            (false, true) => Some(&standbys),
+            _ => None,
+        }
+    };
+    // What the last look that found the run's processes saw (the run may end meanwhile).
+    let mut seen = Vec::new();
+    let pinned = wait_for(60, || {
+        let mut look = Vec::new();
+        for p in processes_under(under) {
+            let (pid, cmd) = p.split_once(':').unwrap();
+            if let Some(want) = site_of(&format!("{cmd} ")) {
+                look.push((p.clone(), cpus_allowed(pid), want.clone()));
+            }
+        }
+        let ok = look.iter().all(|(_, has, want)| has.as_ref() == Some(want));
+        // Four relay halves, the primary and three standbys.
+        let done = look.len() == 8 && ok;
+        if !look.is_empty() {
+            seen = look;
+        }
+        done
+    });
+    assert!(
+        pinned,
+        "not each on its site's CPUs (process, allowed, wanted): {seen:#?}"
+    );
+}
+
 /// SIGTERM in the middle of a run (`kill`, a CI job's timeout): the bench stops the relays and
 /// clusters it started, removes its directory and fails, naming the signal. Before, it died
 /// at once and left four relay processes, its clusters and its WAL copies behind. Sent during
@@ -358,6 +425,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     let mut child = tiny_bench_of("updates,updates", "3")
         .arg("--json")
         .arg(&json)
+        .arg("--sites")
         .env("TMPDIR", tmp.path())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -380,6 +448,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
         "the second workload's relays not up after 400 s: {}",
         stderr()
     );
+    assert_sites_pinned(&json, &under);
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let mut status = None;

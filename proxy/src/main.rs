@@ -83,6 +83,11 @@ enum Cmd {
         /// W's replay lag on a small machine. Z's lags and cores are then not comparable.
         #[arg(long)]
         z_background: bool,
+        /// Run each site on CPUs of its own, as in production: the primary and both upstreams
+        /// on the first half of the CPUs, the three standbys and both downstreams on the
+        /// rest. Without it every process shares every core.
+        #[arg(long)]
+        sites: bool,
         /// Each downstream's `downstream.spool_bytes` (default: the relay's, 8 GiB). Below the
         /// WAL a run writes, the windows after the spool fills measure a full spool, whose
         /// segments are written over: the steady state of a relay that has run for a while.
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
             sync_secs,
             timeline_dir,
             z_background,
+            sites,
             spool_bytes,
         } => {
             walrelay::logging::init("error", "text");
@@ -135,6 +141,7 @@ fn main() -> ExitCode {
                 sync_secs,
                 timeline_dir,
                 z_background,
+                sites,
                 spool_bytes,
             };
             bench(opts)
@@ -238,6 +245,7 @@ struct BenchArgs {
     sync_secs: u64,
     timeline_dir: Option<PathBuf>,
     z_background: bool,
+    sites: bool,
     spool_bytes: Option<u64>,
 }
 
@@ -279,6 +287,10 @@ fn bench(a: BenchArgs) -> ExitCode {
             sync_secs: a.sync_secs,
             timeline_dir: a.timeline_dir,
             z_background: a.z_background,
+            sites: match a.sites {
+                true => Some(bench::sites::Sites::of_this_machine()?),
+                false => None,
+            },
             spool_bytes: a.spool_bytes,
         };
         let json = a.json.as_deref();

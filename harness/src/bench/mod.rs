@@ -30,6 +30,7 @@ mod plan;
 mod proctree;
 mod report;
 mod sample;
+pub mod sites;
 pub mod sshc;
 mod stages;
 mod standbys;
@@ -68,6 +69,8 @@ pub struct BenchOpts {
     pub timeline_dir: Option<PathBuf>,
     /// Pair Z and its standby at the lowest priority ([`background`]).
     pub z_background: bool,
+    /// Each site on CPUs of its own ([`sites`]).
+    pub sites: Option<sites::Sites>,
     /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
     pub spool_bytes: Option<u64>,
 }
@@ -93,6 +96,7 @@ pub async fn run(
         warmup_secs: opts.warmup_secs,
         steady_secs: opts.steady_secs,
         z_background: opts.z_background,
+        sites: opts.sites.clone(),
         spool_bytes: opts.spool_bytes,
         runs: Vec::new(),
         skipped: Vec::new(),
@@ -239,7 +243,10 @@ async fn run_one(
     }
     let tables = compare_tables(&rig, w).await?;
     let lat = match sync {
-        true => Some(synclat::measure(&rig.root, &rig.primary, APPS[0], opts.sync_secs).await?),
+        true => Some({
+            let sites = opts.sites.as_ref();
+            synclat::measure(&rig.root, &rig.primary, APPS[0], opts.sync_secs, sites).await?
+        }),
         false => None,
     };
     let integrity_failures = pair::check_integrity(&rig.pairs).await?;
@@ -403,6 +410,10 @@ async fn setup(
         background::lower(&pairs[1], &standbys[1])?;
     }
     let direct = standbys::start_direct_standby(&primary, &root).await?;
+    if let Some(s) = &opts.sites {
+        let [a, b] = &standbys;
+        s.pin(&primary, &pairs, &[a, b, &direct])?;
+    }
     Ok(Rig {
         pairs,
         standbys,

@@ -17,6 +17,10 @@ pub struct Report {
     /// Pair Z and its standby ran at nice 19 (`--z-background`, [`super::background`]): Z's
     /// lag and cores are not comparable; W's lag is measured with Z out of the way.
     pub z_background: bool,
+    /// Which CPUs each site ran on (`--sites`, [`super::sites`]); None: every process
+    /// shared every core.
+    #[serde(default)]
+    pub sites: Option<super::sites::Sites>,
     /// Each downstream's `downstream.spool_bytes` when `--spool-bytes` set it.
     #[serde(default)]
     pub spool_bytes: Option<u64>,

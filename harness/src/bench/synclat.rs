@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::pair::{PRIMARY_PASSWORD, USER};
+use super::sites::Sites;
 use crate::cluster::{wait_until, Cluster, StandbyOpts, TempRoot};
 
 const DIRECT: &str = "bench_direct";
@@ -34,12 +35,13 @@ pub struct SyncLatency {
 }
 
 /// Measures on `primary` (pgbench tables present), whose standby `relayed` streams through
-/// walrelay; a direct standby is made and dropped here.
+/// walrelay; a direct standby is made and dropped here (on the standbys' CPUs with `sites`).
 pub async fn measure(
     root: &TempRoot,
     primary: &Cluster,
     relayed: &str,
     seconds: u64,
+    sites: Option<&Sites>,
 ) -> Result<SyncLatency> {
     let conninfo = format!(
         "host=127.0.0.1 port={} user={USER} password={PRIMARY_PASSWORD} application_name={DIRECT}",
@@ -49,6 +51,9 @@ pub async fn measure(
         .basebackup_standby(root, "standby_direct", &StandbyOpts::new(conninfo))
         .context("pg_basebackup of the direct standby")?;
     direct.start().await?;
+    if let Some(s) = sites {
+        s.pin_standby(&direct)?;
+    }
     let through_walrelay = with_sync_standby(root, primary, relayed, seconds).await?;
     let direct_lat = with_sync_standby(root, primary, DIRECT, seconds).await;
     let reset = set_sync_names(primary, "").await;

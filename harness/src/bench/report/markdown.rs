@@ -26,6 +26,9 @@ impl Report {
                 b as f64 / (1 << 20) as f64
             ));
         }
+        if let Some(sites) = &self.sites {
+            s.push_str(&format!("\n{}\n", sites.describe()));
+        }
         if self.z_background {
             s.push_str(
                 "\nPair Z and its standby ran at nice 19 (--z-background): Z took a core only when W, \
