@@ -36,6 +36,7 @@ mod stages;
 mod standbys;
 mod synclat;
 pub mod walrange;
+mod wincheck;
 mod workloads;
 
 use std::path::PathBuf;
@@ -50,6 +51,7 @@ use crate::certs::LinkCerts;
 use crate::cluster::{free_port, majors, wait_replayed, Cluster, PgInstall, PrimaryOpts, TempRoot};
 use pair::{RelayPair, PRIMARY_PASSWORD};
 use sample::{Sample, Sampler};
+use wincheck::WindowCheck;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -436,7 +438,7 @@ async fn start_primary(
         wal_level: w.wal_level().into(),
         extra_conf: vec![
             ("max_wal_size".into(), "4GB".into()),
-            // Each window's WAL is copied out of pg_wal once both standbys received it.
+            // Each window's WAL is copied out of pg_wal once the window is sampled.
             ("wal_keep_size".into(), "6GB".into()),
         ],
         ..Default::default()
@@ -498,7 +500,16 @@ async fn measure(
         .load(&rig.primary, rig.root.path(), steady_end as u64 + 2)
         .await?;
     let mut samples: Vec<Sample> = Vec::new();
-    let mut checks = Vec::new();
+    let windows = [
+        ("cold", 0.0, cold_end),
+        ("steady", steady_start, steady_end),
+    ];
+    let dirs = windows.map(|(name, ..)| wincheck::Dirs {
+        primary: rig.primary.wal_dir(),
+        standbys: [rig.standbys[0].wal_dir(), rig.standbys[1].wal_dir()],
+        file: window_file(&rig.root, name),
+    });
+    let mut checks = [WindowCheck::Waiting, WindowCheck::Waiting];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut load_done = false;
@@ -513,17 +524,15 @@ async fn measure(
             _ = tick.tick() => {
                 let n = samples.len();
                 samples.push(rig_sample(rig, &sampler, n).await?);
-                for (name, t0, t1) in [("cold", 0.0, cold_end), ("steady", steady_start, steady_end)] {
-                    if checks.iter().any(|(done, _)| *done == name) {
-                        continue;
-                    }
-                    if let Some(task) = window_check(rig, &samples, name, t0, t1) {
+                for ((check, (name, t0, t1)), dirs) in checks.iter_mut().zip(windows).zip(&dirs) {
+                    let (next, started) = std::mem::replace(check, WindowCheck::Waiting).advance(&samples, t0, t1, dirs);
+                    *check = next;
+                    if started {
                         eprintln!("bench: {}: {name} window done", w.name());
-                        checks.push((name, task));
                     }
                 }
                 let t = samples.last().map_or(0.0, |s| s.t);
-                if checks.len() == 2 {
+                if checks.iter().all(WindowCheck::comparing) {
                     break;
                 }
                 anyhow::ensure!(t < steady_end + LONG_WAIT.as_secs_f64(), "the standbys did not receive the steady window's WAL within {LONG_WAIT:?} of its end");
@@ -537,8 +546,8 @@ async fn measure(
             .with_context(|| format!("the {} load failed", w.name()))?;
     }
     let mut compared = 0;
-    for (_, task) in checks {
-        compared += task.await??;
+    for check in checks {
+        compared += check.finish().await?;
     }
     Ok((samples, load.tps(), compared))
 }
@@ -557,33 +566,6 @@ async fn rig_sample(rig: &mut Rig, sampler: &Sampler, n: usize) -> Result<Sample
         }
     }
     sampler.sample(&rig.pairs, true).await
-}
-
-/// Once the window [t0, t1] is sampled and both standbys received its end: a task copying its
-/// WAL from the primary and comparing both standbys' with it (returns the bytes compared).
-fn window_check(
-    rig: &Rig,
-    samples: &[Sample],
-    name: &str,
-    t0: f64,
-    t1: f64,
-) -> Option<tokio::task::JoinHandle<Result<u64>>> {
-    let from = sample::lsn_at(samples, t0)?;
-    let to = sample::lsn_at(samples, t1)?;
-    let last = samples.last()?;
-    if last.received.iter().any(|&r| r < to) {
-        return None;
-    }
-    let primary = rig.primary.wal_dir();
-    let standbys = [rig.standbys[0].wal_dir(), rig.standbys[1].wal_dir()];
-    let file = window_file(&rig.root, name);
-    Some(tokio::task::spawn_blocking(move || {
-        walrange::copy_range(&primary, from, to, &file)?;
-        for s in &standbys {
-            walrange::compare_range(&file, s, from, to)?;
-        }
-        Ok(to - from)
-    }))
 }
 
 /// Waits until both standbys replayed everything, then compares the workload's tables.
