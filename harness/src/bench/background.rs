@@ -90,29 +90,13 @@ mod tests {
 
     #[test]
     fn a_process_and_its_children_get_the_nice_value() {
-        // A shell with a child of its own, both alive until killed.
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & wait"])
-            .spawn()
-            .unwrap();
-        let pid = sh.id();
-        let child = (0..200)
-            .find_map(|_| {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                proctree::descendants(pid)
-                    .ok()
-                    .and_then(|d| d.get(1).copied())
-            })
-            .expect("the shell's child started");
+        let tree = proctree::ShellWithChild::start();
+        let (pid, child) = (tree.pid, tree.child);
         // Above the test's own nice value: raising it needs no privilege.
         let target = (nice_of(child).unwrap() + 3).min(NICE);
         let set = renice_tree(pid, target).unwrap();
         let (a, b) = (nice_of(pid), nice_of(child));
-        let _ = std::process::Command::new("kill")
-            .arg(child.to_string())
-            .status();
-        let _ = sh.kill();
-        let _ = sh.wait();
+        drop(tree);
         assert_eq!(set, 2);
         assert_eq!((a, b), (Some(target), Some(target)));
     }

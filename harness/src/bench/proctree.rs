@@ -78,6 +78,42 @@ fn parent_of(pid: u32) -> Option<u32> {
     stat_field(pid, 1)
 }
 
+/// A shell with a child of its own, both killed when dropped (for tests of a process tree).
+#[cfg(test)]
+pub struct ShellWithChild {
+    sh: std::process::Child,
+    pub pid: u32,
+    pub child: u32,
+}
+
+#[cfg(test)]
+impl ShellWithChild {
+    pub fn start() -> ShellWithChild {
+        let sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = sh.id();
+        let child = (0..200).find_map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            descendants(pid).ok().and_then(|d| d.get(1).copied())
+        });
+        let mut tree = ShellWithChild { sh, pid, child: 0 };
+        tree.child = child.expect("the shell's child started");
+        tree
+    }
+}
+
+#[cfg(test)]
+impl Drop for ShellWithChild {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the shell's own child; no memory is involved.
+        unsafe { libc::kill(self.child as i32, libc::SIGKILL) };
+        let _ = self.sh.kill();
+        let _ = self.sh.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,15 +133,8 @@ mod tests {
 
     #[test]
     fn every_thread_of_a_tree_is_visited_and_a_failure_on_the_root_is_returned() {
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & wait"])
-            .spawn()
-            .unwrap();
-        let pid = sh.id();
-        let child = (0..200).find_map(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            descendants(pid).ok().and_then(|d| d.get(1).copied())
-        });
+        let tree = ShellWithChild::start();
+        let (pid, child) = (tree.pid, tree.child);
         let mut seen = Vec::new();
         let mut record = |t| {
             seen.push(t);
@@ -123,13 +152,7 @@ mod tests {
         let on_root = each_thread(pid, &mut |_| Err(io::Error::other("refused")), &mut |_| {
             Ok(())
         });
-        if let Some(c) = child {
-            // SAFETY: kill(2) on the shell's own child; no memory is involved.
-            unsafe { libc::kill(c as i32, libc::SIGKILL) };
-        }
-        let _ = sh.kill();
-        let _ = sh.wait();
-        let child = child.expect("the shell's child started");
+        drop(tree);
         assert_eq!(visited.unwrap(), 2);
         assert_eq!(seen, [pid, child]);
         // A descendant that refuses is skipped; the root that refuses fails the call.

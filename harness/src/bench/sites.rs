@@ -191,28 +191,14 @@ mod tests {
         let mine = allowed_cpus().unwrap();
         assert!(!mine.is_empty());
         let last = *mine.last().unwrap();
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & wait"])
-            .spawn()
-            .unwrap();
-        let pid = sh.id();
-        let child = (0..200).find_map(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            proctree::descendants(pid)
-                .ok()
-                .and_then(|d| d.get(1).copied())
-        });
+        let tree = proctree::ShellWithChild::start();
+        let pid = tree.pid;
         let set = pin_tree(pid, &[last]);
-        let lists = child.map(|c| (allowed_list(pid), allowed_list(c)));
-        if let Some(c) = child {
-            // SAFETY: kill(2) on the shell's own child; no memory is involved.
-            unsafe { libc::kill(c as i32, libc::SIGKILL) };
-        }
-        let _ = sh.kill();
-        let _ = sh.wait();
+        let lists = (allowed_list(pid), allowed_list(tree.child));
+        drop(tree);
         assert_eq!(set.unwrap(), 2);
         let want = last.to_string();
-        assert_eq!(lists, Some((want.clone(), want)));
+        assert_eq!(lists, (want.clone(), want));
         // This process was not touched.
         assert_eq!(allowed_cpus().unwrap(), mine);
     }
