@@ -48,7 +48,7 @@ pub use report::{PairWindow, Report, RunResult, Verified, Window};
 pub use workloads::Workload;
 
 use crate::certs::LinkCerts;
-use crate::cluster::{free_port, majors, wait_replayed, Cluster, PgInstall, PrimaryOpts, TempRoot};
+use crate::cluster::{majors, wait_replayed, Cluster, PgInstall, PrimaryOpts, TempRoot};
 use pair::{RelayPair, PRIMARY_PASSWORD};
 use sample::{Sample, Sampler};
 use wincheck::WindowCheck;
@@ -380,7 +380,6 @@ async fn setup(
     let certs = LinkCerts::generate(&certs_dir)?;
     let primary = start_primary(install, &root, w, compression).await?;
     let load_end = begin_after_load(&primary).await?;
-    let down_ports = [free_port(), free_port()];
     // The pairs first: a downstream's spool starts at the segment the primary is writing when
     // its stream opens, so standbys backed up after that find all they need in it.
     let site = pair::Site {
@@ -393,7 +392,7 @@ async fn setup(
     let mut pairs = Vec::new();
     for (i, codec) in CODECS.into_iter().enumerate() {
         let tag = ["w", "z"][i];
-        pairs.push(RelayPair::start(&site, tag, codec, down_ports[i])?);
+        pairs.push(RelayPair::start_on_free_ports(&site, tag, codec)?);
     }
     let pairs: [RelayPair; 2] = pairs.try_into().map_err(|_| anyhow::anyhow!("two pairs"))?;
     for p in &pairs {
@@ -407,6 +406,7 @@ async fn setup(
         "the relays' slots hold WAL from {oldest}, before the end of the workload's data ({load_end}): \
          their upstreams would encode the load before the cold window"
     );
+    let down_ports = [pairs[0].down_port, pairs[1].down_port];
     let standbys = standbys::start_relayed_standbys(&primary, &root, down_ports).await?;
     if opts.z_background {
         background::lower(&pairs[1], &standbys[1])?;
