@@ -435,17 +435,21 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
     // The first workload finished, and the second's relays run (their config files are
     // under TMPDIR), as do its clusters.
+    // A bench that ended early (a failure) is reported at once, with its output.
+    let mut ended = None;
     let second_up = wait_for(400, || {
-        stderr().contains("x zstd-3 (Z")
-            && processes_under(&under)
-                .iter()
-                .filter(|p| p.contains("walrelay run --config"))
-                .count()
-                == 4
+        ended = child.try_wait().unwrap();
+        ended.is_some()
+            || stderr().contains("x zstd-3 (Z")
+                && processes_under(&under)
+                    .iter()
+                    .filter(|p| p.contains("walrelay run --config"))
+                    .count()
+                    == 4
     });
     assert!(
-        second_up,
-        "the second workload's relays not up after 400 s: {}",
+        second_up && ended.is_none(),
+        "the second workload's relays not up ({ended:?}): {}",
         stderr()
     );
     assert_sites_pinned(&json, &under);
