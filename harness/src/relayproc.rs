@@ -323,12 +323,6 @@ pub fn process_cpu_times(pid: u32) -> Option<CpuTimes> {
     })
 }
 
-/// `VmHWM` of process `pid` from `/proc/<pid>/status`: its largest resident set so far, in
-/// bytes.
-pub fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
-    process_status_bytes(pid, "VmHWM:")
-}
-
 /// A process's resident set, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resident {
@@ -422,8 +416,6 @@ mod tests {
         // Our own process has touched at least the vector below.
         let v = vec![1u8; 32 << 20];
         std::hint::black_box(&v);
-        let peak = super::process_peak_rss_bytes(std::process::id()).unwrap();
-        assert!(peak >= 32 << 20, "{peak}");
         let r = super::process_resident(std::process::id()).unwrap();
         assert!(r.now >= 32 << 20 && r.peak >= 32 << 20, "{r:?}");
     }
