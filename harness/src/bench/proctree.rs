@@ -89,7 +89,7 @@ pub struct ShellWithChild {
 #[cfg(test)]
 impl ShellWithChild {
     pub fn start() -> ShellWithChild {
-        let sh = std::process::Command::new("sh")
+        let mut sh = std::process::Command::new("sh")
             .args(["-c", "sleep 30 & wait"])
             .spawn()
             .unwrap();
@@ -98,9 +98,14 @@ impl ShellWithChild {
             std::thread::sleep(std::time::Duration::from_millis(10));
             descendants(pid).ok().and_then(|d| d.get(1).copied())
         });
-        let mut tree = ShellWithChild { sh, pid, child: 0 };
-        tree.child = child.expect("the shell's child started");
-        tree
+        // Without a child there is nothing for `drop` to kill but the shell (kill(2) of pid 0
+        // would signal this whole process group).
+        let Some(child) = child else {
+            let _ = sh.kill();
+            let _ = sh.wait();
+            panic!("the shell's child did not start");
+        };
+        ShellWithChild { sh, pid, child }
     }
 }
 
