@@ -149,7 +149,7 @@ impl RelayPair {
     pub fn start_on_free_ports(site: &Site, tag: &str, codec: &'static str) -> Result<RelayPair> {
         let mut tries = 1;
         loop {
-            match RelayPair::start(site, tag, codec, free_port()) {
+            match RelayPair::start(site, tag, codec) {
                 Err(e)
                     if tries < START_TRIES
                         && format!("{e:#}").contains("Address already in use") =>
@@ -163,9 +163,9 @@ impl RelayPair {
     }
 
     /// Starts the upstream (dialing the site's primary), the forwarder and the downstream
-    /// with link codec `codec`, standbys served on `down_port`; files go to the site's
+    /// with link codec `codec`, each on ports free when asked; files go to the site's
     /// directory (`<tag>-upstream.toml`, `.log`, ...).
-    pub fn start(site: &Site, tag: &str, codec: &'static str, down_port: u16) -> Result<RelayPair> {
+    fn start(site: &Site, tag: &str, codec: &'static str) -> Result<RelayPair> {
         let Site {
             bin,
             dir,
@@ -173,7 +173,8 @@ impl RelayPair {
             certs,
             spool_bytes,
         } = *site;
-        let (up_port, up_metrics, down_metrics) = (free_port(), free_port(), free_port());
+        let (up_port, up_metrics) = (free_port(), free_port());
+        let (down_port, down_metrics) = (free_port(), free_port());
         let up_toml = format!(
             "[upstream]\nprimary = {}\nlisten = \"127.0.0.1:{up_port}\"\n\n[link]\n{}\n[metrics]\nlisten = \"127.0.0.1:{up_metrics}\"\n",
             toml_str(&format!(
