@@ -16,6 +16,14 @@ pub enum PromError {
         path: String,
         detail: String,
     },
+    /// The process did not answer within the time allowed (it may only be slow: a process at
+    /// the lowest priority on a busy CPU can take seconds).
+    #[error("GET http://127.0.0.1:{port}{path}: no answer within {timeout:?} (is the process running with [metrics] listen on that port?)")]
+    NoAnswer {
+        port: u16,
+        path: String,
+        timeout: Duration,
+    },
     #[error("line {line}: {detail}: {text:?}")]
     Parse {
         line: usize,
@@ -49,7 +57,11 @@ pub async fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String
     };
     let raw = tokio::time::timeout(timeout, fetch)
         .await
-        .map_err(|_| err(format!("no answer within {timeout:?}")))?
+        .map_err(|_| PromError::NoAnswer {
+            port,
+            path: path.to_string(),
+            timeout,
+        })?
         .map_err(|e| err(e.to_string()))?;
     let text = String::from_utf8(raw).map_err(|_| err("the answer is not UTF-8".into()))?;
     let (head, body) = text
@@ -64,7 +76,12 @@ pub async fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String
 
 /// Scrapes `/metrics` on 127.0.0.1:`port` (5 s at most) and parses it.
 pub async fn scrape(port: u16) -> Result<Vec<Sample>, PromError> {
-    parse_exposition(&http_get(port, "/metrics", Duration::from_secs(5)).await?)
+    scrape_within(port, Duration::from_secs(5)).await
+}
+
+/// Scrapes `/metrics` on 127.0.0.1:`port` (`timeout` at most) and parses it.
+pub async fn scrape_within(port: u16, timeout: Duration) -> Result<Vec<Sample>, PromError> {
+    parse_exposition(&http_get(port, "/metrics", timeout).await?)
 }
 
 /// The samples named `name` whose labels include every pair of `labels`.
@@ -319,5 +336,34 @@ mod tests {
         assert!(parse_exposition("# TYPE a counter\na{x=1} 1\n").is_err());
         assert!(parse_exposition("# TYPE a counter\na  1\n").is_err());
         assert!(parse_exposition("# random\n").is_err());
+    }
+
+    /// A process that accepts but does not answer in time is told apart from one that
+    /// refuses (the bench tolerates the first while the load runs, never the second).
+    #[tokio::test]
+    async fn a_slow_answer_is_no_answer_and_a_refusal_is_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(conn);
+        });
+        let e = scrape_within(port, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, PromError::NoAnswer { port: p, .. } if p == port),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no answer within 300ms"), "{e}");
+        held.abort();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let e = scrape_within(closed_port, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PromError::Http { .. }), "{e}");
     }
 }

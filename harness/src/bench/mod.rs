@@ -557,10 +557,11 @@ async fn rig_sample(rig: &mut Rig, sampler: &Sampler, n: usize) -> Result<Sample
     if n % 10 == 0 {
         for p in &mut rig.pairs {
             p.check_running()?;
-            let f = p.integrity_failures().await?;
+            let f = p.integrity_failures(pair::RUNNING_CHECK_WAIT).await?;
             anyhow::ensure!(
-                f == 0.0,
-                "{f} link messages of the {} pair failed verification",
+                f.is_none_or(|f| f == 0.0),
+                "{} link messages of the {} pair failed verification",
+                f.unwrap_or_default(),
                 p.codec
             );
         }

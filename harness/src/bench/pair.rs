@@ -28,6 +28,11 @@ pub const USER: &str = "replicator";
 
 /// How long an orderly stop (SIGTERM, drain) may take before the process is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the check after the load waits for each process's `/metrics`.
+const FINAL_CHECK_WAIT: Duration = Duration::from_secs(60);
+/// How long the check during the load waits: a process at nice 19 that does not answer by
+/// then is checked again ten samples later, and by [`check_integrity`] after the load.
+pub const RUNNING_CHECK_WAIT: Duration = Duration::from_secs(2);
 
 /// What every pair of a run shares: the `walrelay` binary, the directory for its files, the
 /// primary and the link's certificates.
@@ -276,17 +281,20 @@ impl RelayPair {
         Ok((c, None))
     }
 
-    /// `walrelay_integrity_failures_total` of both processes.
-    pub async fn integrity_failures(&self) -> Result<f64> {
+    /// `walrelay_integrity_failures_total` of both processes; None when either did not
+    /// answer within `wait` (under `--z-background` pair Z runs at nice 19, and on a busy CPU
+    /// it can take seconds to answer).
+    pub async fn integrity_failures(&self, wait: Duration) -> Result<Option<f64>> {
         let mut n = 0.0;
         for port in [self.up_metrics, self.down_metrics] {
-            n += prom::sum(
-                &prom::scrape(port).await?,
-                "walrelay_integrity_failures_total",
-                &[],
-            );
+            let samples = match prom::scrape_within(port, wait).await {
+                Ok(s) => s,
+                Err(prom::PromError::NoAnswer { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            n += prom::sum(&samples, "walrelay_integrity_failures_total", &[]);
         }
-        Ok(n)
+        Ok(Some(n))
     }
 
     /// Errors (with the log's end) if either process has exited.
@@ -336,7 +344,15 @@ fn bytes_or_nan(bytes: Option<u64>) -> f64 {
 pub async fn check_integrity(pairs: &[RelayPair]) -> Result<f64> {
     let mut failures = 0.0;
     for p in pairs {
-        failures += p.integrity_failures().await?;
+        failures += p
+            .integrity_failures(FINAL_CHECK_WAIT)
+            .await?
+            .with_context(|| {
+                format!(
+                    "the {} pair's /metrics did not answer within {FINAL_CHECK_WAIT:?} after the load",
+                    p.codec
+                )
+            })?;
         if let Some(problem) = p.log_problems() {
             anyhow::bail!(problem);
         }
