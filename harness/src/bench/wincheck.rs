@@ -1,33 +1,40 @@
 //! Each window's WAL checked byte for byte: copied out of the primary's `pg_wal` as soon as
 //! the window is sampled (the primary has written its end), then compared with each
-//! standby's once both received its end.
+//! standby's as soon as that standby received its end.
 //!
-//! The copy does not wait for the standbys: a standby far behind (pair Z's at nice 19 under
-//! `--z-background`, on `bulk`) can receive a window's end after the primary has written more
-//! than its `wal_keep_size` past it and removed the window's first segments. A run on
-//! PostgreSQL 18 failed so (2026-12-05): segment 6 was gone when the standbys had both
-//! received the cold window.
+//! Neither step waits for the slowest standby, because under `--z-background` on `bulk` pair
+//! Z's standby (at nice 19) can receive a window's end minutes after the others, and by then:
+//! - the primary may have written more than its `wal_keep_size` past the window and removed
+//!   its first segments (a run on PostgreSQL 18 failed so, 2026-12-05, when the copy waited
+//!   for both standbys);
+//! - the other standby may have removed them after a restartpoint (the next run failed so,
+//!   when the comparison waited for both).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Result;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use tokio::task::JoinHandle;
 
 use super::sample::{self, Sample};
 use super::walrange;
 
+/// The copy of a window's WAL from the primary, awaited by each standby's comparison.
+type Copy = Shared<BoxFuture<'static, Result<(), Arc<anyhow::Error>>>>;
+
 /// Where one window's check is.
 pub enum WindowCheck {
     /// Not sampled to its end yet.
     Waiting,
-    /// Its WAL [from, to) being copied from the primary.
-    Copying {
+    /// Its WAL [from, to) copied from the primary (or being copied), and compared with each
+    /// standby that received its end (or being compared): `compares[i]` for standby `i`.
+    Checking {
         from: u64,
         to: u64,
-        copy: JoinHandle<Result<()>>,
+        copy: Copy,
+        compares: [Option<JoinHandle<Result<()>>>; 2],
     },
-    /// Compared (or being compared) with both standbys: the bytes compared.
-    Comparing(JoinHandle<Result<u64>>),
 }
 
 /// What a check reads and writes.
@@ -41,9 +48,9 @@ pub struct Dirs {
 }
 
 impl WindowCheck {
-    /// The check after a new sample: the copy starts once the samples reach `t1`, the
-    /// comparison once both standbys received the window's end. The flag is true when the
-    /// comparison started with this call.
+    /// The check after a new sample: the copy starts once the samples reach `t1`, each
+    /// standby's comparison once that standby received the window's end. The flag is true
+    /// when the last comparison started with this call.
     pub fn advance(self, samples: &[Sample], t0: f64, t1: f64, dirs: &Dirs) -> (WindowCheck, bool) {
         match self {
             WindowCheck::Waiting => {
@@ -56,45 +63,88 @@ impl WindowCheck {
                 let copy = tokio::task::spawn_blocking(move || {
                     walrange::copy_range(&primary, from, to, &file)
                 });
-                (WindowCheck::Copying { from, to, copy }, false)
+                let copy = async move {
+                    match copy.await {
+                        Ok(r) => r.map_err(Arc::new),
+                        Err(e) => Err(Arc::new(e.into())),
+                    }
+                };
+                let check = WindowCheck::Checking {
+                    from,
+                    to,
+                    copy: copy.boxed().shared(),
+                    compares: [None, None],
+                };
+                // A window whose end both standbys have already received.
+                check.advance(samples, t0, t1, dirs)
             }
-            WindowCheck::Copying { from, to, copy } => {
-                let received = samples
-                    .last()
-                    .is_some_and(|s| s.received.iter().all(|&r| r >= to));
-                if !received {
-                    return (WindowCheck::Copying { from, to, copy }, false);
+            WindowCheck::Checking {
+                from,
+                to,
+                copy,
+                mut compares,
+            } => {
+                let Some(last) = samples.last() else {
+                    return (
+                        WindowCheck::Checking {
+                            from,
+                            to,
+                            copy,
+                            compares,
+                        },
+                        false,
+                    );
+                };
+                let mut started = false;
+                for (i, compare) in compares.iter_mut().enumerate() {
+                    if compare.is_none() && last.received[i] >= to {
+                        let (copy, file) = (copy.clone(), dirs.file.clone());
+                        let standby = dirs.standbys[i].clone();
+                        *compare = Some(tokio::spawn(async move {
+                            copy.await.map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                            compare_blocking(file, standby, from, to).await
+                        }));
+                        started = true;
+                    }
                 }
-                let (standbys, file) = (dirs.standbys.clone(), dirs.file.clone());
-                let compare = tokio::spawn(async move {
-                    copy.await??;
-                    tokio::task::spawn_blocking(move || {
-                        for s in &standbys {
-                            walrange::compare_range(&file, s, from, to)?;
-                        }
-                        Ok(to - from)
-                    })
-                    .await?
-                });
-                (WindowCheck::Comparing(compare), true)
+                let check = WindowCheck::Checking {
+                    from,
+                    to,
+                    copy,
+                    compares,
+                };
+                let all = check.comparing();
+                (check, started && all)
             }
-            comparing => (comparing, false),
         }
     }
 
-    /// Whether the comparison has started.
+    /// Whether every standby's comparison has started.
     pub fn comparing(&self) -> bool {
-        matches!(self, WindowCheck::Comparing(_))
+        matches!(self, WindowCheck::Checking { compares, .. } if compares.iter().all(Option::is_some))
     }
 
-    /// The bytes compared, once the comparison is over; an error when it failed or never
-    /// started.
+    /// The bytes compared per standby, once every comparison is over; an error when one
+    /// failed or never started.
     pub async fn finish(self) -> Result<u64> {
-        match self {
-            WindowCheck::Comparing(task) => task.await?,
-            _ => anyhow::bail!("the window's WAL was never compared with the standbys'"),
-        }
+        let WindowCheck::Checking {
+            from,
+            to,
+            compares: [Some(a), Some(b)],
+            ..
+        } = self
+        else {
+            anyhow::bail!("the window's WAL was never compared with both standbys'");
+        };
+        a.await??;
+        b.await??;
+        Ok(to - from)
     }
+}
+
+/// Compares `file` (the primary's [from, to)) with `standby`'s `pg_wal`, off the runtime.
+async fn compare_blocking(file: PathBuf, standby: PathBuf, from: u64, to: u64) -> Result<()> {
+    tokio::task::spawn_blocking(move || walrange::compare_range(&file, &standby, from, to)).await?
 }
 
 #[cfg(test)]
@@ -131,8 +181,9 @@ mod tests {
     }
 
     /// Runs the check over `samples`, then removes the primary's segment (as the primary's
-    /// `wal_keep_size` would), then feeds `later`: the result, and after which sample the
-    /// comparison started.
+    /// `wal_keep_size` would) and the first standby's (as its restartpoints would) once it was
+    /// compared, then feeds `later`: the result, and after which sample the last comparison
+    /// started.
     async fn check(
         samples: &[Sample],
         later: &[Sample],
@@ -158,16 +209,19 @@ mod tests {
         let mut seen = Vec::new();
         for (i, s) in samples.iter().chain(later).enumerate() {
             if i == samples.len() {
-                // Let the copy finish before the segment goes.
-                if let WindowCheck::Copying { from, to, copy } = c {
-                    copy.await.unwrap().unwrap();
-                    c = WindowCheck::Copying {
-                        from,
-                        to,
-                        copy: tokio::spawn(async { Ok(()) }),
-                    };
+                let WindowCheck::Checking { copy, compares, .. } = &c else {
+                    panic!("the window was sampled to its end: the copy must have started");
+                };
+                // Let the copy and the first standby's comparison finish before the segments go.
+                copy.clone().await.unwrap();
+                let first = compares[0]
+                    .as_ref()
+                    .expect("the first standby has the window");
+                while !first.is_finished() {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 }
                 std::fs::remove_dir_all(primary.path()).unwrap();
+                std::fs::remove_dir_all(a.path()).unwrap();
             }
             seen.push(s.clone());
             let (next, now) = c.advance(&seen, 0.0, 1.0, &dirs);
@@ -180,10 +234,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_window_is_copied_before_the_standbys_have_it_and_compared_once_both_do() {
+    async fn the_window_is_copied_before_the_standbys_have_it_and_compared_with_each_as_it_does() {
         let (from, to) = (WAL_SEGMENT_SIZE + 100, WAL_SEGMENT_SIZE + 5000);
         let samples = [sample(0.0, from, [from, 0]), sample(1.0, to, [to, from])];
-        // The second standby receives the window's end only after the primary's segment is gone.
+        // The second standby receives the window's end only after the primary's segment and
+        // the first standby's are gone.
         let later = [
             sample(2.0, to + 10, [to + 10, to - 1]),
             sample(3.0, to + 20, [to + 20, to]),
