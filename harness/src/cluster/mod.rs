@@ -101,25 +101,75 @@ impl TempRoot {
     }
 }
 
+/// Where [`free_port`] looks first: below the kernel's default ephemeral range, which starts at
+/// 32768.
+const QUIET_PORTS: std::ops::Range<u16> = 20000..32768;
+
 /// A free TCP port on 127.0.0.1 (bound then released). Never returns the same port twice in one
-/// process. Another process may still grab it before it is used; that is rare enough here.
+/// process.
+///
+/// The port comes from [`QUIET_PORTS`] less the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), starting at a place chosen at random for each process.
+/// Outgoing connections take their local ports from the ephemeral range, so a port from
+/// outside it cannot become some connection's local end between this call and the server's
+/// bind. A suite run failed that way once, when ports came from binding port 0. When no quiet
+/// port is left, the kernel chooses, as before.
 pub fn free_port() -> u16 {
-    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
-    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    struct Picker {
+        handed_out: HashSet<u16>,
+        /// The quiet ports, each tried at most once, from `start` on, around the end.
+        quiet: Vec<u16>,
+        start: usize,
+        tried: usize,
+    }
+    static PICKER: OnceLock<Mutex<Picker>> = OnceLock::new();
+    let picker = PICKER.get_or_init(|| {
+        let ephemeral = ephemeral_ports();
+        let quiet: Vec<u16> = QUIET_PORTS.filter(|p| !ephemeral.contains(p)).collect();
+        Mutex::new(Picker {
+            handed_out: HashSet::new(),
+            start: random_index(quiet.len()),
+            quiet,
+            tried: 0,
+        })
+    });
+    let mut picker = picker.lock().unwrap_or_else(|e| e.into_inner());
+    while picker.tried < picker.quiet.len() {
+        let port = picker.quiet[(picker.start + picker.tried) % picker.quiet.len()];
+        picker.tried += 1;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            picker.handed_out.insert(port);
+            return port;
+        }
+    }
     loop {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
         let port = listener
             .local_addr()
             .expect("local_addr of bound socket")
             .port();
-        if handed_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(port)
-        {
+        if picker.handed_out.insert(port) {
             return port;
         }
     }
+}
+
+/// The kernel's ephemeral port range (32768..61000 when it cannot be read).
+fn ephemeral_ports() -> std::ops::Range<u16> {
+    let read = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
+    let parsed = read.and_then(|t| {
+        let mut it = t.split_whitespace().map(|v| v.parse::<u16>().ok());
+        Some(it.next()??..it.next()??.saturating_add(1))
+    });
+    parsed.unwrap_or(32768..61000)
+}
+
+/// A number below `n` (0 when `n` is 0) that differs from process to process.
+fn random_index(n: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() % n.max(1) as u64) as usize
 }
 
 /// Polls `f` every 100 ms until it returns `Ok(true)`. Errors count as "not yet" (the last one

@@ -16,9 +16,17 @@ fn parses_major_versions() {
 }
 
 #[test]
-fn free_ports_are_not_repeated() {
+fn free_ports_are_not_repeated_and_not_ephemeral() {
     let ports: HashSet<u16> = (0..50).map(|_| free_port()).collect();
     assert_eq!(ports.len(), 50);
+    // Outgoing connections cannot take them between the choice and the server's bind.
+    let ephemeral = ephemeral_ports();
+    assert!(
+        ephemeral.start >= 1024 && ephemeral.start < ephemeral.end,
+        "{ephemeral:?}"
+    );
+    let inside: Vec<_> = ports.iter().filter(|p| ephemeral.contains(p)).collect();
+    assert!(inside.is_empty(), "{inside:?} lie in {ephemeral:?}");
 }
 
 #[tokio::test]
