@@ -407,12 +407,54 @@ fn assert_sites_pinned(json: &std::path::Path, under: &str) {
     );
 }
 
+/// The nice value of process `pid`'s session group (`/proc/<pid>/autogroup`: "/autogroup-<n>
+/// nice <v>"), and of its main thread (field 19 of `/proc/<pid>/stat`).
+fn nice_values(pid: &str) -> (Option<i32>, Option<i32>) {
+    let group = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok();
+    let group = group.and_then(|g| g.split_whitespace().nth(2)?.parse().ok());
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    // After the command name, which may hold spaces: the state is field 3.
+    let thread = stat.and_then(|s| {
+        s.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(16)?
+            .parse()
+            .ok()
+    });
+    (group, thread)
+}
+
+/// `--w-share`: the report says so, and pair W's two relay processes (their command lines
+/// mention `under`) run at nice -5, threads and session groups (where the kernel has them),
+/// while Z's keep 0.
+fn assert_w_favoured(json: &std::path::Path, under: &str) {
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    assert_eq!(report["w_share"], Value::Bool(true), "{report}");
+    let mut seen = Vec::new();
+    for p in processes_under(under) {
+        let (pid, cmd) = p.split_once(':').unwrap();
+        if !cmd.contains("walrelay run --config") {
+            continue;
+        }
+        let want = if cmd.contains("/w-") { -5 } else { 0 };
+        let (group, thread) = nice_values(pid);
+        seen.push((p.clone(), group, thread));
+        assert!(
+            group.is_none_or(|g| g == want) && thread == Some(want),
+            "{p}: session group {group:?}, thread {thread:?}, want {want}"
+        );
+    }
+    assert_eq!(seen.len(), 4, "{seen:#?}");
+}
+
 /// SIGTERM in the middle of a run (`kill`, a CI job's timeout): the bench stops the relays and
 /// clusters it started, removes its directory and fails, naming the signal. Before, it died
 /// at once and left four relay processes, its clusters and its WAL copies behind. Sent during
 /// the second of two workloads: the `--json` written when the first finished stays, with the
 /// second named as not run (before, a bench stopped anywhere reported nothing), and the
-/// tables of the first are printed, naming the signal (before, only the JSON had them).
+/// tables of the first are printed, naming the signal (before, only the JSON had them). It
+/// runs with `--sites` and `--w-share`, whose effects on the running processes it checks.
 #[test]
 fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     use std::os::unix::fs::PermissionsExt;
@@ -426,6 +468,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
         .arg("--json")
         .arg(&json)
         .arg("--sites")
+        .arg("--w-share")
         .env("TMPDIR", tmp.path())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -453,6 +496,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
         stderr()
     );
     assert_sites_pinned(&json, &under);
+    assert_w_favoured(&json, &under);
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let mut status = None;

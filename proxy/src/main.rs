@@ -83,6 +83,13 @@ enum Cmd {
         /// W's replay lag on a small machine. Z's lags and cores are then not comparable.
         #[arg(long)]
         z_background: bool,
+        /// Give pair W's two relay processes a larger CPU share: their session groups (and
+        /// threads) at nice -5, weight 3,121 against the 1,024 of each PostgreSQL process, as a
+        /// CPU weight of their own (the systemd units' `CPUWeight=`) gives a service in
+        /// production. The primary's load then gets less of a busy CPU. Needs root or
+        /// CAP_SYS_NICE.
+        #[arg(long)]
+        w_share: bool,
         /// Run each site on CPUs of its own, as in production: the primary and both upstreams
         /// on the first half of the CPUs, the three standbys and both downstreams on the
         /// rest. Without it every process shares every core.
@@ -127,6 +134,7 @@ fn main() -> ExitCode {
             sync_secs,
             timeline_dir,
             z_background,
+            w_share,
             sites,
             spool_bytes,
         } => {
@@ -141,6 +149,7 @@ fn main() -> ExitCode {
                 sync_secs,
                 timeline_dir,
                 z_background,
+                w_share,
                 sites,
                 spool_bytes,
             };
@@ -245,6 +254,7 @@ struct BenchArgs {
     sync_secs: u64,
     timeline_dir: Option<PathBuf>,
     z_background: bool,
+    w_share: bool,
     sites: bool,
     spool_bytes: Option<u64>,
 }
@@ -287,6 +297,7 @@ fn bench(a: BenchArgs) -> ExitCode {
             sync_secs: a.sync_secs,
             timeline_dir: a.timeline_dir,
             z_background: a.z_background,
+            w_share: a.w_share,
             sites: match a.sites {
                 true => Some(bench::sites::Sites::of_this_machine()?),
                 false => None,

@@ -6,6 +6,12 @@
 //! the same at any priority (the link codec does not depend on timing); its lag and cores
 //! are not comparable in such a run. The primary's walsenders feeding Z keep their priority.
 //!
+//! `--w-share` does the opposite for pair W's two relay processes ([`favour`]): their session
+//! groups and threads at nice [`FAVOURED`], weight 3,121 against the 1,024 of each PostgreSQL
+//! process (every one of them a session group of its own). In production a CPU weight of
+//! the relay's own (the systemd units' `CPUWeight=`) gives its service a share as a whole;
+//! here, without a cgroup per service, the session groups' weights stand in for that.
+//!
 //! [`renice_tree`] sets every thread of a process and of its descendants ([`proctree`]), so
 //! what they start later is niced as well. Where the kernel shares the CPU between sessions first
 //! (autogroup), a thread's nice value only weighs against the threads of its own session,
@@ -36,6 +42,25 @@ pub fn lower(pair: &RelayPair, standby: &Cluster) -> anyhow::Result<()> {
         .with_context(|| format!("standby {} has no postmaster.pid", standby.name()))?;
     renice_tree(pid, NICE)
         .with_context(|| format!("renicing standby {} (postmaster {pid})", standby.name()))?;
+    Ok(())
+}
+
+/// The nice value `--w-share` gives pair W's relay processes.
+pub const FAVOURED: i32 = -5;
+
+/// Raises `pair`'s relay processes (every thread, and their session groups) to [`FAVOURED`].
+pub fn favour(pair: &RelayPair) -> anyhow::Result<()> {
+    for (half, pid) in pair.pids() {
+        let pid =
+            pid.with_context(|| format!("the {} pair's {half} is not running", pair.codec))?;
+        renice_tree(pid, FAVOURED).with_context(|| {
+            format!(
+                "raising the {} pair's {half} (pid {pid}) to nice {FAVOURED} (--w-share needs \
+                 root or CAP_SYS_NICE)",
+                pair.codec
+            )
+        })?;
+    }
     Ok(())
 }
 
@@ -101,10 +126,17 @@ mod tests {
         assert_eq!((a, b), (Some(target), Some(target)));
     }
 
-    #[test]
-    fn a_session_leader_gets_it_for_its_session_group_and_the_callers_group_keeps_its_own() {
-        let me = std::process::id();
-        let mine = autogroup_nice_of(me);
+    /// What renicing a session leader did: its session group's nice value before and after,
+    /// its thread's after, and the result.
+    struct Reniced {
+        before: Option<i32>,
+        after: Option<i32>,
+        thread: Option<i32>,
+        result: std::io::Result<usize>,
+    }
+
+    /// Renices a session leader (a `sleep` in a session of its own) to `nice`.
+    fn renice_a_session_leader(nice: i32) -> Reniced {
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("30");
         crate::relayproc::in_own_session(&mut cmd);
@@ -112,14 +144,57 @@ mod tests {
         let pid = leader.id();
         let sid = session_of(pid);
         let before = autogroup_nice_of(pid);
-        let result = renice_tree(pid, NICE);
-        let after = autogroup_nice_of(pid);
+        let result = renice_tree(pid, nice);
+        let (after, thread) = (autogroup_nice_of(pid), nice_of(pid));
         let _ = leader.kill();
         let _ = leader.wait();
-        result.unwrap();
         assert_eq!(sid, Some(pid));
+        Reniced {
+            before,
+            after,
+            thread,
+            result,
+        }
+    }
+
+    #[test]
+    fn a_session_leader_gets_it_for_its_session_group_and_the_callers_group_keeps_its_own() {
+        let me = std::process::id();
+        let mine = autogroup_nice_of(me);
+        let Reniced {
+            before,
+            after,
+            thread,
+            result,
+        } = renice_a_session_leader(NICE);
+        result.unwrap();
         if before.is_some() {
             assert_eq!(after, Some(NICE));
+        }
+        assert_eq!(thread, Some(NICE));
+        assert_eq!(autogroup_nice_of(me), mine);
+    }
+
+    /// `--w-share`'s raise, where the tests may raise priorities (as root, which CI is);
+    /// elsewhere it fails rather than leaving the processes as they were unnoticed.
+    #[test]
+    fn a_session_leader_is_raised_with_its_session_group_or_the_raise_fails() {
+        let me = std::process::id();
+        let mine = autogroup_nice_of(me);
+        let Reniced {
+            before,
+            after,
+            thread,
+            result,
+        } = renice_a_session_leader(FAVOURED);
+        match result {
+            Ok(_) => {
+                if before.is_some() {
+                    assert_eq!(after, Some(FAVOURED));
+                }
+                assert_eq!(thread, Some(FAVOURED));
+            }
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
         }
         assert_eq!(autogroup_nice_of(me), mine);
     }

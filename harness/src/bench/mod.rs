@@ -71,6 +71,8 @@ pub struct BenchOpts {
     pub timeline_dir: Option<PathBuf>,
     /// Pair Z and its standby at the lowest priority ([`background`]).
     pub z_background: bool,
+    /// Pair W's relay processes with a larger CPU share ([`background::favour`]).
+    pub w_share: bool,
     /// Each site on CPUs of its own ([`sites`]).
     pub sites: Option<sites::Sites>,
     /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
@@ -98,6 +100,7 @@ pub async fn run(
         warmup_secs: opts.warmup_secs,
         steady_secs: opts.steady_secs,
         z_background: opts.z_background,
+        w_share: opts.w_share,
         sites: opts.sites.clone(),
         spool_bytes: opts.spool_bytes,
         runs: Vec::new(),
@@ -410,6 +413,9 @@ async fn setup(
     let standbys = standbys::start_relayed_standbys(&primary, &root, down_ports).await?;
     if opts.z_background {
         background::lower(&pairs[1], &standbys[1])?;
+    }
+    if opts.w_share {
+        background::favour(&pairs[0])?;
     }
     let direct = standbys::start_direct_standby(&primary, &root).await?;
     if let Some(s) = &opts.sites {

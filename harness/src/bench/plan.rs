@@ -82,6 +82,7 @@ mod tests {
             warmup_secs: 0,
             steady_secs: 1,
             z_background: false,
+            w_share: false,
             sites: None,
             spool_bytes: None,
             runs: Vec::new(),

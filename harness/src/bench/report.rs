@@ -17,6 +17,10 @@ pub struct Report {
     /// Pair Z and its standby ran at nice 19 (`--z-background`, [`super::background`]): Z's
     /// lag and cores are not comparable; W's lag is measured with Z out of the way.
     pub z_background: bool,
+    /// Pair W's relay processes ran with a larger CPU share (`--w-share`,
+    /// [`super::background::favour`]).
+    #[serde(default)]
+    pub w_share: bool,
     /// Which CPUs each site ran on (`--sites`, [`super::sites`]); None: every process
     /// shared every core.
     #[serde(default)]

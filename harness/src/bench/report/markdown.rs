@@ -29,6 +29,15 @@ impl Report {
         if let Some(sites) = &self.sites {
             s.push_str(&format!("\n{}\n", sites.describe()));
         }
+        if self.w_share {
+            s.push_str(&format!(
+                "\nPair W's relay processes ran with a larger CPU share (--w-share): their session \
+                 groups and threads at nice {}, weight 3,121 against the 1,024 of each PostgreSQL \
+                 process, as a CPU weight of their own (systemd's CPUWeight=) gives a service in \
+                 production. The primary's load got less of a busy CPU.\n",
+                super::super::background::FAVOURED
+            ));
+        }
         if self.z_background {
             s.push_str(
                 "\nPair Z and its standby ran at nice 19 (--z-background): Z took a core only when W, \
