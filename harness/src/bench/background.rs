@@ -135,8 +135,21 @@ mod tests {
         result: std::io::Result<usize>,
     }
 
-    /// Renices a session leader (a `sleep` in a session of its own) to `nice`.
+    impl Reniced {
+        /// The leader's thread, and its session group where the kernel has them, got `nice`.
+        fn assert_set_to(&self, nice: i32) {
+            if self.before.is_some() {
+                assert_eq!(self.after, Some(nice));
+            }
+            assert_eq!(self.thread, Some(nice));
+        }
+    }
+
+    /// Renices a session leader (a `sleep` in a session of its own) to `nice`; the caller's
+    /// own session group keeps its value.
     fn renice_a_session_leader(nice: i32) -> Reniced {
+        let me = std::process::id();
+        let mine = autogroup_nice_of(me);
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("30");
         crate::relayproc::in_own_session(&mut cmd);
@@ -149,6 +162,7 @@ mod tests {
         let _ = leader.kill();
         let _ = leader.wait();
         assert_eq!(sid, Some(pid));
+        assert_eq!(autogroup_nice_of(me), mine);
         Reniced {
             before,
             after,
@@ -159,43 +173,19 @@ mod tests {
 
     #[test]
     fn a_session_leader_gets_it_for_its_session_group_and_the_callers_group_keeps_its_own() {
-        let me = std::process::id();
-        let mine = autogroup_nice_of(me);
-        let Reniced {
-            before,
-            after,
-            thread,
-            result,
-        } = renice_a_session_leader(NICE);
-        result.unwrap();
-        if before.is_some() {
-            assert_eq!(after, Some(NICE));
-        }
-        assert_eq!(thread, Some(NICE));
-        assert_eq!(autogroup_nice_of(me), mine);
+        let r = renice_a_session_leader(NICE);
+        r.result.as_ref().unwrap();
+        r.assert_set_to(NICE);
     }
 
     /// `--w-share`'s raise, where the tests may raise priorities (as root, which CI is);
     /// elsewhere it fails rather than leaving the processes as they were unnoticed.
     #[test]
     fn a_session_leader_is_raised_with_its_session_group_or_the_raise_fails() {
-        let me = std::process::id();
-        let mine = autogroup_nice_of(me);
-        let Reniced {
-            before,
-            after,
-            thread,
-            result,
-        } = renice_a_session_leader(FAVOURED);
-        match result {
-            Ok(_) => {
-                if before.is_some() {
-                    assert_eq!(after, Some(FAVOURED));
-                }
-                assert_eq!(thread, Some(FAVOURED));
-            }
+        let r = renice_a_session_leader(FAVOURED);
+        match &r.result {
+            Ok(_) => r.assert_set_to(FAVOURED),
             Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
         }
-        assert_eq!(autogroup_nice_of(me), mine);
     }
 }
