@@ -148,9 +148,12 @@ impl RelayPair {
     }
 
     /// [`RelayPair::start`] on ports free when asked, again on others (up to [`START_TRIES`]
-    /// times) when a half could not listen because something took its port first: a port the
-    /// kernel handed out and let go of can go to any outgoing connection meanwhile (the other
-    /// pair's, the sampler's). A bench run under the test suite failed so (2026-12-05).
+    /// times) when a half could not listen because something took its port first. A bench
+    /// run under the test suite failed so (2026-12-05), when ports came from the kernel's
+    /// ephemeral range, where any outgoing connection may take them. [`free_port`] now
+    /// chooses outside it, but another process choosing from the same ports (the test
+    /// process beside the bench) can still take one first, and so can a connection when
+    /// [`free_port`] falls back to the kernel's choice.
     pub fn start_on_free_ports(site: &Site, tag: &str, codec: &'static str) -> Result<RelayPair> {
         let mut tries = 1;
         loop {
