@@ -6,6 +6,7 @@
 use std::process::Command;
 
 use serde_json::Value;
+use walrelay_harness::relayproc::{autogroup_nice_of, nice_of};
 
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut x = v;
@@ -407,24 +408,6 @@ fn assert_sites_pinned(json: &std::path::Path, under: &str) {
     );
 }
 
-/// The nice value of process `pid`'s session group (`/proc/<pid>/autogroup`: "/autogroup-<n>
-/// nice <v>"), and of its main thread (field 19 of `/proc/<pid>/stat`).
-fn nice_values(pid: &str) -> (Option<i32>, Option<i32>) {
-    let group = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok();
-    let group = group.and_then(|g| g.split_whitespace().nth(2)?.parse().ok());
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
-    // After the command name, which may hold spaces: the state is field 3.
-    let thread = stat.and_then(|s| {
-        s.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .nth(16)?
-            .parse()
-            .ok()
-    });
-    (group, thread)
-}
-
 /// `--w-share`: the report says so, and pair W's two relay processes (their command lines
 /// mention `under`) run at nice -5, threads and session groups (where the kernel has them),
 /// while Z's keep 0.
@@ -438,7 +421,8 @@ fn assert_w_favoured(json: &std::path::Path, under: &str) {
             continue;
         }
         let want = if cmd.contains("/w-") { -5 } else { 0 };
-        let (group, thread) = nice_values(pid);
+        let pid: u32 = pid.parse().unwrap();
+        let (group, thread) = (autogroup_nice_of(pid), nice_of(pid));
         seen.push((p.clone(), group, thread));
         assert!(
             group.is_none_or(|g| g == want) && thread == Some(want),

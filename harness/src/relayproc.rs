@@ -286,6 +286,18 @@ pub fn session_of(pid: u32) -> Option<u32> {
     stat_field(pid, 3)
 }
 
+/// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
+pub fn nice_of(tid: u32) -> Option<i32> {
+    stat_field(tid, 16)
+}
+
+/// The nice value of the session group of `pid` (`/proc/<pid>/autogroup` reads
+/// `/autogroup-<n> nice <v>`); None without autogroup.
+pub fn autogroup_nice_of(pid: u32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+    s.split_whitespace().last()?.parse().ok()
+}
+
 /// Field `k` after the command in `/proc/<pid>/stat` (0: the state, 1: the parent, 3: the
 /// session, 16: the nice value; `man 5 proc` numbers them from 3 on), parsed.
 pub fn stat_field<T: std::str::FromStr>(pid: u32, k: usize) -> Option<T> {

@@ -95,23 +95,10 @@ fn renice_autogroup(pid: u32, nice: i32) -> std::io::Result<()> {
     }
 }
 
-/// The nice value of the session group of `pid` (`/proc/<pid>/autogroup` reads
-/// `/autogroup-<n> nice <v>`); None without autogroup.
-#[cfg(test)]
-fn autogroup_nice_of(pid: u32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
-    s.split_whitespace().last()?.parse().ok()
-}
-
-/// The nice value of thread `tid` (field 19 of `/proc/<tid>/stat`).
-#[cfg(test)]
-fn nice_of(tid: u32) -> Option<i32> {
-    crate::relayproc::stat_field(tid, 16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::relayproc::{autogroup_nice_of, nice_of};
 
     #[test]
     fn a_process_and_its_children_get_the_nice_value() {
