@@ -6,6 +6,7 @@
 use std::process::Command;
 
 use serde_json::Value;
+use walrelay_harness::bench::services::{cpu_group_of, Hierarchy, Share};
 use walrelay_harness::relayproc::{autogroup_nice_of, nice_of};
 
 fn num(v: &Value, path: &[&str]) -> f64 {
@@ -432,13 +433,55 @@ fn assert_w_favoured(json: &std::path::Path, under: &str) {
     assert_eq!(seen.len(), 4, "{seen:#?}");
 }
 
+/// `--services` with `--w-share`: the report says so, and each relay process of the bench
+/// `bench_pid` runs in its group (`w-upstream`, ...), W's at three times the weight of Z's.
+fn assert_services_placed(json: &std::path::Path, under: &str, bench_pid: u32) -> Hierarchy {
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    assert!(
+        report["services"]
+            .as_str()
+            .is_some_and(|s| s.contains("--services")),
+        "{report}"
+    );
+    let h = Hierarchy::of_this_machine().unwrap();
+    let parent = format!("/walrelay-bench-{bench_pid}/");
+    let mut seen = Vec::new();
+    for p in processes_under(under) {
+        let (pid, cmd) = p.split_once(':').unwrap();
+        let Some(group) = ["w-upstream", "w-downstream", "z-upstream", "z-downstream"]
+            .into_iter()
+            .find(|g| cmd.contains("walrelay run --config") && cmd.contains(&format!("/{g}.toml")))
+        else {
+            continue;
+        };
+        let path = cpu_group_of(pid.parse().unwrap()).unwrap_or_default();
+        assert!(
+            path.ends_with(&format!("{parent}{group}")),
+            "{p}: in {path}"
+        );
+        let share = if group.starts_with('w') {
+            Share::Favoured
+        } else {
+            Share::Even
+        };
+        let (file, want) = h.weight(share);
+        let dir = h.root().join(path.trim_start_matches('/'));
+        let weight = std::fs::read_to_string(dir.join(file)).unwrap();
+        assert_eq!(weight.trim(), want.to_string(), "{p}: {file} of {path}");
+        seen.push(path);
+    }
+    assert_eq!(seen.len(), 4, "{seen:#?}");
+    h
+}
+
 /// SIGTERM in the middle of a run (`kill`, a CI job's timeout): the bench stops the relays and
 /// clusters it started, removes its directory and fails, naming the signal. Before, it died
 /// at once and left four relay processes, its clusters and its WAL copies behind. Sent during
 /// the second of two workloads: the `--json` written when the first finished stays, with the
 /// second named as not run (before, a bench stopped anywhere reported nothing), and the
 /// tables of the first are printed, naming the signal (before, only the JSON had them). It
-/// runs with `--sites` and `--w-share`, whose effects on the running processes it checks.
+/// runs with `--sites`, `--w-share` and `--services`, whose effects on the running processes
+/// it checks; the groups of `--services` are gone after it.
 #[test]
 fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     use std::os::unix::fs::PermissionsExt;
@@ -453,6 +496,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
         .arg(&json)
         .arg("--sites")
         .arg("--w-share")
+        .arg("--services")
         .env("TMPDIR", tmp.path())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -481,6 +525,9 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     );
     assert_sites_pinned(&json, &under);
     assert_w_favoured(&json, &under);
+    let groups = assert_services_placed(&json, &under, child.id())
+        .root()
+        .join(format!("walrelay-bench-{}", child.id()));
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let mut status = None;
@@ -506,6 +553,7 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     );
     let files: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(files.is_empty(), "left in TMPDIR: {files:?}");
+    assert!(!groups.exists(), "{} left behind", groups.display());
     // What finished is kept, and what did not is named.
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     the_only_run(&report);

@@ -95,6 +95,13 @@ enum Cmd {
         /// rest. Without it every process shares every core.
         #[arg(long)]
         sites: bool,
+        /// Run each PostgreSQL cluster and each relay process in a CPU group (cgroup) of its
+        /// own, all of one weight, as systemd services whose units set `CPUWeight=`: the
+        /// primary as a whole then weighs what one upstream weighs. With --w-share W's groups
+        /// weigh three times as much, with --z-background Z's the least. Needs root and the
+        /// cgroup cpu controller (v2, or v1's cpu hierarchy)
+        #[arg(long)]
+        services: bool,
         /// Each downstream's `downstream.spool_bytes` (default: the relay's, 8 GiB). Below the
         /// WAL a run writes, the windows after the spool fills measure a full spool, whose
         /// segments are written over: the steady state of a relay that has run for a while.
@@ -136,6 +143,7 @@ fn main() -> ExitCode {
             z_background,
             w_share,
             sites,
+            services,
             spool_bytes,
         } => {
             walrelay::logging::init("error", "text");
@@ -151,6 +159,7 @@ fn main() -> ExitCode {
                 z_background,
                 w_share,
                 sites,
+                services,
                 spool_bytes,
             };
             bench(opts)
@@ -256,6 +265,7 @@ struct BenchArgs {
     z_background: bool,
     w_share: bool,
     sites: bool,
+    services: bool,
     spool_bytes: Option<u64>,
 }
 
@@ -300,6 +310,10 @@ fn bench(a: BenchArgs) -> ExitCode {
             w_share: a.w_share,
             sites: match a.sites {
                 true => Some(bench::sites::Sites::of_this_machine()?),
+                false => None,
+            },
+            services: match a.services {
+                true => Some(bench::services::Hierarchy::of_this_machine()?),
                 false => None,
             },
             spool_bytes: a.spool_bytes,

@@ -30,6 +30,7 @@ mod plan;
 mod proctree;
 mod report;
 mod sample;
+pub mod services;
 pub mod sites;
 pub mod sshc;
 mod stages;
@@ -75,6 +76,9 @@ pub struct BenchOpts {
     pub w_share: bool,
     /// Each site on CPUs of its own ([`sites`]).
     pub sites: Option<sites::Sites>,
+    /// Each cluster and relay process in a CPU group of its own, on this cpu controller
+    /// ([`services`]).
+    pub services: Option<services::Hierarchy>,
     /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
     pub spool_bytes: Option<u64>,
 }
@@ -102,6 +106,7 @@ pub async fn run(
         z_background: opts.z_background,
         w_share: opts.w_share,
         sites: opts.sites.clone(),
+        services: opts.services.as_ref().map(services::Hierarchy::describe),
         spool_bytes: opts.spool_bytes,
         runs: Vec::new(),
         skipped: Vec::new(),
@@ -230,6 +235,9 @@ struct Rig {
     direct: Cluster,
     primary: Cluster,
     root: TempRoot,
+    /// `--services`' groups, held for their drop, which comes after the clusters and relays
+    /// stopped (fields drop in order).
+    _services: Option<services::Services>,
 }
 
 async fn run_one(
@@ -422,13 +430,49 @@ async fn setup(
         let [a, b] = &standbys;
         s.pin(&primary, &pairs, &[a, b, &direct])?;
     }
+    let services = match &opts.services {
+        Some(h) => Some(place_services(
+            opts, h, &primary, &pairs, &standbys, &direct,
+        )?),
+        None => None,
+    };
     Ok(Rig {
         pairs,
         standbys,
         direct,
         primary,
         root,
+        _services: services,
     })
+}
+
+/// `--services`: each cluster and relay process in a CPU group of its own.
+fn place_services(
+    opts: &BenchOpts,
+    h: &services::Hierarchy,
+    primary: &Cluster,
+    pairs: &[RelayPair; 2],
+    standbys: &[Cluster; 2],
+    direct: &Cluster,
+) -> Result<services::Services> {
+    use services::Share;
+    let [a, b] = standbys;
+    let rig = services::Rig {
+        primary,
+        standbys: [a, b, direct],
+        pairs,
+    };
+    let w = if opts.w_share {
+        Share::Favoured
+    } else {
+        Share::Even
+    };
+    let z = if opts.z_background {
+        Share::Background
+    } else {
+        Share::Even
+    };
+    services::place(h, &rig, w, z)
 }
 
 /// The workload's primary, started, with the replication user and the workload's data.

@@ -84,6 +84,7 @@ mod tests {
             z_background: false,
             w_share: false,
             sites: None,
+            services: None,
             spool_bytes: None,
             runs: Vec::new(),
             skipped: Vec::new(),

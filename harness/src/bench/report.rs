@@ -25,6 +25,10 @@ pub struct Report {
     /// shared every core.
     #[serde(default)]
     pub sites: Option<super::sites::Sites>,
+    /// How the clusters and relay processes ran in CPU groups of their own (`--services`,
+    /// [`super::services`]); None: they did not.
+    #[serde(default)]
+    pub services: Option<String>,
     /// Each downstream's `downstream.spool_bytes` when `--spool-bytes` set it.
     #[serde(default)]
     pub spool_bytes: Option<u64>,

@@ -29,7 +29,16 @@ impl Report {
         if let Some(sites) = &self.sites {
             s.push_str(&format!("\n{}\n", sites.describe()));
         }
-        if self.w_share {
+        if let Some(services) = &self.services {
+            s.push_str(&format!("\n{services}\n"));
+        }
+        if self.w_share && self.services.is_some() {
+            s.push_str(
+                "\nPair W's relay processes ran with a larger CPU share (--w-share): their groups \
+                 at three times the others' weight, as CPUWeight=300 beside 100. The primary's \
+                 load got less of a busy CPU.\n",
+            );
+        } else if self.w_share {
             s.push_str(&format!(
                 "\nPair W's relay processes ran with a larger CPU share (--w-share): their session \
                  groups and threads at nice {}, weight 3,121 against the 1,024 of each PostgreSQL \
@@ -44,6 +53,9 @@ impl Report {
                  the direct standby and the primary left one idle. Z's bytes are as in any run; \
                  its lags and cores are not comparable.\n",
             );
+            if self.services.is_some() {
+                s.push_str("Their groups had the least weight.\n");
+            }
         }
         for (i, title) in [
             format!(
