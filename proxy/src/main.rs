@@ -98,8 +98,9 @@ enum Cmd {
         /// Run each PostgreSQL cluster and each relay process in a CPU group (cgroup) of its
         /// own, all of one weight, as systemd services whose units set `CPUWeight=`: the
         /// primary as a whole then weighs what one upstream weighs. With --w-share W's groups
-        /// weigh three times as much, with --z-background Z's the least. Needs root and the
-        /// cgroup cpu controller (v2, or v1's cpu hierarchy)
+        /// weigh three times as much; with --z-background pair Z and its standby stay out of
+        /// them, at nice 19. Needs root and the cgroup cpu controller (v2, or v1's cpu
+        /// hierarchy)
         #[arg(long)]
         services: bool,
         /// Each downstream's `downstream.spool_bytes` (default: the relay's, 8 GiB). Below the

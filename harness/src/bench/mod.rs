@@ -467,11 +467,8 @@ fn place_services(
     } else {
         Share::Even
     };
-    let z = if opts.z_background {
-        Share::Background
-    } else {
-        Share::Even
-    };
+    // Z in the background keeps its nice 19 outside the groups (`services`' module says why).
+    let z = (!opts.z_background).then_some(Share::Even);
     services::place(h, &rig, w, z)
 }
 

@@ -16,9 +16,10 @@
 //! ```
 //!
 //! Weights ([`Share`]): v2 `cpu.weight` 100 (systemd's default `CPUWeight=`), v1 `cpu.shares`
-//! 1024. With `--w-share` W's two groups weigh three times that (as `CPUWeight=300`), with
-//! `--z-background` Z's groups and its standby's the least (1 / 2). A process moves with all
-//! its threads, and what a postmaster starts later starts in its group. Not placed: the
+//! 1024. With `--w-share` W's two groups weigh three times that (as `CPUWeight=300`). With
+//! `--z-background` Z's relay processes and its standby stay out of the groups, at nice 19 in
+//! session groups of their own as without `--services`: in groups of the least weight (v1's 2)
+//! they were starved past the bench's five-second sample. A process moves with all its threads, and what a postmaster starts later starts in its group. Not placed: the
 //! bench itself, the load's clients, the sync-latency run, the offline baselines and the
 //! one-core replays. [`Services`] takes its groups away when dropped (the bench's end, a
 //! failure, a signal), moving what still runs in them back to the hierarchy's root.
@@ -48,8 +49,6 @@ pub enum Share {
     Even,
     /// Three times the default (`--w-share`).
     Favoured,
-    /// The least weight (`--z-background`).
-    Background,
 }
 
 impl Hierarchy {
@@ -86,14 +85,13 @@ impl Hierarchy {
 
     /// The weight file and the value of `share` in it.
     pub fn weight(&self, share: Share) -> (&'static str, u32) {
-        let (file, even, least) = match self {
-            Hierarchy::V2(_) => ("cpu.weight", 100, 1),
-            Hierarchy::V1(_) => ("cpu.shares", 1024, 2),
+        let (file, even) = match self {
+            Hierarchy::V2(_) => ("cpu.weight", 100),
+            Hierarchy::V1(_) => ("cpu.shares", 1024),
         };
         let v = match share {
             Share::Even => even,
             Share::Favoured => 3 * even,
-            Share::Background => least,
         };
         (file, v)
     }
@@ -207,9 +205,9 @@ pub struct Rig<'a> {
 }
 
 /// Places each cluster and relay process of `rig` in a group of its own (the module's
-/// layout), W's relay processes with `w` and Z's with its standby with `z`, the rest
-/// [`Share::Even`].
-pub fn place(h: &Hierarchy, rig: &Rig<'_>, w: Share, z: Share) -> Result<Services> {
+/// layout), W's relay processes with `w` and Z's with its standby with `z` (None: left where
+/// they are), the rest [`Share::Even`].
+pub fn place(h: &Hierarchy, rig: &Rig<'_>, w: Share, z: Option<Share>) -> Result<Services> {
     let mut s = Services::create(h)?;
     let postmaster = |c: &Cluster| {
         c.postmaster_pid()
@@ -218,11 +216,18 @@ pub fn place(h: &Hierarchy, rig: &Rig<'_>, w: Share, z: Share) -> Result<Service
     s.place("primary", postmaster(rig.primary)?, Share::Even)?;
     for (name, (c, share)) in ["standby-w", "standby-z", "standby-direct"]
         .into_iter()
-        .zip(rig.standbys.into_iter().zip([Share::Even, z, Share::Even]))
+        .zip(
+            rig.standbys
+                .into_iter()
+                .zip([Some(Share::Even), z, Some(Share::Even)]),
+        )
     {
-        s.place(name, postmaster(c)?, share)?;
+        if let Some(share) = share {
+            s.place(name, postmaster(c)?, share)?;
+        }
     }
-    for ((tag, share), pair) in [("w", w), ("z", z)].into_iter().zip(rig.pairs) {
+    for ((tag, share), pair) in [("w", Some(w)), ("z", z)].into_iter().zip(rig.pairs) {
+        let Some(share) = share else { continue };
         for (half, pid) in pair.pids() {
             let pid = pid.with_context(|| format!("the {tag} pair's {half} is not running"))?;
             s.place(&format!("{tag}-{half}"), pid, share)?;
@@ -308,15 +313,13 @@ mod tests {
     }
 
     #[test]
-    fn weights_are_the_default_three_times_it_or_the_least() {
+    fn weights_are_the_default_or_three_times_it() {
         let v2 = Hierarchy::V2("/sys/fs/cgroup".into());
         let v1 = Hierarchy::V1("/sys/fs/cgroup/cpu".into());
         assert_eq!(v2.weight(Share::Even), ("cpu.weight", 100));
         assert_eq!(v2.weight(Share::Favoured), ("cpu.weight", 300));
-        assert_eq!(v2.weight(Share::Background), ("cpu.weight", 1));
         assert_eq!(v1.weight(Share::Even), ("cpu.shares", 1024));
         assert_eq!(v1.weight(Share::Favoured), ("cpu.shares", 3072));
-        assert_eq!(v1.weight(Share::Background), ("cpu.shares", 2));
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl Report {
                  its lags and cores are not comparable.\n",
             );
             if self.services.is_some() {
-                s.push_str("Their groups had the least weight.\n");
+                s.push_str("They stayed out of the CPU groups of --services.\n");
             }
         }
         for (i, title) in [
