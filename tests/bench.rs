@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use serde_json::Value;
-use walrelay_harness::bench::services::{cpu_group_of, Hierarchy, Share};
+use walrelay_harness::bench::services::{cpu_group_of, group_name, Hierarchy, Share};
 use walrelay_harness::relayproc::{autogroup_nice_of, nice_of};
 
 fn num(v: &Value, path: &[&str]) -> f64 {
@@ -444,7 +444,6 @@ fn assert_services_placed(json: &std::path::Path, under: &str, bench_pid: u32) -
         "{report}"
     );
     let h = Hierarchy::of_this_machine().unwrap();
-    let parent = format!("/walrelay-bench-{bench_pid}/");
     let mut seen = Vec::new();
     for p in processes_under(under) {
         let (pid, cmd) = p.split_once(':').unwrap();
@@ -456,7 +455,7 @@ fn assert_services_placed(json: &std::path::Path, under: &str, bench_pid: u32) -
         };
         let path = cpu_group_of(pid.parse().unwrap()).unwrap_or_default();
         assert!(
-            path.ends_with(&format!("{parent}{group}")),
+            path.ends_with(&format!("/{}", group_name(bench_pid, group))),
             "{p}: in {path}"
         );
         let share = if group.starts_with('w') {
@@ -525,9 +524,8 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     );
     assert_sites_pinned(&json, &under);
     assert_w_favoured(&json, &under);
-    let groups = assert_services_placed(&json, &under, child.id())
-        .root()
-        .join(format!("walrelay-bench-{}", child.id()));
+    let bench_pid = child.id();
+    let hierarchy = assert_services_placed(&json, &under, bench_pid);
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let mut status = None;
@@ -553,7 +551,13 @@ fn a_bench_stopped_by_sigterm_leaves_nothing_behind_but_what_finished() {
     );
     let files: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(files.is_empty(), "left in TMPDIR: {files:?}");
-    assert!(!groups.exists(), "{} left behind", groups.display());
+    let prefix = group_name(bench_pid, "");
+    let groups: Vec<_> = std::fs::read_dir(hierarchy.root())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(groups.is_empty(), "cgroups left behind: {groups:?}");
     // What finished is kept, and what did not is named.
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     the_only_run(&report);

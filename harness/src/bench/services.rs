@@ -10,10 +10,17 @@
 //! Layout (cgroup v2 at `/sys/fs/cgroup`, or the v1 `cpu` hierarchy at `/sys/fs/cgroup/cpu`):
 //!
 //! ```text
-//! walrelay-bench-<bench pid>/       -- the bench's parent group, no processes of its own
-//!   primary/  standby-w/  standby-z/  standby-direct/     -- a postmaster and all below it
-//!   w-upstream/  w-downstream/  z-upstream/  z-downstream/ -- one relay process each
+//! walrelay-bench-<bench pid>-primary/  -standby-w/  -standby-z/  -standby-direct/
+//!                                    -- each a postmaster and all below it
+//! walrelay-bench-<bench pid>-w-upstream/  -w-downstream/  -z-upstream/  -z-downstream/
+//!                                    -- each one relay process
 //! ```
+//!
+//! Each group sits at the root, beside the session groups of what is not placed. A first
+//! layout nested them in one `walrelay-bench-<pid>` group: that group then weighed, as a
+//! whole and split between the CPUs by where its load ran, what the bench's own session
+//! weighed (which generates `bulk`'s COPY rows and copies each window's WAL), and W's
+//! upstream got a smaller share of the primary's CPU than without `--services`.
 //!
 //! Weights ([`Share`]): v2 `cpu.weight` 100 (systemd's default `CPUWeight=`), v1 `cpu.shares`
 //! 1024. With `--w-share` W's two groups weigh three times that (as `CPUWeight=300`). With
@@ -115,43 +122,40 @@ impl Hierarchy {
 /// The bench's groups while they exist.
 pub struct Services {
     hierarchy: Hierarchy,
-    parent: PathBuf,
     groups: Vec<PathBuf>,
 }
 
+/// The name of the bench's group `name` (`walrelay-bench-<pid>-<name>`).
+pub fn group_name(bench_pid: u32, name: &str) -> String {
+    format!("walrelay-bench-{bench_pid}-{name}")
+}
+
 impl Services {
-    /// Makes the bench's parent group (`walrelay-bench-<pid>`), empty.
+    /// No group yet; on cgroup v2 the cpu controller turned on for the root's children.
     pub fn create(hierarchy: &Hierarchy) -> Result<Services> {
-        let parent = hierarchy
-            .root()
-            .join(format!("walrelay-bench-{}", std::process::id()));
         if let Hierarchy::V2(root) = hierarchy {
             enable_cpu(root)?;
         }
-        std::fs::create_dir(&parent).with_context(|| {
-            format!(
-                "making the cgroup {} (--services needs root, or write access to the cgroup \
-                 file system)",
-                parent.display()
-            )
-        })?;
-        let s = Services {
+        Ok(Services {
             hierarchy: hierarchy.clone(),
-            parent,
             groups: Vec::new(),
-        };
-        if let Hierarchy::V2(_) = hierarchy {
-            enable_cpu(&s.parent)?;
-        }
-        Ok(s)
+        })
     }
 
     /// Makes group `name` with `share`'s weight and moves process `root` and everything below
     /// it there. Returns the group's directory.
     pub fn place(&mut self, name: &str, root: u32, share: Share) -> Result<PathBuf> {
-        let dir = self.parent.join(name);
-        std::fs::create_dir(&dir)
-            .with_context(|| format!("making the cgroup {}", dir.display()))?;
+        let dir = self
+            .hierarchy
+            .root()
+            .join(group_name(std::process::id(), name));
+        std::fs::create_dir(&dir).with_context(|| {
+            format!(
+                "making the cgroup {} (--services needs root, or write access to the cgroup \
+                 file system)",
+                dir.display()
+            )
+        })?;
         self.groups.push(dir.clone());
         let (file, weight) = self.hierarchy.weight(share);
         std::fs::write(dir.join(file), weight.to_string())
@@ -183,8 +187,7 @@ impl Services {
             }
             last.with_context(|| format!("removing the cgroup {}", dir.display()))?;
         }
-        std::fs::remove_dir(&self.parent)
-            .with_context(|| format!("removing the cgroup {}", self.parent.display()))
+        Ok(())
     }
 }
 
@@ -345,8 +348,9 @@ mod tests {
     fn a_process_tree_is_placed_with_its_weight_and_the_groups_go_with_the_drop() {
         let h = Hierarchy::of_this_machine().unwrap();
         let tree = proctree::ShellWithChild::start();
-        let mut s = match Services::create(&h) {
-            Ok(s) => s,
+        let mut s = Services::create(&h).unwrap();
+        let dir = match s.place("primary", tree.pid, Share::Favoured) {
+            Ok(dir) => dir,
             Err(e) => {
                 // SAFETY: geteuid has no preconditions and cannot fail.
                 assert_ne!(unsafe { libc::geteuid() }, 0, "as root: {e:#}");
@@ -354,11 +358,9 @@ mod tests {
                 return;
             }
         };
-        let parent = s.parent.clone();
-        let dir = s.place("primary", tree.pid, Share::Favoured).unwrap();
         let (file, want) = h.weight(Share::Favoured);
         let weight = std::fs::read_to_string(dir.join(file)).unwrap();
-        let name = format!("/walrelay-bench-{}/primary", std::process::id());
+        let name = format!("/{}", group_name(std::process::id(), "primary"));
         let placed = [tree.pid, tree.child].map(|p| cpu_group_of(p).unwrap_or_default());
         drop(s);
         let after = [tree.pid, tree.child].map(|p| cpu_group_of(p).unwrap_or_default());
@@ -366,7 +368,7 @@ mod tests {
         for g in &placed {
             assert!(g.ends_with(&name), "{g} is not {name}");
         }
-        assert!(!parent.exists(), "{} left behind", parent.display());
+        assert!(!dir.exists(), "{} left behind", dir.display());
         assert!(
             after.iter().all(|g| !g.contains("walrelay-bench-")),
             "{after:?}"
