@@ -19,15 +19,17 @@
 //! Each group sits at the root, beside the session groups of what is not placed. A first
 //! layout nested them in one `walrelay-bench-<pid>` group: that group then weighed, as a
 //! whole and split between the CPUs by where its load ran, what the bench's own session
-//! weighed (which generates `bulk`'s COPY rows and copies each window's WAL), and W's
-//! upstream got a smaller share of the primary's CPU than without `--services`.
+//! weighed (which generates `bulk`'s COPY rows and copies each window's WAL), and W's lag
+//! came out no better than without `--services` (the fifty-fourth round of
+//! `docs/keeping-up.md`).
 //!
 //! Weights ([`Share`]): v2 `cpu.weight` 100 (systemd's default `CPUWeight=`), v1 `cpu.shares`
 //! 1024. With `--w-share` W's two groups weigh three times that (as `CPUWeight=300`). With
 //! `--z-background` Z's relay processes and its standby stay out of the groups, at nice 19 in
 //! session groups of their own as without `--services`: in groups of the least weight (v1's 2)
-//! they were starved past the bench's five-second sample. A process moves with all its threads, and what a postmaster starts later starts in its group. Not placed: the
-//! bench itself, the load's clients, the sync-latency run, the offline baselines and the
+//! they were starved past the bench's five-second sample. A process moves with all its
+//! threads, and what a postmaster starts later starts in its group. Not placed: the bench
+//! itself, the load's clients, the sync-latency run, the offline baselines and the
 //! one-core replays. [`Services`] takes its groups away when dropped (the bench's end, a
 //! failure, a signal), moving what still runs in them back to the hierarchy's root.
 
