@@ -409,6 +409,25 @@ fn assert_sites_pinned(json: &std::path::Path, under: &str) {
     );
 }
 
+/// The relay processes whose command lines mention `under`: pid, which half by its config
+/// file (`w-upstream`, `w-downstream`, `z-upstream`, `z-downstream`), and the process's line.
+fn relay_halves(under: &str) -> Vec<(u32, &'static str, String)> {
+    let halves = ["w-upstream", "w-downstream", "z-upstream", "z-downstream"];
+    let mut found = Vec::new();
+    for p in processes_under(under) {
+        let (pid, cmd) = p.split_once(':').unwrap();
+        if !cmd.contains("walrelay run --config") {
+            continue;
+        }
+        let half = halves
+            .into_iter()
+            .find(|h| cmd.contains(&format!("/{h}.toml")));
+        let half = half.unwrap_or_else(|| panic!("a relay process of no known half: {p}"));
+        found.push((pid.parse().unwrap(), half, p.clone()));
+    }
+    found
+}
+
 /// `--w-share`: the report says so, and pair W's two relay processes (their command lines
 /// mention `under`) run at nice -5, threads and session groups (where the kernel has them),
 /// while Z's keep 0.
@@ -416,13 +435,8 @@ fn assert_w_favoured(json: &std::path::Path, under: &str) {
     let report: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     assert_eq!(report["w_share"], Value::Bool(true), "{report}");
     let mut seen = Vec::new();
-    for p in processes_under(under) {
-        let (pid, cmd) = p.split_once(':').unwrap();
-        if !cmd.contains("walrelay run --config") {
-            continue;
-        }
-        let want = if cmd.contains("/w-") { -5 } else { 0 };
-        let pid: u32 = pid.parse().unwrap();
+    for (pid, half, p) in relay_halves(under) {
+        let want = if half.starts_with('w') { -5 } else { 0 };
         let (group, thread) = (autogroup_nice_of(pid), nice_of(pid));
         seen.push((p.clone(), group, thread));
         assert!(
@@ -445,15 +459,8 @@ fn assert_services_placed(json: &std::path::Path, under: &str, bench_pid: u32) -
     );
     let h = Hierarchy::of_this_machine().unwrap();
     let mut seen = Vec::new();
-    for p in processes_under(under) {
-        let (pid, cmd) = p.split_once(':').unwrap();
-        let Some(group) = ["w-upstream", "w-downstream", "z-upstream", "z-downstream"]
-            .into_iter()
-            .find(|g| cmd.contains("walrelay run --config") && cmd.contains(&format!("/{g}.toml")))
-        else {
-            continue;
-        };
-        let path = cpu_group_of(pid.parse().unwrap()).unwrap_or_default();
+    for (pid, group, p) in relay_halves(under) {
+        let path = cpu_group_of(pid).unwrap_or_default();
         assert!(
             path.ends_with(&format!("/{}", group_name(bench_pid, group))),
             "{p}: in {path}"

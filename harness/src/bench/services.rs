@@ -218,15 +218,14 @@ pub fn place(h: &Hierarchy, rig: &Rig<'_>, w: Share, z: Option<Share>) -> Result
         c.postmaster_pid()
             .with_context(|| format!("cluster {} has no postmaster.pid", c.name()))
     };
-    s.place("primary", postmaster(rig.primary)?, Share::Even)?;
-    for (name, (c, share)) in ["standby-w", "standby-z", "standby-direct"]
-        .into_iter()
-        .zip(
-            rig.standbys
-                .into_iter()
-                .zip([Some(Share::Even), z, Some(Share::Even)]),
-        )
-    {
+    let [standby_w, standby_z, direct] = rig.standbys;
+    let clusters = [
+        ("primary", rig.primary, Some(Share::Even)),
+        ("standby-w", standby_w, Some(Share::Even)),
+        ("standby-z", standby_z, z),
+        ("standby-direct", direct, Some(Share::Even)),
+    ];
+    for (name, c, share) in clusters {
         if let Some(share) = share {
             s.place(name, postmaster(c)?, share)?;
         }
