@@ -86,6 +86,14 @@ impl EncCache {
         &self.pages[slot as usize]
     }
 
+    /// Where the cached page of `key` is (0: not cached), for [`super::ahead`].
+    pub(crate) fn page_addr(&self, key: &BlockKey) -> usize {
+        self.map
+            .get(key)
+            .and_then(|&s| self.pages.get(s as usize))
+            .map_or(0, |p| p.as_ptr() as usize)
+    }
+
     /// Chooses reference and destination slots for the image of `key`.
     pub fn plan(&mut self, key: &BlockKey) -> Plan {
         if self.cap == 0 {

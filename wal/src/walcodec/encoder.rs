@@ -1,5 +1,6 @@
 //! The sending half: WAL bytes → payload (format in [`super`] and [`super::format`]).
 
+use super::ahead::Ahead;
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
@@ -95,6 +96,8 @@ pub struct Encoder {
     /// Most bytes of the message's end that may be held back for the next message (see
     /// [`Encoder::encode_held`]); 0: none.
     hold: usize,
+    /// The message's records scanned ahead, to prefetch what they touch (see [`super::ahead`]).
+    ahead: Ahead,
 }
 
 /// Why a record starting here is not encoded.
@@ -152,6 +155,7 @@ impl Encoder {
             msg_len: 0,
             seldom_reimaged: false,
             hold: 0,
+            ahead: Ahead::default(),
         })
     }
 

@@ -171,6 +171,7 @@
 //!   compression context for 8 KiB inputs at level 3, a zstd decompression context (used by
 //!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
 
+mod ahead;
 mod cache;
 mod decoder;
 mod encoder;
@@ -282,6 +283,12 @@ pub struct CodecStats {
     /// Records that would have been cut, held back for the next message instead
     /// ([`Encoder::encode_held`]).
     pub records_held: u64,
+    /// Records the encoder had scanned ahead of its walk when it reached them (their caches'
+    /// memory asked for in advance: `ahead.rs`), and records it did not scan because the
+    /// caches held too little of what it had looked up (the scan paused); the rest start
+    /// where the scan lost its way.
+    pub records_ahead: u64,
+    pub records_ahead_paused: u64,
     /// Lock losses: messages not continuing the previous one, and WAL disagreeing with the
     /// tracker.
     pub resyncs: u64,

@@ -6,7 +6,7 @@ use super::*;
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
-const SEG: u64 = 1 << 20;
+pub(super) const SEG: u64 = 1 << 20;
 
 pub(super) fn params(cache_slots: usize) -> CodecParams {
     CodecParams {

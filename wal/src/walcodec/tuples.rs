@@ -280,6 +280,11 @@ impl HeapRec {
         }
     }
 
+    /// The TIDs the record writes and reads tuples at: the new tuple's, the old one's.
+    pub fn tids(&self) -> [Option<Tid>; 2] {
+        [self.new, self.old]
+    }
+
     fn is_update(&self) -> bool {
         matches!(self.op, XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE)
     }

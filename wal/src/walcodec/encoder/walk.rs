@@ -4,12 +4,14 @@
 //! message when the caller allows (`Encoder::encode_held`).
 
 use super::*;
+use crate::walcodec::ahead;
 
 impl Encoder {
     /// Encodes the message's bytes, up to a record held back (see [`Encoder::encode_held`]);
     /// returns how many it took.
     pub(super) fn encode_body(&mut self, raw: &[u8]) -> Result<usize, WalCodecError> {
         let mut i = 0;
+        self.ahead.clear();
         while i < raw.len() {
             let rest = &raw[i..];
             let t = &self.tracker;
@@ -23,23 +25,26 @@ impl Encoder {
             }
             let room = t.to_page_end();
             let n = match t.state {
-                RecState::Between if t.at_record_start() => match self.try_record(rest)? {
-                    Ok(n) => {
-                        i += n;
-                        continue;
-                    }
-                    Err(skip) => {
-                        match skip {
-                            Skip::Split if i > 0 && rest.len() <= self.hold => {
-                                self.stats.records_held += 1;
-                                return Ok(i);
-                            }
-                            Skip::Split => self.stats.records_split += 1,
-                            Skip::Odd => self.stats.records_raw += 1,
+                RecState::Between if t.at_record_start() => {
+                    self.look_ahead(raw, i);
+                    match self.try_record(rest)? {
+                        Ok(n) => {
+                            i += n;
+                            continue;
                         }
-                        REC_HDR.min(room)
+                        Err(skip) => {
+                            match skip {
+                                Skip::Split if i > 0 && rest.len() <= self.hold => {
+                                    self.stats.records_held += 1;
+                                    return Ok(i);
+                                }
+                                Skip::Split => self.stats.records_split += 1,
+                                Skip::Odd => self.stats.records_raw += 1,
+                            }
+                            REC_HDR.min(room)
+                        }
                     }
-                },
+                }
                 RecState::Between => {
                     let pad = t.padding().max(1);
                     let n = pad.min(rest.len());
@@ -68,6 +73,21 @@ impl Encoder {
             i += n;
         }
         Ok(raw.len())
+    }
+
+    /// The walk is at a record start, offset `i`: asks for the memory of the records a few
+    /// places ahead (see [`ahead`]).
+    fn look_ahead(&mut self, raw: &[u8], i: usize) {
+        let caches = ahead::Caches {
+            pages: &self.cache,
+            tuples: &self.tuples,
+            compressed_mask: self.compressed_mask,
+        };
+        match self.ahead.at(raw, i, self.tracker.pos, caches) {
+            ahead::Seen::Scanned => self.stats.records_ahead += 1,
+            ahead::Seen::Paused => self.stats.records_ahead_paused += 1,
+            ahead::Seen::Missed => {}
+        }
     }
 
     /// The page header at the start of `rest` (or the rest of one a message cut): one op

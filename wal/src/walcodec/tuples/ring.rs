@@ -281,6 +281,31 @@ impl TupleCache {
             .map(|(slot, _)| slot)
     }
 
+    /// Where the index slot a lookup of `tid` starts at is, for `ahead`.
+    pub(crate) fn slot_addr(&self, tid: &Tid) -> Option<usize> {
+        self.slots
+            .get(self.home(hash(tid)))
+            .map(|s| std::ptr::from_ref(s) as usize)
+    }
+
+    /// Where the ring record the index slot of `tid` points at is, when the slot's tag is
+    /// `tid`'s (0: none), for `ahead`.
+    pub(crate) fn record_addr(&self, tid: &Tid) -> usize {
+        let h = hash(tid);
+        match self.slots.get(self.home(h)) {
+            Some(&s) if s != 0 && s >> 32 == h >> 32 => self
+                .ring
+                .get(position(s))
+                .map_or(0, |r| std::ptr::from_ref(r) as usize),
+            _ => 0,
+        }
+    }
+
+    /// The index slot where the probe of hash `h` starts.
+    fn home(&self, h: u64) -> usize {
+        (h >> 32) as usize & self.slots.len().wrapping_sub(1)
+    }
+
     /// The slot of the TID `key` (hash `h`), or the empty slot that ends its probe.
     fn probe(&self, key: &Key, h: u64) -> Result<usize, usize> {
         let tag = h >> 32;
