@@ -8,7 +8,7 @@
 //! heap TIDs), asks for the tuple index's slots, then looks up where their pages and ring
 //! records are in one loop of lookups that do not depend on each other, so that the CPU
 //! overlaps their misses; as the walk reaches a record it asks for the lines of the record
-//! [`DISTANCE`] places ahead. On recorded pgbench WAL the encoder spends about 7 % less CPU
+//! [`DISTANCE`] places ahead. On recorded pgbench WAL the encoder spends 5–9 % less CPU
 //! (`docs/keeping-up.md`, fifty-fifth round). The decoder learns a record's blocks only as
 //! it restores it: asking for them then measured slower, not faster.
 //!
@@ -16,7 +16,9 @@
 //! up ahead may be stale by the time it is asked for (the page evicted, the tuple put again);
 //! the line asked for is then only useless, never wrong. A scan that loses its way (a
 //! length it cannot follow) stops; it starts again at the next record start the walk
-//! reaches that it has not scanned, so it reads each message at most once over.
+//! reaches that it has not scanned, so it reads each message at most once over. Where the
+//! caches hold little of what a chunk looked up (a bulk load's inserts into new pages), the
+//! scan pauses for a while ([`worth_it`]).
 
 use super::cache::EncCache;
 use super::tuples::{HeapRec, Tid, TupleCache};
@@ -279,7 +281,7 @@ fn resolve(hints: &mut [Hint], caches: Caches) -> (usize, usize) {
 
 /// Whether a chunk's lookups found enough to go on scanning: a quarter (`None`: too few
 /// lookups to tell). A bulk load's inserts go to pages the block cache does not hold and
-/// tuples it does not keep: scanning them cost the encoder 14 % more CPU for nothing on
+/// tuples it does not keep: scanning them cost the encoder 13 % more CPU for nothing on
 /// recorded bulk WAL.
 fn worth_it((asked, found): (usize, usize)) -> Option<bool> {
     (asked >= MIN_ASKED).then_some(found * 4 >= asked)
