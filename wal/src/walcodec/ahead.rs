@@ -181,8 +181,9 @@ impl Ahead {
                 let (Some(info), Some(0)) = (le16(raw, o + 2), le32(raw, o + 16)) else {
                     return;
                 };
-                o += phd_len(info);
-                pos += phd_len(info) as u64;
+                let hl = phd_len(info);
+                o += hl;
+                pos += hl as u64;
             }
             if o >= raw.len() {
                 return;
@@ -260,9 +261,7 @@ fn crossing_span(raw: &[u8], o: usize, mut pos: u64, tot: usize) -> Option<usize
 fn resolve(hints: &mut [Hint], caches: Caches) -> (usize, usize) {
     for h in hints.iter() {
         for t in h.tids.iter().flatten() {
-            if let Some(a) = caches.tuples.slot_addr(t) {
-                prefetch(a);
-            }
+            prefetch(caches.tuples.slot_addr(t));
         }
     }
     let (mut asked, mut found) = (0, 0);

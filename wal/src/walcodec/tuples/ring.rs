@@ -281,11 +281,11 @@ impl TupleCache {
             .map(|(slot, _)| slot)
     }
 
-    /// Where the index slot a lookup of `tid` starts at is, for `ahead`.
-    pub(crate) fn slot_addr(&self, tid: &Tid) -> Option<usize> {
+    /// Where the index slot a lookup of `tid` starts at is (0: no index yet), for `ahead`.
+    pub(crate) fn slot_addr(&self, tid: &Tid) -> usize {
         self.slots
             .get(self.home(hash(tid)))
-            .map(|s| std::ptr::from_ref(s) as usize)
+            .map_or(0, |s| std::ptr::from_ref(s) as usize)
     }
 
     /// Where the ring record the index slot of `tid` points at is, when the slot's tag is
@@ -301,7 +301,8 @@ impl TupleCache {
         }
     }
 
-    /// The index slot where the probe of hash `h` starts.
+    /// The index slot where the probe of hash `h` starts (an entry's own home: `h` = the
+    /// entry, whose high 32 bits are its tag).
     fn home(&self, h: u64) -> usize {
         (h >> 32) as usize & self.slots.len().wrapping_sub(1)
     }
@@ -310,7 +311,7 @@ impl TupleCache {
     fn probe(&self, key: &Key, h: u64) -> Result<usize, usize> {
         let tag = h >> 32;
         let mask = self.slots.len() - 1;
-        let mut i = tag as usize & mask;
+        let mut i = self.home(h);
         loop {
             let s = self.slots[i];
             if s == 0 {
@@ -338,7 +339,7 @@ impl TupleCache {
             if s == 0 {
                 break;
             }
-            let home = (s >> 32) as usize & mask;
+            let home = self.home(s);
             // The entry at j may move to the hole unless its home lies in (hole, j].
             let stays = if hole <= j {
                 hole < home && home <= j
