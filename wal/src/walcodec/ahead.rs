@@ -21,6 +21,7 @@
 //! scan pauses for a while ([`worth_it`]).
 
 use super::cache::EncCache;
+use super::prefetch::prefetch;
 use super::tuples::{HeapRec, Tid, TupleCache};
 use super::wal::{le16, le32, parse_area, phd_len, Area, BlockKey, REC_HDR, WAL_PAGE};
 
@@ -38,24 +39,6 @@ const MIN_ASKED: usize = 64;
 
 /// Pages and ring records remembered per record (heap records reference at most two blocks).
 const MAX_KEYS: usize = 2;
-
-/// Asks the CPU to bring the cache line at `addr` into its caches (0: nothing to ask for).
-/// Never faults, whatever the address.
-#[inline(always)]
-fn prefetch(addr: usize) {
-    if addr == 0 {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `prefetcht0` is a hint that never faults and reads nothing the program sees,
-    // whatever the address; SSE, the target feature `_mm_prefetch` is declared with, is part
-    // of the x86_64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
-}
 
 /// Asks for the first lines of the page at `addr` (0: none): its header and first line
 /// pointers.

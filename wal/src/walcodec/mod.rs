@@ -185,6 +185,7 @@ pub mod pagexf;
 mod payload;
 pub mod persist;
 pub mod pglz;
+mod prefetch;
 mod redo;
 pub mod rmgr;
 mod streams;

@@ -31,6 +31,7 @@
 
 use super::inserts::InsertCounts;
 use super::{Head, Tid};
+use crate::walcodec::prefetch::prefetch;
 use crate::walcodec::wal::{BlockKey, PAGE_SIZE};
 
 /// Bytes of a record's header, and of the TID that opens it.
@@ -45,6 +46,9 @@ const MIN_RECORD: usize = 64;
 const MIN_SLOTS: usize = 1024;
 /// The largest ring (record offsets / 8 fit in an index slot's 32 bits).
 const MAX_SIZE: usize = 1 << 34;
+/// How many records ahead of the oldest the index slots and block counts of the records
+/// dropped next are asked for ([`TupleCache::ask_for_drops`]).
+const DROP_AHEAD: usize = 8;
 
 /// Bounded cache of the newest tuple per TID; identical on both ends when fed the same calls.
 pub struct TupleCache {
@@ -61,6 +65,10 @@ pub struct TupleCache {
     wrapped: bool,
     /// Records in the ring, live or dead.
     records: usize,
+    /// The record `asked` records after the oldest (the oldest itself when `asked` is 0):
+    /// the next whose index slot and block count [`TupleCache::ask_for_drops`] asks for.
+    ask_at: usize,
+    asked: usize,
     /// Live tuples (index entries).
     live: usize,
     slots: Vec<u64>,
@@ -80,6 +88,8 @@ impl TupleCache {
             lap_end: 0,
             wrapped: false,
             records: 0,
+            ask_at: 0,
+            asked: 0,
             live: 0,
             slots: vec![0; MIN_SLOTS],
             blocks: vec![0; MIN_SLOTS / 8],
@@ -221,6 +231,45 @@ impl TupleCache {
         if self.tail == self.lap_end {
             (self.tail, self.wrapped) = (0, false);
         }
+        self.ask_for_drops();
+    }
+
+    /// Asks for the memory the next [`DROP_AHEAD`] drops will read at random: each record's
+    /// index slot (the probe's start) and its block's live count. Dropping reads them one
+    /// record after another, a miss each in a large cache; asked for ahead, the misses
+    /// overlap. Hints only: what is dropped, and every byte either end holds, is the same.
+    fn ask_for_drops(&mut self) {
+        if self.asked == 0 {
+            self.ask_at = self.tail;
+        } else {
+            self.asked -= 1;
+        }
+        while self.asked < DROP_AHEAD && self.asked < self.records {
+            if self.wrapped && self.ask_at == self.lap_end {
+                self.ask_at = 0;
+            }
+            let Some((tid, len)) = self.peek(self.ask_at) else {
+                // (Not a record start: a bug, but a hint never fails; start again later.)
+                self.asked = 0;
+                return;
+            };
+            let bh = block_hash(&tid.block);
+            let h = tid_hash(bh, tid.off);
+            prefetch(std::ptr::from_ref(&self.slots[self.home(h)]) as usize);
+            let b = bh as usize & (self.blocks.len() - 1);
+            prefetch(std::ptr::from_ref(&self.blocks[b]) as usize);
+            self.ask_at += record_size(len);
+            self.asked += 1;
+        }
+    }
+
+    /// The TID and data length of the record at `pos`, if it lies in the ring.
+    fn peek(&self, pos: usize) -> Option<(Tid, usize)> {
+        let h = self.ring.get(pos..pos.checked_add(HEADER)?)?;
+        let len = usize::from(u16::from_le_bytes([h[20], h[21]]));
+        self.ring.get(pos + HEADER..pos + HEADER + len)?;
+        let (tid, _, data) = self.record(pos);
+        Some((tid, data.len()))
     }
 
     fn write_record(&mut self, pos: usize, key: &Key, head: &Head, data: &[u8]) {
@@ -275,10 +324,20 @@ impl TupleCache {
 
     /// The index slot of the record of `tid` at `pos`, when that record is live (the index
     /// points at it rather than at a newer one).
+    /// The index holds at most one entry per record position, so the entry to look for is
+    /// known whole (tag and position): the probe compares slots only and never reads the
+    /// ring, where a dead record's TID points at its newer record, a miss each.
     fn live_slot(&self, tid: &Tid, pos: usize) -> Option<usize> {
-        self.find(tid)
-            .filter(|&(_, at)| at == pos)
-            .map(|(slot, _)| slot)
+        let want = entry(hash(tid), pos);
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(want);
+        loop {
+            match self.slots[i] {
+                0 => return None,
+                s if s == want => return Some(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
     }
 
     /// Where the index slot a lookup of `tid` starts at is (0: no index yet), for `ahead`.
@@ -443,7 +502,12 @@ fn block_hash(b: &BlockKey) -> u64 {
 
 /// The TID's hash: its high 32 bits choose the index slot and are the slot's tag.
 fn hash(tid: &Tid) -> u64 {
-    mix(block_hash(&tid.block), u64::from(tid.off)).wrapping_mul(K)
+    tid_hash(block_hash(&tid.block), tid.off)
+}
+
+/// [`hash`] of the TID at offset `off` of the block whose [`block_hash`] is `bh`.
+fn tid_hash(bh: u64, off: u16) -> u64 {
+    mix(bh, u64::from(off)).wrapping_mul(K)
 }
 
 #[cfg(test)]

@@ -189,6 +189,56 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     proptest::collection::vec(op, 1..1500)
 }
 
+/// The record starts of the ring, oldest first.
+fn record_starts(c: &TupleCache) -> Vec<usize> {
+    let (mut at, mut wrapped) = (c.tail, c.wrapped);
+    let mut starts = Vec::new();
+    for _ in 0..c.records {
+        if wrapped && at == c.lap_end {
+            (at, wrapped) = (0, false);
+        }
+        starts.push(at);
+        at += record_size(c.record(at).2.len());
+    }
+    starts
+}
+
+/// The drops' hints keep step with the ring: at most DROP_AHEAD records asked for, and the
+/// next to ask for is the record that many after the oldest.
+fn asks_in_step(c: &TupleCache) -> Result<(), TestCaseError> {
+    prop_assert!(
+        c.asked <= DROP_AHEAD.min(c.records),
+        "{} of {}",
+        c.asked,
+        c.records
+    );
+    if c.asked > 0 && c.asked < c.records {
+        let at = if c.wrapped && c.ask_at == c.lap_end {
+            0
+        } else {
+            c.ask_at
+        };
+        prop_assert_eq!(at, record_starts(c)[c.asked]);
+    }
+    Ok(())
+}
+
+#[test]
+fn the_drops_are_asked_for_ahead() {
+    // Records of 100 data bytes take 136 bytes: ten fit in 1,360.
+    let mut c = TupleCache::new(1360);
+    for i in 0..10u16 {
+        c.put(tid(1, i + 1), head(u32::from(i)), &[i as u8; 100]);
+    }
+    assert_eq!(c.asked, 0, "nothing dropped yet");
+    c.put(tid(1, 11), head(10), &[10; 100]);
+    // One dropped to make room; the next DROP_AHEAD records from the new oldest were asked
+    // for, and the next to ask for is the ninth record.
+    assert_eq!((c.records, c.asked), (10, DROP_AHEAD));
+    assert_eq!(c.ask_at, record_starts(&c)[DROP_AHEAD]);
+    assert_eq!(c.record(c.ask_at).0, tid(1, 10));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -217,6 +267,7 @@ proptest! {
                 }
             }
             prop_assert!(c.ring.len() <= size);
+            asks_in_step(&c)?;
         }
         // Sequence numbers from which on everything put must still be there.
         let mut recent = m.sizes.len();
