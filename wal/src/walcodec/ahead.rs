@@ -243,6 +243,9 @@ fn crossing_span(raw: &[u8], o: usize, mut pos: u64, tot: usize) -> Option<usize
 /// lookups. Returns the lookups made and how many found something.
 fn resolve(hints: &mut [Hint], caches: Caches) -> (usize, usize) {
     for h in hints.iter() {
+        for k in h.blocks.iter().flatten() {
+            prefetch(caches.pages.map_addr(k));
+        }
         for t in h.tids.iter().flatten() {
             prefetch(caches.tuples.slot_addr(t));
         }

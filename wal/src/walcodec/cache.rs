@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::blockmap::BlockMap;
 use super::tuples::FxBuild;
 use super::wal::{BlockKey, PAGE_SIZE};
 
@@ -47,7 +48,7 @@ pub struct EncCache {
     head: u32,
     /// Least recently used slot.
     tail: u32,
-    map: HashMap<BlockKey, u32, FxBuild>,
+    map: BlockMap,
     /// The slot most recently stored for each relation fork (a reference for new blocks).
     by_rel: HashMap<RelKey, u32, FxBuild>,
 }
@@ -73,7 +74,7 @@ impl EncCache {
             next: Vec::new(),
             head: NIL,
             tail: NIL,
-            map: HashMap::default(),
+            map: BlockMap::default(),
             by_rel: HashMap::default(),
         }
     }
@@ -86,11 +87,16 @@ impl EncCache {
         &self.pages[slot as usize]
     }
 
+    /// Where the block map's lookup of `key` starts, for [`super::ahead`] to ask for.
+    pub(crate) fn map_addr(&self, key: &BlockKey) -> usize {
+        self.map.home_addr(key)
+    }
+
     /// Where the cached page of `key` is (0: not cached), for [`super::ahead`].
     pub(crate) fn page_addr(&self, key: &BlockKey) -> usize {
         self.map
             .get(key)
-            .and_then(|&s| self.pages.get(s as usize))
+            .and_then(|s| self.pages.get(s as usize))
             .map_or(0, |p| p.as_ptr() as usize)
     }
 
@@ -103,7 +109,7 @@ impl EncCache {
                 hit: false,
             };
         }
-        if let Some(&slot) = self.map.get(key) {
+        if let Some(slot) = self.map.get(key) {
             return Plan {
                 reference: Some(slot),
                 store: Some(slot),
@@ -118,8 +124,7 @@ impl EncCache {
         let reference = self
             .map
             .get(&prev)
-            .or_else(|| self.by_rel.get(&rel_of(key)))
-            .copied();
+            .or_else(|| self.by_rel.get(&rel_of(key)).copied());
         let store = if self.pages.len() < self.cap {
             None
         } else {
@@ -163,7 +168,7 @@ impl EncCache {
 
     /// The cached image of `key`, if any (no change to the eviction order).
     pub fn lookup(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
-        self.map.get(key).map(|&s| &*self.pages[s as usize])
+        self.map.get(key).map(|s| &*self.pages[s as usize])
     }
 
     /// Marks `slot` most recently used without changing it.
@@ -259,7 +264,7 @@ pub struct DecCache {
     slots: Vec<Option<Page>>,
     /// Which block each slot holds, mirroring the encoder's map (for tuple references).
     keys: Vec<Option<BlockKey>>,
-    map: HashMap<BlockKey, usize, FxBuild>,
+    map: BlockMap,
 }
 
 impl DecCache {
@@ -268,7 +273,7 @@ impl DecCache {
             cap,
             slots: Vec::new(),
             keys: Vec::new(),
-            map: HashMap::default(),
+            map: BlockMap::default(),
         }
     }
 
@@ -289,7 +294,8 @@ impl DecCache {
                 self.map.remove(&old);
             }
         }
-        self.map.insert(*key, slot);
+        // (Slots are below the capacity, at most MAX_SLOTS: they fit in 32 bits.)
+        self.map.insert(*key, slot as u32);
     }
 
     pub fn capacity(&self) -> usize {
@@ -312,7 +318,7 @@ impl DecCache {
         }
         let mut c = DecCache::new(cap);
         for (s, (key, page)) in slots.into_iter().enumerate() {
-            if c.map.insert(key, s).is_some() {
+            if c.map.insert(key, s as u32).is_some() {
                 return None;
             }
             c.slots.push(Some(page));
@@ -349,20 +355,20 @@ impl super::tuples::PageLookup for EncCache {
 
 impl super::tuples::PageLookup for DecCache {
     fn page_of(&self, key: &BlockKey) -> Option<&[u8; PAGE_SIZE]> {
-        self.get(*self.map.get(key)?)
+        self.get(self.map.get(key)? as usize)
     }
 }
 
 impl super::redo::PageStore for EncCache {
     fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
-        let s = *self.map.get(key)?;
+        let s = self.map.get(key)?;
         self.pages.get_mut(s as usize).map(|p| &mut **p)
     }
 }
 
 impl super::redo::PageStore for DecCache {
     fn page_mut(&mut self, key: &BlockKey) -> Option<&mut [u8; PAGE_SIZE]> {
-        let s = *self.map.get(key)?;
+        let s = self.map.get(key)? as usize;
         self.slots.get_mut(s)?.as_deref_mut()
     }
 }

@@ -172,6 +172,7 @@
 //!   the encoder), a page of scratch; liblz4 keeps its 16 KiB state on the stack.
 
 mod ahead;
+mod blockmap;
 mod cache;
 mod decoder;
 mod encoder;

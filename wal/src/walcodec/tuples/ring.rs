@@ -31,6 +31,7 @@
 
 use super::inserts::InsertCounts;
 use super::{Head, Tid};
+use crate::walcodec::blockmap::{block_hash, mix, K};
 use crate::walcodec::prefetch::prefetch;
 use crate::walcodec::wal::{BlockKey, PAGE_SIZE};
 
@@ -484,20 +485,6 @@ fn insert_slot(slots: &mut [u64], s: u64) {
         i = (i + 1) & mask;
     }
     slots[i] = s;
-}
-
-const K: u64 = 0x9e37_79b9_7f4a_7c15;
-
-fn mix(h: u64, v: u64) -> u64 {
-    (h ^ v).wrapping_mul(K).rotate_left(29)
-}
-
-fn block_hash(b: &BlockKey) -> u64 {
-    let h = mix(
-        u64::from(b.spc) << 32 | u64::from(b.db),
-        u64::from(b.rel) << 8 | u64::from(b.fork),
-    );
-    mix(h, u64::from(b.blkno)).wrapping_mul(K)
 }
 
 /// The TID's hash: its high 32 bits choose the index slot and are the slot's tag.
