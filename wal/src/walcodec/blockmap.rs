@@ -81,26 +81,8 @@ impl BlockMap {
         let at = self.find(key).ok()?;
         let slot = self.entries[at].slot;
         let mask = self.entries.len() - 1;
-        let (mut hole, mut j) = (at, at);
-        loop {
-            j = (j + 1) & mask;
-            let e = self.entries[j];
-            if e.slot == FREE {
-                break;
-            }
-            let home = self.home(&e.key);
-            // The entry at j may move to the hole unless its home lies in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.entries[hole] = e;
-                hole = j;
-            }
-        }
-        self.entries[hole] = EMPTY;
+        let home = |e: &Entry| (block_hash(&e.key) >> 32) as usize & mask;
+        delete_at(&mut self.entries, at, |e| e.slot != FREE, home, EMPTY);
         self.len -= 1;
         Some(slot)
     }
@@ -148,6 +130,40 @@ impl BlockMap {
             self.entries[i] = e;
         }
     }
+}
+
+/// Backward-shift deletion from a table of linear probing whose length is a power of two
+/// (this map's, the tuple ring's index): empties the entry at `at` and moves each later
+/// entry of its run back into the hole unless its `home` lies between the hole and it, so
+/// that every probe still reaches its entry without tombstones.
+pub(super) fn delete_at<T: Copy>(
+    table: &mut [T],
+    at: usize,
+    used: impl Fn(&T) -> bool,
+    home: impl Fn(&T) -> usize,
+    free: T,
+) {
+    let mask = table.len() - 1;
+    let (mut hole, mut j) = (at, at);
+    loop {
+        j = (j + 1) & mask;
+        let e = table[j];
+        if !used(&e) {
+            break;
+        }
+        let h = home(&e);
+        // The entry at j may move to the hole unless its home lies in (hole, j].
+        let stays = if hole <= j {
+            hole < h && h <= j
+        } else {
+            hole < h || h <= j
+        };
+        if !stays {
+            table[hole] = e;
+            hole = j;
+        }
+    }
+    table[hole] = free;
 }
 
 /// The hashes' multiplier (2^64 / the golden ratio).

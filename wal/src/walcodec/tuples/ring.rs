@@ -31,7 +31,7 @@
 
 use super::inserts::InsertCounts;
 use super::{Head, Tid};
-use crate::walcodec::blockmap::{block_hash, mix, K};
+use crate::walcodec::blockmap::{block_hash, delete_at, mix, K};
 use crate::walcodec::prefetch::prefetch;
 use crate::walcodec::wal::{BlockKey, PAGE_SIZE};
 
@@ -364,7 +364,7 @@ impl TupleCache {
     /// The index slot where the probe of hash `h` starts (an entry's own home: `h` = the
     /// entry, whose high 32 bits are its tag).
     fn home(&self, h: u64) -> usize {
-        (h >> 32) as usize & self.slots.len().wrapping_sub(1)
+        home_in(self.slots.len(), h)
     }
 
     /// The slot of the TID `key` (hash `h`), or the empty slot that ends its probe.
@@ -390,28 +390,8 @@ impl TupleCache {
     /// Takes index slot `slot` (a tuple of `block`) out, moving later entries of its run back;
     /// then shrinks the index if it became sparse.
     fn unindex(&mut self, slot: usize, block: &BlockKey) {
-        let mask = self.slots.len() - 1;
-        let mut hole = slot;
-        let mut j = slot;
-        loop {
-            j = (j + 1) & mask;
-            let s = self.slots[j];
-            if s == 0 {
-                break;
-            }
-            let home = self.home(s);
-            // The entry at j may move to the hole unless its home lies in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.slots[hole] = s;
-                hole = j;
-            }
-        }
-        self.slots[hole] = 0;
+        let len = self.slots.len();
+        delete_at(&mut self.slots, slot, |&s| s != 0, |&s| home_in(len, s), 0);
         self.live -= 1;
         let b = self.block_bucket(block);
         self.blocks[b] -= 1;
@@ -452,6 +432,11 @@ impl TupleCache {
     }
 }
 
+/// The home slot of hash (or entry) `h` in an index of `len` slots (a power of two).
+fn home_in(len: usize, h: u64) -> usize {
+    (h >> 32) as usize & len.wrapping_sub(1)
+}
+
 fn key_of(tid: &Tid) -> Key {
     let b = &tid.block;
     let mut k = [0u8; KEY];
@@ -480,7 +465,7 @@ fn position(slot: u64) -> usize {
 /// Puts `s` in the first empty slot from its home on (there is one: at most half are used).
 fn insert_slot(slots: &mut [u64], s: u64) {
     let mask = slots.len() - 1;
-    let mut i = (s >> 32) as usize & mask;
+    let mut i = home_in(slots.len(), s);
     while slots[i] != 0 {
         i = (i + 1) & mask;
     }
