@@ -325,6 +325,7 @@ impl TupleCache {
 
     /// The index slot of the record of `tid` at `pos`, when that record is live (the index
     /// points at it rather than at a newer one).
+    ///
     /// The index holds at most one entry per record position, so the entry to look for is
     /// known whole (tag and position): the probe compares slots only and never reads the
     /// ring, where a dead record's TID points at its newer record, a miss each.
