@@ -62,15 +62,15 @@ impl BlockMap {
         debug_assert_ne!(slot, FREE);
         match self.find(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.entries[i].slot, slot)),
-            Err(i) => {
+            Err(free) => {
                 self.len += 1;
-                if 2 * self.len > self.entries.len() {
+                let i = if 2 * self.len > self.entries.len() {
                     self.grow();
-                    let i = self.free_from(&key);
-                    self.entries[i] = Entry { key, slot };
+                    self.free_from(&key)
                 } else {
-                    self.entries[i] = Entry { key, slot };
-                }
+                    free
+                };
+                self.entries[i] = Entry { key, slot };
                 None
             }
         }
@@ -80,8 +80,8 @@ impl BlockMap {
     pub(super) fn remove(&mut self, key: &BlockKey) -> Option<u32> {
         let at = self.find(key).ok()?;
         let slot = self.entries[at].slot;
-        let mask = self.entries.len() - 1;
-        let home = |e: &Entry| (block_hash(&e.key) >> 32) as usize & mask;
+        let len = self.entries.len();
+        let home = |e: &Entry| home_in(len, block_hash(&e.key));
         delete_at(&mut self.entries, at, |e| e.slot != FREE, home, EMPTY);
         self.len -= 1;
         Some(slot)
@@ -93,7 +93,7 @@ impl BlockMap {
     }
 
     fn home(&self, key: &BlockKey) -> usize {
-        (block_hash(key) >> 32) as usize & (self.entries.len() - 1)
+        home_in(self.entries.len(), block_hash(key))
     }
 
     /// The entry of `key`, or the free entry that ends its probe.
@@ -130,6 +130,12 @@ impl BlockMap {
             self.entries[i] = e;
         }
     }
+}
+
+/// The home entry of hash `h` in a table of `len` entries (a power of two): the hash's high
+/// 32 bits, the well-mixed ones (the tuple ring's index also keeps them as an entry's tag).
+pub(super) fn home_in(len: usize, h: u64) -> usize {
+    (h >> 32) as usize & len.wrapping_sub(1)
 }
 
 /// Backward-shift deletion from a table of linear probing whose length is a power of two
@@ -191,16 +197,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    fn key(rel: u32, blkno: u32) -> BlockKey {
-        BlockKey {
-            spc: 1663,
-            db: 5,
-            rel,
-            fork: 0,
-            blkno,
-        }
-    }
+    use crate::walcodec::testgen::block_key as key;
 
     #[test]
     fn it_grows_past_half_full_and_finds_every_block() {

@@ -31,7 +31,7 @@
 
 use super::inserts::InsertCounts;
 use super::{Head, Tid};
-use crate::walcodec::blockmap::{block_hash, delete_at, mix, K};
+use crate::walcodec::blockmap::{block_hash, delete_at, home_in, mix, K};
 use crate::walcodec::prefetch::prefetch;
 use crate::walcodec::wal::{BlockKey, PAGE_SIZE};
 
@@ -257,8 +257,7 @@ impl TupleCache {
             let bh = block_hash(&tid.block);
             let h = tid_hash(bh, tid.off);
             prefetch(std::ptr::from_ref(&self.slots[self.home(h)]) as usize);
-            let b = bh as usize & (self.blocks.len() - 1);
-            prefetch(std::ptr::from_ref(&self.blocks[b]) as usize);
+            prefetch(std::ptr::from_ref(&self.blocks[self.bucket(bh)]) as usize);
             self.ask_at += record_size(len);
             self.asked += 1;
         }
@@ -429,13 +428,13 @@ impl TupleCache {
     }
 
     fn block_bucket(&self, block: &BlockKey) -> usize {
-        block_hash(block) as usize & (self.blocks.len() - 1)
+        self.bucket(block_hash(block))
     }
-}
 
-/// The home slot of hash (or entry) `h` in an index of `len` slots (a power of two).
-fn home_in(len: usize, h: u64) -> usize {
-    (h >> 32) as usize & len.wrapping_sub(1)
+    /// The filter bucket of the block whose [`block_hash`] is `bh`.
+    fn bucket(&self, bh: u64) -> usize {
+        bh as usize & (self.blocks.len() - 1)
+    }
 }
 
 fn key_of(tid: &Tid) -> Key {
