@@ -1,22 +1,11 @@
 //! The tuple cache across a relation's change from caching its inserts to leaving them out
 //! and back ([`tuples`]`::inserts`), through the whole codec.
 
-use super::testgen::{Entropy, GenBlock, Image, WalGen};
+use super::testgen::{block_key as key, Entropy, GenBlock, Image, WalGen};
 use super::tuples::COLD_AFTER;
-use super::wal::BlockKey;
 use super::*;
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
-
-fn key(rel: u32, blkno: u32) -> BlockKey {
-    BlockKey {
-        spc: 1663,
-        db: 5,
-        rel,
-        fork: 0,
-        blkno,
-    }
-}
 
 /// A heap record (`info`) of relation 16600 whose block 0 (`blkno`) carries the new tuple
 /// `body` (from t_bits on) whole, after its `xl_heap_header`.

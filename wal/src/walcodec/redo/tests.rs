@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::walcodec::testgen::block_key;
 use crate::walcodec::wal::{page_bounds, BlockRef, PAGE_HEADER};
 
 #[derive(Default)]
@@ -15,13 +16,7 @@ impl PageStore for Pages {
 }
 
 fn key(blkno: u32) -> BlockKey {
-    BlockKey {
-        spc: 1663,
-        db: 5,
-        rel: 16384,
-        fork: 0,
-        blkno,
-    }
+    block_key(16384, blkno)
 }
 
 /// A record of `rmid`/`info` by `xid` with blocks (id, block number, data) and main data.

@@ -38,6 +38,18 @@ mod workload;
 pub use entropy::{corrupt, split, Entropy, Rng, Src};
 pub use shaped::{shaped, MAX_SHAPED};
 
+/// Block `blkno` of relation `rel`'s main fork in the default tablespace (1663) of database
+/// 5: the block the tests' records and caches use.
+pub fn block_key(rel: u32, blkno: u32) -> BlockKey {
+    BlockKey {
+        spc: 1663,
+        db: 5,
+        rel,
+        fork: 0,
+        blkno,
+    }
+}
+
 /// The full-page image of a block reference, if it has one.
 pub enum Image {
     None,

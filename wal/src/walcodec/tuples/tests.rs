@@ -1,14 +1,9 @@
 use super::*;
+use crate::walcodec::testgen::block_key;
 use crate::walcodec::wal::BlockRef;
 
 fn key(blkno: u32) -> BlockKey {
-    BlockKey {
-        spc: 1663,
-        db: 5,
-        rel: 16384,
-        fork: 0,
-        blkno,
-    }
+    block_key(16384, blkno)
 }
 
 fn tid(blkno: u32, off: u16) -> Tid {
