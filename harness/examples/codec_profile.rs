@@ -159,7 +159,7 @@ fn print_stats(st: &CodecStats) {
         st.fpi_recompressed, st.fpi_recompress_mismatch, st.fpi_undecodable, st.fpi_opaque
     );
     let names = [
-        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "LONG", "frames",
+        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "LONG", "HIT", "frames",
     ];
     let sections: Vec<String> = names
         .iter()

@@ -31,7 +31,8 @@ pub mod link {
 /// (streamed pages of long items through DATA), which a version-11 half refuses. 13: walcodec
 /// format 10 (the tuple cache is a ring of records: which tuples it holds changed), which a
 /// version-12 half refuses. 14: walcodec format 11 (a stream of its own, LONG, for long data
-/// and the long window; DATA short and read in place), which a version-13 half refuses. The
-/// version changes with anything that changes the walcodec format or what either half's
-/// recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 14;
+/// and the long window; DATA short and read in place), which a version-13 half refuses. 15:
+/// walcodec format 12 (cache hits as matches in a stream of their own, HIT, instead of a zstd
+/// frame each), which a version-14 half refuses. The version changes with anything that
+/// changes the walcodec format or what either half's recompression of images gives.
+pub const PROTOCOL_VERSION: u32 = 15;

@@ -473,8 +473,8 @@ struct Delta {
 }
 
 fn breakdown(label: &str, d: &Delta, zstd: u64) -> String {
-    const NAMES: [&str; 9] = [
-        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "LONG", "FPI",
+    const NAMES: [&str; 10] = [
+        "CTRL", "HDR", "DATA", "RAW", "IMG", "PAGE", "MAIN", "LONG", "HIT", "FPI",
     ];
     const OPS: [&str; 8] = [
         "opaque",

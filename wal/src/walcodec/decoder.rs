@@ -12,8 +12,8 @@ use super::tracker::Tracker;
 use super::tuples::{self, HeapRec, TupleCache};
 use super::wal::{parse_area, seal_record, Area, BlockKey, ImageRef, PAGE_SIZE, REC_HDR, WAL_PAGE};
 use super::{
-    check_params, CodecParams, WalCodecError, S_CTRL, S_DATA, S_HDR, S_IMG, S_LONG, S_MAIN, S_PAGE,
-    S_RAW,
+    check_params, CodecParams, WalCodecError, S_CTRL, S_DATA, S_HDR, S_HIT, S_IMG, S_LONG, S_MAIN,
+    S_PAGE, S_RAW,
 };
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
@@ -83,6 +83,7 @@ struct Sections<'a> {
     raw: Reader<'a>,
     img: Reader<'a>,
     page: Reader<'a>,
+    hit: Reader<'a>,
     fpi: Reader<'a>,
 }
 
@@ -251,6 +252,7 @@ impl Decoder {
             raw: Reader::new(&b[S_RAW], "RAW"),
             img: Reader::new(&b[S_IMG], "IMG"),
             page: Reader::new(&b[S_PAGE], "PAGE"),
+            hit: Reader::new(&b[S_HIT], "HIT"),
             fpi: Reader::new(&payload[u.fpi_at..], "FPI"),
         };
 
@@ -260,7 +262,7 @@ impl Decoder {
         }
         self.st.deferred.settle(out)?;
         for rd in [
-            &r.ctrl, &r.hdr, &r.data, &r.long, &r.main, &r.raw, &r.img, &r.page, &r.fpi,
+            &r.ctrl, &r.hdr, &r.data, &r.long, &r.main, &r.raw, &r.img, &r.page, &r.hit, &r.fpi,
         ] {
             if !rd.done() {
                 return Err(corrupt(format!(

@@ -22,7 +22,8 @@
 //!
 //! image-op = 0 OPAQUE                   bimg_len bytes from IMG
 //!          | 1 NEW    k:varint len:varint  frame (no reference) → page; store in slot k
-//!          | 2 SAME   k:varint len:varint  frame against slot k → page; store in slot k
+//!          | 2 SAME   k:varint             the next hit of HIT against slot k → page
+//!                                          (`super::hitcode`); store in slot k
 //!          | 3 REF    j:varint k:varint len:varint  frame against slot j; store in slot k
 //!          | 4 IDENT  k:varint             the page in slot k, unchanged
 //!          | 5 NOCACHE len:varint          frame (no reference), not stored
@@ -31,8 +32,8 @@
 //!                                          (only for images of at least 1024 bytes)
 //!          | 7 STREAM_NOCACHE              the next 8192 bytes of PAGE (or LONG), not stored
 //!          | 0x80|op (op 1..=7)           as op, for an image the primary compressed
-//!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 2,
-//!                                         3, 5) and no page bytes (6, 7); the image is
+//!          | 0xA0|op (op 1..=7)           the slots of op, a frame len of 0 (ops 1, 3,
+//!                                         5) and no page or hit bytes (2, 6, 7); the image is
 //!                                         bimg_len bytes from IMG, the primary's (which
 //!                                         compressing the page again would not give),
 //!                                         its page what they decompress to, stored as
@@ -162,23 +163,24 @@ pub fn data_stream(rmid: u8, info: u8, len: usize) -> usize {
 pub const IMG_RECOMPRESS: u8 = 0x80;
 
 /// What follows image op `kind` (1..=7, flags removed): slot varints in CTRL (the last one
-/// the slot stored into, except for IDENT, whose one slot is read), then for NEW, SAME, REF
-/// and NOCACHE a frame length varint (and the frame in FPI); STREAM and STREAM_NOCACHE take
-/// a page from PAGE. `None` for OPAQUE and unknown kinds.
+/// the slot stored into, except for IDENT, whose one slot is read), then for NEW, REF and
+/// NOCACHE a frame length varint (and the frame in FPI); STREAM and STREAM_NOCACHE take a
+/// page from PAGE, SAME a hit from HIT (format 12). `None` for OPAQUE and unknown kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpLayout {
     pub slots: usize,
     pub stores: bool,
     pub framed: bool,
     pub page: bool,
+    pub hit: bool,
 }
 
 pub fn op_layout(kind: u8) -> Option<OpLayout> {
     let (slots, framed) = match kind {
-        IMG_NEW | IMG_SAME => (1, true),
+        IMG_NEW => (1, true),
         IMG_REF => (2, true),
         IMG_NOCACHE => (0, true),
-        IMG_IDENT | IMG_STREAM => (1, false),
+        IMG_IDENT | IMG_STREAM | IMG_SAME => (1, false),
         IMG_STREAM_NOCACHE => (0, false),
         _ => return None,
     };
@@ -187,6 +189,7 @@ pub fn op_layout(kind: u8) -> Option<OpLayout> {
         stores: slots > 0 && kind != IMG_IDENT,
         framed,
         page: matches!(kind, IMG_STREAM | IMG_STREAM_NOCACHE),
+        hit: kind == IMG_SAME,
     })
 }
 

@@ -1,6 +1,6 @@
 //! The encoder's own parse of a page against the previous image of the same block (a cache
-//! hit), for [`super::zseq`]: matches found here, entropy coded by zstd, in an ordinary frame
-//! against that image as prefix. Encoder only: the decoder reads the frame as any other.
+//! hit): the matches found here are what [`super::hitcode`] writes into the HIT stream
+//! (format 12; until 11 zstd entropy coded them into a frame of their own). Encoder only.
 //!
 //! Why: zstd's lazy2 parser (level 6), which finds the few changes of such a page well, must
 //! first index all 8 KiB of the prefix, then search; that was ~16 µs a page, a fifth of the
@@ -29,12 +29,12 @@
 //! smaller than lazy2's with an 8-byte hash, made in 6 µs a page against 17 (parse and
 //! entropy coding); over whole recordings, with the 4-byte hash, 12 % smaller (814,630 →
 //! 715,869 bytes of hit frames with pglz images, 738,218 → 649,308 without). Every match
-//! length is counted by comparing the bytes; [`super::zseq`] checks the offsets and lengths
-//! against the bounds before zstd codes them.
+//! length is counted by comparing the bytes; [`super::hitcode::put`] checks the offsets and
+//! lengths against the bounds as it writes them.
 
+use super::hitcode::{Seq, MIN_MATCH};
 use super::pglz::common_prefix;
 use super::wal::PAGE_SIZE;
-use super::zseq::{Seq, MIN_MATCH};
 
 /// Positions of the reference indexed: one in this many.
 const STEP: usize = 4;
@@ -178,9 +178,8 @@ impl HitParse {
             }
             self.seqs.push(Seq {
                 offset: off as u32,
-                litLength: (start - lit) as u32,
-                matchLength: len as u32,
-                rep: 0,
+                lit: (start - lit) as u32,
+                ml: len as u32,
             });
             if off != reps[0] {
                 reps = if off == reps[1] {
@@ -197,7 +196,7 @@ impl HitParse {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// What the sequences say the page is, over the reference.
@@ -205,19 +204,19 @@ mod tests {
         let mut out = reference.to_vec();
         let mut src = 0;
         for s in seqs {
-            let l = s.litLength as usize;
+            let l = s.lit as usize;
             out.extend_from_slice(&page[src..src + l]);
             src += l;
-            for _ in 0..s.matchLength {
+            for _ in 0..s.ml {
                 out.push(out[out.len() - s.offset as usize]);
             }
-            src += s.matchLength as usize;
+            src += s.ml as usize;
         }
         out.extend_from_slice(&page[src..]);
         out.split_off(PAGE_SIZE)
     }
 
-    pub(super) fn pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
+    pub(in crate::walcodec) fn pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
         let mut x = seed | 1;
         let mut next = || {
             x ^= x << 13;
@@ -247,16 +246,12 @@ mod tests {
             let mut hp = HitParse::new();
             let seqs = hp.parse(&r, &p).to_vec();
             assert_eq!(apply(&r, &p, &seqs), p.to_vec(), "seed {seed}");
-            let literals: usize = seqs.iter().map(|s| s.litLength as usize).sum::<usize>()
-                + PAGE_SIZE
-                - seqs
-                    .iter()
-                    .map(|s| (s.litLength + s.matchLength) as usize)
-                    .sum::<usize>();
+            let literals: usize = seqs.iter().map(|s| s.lit as usize).sum::<usize>() + PAGE_SIZE
+                - seqs.iter().map(|s| (s.lit + s.ml) as usize).sum::<usize>();
             // 40 changed bytes and the zeroed gap (found as a match of zeros elsewhere or
             // literals): far fewer literals than the page.
             assert!(literals < 400, "seed {seed}: {literals} literals");
-            assert!(seqs.iter().all(|s| s.matchLength >= MIN_MATCH));
+            assert!(seqs.iter().all(|s| s.ml >= MIN_MATCH));
         }
     }
 
@@ -282,90 +277,11 @@ mod tests {
         let seqs = hp.parse(&r, &r).to_vec();
         assert_eq!(seqs.len(), 1);
         assert_eq!(
-            (seqs[0].offset, seqs[0].matchLength),
+            (seqs[0].offset, seqs[0].ml),
             (PAGE_SIZE as u32, PAGE_SIZE as u32)
         );
         let zeros = Box::new([0u8; PAGE_SIZE]);
         let seqs = hp.parse(&zeros, &zeros).to_vec();
         assert_eq!(apply(&zeros, &zeros, &seqs), zeros.to_vec());
-    }
-}
-
-#[cfg(test)]
-mod frame_tests {
-    use super::super::streams::{HitCompressor, PageDecompressor};
-    use super::*;
-
-    /// Frames of the own parse decode, with zstd's own decoder against the reference, to the
-    /// page: pages that moved and changed, unrelated pages, identical pages, zeros.
-    #[test]
-    fn hit_frames_decode_to_the_page() {
-        let mut hc = HitCompressor::new(6).unwrap();
-        let mut pd = PageDecompressor::new().unwrap();
-        let zeros = Box::new([0u8; PAGE_SIZE]);
-        let mut cases = vec![(zeros.clone(), zeros.clone())];
-        for seed in 1..30 {
-            cases.push(tests_pages(seed));
-        }
-        cases.push((tests_pages(3).0, tests_pages(4).0));
-        cases.push((tests_pages(5).0, tests_pages(5).0));
-        for (i, (r, p)) in cases.iter().enumerate() {
-            let mut out = vec![0xAA];
-            let n = hc.compress(p, r, &mut out).unwrap();
-            assert_eq!(out.len(), n + 1);
-            let mut back = Box::new([1u8; PAGE_SIZE]);
-            pd.decompress(&out[1..], &[&r[..]], &mut back).unwrap();
-            assert_eq!(back[..], p[..], "case {i}");
-        }
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
-        /// Any reference and any edits of it (bytes set, ranges moved, runs written) give a
-        /// frame that decodes to the page.
-        #[test]
-        fn edited_pages_round_trip(
-            seed in proptest::prelude::any::<u64>(),
-            edits in proptest::collection::vec(
-                (0usize..PAGE_SIZE, 0usize..PAGE_SIZE, 0usize..600, proptest::prelude::any::<u8>(), 0u8..3),
-                0..40,
-            ),
-        ) {
-            let (r, _) = tests_pages(seed);
-            let mut p = r.clone();
-            for (a, b, n, v, kind) in edits {
-                let n = n.min(PAGE_SIZE - a.max(b));
-                match kind {
-                    0 => p[a] = v,
-                    1 => p.copy_within(a..a + n, b),
-                    _ => p[a..a + n].fill(v),
-                }
-            }
-            let mut hc = HitCompressor::new(6).unwrap();
-            let mut out = Vec::new();
-            hc.compress(&p, &r, &mut out).unwrap();
-            let mut back = Box::new([0u8; PAGE_SIZE]);
-            PageDecompressor::new().unwrap().decompress(&out, &[&r[..]], &mut back).unwrap();
-            proptest::prop_assert_eq!(&back[..], &p[..]);
-        }
-    }
-
-    /// No sequences at all: the whole page as literals, still a frame that decodes.
-    #[test]
-    fn a_frame_of_literals_only_decodes() {
-        let (r, p) = tests_pages(11);
-        let mut sc = super::super::zseq::SeqCompressor::new(6).unwrap();
-        let mut out = Vec::new();
-        sc.compress(&mut out, &[], &p[..], PAGE_SIZE).unwrap();
-        let mut back = Box::new([0u8; PAGE_SIZE]);
-        PageDecompressor::new()
-            .unwrap()
-            .decompress(&out, &[&r[..]], &mut back)
-            .unwrap();
-        assert_eq!(back[..], p[..]);
-    }
-
-    fn tests_pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
-        super::tests::pages(seed)
     }
 }

@@ -1,20 +1,21 @@
-//! The payload's framing: which sections a message has and where they are (format version 11;
-//! the framing is that of version 3 with an eighth stream and `present` a varint).
+//! The payload's framing: which sections a message has and where they are (format version 12;
+//! the framing is that of version 3 with an eighth and a ninth stream and `present` a varint).
 //!
 //! ```text
 //! payload  = separate | combined
-//! separate = 0x0b present:varint clen:varint × (sections present) section × (present) FPI-bytes
-//!            present: bit s (0..=7) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN,
-//!            LONG) has bytes this message, bit 8 when there are page frames (FPI); each present
-//!            stream's section is `clen` bytes of its own streaming zstd context, flushed
-//!            (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit 8 set iff any)
-//! combined = 0x1b clen:varint chunk FPI-bytes
+//! separate = 0x0c present:varint clen:varint × (sections present) section × (present) FPI-bytes
+//!            present: bit s (0..=8) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN,
+//!            LONG, HIT) has bytes this message, bit 9 when there are page frames (FPI);
+//!            each present stream's section is `clen` bytes of its own streaming zstd
+//!            context, flushed (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit
+//!            9 set iff any)
+//! combined = 0x1c clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
-//!            decompress to ulen:varint × 8 then the 8 streams' bytes in order; FPI as above
+//!            decompress to ulen:varint × 9 then the 9 streams' bytes in order; FPI as above
 //! ```
 //!
 //! A message whose streams got fewer than [`COMBINED_MAX`] bytes goes combined: one flush
-//! instead of up to eight, no section sizes outside the compressed chunk. Measured with a
+//! instead of up to nine, no section sizes outside the compressed chunk. Measured with a
 //! message per commit (steady, payload / zstd-3): pgbench 0.502 → 0.449, random-payload
 //! updates 0.690 → 0.663; 20 ms batches unchanged (bigger messages compress better kept
 //! apart, by kind, in their own contexts: all combined was 6 % worse there). The decoder
@@ -22,15 +23,16 @@
 //!
 //! Decompressed sizes are capped before anything is allocated (the encoder's output always
 //! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, LONG 4 × raw_len +
-//! 8192 (DATA's since format 9, LONG's since 11), the others raw_len; the combined chunk their
-//! sum plus 80 bytes of lengths.
+//! 8192 (DATA's since format 9, LONG's since 11), the others raw_len (HIT's holds because a
+//! hit goes there only when it takes no more bytes than its image in the WAL: `hitcode`);
+//! the combined chunk their sum plus 90 bytes of lengths.
 
 use super::format::DATA_PAGE_MIN_LEN;
 use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::wal::PAGE_SIZE;
 use super::{
-    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_LONG, S_MAIN, S_PAGE,
-    S_RAW,
+    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_HIT, S_LONG, S_MAIN,
+    S_PAGE, S_RAW,
 };
 
 pub const SEPARATE: u8 = FORMAT_VERSION;
@@ -131,9 +133,10 @@ pub struct Sections {
 }
 
 impl Sections {
-    /// The contexts for streams compressed at `level`; LONG keeps `data_log` of history
-    /// (with long-distance matching), DATA, RAW, PAGE and MAIN [`WINDOW_LOG`], the rest less.
-    pub fn new(level: i32, data_log: u32) -> Result<Sections, WalCodecError> {
+    /// The contexts for streams compressed at `level`, HIT at `hit_level`; LONG keeps
+    /// `data_log` of history (with long-distance matching), DATA, RAW, PAGE and MAIN
+    /// [`WINDOW_LOG`], the rest less.
+    pub fn new(level: i32, hit_level: i32, data_log: u32) -> Result<Sections, WalCodecError> {
         let streams = (0..STREAMS)
             .map(|s| {
                 let wlog = match s {
@@ -141,7 +144,7 @@ impl Sections {
                     S_DATA | S_RAW | S_PAGE | S_MAIN => WINDOW_LOG,
                     _ => SMALL_WINDOW_LOG,
                 };
-                CStream::new(level, wlog)
+                CStream::new(if s == S_HIT { hit_level } else { level }, wlog)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Sections {

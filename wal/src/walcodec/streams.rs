@@ -1,9 +1,7 @@
 //! Byte plumbing: LEB128 varints, bounds-checked readers, the streaming zstd sections and the
 //! per-page zstd frames with a reference page.
 
-use super::hitparse::HitParse;
 use super::zprefix::{FrameError, PrefixCompressor, PrefixDecompressor};
-use super::zseq::SeqCompressor;
 use super::WalCodecError;
 use zstd::stream::raw::{DParameter, Decoder, Operation};
 use zstd_safe::zstd_sys::ZSTD_EndDirective;
@@ -441,34 +439,6 @@ impl PageCompressor {
             self.cctx.compress(&mut dst, &page[..], &[])?;
         }
         Ok(out.len() - start)
-    }
-}
-
-/// Compresses a page against the previous image of its block: [`HitParse`]'s sequences,
-/// entropy coded by zstd ([`SeqCompressor`]). The frames are those [`PageCompressor`] makes
-/// with that one reference, read by [`PageDecompressor`] alike.
-pub struct HitCompressor {
-    parse: HitParse,
-    seq: SeqCompressor,
-}
-
-impl HitCompressor {
-    pub fn new(level: i32) -> Result<HitCompressor, WalCodecError> {
-        Ok(HitCompressor {
-            parse: HitParse::new(),
-            seq: SeqCompressor::new(level)?,
-        })
-    }
-
-    /// Appends the frame of `page` against `reference` to `out`; returns its length.
-    pub fn compress(
-        &mut self,
-        page: &[u8; PAGE_SIZE],
-        reference: &[u8; PAGE_SIZE],
-        out: &mut Vec<u8>,
-    ) -> Result<usize, WalCodecError> {
-        let seqs = self.parse.parse(reference, page);
-        self.seq.compress(out, seqs, page, PAGE_SIZE)
     }
 }
 

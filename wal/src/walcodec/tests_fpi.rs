@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::cache::SLOT_BYTES;
 use super::encoder::MIN_STREAM_IMAGE;
-use super::format::{IMG_IDENT, IMG_NEW, IMG_REF, IMG_STREAM};
+use super::format::{IMG_IDENT, IMG_NEW, IMG_REF, IMG_SAME, IMG_STREAM};
 use super::fpi::{compress_like_pg, lz4_compress_fast, Method};
 use super::pglz::{Pglz, STRATEGY_ALWAYS};
 use super::testgen::{Compressor, Entropy, GenBlock, GivenImage, Image, WalGen};
@@ -318,6 +318,51 @@ fn deferred_checks_rewrite_stream_and_ident_ops() {
     assert_eq!(st.fpi_primary_bytes, 2, "{what}");
     assert_eq!(st.image_ops[usize::from(IMG_STREAM)], 1, "{what}");
     assert_eq!(st.image_ops[usize::from(IMG_IDENT)], 1, "{what}");
+}
+
+/// A cache hit whose image does not reproduce, rewritten (format 12): its matches taken out
+/// of HIT again, between hits of images that do reproduce, each where the decoder reads it.
+#[test]
+fn deferred_checks_rewrite_hit_ops() {
+    let major = PgMajor::V16;
+    let mut g = WalGen::new(major, SEG, 3 * SEG, 9);
+    let mut x = 7u32;
+    let mut page = Box::new([0u8; PAGE_SIZE]);
+    for b in page.iter_mut() {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        *b = (x >> 28) as u8;
+    }
+    // Blocks 3 and 4 imaged three times each, a few bytes changed each time: block 3's
+    // images compressed as PostgreSQL does (they reproduce), block 4's at another level
+    // (they do not).
+    for round in 0..3u8 {
+        for (blkno, foreign) in [(3, false), (4, true)] {
+            page[100 + usize::from(round)] ^= 0x5A;
+            page[4000] = round;
+            let bytes = if foreign {
+                zstd::bulk::compress(&page[..], 19).unwrap()
+            } else {
+                compress_like_pg(Method::Zstd, &page[..]).unwrap()
+            };
+            assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
+            let b = given_block(
+                99_001,
+                blkno,
+                page.clone(),
+                (0, 0),
+                Some((bytes, flag(major, Method::Zstd))),
+            );
+            g.xid += 1;
+            let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
+            g.write_record(&rec);
+        }
+    }
+    g.switch();
+    let (st, _) = round_trip_checks(&params(major, 64), g.start, &g.buf, &[], true);
+    let what = format!("{st:?}");
+    assert_eq!(st.fpi_primary_bytes, 3, "{what}");
+    assert_eq!(st.image_ops[usize::from(IMG_SAME)], 4, "{what}");
+    assert!(st.fpi_hit_out > 0, "{what}");
 }
 
 /// Images the primary compressed to far less than 1 KiB, of full pages, go whole through

@@ -194,7 +194,7 @@ proptest! {
             lsn = start + *len as u64;
         }
         let h = other.len() / 2;
-        let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec(), other[..h].to_vec()];
+        let sections = [ctrl, other[..h].to_vec(), other[h..].to_vec(), other.clone(), other[..h / 2].to_vec(), other[h / 2..].to_vec(), other[h..].to_vec(), other[..h].to_vec(), other[h / 2..].to_vec()];
         let pl = garbage_payload(&sections, &fpi, combined);
         let _ = dec.decode(Lsn(lsn), &pl, len, &mut out);
     }

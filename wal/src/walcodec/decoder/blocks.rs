@@ -2,6 +2,7 @@
 //! `encoder/blocks.rs`).
 
 use super::*;
+use crate::walcodec::hitcode;
 
 /// What an image op names: (reference slot, slot to store into, page frame).
 type ImageSlots<'a> = (Option<usize>, Option<usize>, Option<&'a [u8]>);
@@ -88,11 +89,15 @@ impl State {
             return Err(corrupt(format!("image op {op} cannot be plain")));
         }
         let (reference, store, frame) = self.image_slots(op, img, r)?;
-        // Only frames against the previous image of the same block (SAME) and IDENT are not
-        // transformed (see `pagexf`); SAME frames are made against that page alone.
-        let transformed = !plain && !matches!(op, IMG_SAME | IMG_IDENT);
-        let known_tuples = op != IMG_SAME;
-        self.restore_page(key, img, transformed, known_tuples, reference, frame)?;
+        match (op, reference) {
+            // A cache hit (format 12): its matches against that page alone, as it is.
+            (IMG_SAME, Some(j)) => self.restore_hit(j, &mut r.hit)?,
+            // IDENT is not transformed either (see `pagexf`).
+            _ => {
+                let transformed = !plain && op != IMG_IDENT;
+                self.restore_page(key, img, transformed, reference, frame)?;
+            }
+        }
         if let Some(k) = store {
             self.stored = Some(k);
             if !self.cache.put(k, &self.page) {
@@ -164,7 +169,7 @@ impl State {
             }
             IMG_SAME => {
                 let k = slot(r.ctrl.varint()?)?;
-                (Some(k), Some(k), Some(read_frame(r)?))
+                (Some(k), Some(k), None)
             }
             IMG_REF => {
                 let j = slot(r.ctrl.varint()?)?;
@@ -190,26 +195,24 @@ impl State {
         })
     }
 
+    /// Restores the page of a cache hit into `self.page`: the next hit of HIT against the
+    /// page in slot `j` ([`hitcode`]).
+    fn restore_hit(&mut self, j: usize, hit: &mut Reader<'_>) -> Result<(), WalCodecError> {
+        hitcode::apply(hit, cached(&self.cache, j)?, &mut self.page)
+    }
+
     /// Restores the page into `self.page` from its frame (against the known tuples of the
-    /// block when `known_tuples`, and the reference page) or the reference itself (IDENT).
+    /// block and the reference page) or the reference itself (IDENT).
     fn restore_page(
         &mut self,
         key: &BlockKey,
         img: &ImageRef,
         transformed: bool,
-        known_tuples: bool,
         reference: Option<usize>,
         frame: Option<&[u8]>,
     ) -> Result<(), WalCodecError> {
-        let ref_page = match reference {
-            Some(j) => Some(
-                self.cache
-                    .get(j)
-                    .ok_or_else(|| corrupt(format!("cache slot {j} is referenced but empty")))?,
-            ),
-            None => None,
-        };
-        if frame.is_some() && known_tuples {
+        let ref_page = reference.map(|j| cached(&self.cache, j)).transpose()?;
+        if frame.is_some() {
             tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         } else {
             self.tprefix.clear();
@@ -279,4 +282,11 @@ fn cache_slot(v: u64, capacity: usize) -> Result<usize, WalCodecError> {
 fn read_frame<'a>(r: &mut Sections<'a>) -> Result<&'a [u8], WalCodecError> {
     let n = r.ctrl.len(2 * PAGE_SIZE)?;
     r.fpi.bytes(n)
+}
+
+/// The page in cache slot `j`, which the payload references.
+fn cached(cache: &DecCache, j: usize) -> Result<&[u8; PAGE_SIZE], WalCodecError> {
+    cache
+        .get(j)
+        .ok_or_else(|| corrupt(format!("cache slot {j} is referenced but empty")))
 }

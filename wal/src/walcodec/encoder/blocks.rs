@@ -154,6 +154,7 @@ impl Encoder {
             fpi_at: self.fpi.len(),
             page_in,
             page_at: self.bufs[page_in].len(),
+            hit_at: self.bufs[S_HIT].len(),
         };
         self.verify.defer(m, img, &self.page, bytes, at)
     }
@@ -192,7 +193,9 @@ impl Encoder {
         self.stats.fpis += 1;
         let plan = self.cache.plan(key);
         if let (true, Some(r), Some(s)) = (plan.hit, plan.reference, plan.store) {
-            return self.encode_hit(key, r, s, recompress);
+            if self.encode_hit(key, img, r, s, recompress) {
+                return Ok(());
+            }
         }
         tuples::page_prefix(&self.tuples, key, img.hole_offset, &mut self.tprefix);
         // A big image that is not a cache hit goes whole through PAGE, whose window holds the
@@ -234,43 +237,51 @@ impl Encoder {
 
     /// A cache hit: the page against the previous image of the same block (slot `r`), as it
     /// is (see `pagexf`), alone: the block's records since were replayed onto it (`redo`), so
-    /// it holds their tuples already (format version 5 in `walcodec`). Stored into `s`.
+    /// it holds their tuples already (format version 5 in `walcodec`). Its matches go into
+    /// HIT ([`hitcode`], format 12), unless they would take more bytes than the image does in
+    /// the WAL (which keeps HIT within its cap, the message's length): false then, and the
+    /// caller sends the page as any other against that reference. Stored into `s`.
     fn encode_hit(
         &mut self,
         key: &BlockKey,
+        img: &ImageRef,
         r: u32,
         s: u32,
         recompress: u8,
-    ) -> Result<(), WalCodecError> {
-        let ctrl = &mut self.bufs[S_CTRL];
-        self.stats.fpi_cache_hits += 1;
+    ) -> bool {
         if *self.cache.page(r) == *self.page {
+            let ctrl = &mut self.bufs[S_CTRL];
             ctrl.push(IMG_IDENT | recompress);
             put_varint(ctrl, u64::from(s));
             self.cache.touch(s);
+            self.stats.fpi_cache_hits += 1;
             self.stats.fpi_identical += 1;
-            return Ok(());
+            return true;
         }
-        let at = self.fpi.len();
-        let len = match self
-            .hit
-            .compress(&self.page, self.cache.page(r), &mut self.fpi)
-        {
-            Ok(len) => len,
-            Err(e) => {
-                // The parse broke a bound (a bug; zseq refused it): zstd's own parse.
-                debug_assert!(false, "hit frame from the encoder's own parse: {e}");
-                self.fpi.truncate(at);
-                self.pc_hit
-                    .compress(&self.page, &[&self.cache.page(r)[..]], &mut self.fpi)?
+        let seqs = self.hit.parse(self.cache.page(r), &self.page);
+        let out = &mut self.bufs[S_HIT];
+        let at = out.len();
+        match hitcode::put(seqs, &self.page, out) {
+            Some(n) if n <= usize::from(img.len) => {
+                self.stats.fpi_hit_out += n as u64;
             }
-        };
+            fits => {
+                // A bound broken is a bug of the parse; a hit longer than its image, a page
+                // the primary compressed to very little.
+                debug_assert!(
+                    fits.is_some(),
+                    "a hit the encoder's own parse made out of bounds"
+                );
+                out.truncate(at);
+                return false;
+            }
+        }
+        let ctrl = &mut self.bufs[S_CTRL];
         ctrl.push(IMG_SAME | recompress);
         put_varint(ctrl, u64::from(s));
-        put_varint(ctrl, len as u64);
-        self.stats.fpi_hit_out += len as u64;
+        self.stats.fpi_cache_hits += 1;
         self.cache.store(s, key, &self.page);
-        Ok(())
+        true
     }
 
     /// A page framed on its own: transformed (`helps`), against the transformed reference

@@ -23,7 +23,7 @@ use super::super::handoff::{Handoff, Work};
 use super::super::payload::Sections;
 use super::super::rmgr::MsgTally;
 use super::super::{
-    WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_IMG, S_LONG, S_MAIN, S_PAGE, S_RAW,
+    WalCodecError, STREAMS, S_CTRL, S_DATA, S_HDR, S_HIT, S_IMG, S_LONG, S_MAIN, S_PAGE, S_RAW,
 };
 use super::Encoder;
 
@@ -144,7 +144,7 @@ impl Encoder {
         self.stats.record_header_out += c(S_CTRL) + c(S_HDR);
         self.stats.data_out += c(S_DATA) + c(S_LONG) + c(S_MAIN);
         self.stats.raw_out += c(S_RAW);
-        self.stats.fpi_out += c(S_IMG) + c(S_PAGE) + fpi as u64;
+        self.stats.fpi_out += c(S_IMG) + c(S_PAGE) + c(S_HIT) + fpi as u64;
         self.stats.messages += 1;
         self.stats.bytes_in += st.raw_len as u64;
         self.stats.bytes_out += payload.len() as u64;

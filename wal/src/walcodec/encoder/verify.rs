@@ -7,9 +7,9 @@
 //! (`Encoder::set_parallel`) the check runs on a worker thread (started when first needed)
 //! while the encoder goes on with the message: the image is sent as a page,
 //! and once the message is complete ([`Verifier::settle`]) the op of an image that did not
-//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its
-//! page's bytes in PAGE or LONG) taken out, the primary's bytes put into IMG where the
-//! decoder will read them; the decoder gets the page by decompressing them. Such an image
+//! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its hit
+//! in HIT, or its page's bytes in PAGE or LONG) taken out, the primary's bytes put into IMG
+//! where the decoder will read them; the decoder gets the page by decompressing them. Such an image
 //! costs what an opaque one does, and its page still enters the cache. The outcomes are
 //! applied, last image first, when the message ends. When the worker is behind it declines
 //! the check, which is then made in place as without a worker (an image that does not
@@ -25,16 +25,17 @@
 use super::super::cache::Page;
 use super::super::format::{op_layout, IMG_PRIMARY, IMG_RECOMPRESS};
 use super::super::fpi::Method;
+use super::super::hitcode;
 use super::super::imgworker::{ImgWorker, Task};
 use super::super::streams::Reader;
 use super::super::wal::ImageRef;
 use super::super::wal::PAGE_SIZE;
 use super::super::WalCodecError;
-use super::super::{S_CTRL, S_IMG};
+use super::super::{S_CTRL, S_HIT, S_IMG};
 use super::Encoder;
 
-/// Where a deferred image's op and bytes are: the lengths of CTRL, IMG, the page frames and
-/// the stream its page would go through (`page_in`: PAGE or LONG, `format::page_stream`)
+/// Where a deferred image's op and bytes are: the lengths of CTRL, IMG, the page frames, the
+/// stream its page would go through (`page_in`: PAGE or LONG, `format::page_stream`) and HIT
 /// before its op was written.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::walcodec) struct Spot {
@@ -43,6 +44,7 @@ pub(in crate::walcodec) struct Spot {
     pub fpi_at: usize,
     pub page_in: usize,
     pub page_at: usize,
+    pub hit_at: usize,
 }
 
 /// The outcome of a deferred check, in image order.
@@ -131,7 +133,7 @@ impl Encoder {
 
     /// Rewrites the image op written at `spot` for an image whose recompression does not give
     /// the primary's `bytes`: [`IMG_PRIMARY`], a frame length of 0 (the frame taken out of
-    /// the page frames) or no PAGE bytes, the bytes in IMG. Slots stay as they were: the
+    /// the page frames), no PAGE bytes or no hit in HIT, the bytes in IMG. Slots stay as they were: the
     /// decoder stores the page it decompresses from the bytes where the op said.
     fn make_primary(&mut self, spot: &Spot, bytes: &[u8]) -> Result<(), WalCodecError> {
         let internal = |what: &str| WalCodecError::Corrupt(format!("internal: {what}"));
@@ -164,6 +166,14 @@ impl Encoder {
             self.bufs[S_CTRL].splice(varint, [0u8]);
             let out = &mut self.stats.image_frame_out[usize::from(kind)];
             *out = out.saturating_sub(len as u64);
+        }
+        if layout.hit {
+            let hit = self.bufs[S_HIT]
+                .get(spot.hit_at..)
+                .ok_or_else(|| internal("a hit past the end of HIT"))?;
+            let len = hitcode::span(hit)?;
+            self.bufs[S_HIT].drain(spot.hit_at..spot.hit_at + len);
+            self.stats.fpi_hit_out = self.stats.fpi_hit_out.saturating_sub(len as u64);
         }
         if layout.page {
             let page = &mut self.bufs[spot.page_in];
