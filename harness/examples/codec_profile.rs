@@ -168,7 +168,7 @@ fn print_stats(st: &CodecStats) {
         .collect();
     println!("sections MB in → out: {}", sections.join(", "));
     println!(
-        "records {}, images {} ({} cache hits: {} identical, the rest in {} B of frames), \
+        "records {}, images {} ({} cache hits: {} identical, the rest in {} B of HIT), \
          image ops by kind {:?}",
         st.records, st.fpis, st.fpi_cache_hits, st.fpi_identical, st.fpi_hit_out, st.image_ops
     );

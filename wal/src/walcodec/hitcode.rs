@@ -27,7 +27,7 @@
 //! because the encoder sends a hit this way only when it takes no more bytes than the image
 //! does in the WAL, and sends the other hits as frames through the normal path.
 
-use super::streams::{put_varint, zigzag, Reader};
+use super::streams::{put_varint, unzigzag, zigzag, Reader};
 use super::wal::PAGE_SIZE;
 use super::WalCodecError;
 
@@ -84,19 +84,19 @@ fn piece<'a>(r: &mut Reader<'a>, pos: usize) -> Result<Piece<'a>, WalCodecError>
     if after == PAGE_SIZE {
         return Ok((lit, None));
     }
-    let d = r.varint()?;
-    let back = (d >> 1) as i64 ^ -((d & 1) as i64);
-    let src = after as i64 - back;
+    let src = (after as i64).checked_sub(unzigzag(r.varint()?));
     let ml = r.len(PAGE_SIZE - after)?;
     if ml == 0 {
         return Err(corrupt("a match of no bytes"));
     }
-    if src < 0 || src >= (PAGE_SIZE + after) as i64 {
-        return Err(corrupt(
+    match src {
+        Some(src) if (0..(PAGE_SIZE + after) as i64).contains(&src) => {
+            Ok((lit, Some((src as usize, ml))))
+        }
+        _ => Err(corrupt(
             "a match from outside the reference and the page so far",
-        ));
+        )),
     }
-    Ok((lit, Some((src as usize, ml))))
 }
 
 /// Restores the page of the hit at `r` against `reference` into `page`.
@@ -131,7 +131,10 @@ fn copy_match(
     if src < PAGE_SIZE {
         let n = ml.min(PAGE_SIZE - src);
         page[pos..pos + n].copy_from_slice(&reference[src..src + n]);
-        (src, pos, ml) = (src + n, pos + n, ml - n);
+        if n == ml {
+            return;
+        }
+        (src, pos, ml) = (PAGE_SIZE, pos + n, ml - n);
     }
     let from = src - PAGE_SIZE;
     if from + ml <= pos {

@@ -146,8 +146,14 @@ fn put_refuses_what_breaks_the_bounds() {
 fn damaged_hits_are_refused() {
     let r = Box::new([7u8; PAGE_SIZE]);
     let mut page = Box::new([0u8; PAGE_SIZE]);
-    let cases: [(&[u8], &str); 5] = [
+    let cases: [(&[u8], &str); 6] = [
         (&[0x81, 0x40], "literals past the page"),
+        (
+            &[
+                0, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 4,
+            ],
+            "a source of −2⁶³",
+        ),
         (
             &[0, 0x82, 0x80, 0x01, 4],
             "a match from before the reference",
