@@ -1,5 +1,6 @@
 //! The receiving half: payload → the exact WAL bytes the encoder was given.
 
+use super::areaxf::AreaXf;
 use super::cache::{new_page, slots_for, DecCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor};
@@ -49,6 +50,8 @@ pub(super) struct State {
     last_xid: u32,
     /// Main data fields derived from what both ends know (see [`super::mainxf`]).
     mainxf: MainXf,
+    /// Relations named lately, for the block-header areas in HDR ([`super::areaxf`]).
+    areaxf: AreaXf,
     /// Heap records replayed onto cached pages (see [`super::redo`]).
     redo: Redo,
     pub(super) cache: DecCache,
@@ -115,6 +118,7 @@ impl Decoder {
                 tracker: Tracker::new(magic, 0),
                 last_xid: 0,
                 mainxf: MainXf::new(),
+                areaxf: AreaXf::new(),
                 redo: Redo::new(p.pg_major),
                 cache: DecCache::new(slots_for(p.block_cache_bytes)),
                 tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
@@ -237,6 +241,7 @@ impl Decoder {
             }
             self.st.last_xid = 0;
             self.st.mainxf = MainXf::new();
+            self.st.areaxf = AreaXf::new();
         }
 
         let u = self
@@ -367,22 +372,23 @@ impl State {
         let info = r.ctrl.u8()?;
         let rmid = r.ctrl.u8()?;
         let area_len = r.ctrl.len(room)?;
-        let area = r.hdr.bytes(area_len)?;
-        parse_area(area, None, self.compressed_mask, &mut self.area)
+        let rec = &mut self.rec;
+        rec.clear();
+        rec.extend_from_slice(&[0; 4]);
+        rec.extend_from_slice(&xid.to_le_bytes());
+        rec.extend_from_slice(&prev.to_le_bytes());
+        rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
+        self.areaxf
+            .inverse(&mut r.hdr, area_len, self.compressed_mask, rec)?;
+        parse_area(&rec[REC_HDR..], None, self.compressed_mask, &mut self.area)
             .map_err(|e| corrupt(format!("bad block header area: {e:?}")))?;
         let tot = (REC_HDR as u64 + area_len as u64).saturating_add(self.area.data_total);
         if tot > room as u64 {
             return Err(corrupt("a record runs past the message end"));
         }
         let tot = tot as usize;
-        let rec = &mut self.rec;
-        rec.clear();
-        rec.reserve(tot);
-        rec.extend_from_slice(&(tot as u32).to_le_bytes());
-        rec.extend_from_slice(&xid.to_le_bytes());
-        rec.extend_from_slice(&prev.to_le_bytes());
-        rec.extend_from_slice(&[info, rmid, 0, 0, 0, 0, 0, 0]);
-        rec.extend_from_slice(area);
+        rec.reserve(tot - rec.len());
+        rec[..4].copy_from_slice(&(tot as u32).to_le_bytes());
         Ok((xid, tot))
     }
 

@@ -1,6 +1,7 @@
 //! The sending half: WAL bytes → payload (format in [`super`] and [`super::format`]).
 
 use super::ahead::Ahead;
+use super::areaxf::AreaXf;
 use super::cache::{new_page, slots_for, EncCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor, Refusal};
@@ -68,6 +69,8 @@ pub struct Encoder {
     /// A run of RAW / RAW_HDR / ZERO not yet written to CTRL (merged while it grows).
     pending: Option<(u8, usize)>,
     rec: Vec<u8>,
+    /// Relations named lately, for the block-header areas in HDR ([`super::areaxf`]).
+    areaxf: AreaXf,
     area: Area,
     page: Page,
     /// Transformed pages of frames without a same-block reference (see [`super::pagexf`]).
@@ -131,6 +134,7 @@ impl Encoder {
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),
             tprefix: Vec::new(),
             hit: HitParse::new(),
+            areaxf: AreaXf::new(),
             pc: PageCompressor::new(level)?,
             bufs: Default::default(),
             fpi: Vec::new(),
@@ -330,6 +334,7 @@ impl Encoder {
         }
         self.last_xid = 0;
         self.mainxf = MainXf::new();
+        self.areaxf = AreaXf::new();
     }
 
     /// Encodes the record starting here as a REC op if it is complete in `rest` and understood.
@@ -378,7 +383,7 @@ impl Encoder {
         };
         self.flush_pending();
         let marks = self.marks();
-        self.record_header(rec, flags, prev, xid);
+        self.record_header(rec, flags, prev, xid)?;
         self.record_body(rec, xid)?;
         let mut j = self.lay_out(rest, rec);
         if flags & REC_PAD != 0 {
@@ -397,7 +402,13 @@ impl Encoder {
     }
 
     /// The REC op's fields (CTRL) and the block-header area (HDR).
-    fn record_header(&mut self, rec: &[u8], flags: u8, prev: u64, xid: u32) {
+    fn record_header(
+        &mut self,
+        rec: &[u8],
+        flags: u8,
+        prev: u64,
+        xid: u32,
+    ) -> Result<(), WalCodecError> {
         let area_len = self.area.len;
         let ctrl = &mut self.bufs[S_CTRL];
         ctrl.push(flags);
@@ -413,8 +424,11 @@ impl Encoder {
         ctrl.push(rec[16]);
         ctrl.push(rec[17]);
         put_varint(ctrl, area_len as u64);
-        self.bufs[S_HDR].extend_from_slice(&rec[REC_HDR..REC_HDR + area_len]);
+        let area = &rec[REC_HDR..REC_HDR + area_len];
+        self.areaxf
+            .forward(area, self.compressed_mask, &mut self.bufs[S_HDR])?;
         self.stats.record_header_in += (REC_HDR + area_len) as u64;
+        Ok(())
     }
 
     /// Lays the record out again as it is in `rest`, feeding the tracker, with a flag per

@@ -22,8 +22,9 @@
 //! follows the mode byte; each context only ever sees the messages of its mode.
 //!
 //! Decompressed sizes are capped before anything is allocated (the encoder's output always
-//! meets the caps): CTRL 4 × raw_len + 1024, PAGE 8 × raw_len + 8192, LONG 4 × raw_len +
-//! 8192 (DATA's since format 9, LONG's since 11), the others raw_len (HIT's holds because a
+//! meets the caps): CTRL 4 × raw_len + 1024, HDR 2 × raw_len + 1024 (since format 12),
+//! PAGE 8 × raw_len + 8192, LONG 4 × raw_len + 8192 (DATA's since format 9, LONG's since 11),
+//! the others raw_len (HIT's holds because a
 //! hit goes there only when it takes no more bytes than its image in the WAL: `hitcode`);
 //! the combined chunk their sum plus 90 bytes of lengths.
 
@@ -31,8 +32,8 @@ use super::format::DATA_PAGE_MIN_LEN;
 use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};
 use super::wal::PAGE_SIZE;
 use super::{
-    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_HIT, S_LONG, S_MAIN,
-    S_PAGE, S_RAW,
+    WalCodecError, FORMAT_VERSION, STREAMS, STREAM_NAMES, S_CTRL, S_DATA, S_HDR, S_HIT, S_LONG,
+    S_MAIN, S_PAGE, S_RAW,
 };
 
 pub const SEPARATE: u8 = FORMAT_VERSION;
@@ -113,6 +114,9 @@ fn each_section<T: Send>(
 pub fn cap(s: usize, raw_len: usize) -> usize {
     match s {
         S_CTRL => raw_len.saturating_mul(4).saturating_add(1024),
+        // A block reference's relation and block number may take 2 bytes more than in the
+        // WAL (`areaxf`), and it takes 8 at least, with a record of 24 around it.
+        S_HDR => raw_len.saturating_mul(2).saturating_add(1024),
         S_PAGE => raw_len.saturating_mul(8).saturating_add(PAGE_SIZE),
         S_LONG => raw_len
             .saturating_mul(PAGE_SIZE / DATA_PAGE_MIN_LEN)
