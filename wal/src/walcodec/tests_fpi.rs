@@ -281,6 +281,33 @@ fn deferred_checks_among_opaque_images() {
     }
 }
 
+/// A page of 4-bit noise: zstd compresses it to between 1 KiB and a page.
+fn noise_page() -> Box<[u8; PAGE_SIZE]> {
+    let mut x = 7u32;
+    let mut page = Box::new([0u8; PAGE_SIZE]);
+    for b in page.iter_mut() {
+        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        *b = (x >> 28) as u8;
+    }
+    page
+}
+
+/// Appends a record with one image of block `blkno` of relation 99,001: `page`, whole,
+/// `bytes` in the WAL, flagged as zstd's.
+fn zstd_image_record(g: &mut WalGen, blkno: u32, page: &[u8; PAGE_SIZE], bytes: Vec<u8>) {
+    assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
+    let b = given_block(
+        99_001,
+        blkno,
+        Box::new(*page),
+        (0, 0),
+        Some((bytes, flag(g.pg_major, Method::Zstd))),
+    );
+    g.xid += 1;
+    let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
+    g.write_record(&rec);
+}
+
 /// The two image ops the mixed stream does not reach, rewritten: a big image of a new
 /// relation (no reference: STREAM) that does not reproduce, then the same page again (the
 /// cache holds what the decoder decompressed from the primary's bytes: IDENT).
@@ -291,26 +318,11 @@ fn deferred_checks_rewrite_stream_and_ident_ops() {
     for _ in 0..50 {
         g.random_record(10);
     }
-    let mut x = 7u32;
-    let mut page = Box::new([0u8; PAGE_SIZE]);
-    for b in page.iter_mut() {
-        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-        *b = (x >> 28) as u8;
-    }
+    let page = noise_page();
     let bytes = zstd::bulk::compress(&page[..], 19).unwrap();
-    assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
     assert_ne!(compress_like_pg(Method::Zstd, &page[..]).unwrap(), bytes);
     for _ in 0..2 {
-        let b = given_block(
-            99_001,
-            3,
-            page.clone(),
-            (0, 0),
-            Some((bytes.clone(), flag(major, Method::Zstd))),
-        );
-        g.xid += 1;
-        let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
-        g.write_record(&rec);
+        zstd_image_record(&mut g, 3, &page, bytes.clone());
     }
     g.switch();
     let (st, _) = round_trip_checks(&params(major, 64), g.start, &g.buf, &[], true);
@@ -326,12 +338,7 @@ fn deferred_checks_rewrite_stream_and_ident_ops() {
 fn deferred_checks_rewrite_hit_ops() {
     let major = PgMajor::V16;
     let mut g = WalGen::new(major, SEG, 3 * SEG, 9);
-    let mut x = 7u32;
-    let mut page = Box::new([0u8; PAGE_SIZE]);
-    for b in page.iter_mut() {
-        x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
-        *b = (x >> 28) as u8;
-    }
+    let mut page = noise_page();
     // Blocks 3 and 4 imaged three times each, a few bytes changed each time: block 3's
     // images compressed as PostgreSQL does (they reproduce), block 4's at another level
     // (they do not).
@@ -344,17 +351,7 @@ fn deferred_checks_rewrite_hit_ops() {
             } else {
                 compress_like_pg(Method::Zstd, &page[..]).unwrap()
             };
-            assert!(bytes.len() > 1024 && bytes.len() < PAGE_SIZE);
-            let b = given_block(
-                99_001,
-                blkno,
-                page.clone(),
-                (0, 0),
-                Some((bytes, flag(major, Method::Zstd))),
-            );
-            g.xid += 1;
-            let rec = g.record(10, 0x00, g.xid, &[b], b"main data");
-            g.write_record(&rec);
+            zstd_image_record(&mut g, blkno, &page, bytes);
         }
     }
     g.switch();

@@ -17,6 +17,10 @@ fn naive(reference: &[u8; PAGE_SIZE], page: &[u8; PAGE_SIZE], seqs: &[Seq]) -> V
     out.split_off(PAGE_SIZE)
 }
 
+fn seq(offset: u32, lit: u32, ml: u32) -> Seq {
+    Seq { offset, lit, ml }
+}
+
 fn pages(seed: u64) -> (Box<[u8; PAGE_SIZE]>, Box<[u8; PAGE_SIZE]>) {
     super::super::hitparse::tests::pages(seed)
 }
@@ -59,21 +63,9 @@ fn parsed_pages_come_back() {
 fn crossing_overlapping_and_edge_matches() {
     let (r, q) = pages(8);
     let seqs = [
-        Seq {
-            offset: 6,
-            lit: 0,
-            ml: 10,
-        },
-        Seq {
-            offset: 1,
-            lit: 1,
-            ml: 9,
-        },
-        Seq {
-            offset: PAGE_SIZE as u32,
-            lit: 3,
-            ml: (PAGE_SIZE - 23) as u32,
-        },
+        seq(6, 0, 10),
+        seq(1, 1, 9),
+        seq(PAGE_SIZE as u32, 3, (PAGE_SIZE - 23) as u32),
     ];
     let p: Box<[u8; PAGE_SIZE]> = naive(&r, &q, &seqs).try_into().unwrap();
     assert_eq!(p[..6], r[PAGE_SIZE - 6..]);
@@ -88,53 +80,21 @@ fn crossing_overlapping_and_edge_matches() {
 fn put_refuses_what_breaks_the_bounds() {
     let (_, p) = pages(2);
     let bad = [
-        Seq {
-            offset: 0,
-            lit: 0,
-            ml: 8,
-        },
+        seq(0, 0, 8),
         // After the first match the page is at 12: 4 literals more, 16.
-        Seq {
-            offset: PAGE_SIZE as u32 + 17,
-            lit: 4,
-            ml: 8,
-        },
-        Seq {
-            offset: PAGE_SIZE as u32 + 13,
-            lit: 0,
-            ml: 8,
-        },
-        Seq {
-            offset: 8,
-            lit: 10,
-            ml: 0,
-        },
-        Seq {
-            offset: 8,
-            lit: 10,
-            ml: PAGE_SIZE as u32 - 9,
-        },
-        Seq {
-            offset: 8,
-            lit: PAGE_SIZE as u32,
-            ml: 4,
-        },
+        seq(PAGE_SIZE as u32 + 17, 4, 8),
+        seq(PAGE_SIZE as u32 + 13, 0, 8),
+        seq(8, 10, 0),
+        seq(8, 10, PAGE_SIZE as u32 - 9),
+        seq(8, PAGE_SIZE as u32, 4),
     ];
     for s in bad {
         let mut out = vec![1, 2, 3];
-        let ok = Seq {
-            offset: PAGE_SIZE as u32,
-            lit: 4,
-            ml: 8,
-        };
+        let ok = seq(PAGE_SIZE as u32, 4, 8);
         assert_eq!(put(&[ok, s], &p, &mut out), None, "{s:?}");
         assert_eq!(out, [1, 2, 3], "{s:?}");
     }
-    let edge = Seq {
-        offset: PAGE_SIZE as u32 + 4,
-        lit: 4,
-        ml: 8,
-    };
+    let edge = seq(PAGE_SIZE as u32 + 4, 4, 8);
     assert!(
         put(&[edge], &p, &mut Vec::new()).is_some(),
         "from the reference's first byte"
