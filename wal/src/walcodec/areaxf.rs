@@ -145,14 +145,15 @@ fn walk(
 
 /// Puts `rel` at the front of `rels` (from place `k`, or new).
 fn to_front(rels: &mut Vec<Rel>, k: Option<usize>, loc: [u8; 12]) {
-    let rel = match k {
-        Some(k) => rels.remove(k),
+    match k {
+        // Most blocks are of the relation named last: nothing moves.
+        Some(0) => {}
+        Some(k) => rels[..=k].rotate_right(1),
         None => {
             rels.truncate(RELS - 1);
-            Rel { loc, last: [0; 4] }
+            rels.insert(0, Rel { loc, last: [0; 4] });
         }
-    };
-    rels.insert(0, rel);
+    }
 }
 
 /// Raw bytes in, the transformed form out (the encoder).
