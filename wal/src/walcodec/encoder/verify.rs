@@ -9,8 +9,8 @@
 //! and once the message is complete ([`Verifier::settle`]) the op of an image that did not
 //! reproduce is rewritten (`Encoder::make_primary`): [`IMG_PRIMARY`], its frame (or its hit
 //! in HIT, or its page's bytes in PAGE or LONG) taken out, the primary's bytes put into IMG
-//! where the decoder will read them; the decoder gets the page by decompressing them. Such an image
-//! costs what an opaque one does, and its page still enters the cache. The outcomes are
+//! where the decoder will read them; the decoder gets the page by decompressing them. Such
+//! an image costs what an opaque one does, and its page still enters the cache. The outcomes are
 //! applied, last image first, when the message ends. When the worker is behind it declines
 //! the check, which is then made in place as without a worker (an image that does not
 //! reproduce goes as it is, OPAQUE): so which of the two forms such an image takes depends on
@@ -133,8 +133,8 @@ impl Encoder {
 
     /// Rewrites the image op written at `spot` for an image whose recompression does not give
     /// the primary's `bytes`: [`IMG_PRIMARY`], a frame length of 0 (the frame taken out of
-    /// the page frames), no PAGE bytes or no hit in HIT, the bytes in IMG. Slots stay as they were: the
-    /// decoder stores the page it decompresses from the bytes where the op said.
+    /// the page frames), no PAGE bytes or no hit in HIT, the bytes in IMG. Slots stay as they
+    /// were: the decoder stores the page it decompresses from the bytes where the op said.
     fn make_primary(&mut self, spot: &Spot, bytes: &[u8]) -> Result<(), WalCodecError> {
         let internal = |what: &str| WalCodecError::Corrupt(format!("internal: {what}"));
         let ctrl = &self.bufs[S_CTRL];
