@@ -51,12 +51,18 @@ const GOOD: usize = 32;
 const LAZY: usize = 32;
 /// The bytes parsed: the reference, then the page.
 const END: usize = 2 * PAGE_SIZE;
+/// The bits of a table entry that hold the position + 1 (at most [`END`]).
+const POS_MASK: u32 = 0xFFFF;
+const _: () = assert!(END < POS_MASK as usize);
 
 /// Scratch space, kept between pages.
 pub struct HitParse {
-    /// Positions + 1 (0: none) by hash of their next [`MIN_HASHED`] bytes, two per bucket, newest
-    /// first.
+    /// Positions + 1 by hash of their next [`MIN_HASHED`] bytes, two per bucket, newest
+    /// first, each tagged in its upper 16 bits with the page it was made for (`tag`): an
+    /// entry of another page is none, so the 32 KiB table is not cleared for every page.
     table: Box<[u32; 2 << HASH_BITS]>,
+    /// This page's tag (in the upper 16 bits; never 0, which the table starts with).
+    tag: u32,
     /// The reference followed by the page.
     both: Box<[u8; END]>,
     seqs: Vec<Seq>,
@@ -91,6 +97,7 @@ fn common(b: &[u8; END], at: usize, from: usize) -> usize {
 fn best(
     b: &[u8; END],
     table: &mut [u32; 2 << HASH_BITS],
+    tag: u32,
     pos: usize,
     reps: &[usize; 3],
 ) -> (usize, usize) {
@@ -109,7 +116,12 @@ fn best(
     if len < GOOD && pos + 8 <= END {
         let h = 2 * hash(b, pos);
         let base = len;
-        for c in [table[h] as usize, table[h + 1] as usize] {
+        for c in [table[h], table[h + 1]] {
+            let c = if c & !POS_MASK == tag {
+                (c & POS_MASK) as usize
+            } else {
+                0
+            };
             if c != 0 && c - 1 < pos {
                 let l = common(b, pos, c - 1);
                 if l >= MIN_HASHED && l > base + HASHED_GAIN && l > len {
@@ -119,7 +131,7 @@ fn best(
         }
         if len == 0 {
             table[h + 1] = table[h];
-            table[h] = (pos + 1) as u32;
+            table[h] = tag | (pos + 1) as u32;
         }
     }
     (len, off)
@@ -129,6 +141,7 @@ impl HitParse {
     pub fn new() -> HitParse {
         HitParse {
             table: Box::new([0; 2 << HASH_BITS]),
+            tag: 0,
             both: Box::new([0; END]),
             seqs: Vec::new(),
         }
@@ -142,7 +155,13 @@ impl HitParse {
         b[PAGE_SIZE..].copy_from_slice(page);
         let b = &*b;
         let table = &mut *self.table;
-        table.fill(0);
+        self.tag = self.tag.wrapping_add(POS_MASK + 1);
+        if self.tag == 0 {
+            // Every tag used: the table's entries could be taken for this page's.
+            table.fill(0);
+            self.tag = POS_MASK + 1;
+        }
+        let tag = self.tag;
         // The reference's positions 0, STEP, … up to PAGE_SIZE - 8, hashed from its 4-byte
         // words, without a bounds check each.
         const _: () = assert!(STEP == MIN_HASHED);
@@ -153,19 +172,19 @@ impl HitParse {
         {
             let h = 2 * hash4(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
             table[h + 1] = table[h];
-            table[h] = (k * STEP + 1) as u32;
+            table[h] = tag | (k * STEP + 1) as u32;
         }
         self.seqs.clear();
         let (mut pos, mut lit) = (PAGE_SIZE, PAGE_SIZE);
         let mut reps = [PAGE_SIZE, PAGE_SIZE, PAGE_SIZE];
         while pos + MIN_MATCH as usize <= END {
-            let (mut len, off) = best(b, table, pos, &reps);
+            let (mut len, off) = best(b, table, tag, pos, &reps);
             if len == 0 {
                 pos += 1;
                 continue;
             }
             if len < LAZY && pos + 1 + MIN_MATCH as usize <= END {
-                let (l2, _) = best(b, table, pos + 1, &reps);
+                let (l2, _) = best(b, table, tag, pos + 1, &reps);
                 if l2 > len + 1 {
                     pos += 1;
                     continue;
@@ -253,6 +272,26 @@ pub(super) mod tests {
             assert!(literals < 400, "seed {seed}: {literals} literals");
             assert!(seqs.iter().all(|s| s.ml >= MIN_MATCH));
         }
+    }
+
+    /// A parser that parsed other pages before parses as a new one: the entries of earlier
+    /// pages are none; when the tags wrap around, the table is cleared.
+    #[test]
+    fn earlier_pages_leave_nothing_behind() {
+        let (r1, p1) = pages(3);
+        let (r2, p2) = pages(4);
+        let fresh = HitParse::new().parse(&r2, &p2).to_vec();
+        let mut hp = HitParse::new();
+        hp.parse(&r1, &p1);
+        assert_eq!(hp.parse(&r2, &p2), &fresh[..]);
+        // The last tag for one page, then the wrap.
+        hp.tag = !POS_MASK - (POS_MASK + 1);
+        hp.parse(&r1, &p1);
+        assert_eq!(hp.tag, !POS_MASK);
+        assert_eq!(hp.parse(&r2, &p2), &fresh[..], "after the tags wrapped");
+        assert_eq!(hp.tag, POS_MASK + 1);
+        let tag = hp.tag;
+        assert!(hp.table.iter().all(|&e| e == 0 || e & !POS_MASK == tag));
     }
 
     #[test]
