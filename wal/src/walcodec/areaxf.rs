@@ -164,8 +164,8 @@ struct Forward<'a> {
     out: &'a mut Vec<u8>,
 }
 
-impl Forward<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], WalCodecError> {
+impl<'a> Forward<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WalCodecError> {
         let b = self
             .raw
             .get(self.at..self.at + n)
@@ -177,10 +177,9 @@ impl Forward<'_> {
 
 impl Side for Forward<'_> {
     fn same(&mut self, n: usize) -> Result<&[u8], WalCodecError> {
-        let at = self.at;
-        self.take(n)?;
-        self.out.extend_from_slice(&self.raw[at..at + n]);
-        Ok(&self.raw[at..at + n])
+        let b = self.take(n)?;
+        self.out.extend_from_slice(b);
+        Ok(b)
     }
 
     fn rel(&mut self, rels: &mut Vec<Rel>) -> Result<(), WalCodecError> {

@@ -41,9 +41,6 @@ pub struct Seq {
     pub ml: u32,
 }
 
-/// Shortest match the parse takes.
-pub const MIN_MATCH: u32 = 4;
-
 /// Appends the hit of `page` made of `seqs` (the bytes after the last match are literals) to
 /// `out`; returns how many bytes, or None (and `out` as it was) when a match reaches outside
 /// the page or before the reference.

@@ -32,10 +32,12 @@
 //! length is counted by comparing the bytes; [`super::hitcode::put`] checks the offsets and
 //! lengths against the bounds as it writes them.
 
-use super::hitcode::{Seq, MIN_MATCH};
+use super::hitcode::Seq;
 use super::pglz::common_prefix;
 use super::wal::PAGE_SIZE;
 
+/// Shortest match taken.
+const MIN_MATCH: u32 = 4;
 /// Positions of the reference indexed: one in this many.
 const STEP: usize = 4;
 /// Bits of the hash table.
@@ -219,7 +221,11 @@ pub(super) mod tests {
     use super::*;
 
     /// What the sequences say the page is, over the reference.
-    fn apply(reference: &[u8; PAGE_SIZE], page: &[u8; PAGE_SIZE], seqs: &[Seq]) -> Vec<u8> {
+    pub(in crate::walcodec) fn apply(
+        reference: &[u8; PAGE_SIZE],
+        page: &[u8; PAGE_SIZE],
+        seqs: &[Seq],
+    ) -> Vec<u8> {
         let mut out = reference.to_vec();
         let mut src = 0;
         for s in seqs {

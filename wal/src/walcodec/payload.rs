@@ -24,9 +24,9 @@
 //! Decompressed sizes are capped before anything is allocated (the encoder's output always
 //! meets the caps): CTRL 4 × raw_len + 1024, HDR 2 × raw_len + 1024 (since format 12),
 //! PAGE 8 × raw_len + 8192, LONG 4 × raw_len + 8192 (DATA's since format 9, LONG's since 11),
-//! the others raw_len (HIT's holds because a
-//! hit goes there only when it takes no more bytes than its image in the WAL: `hitcode`);
-//! the combined chunk their sum plus 90 bytes of lengths.
+//! the others raw_len (HIT's holds because a hit goes there only when it takes no more
+//! bytes than its image in the WAL: `hitcode`); the combined chunk their sum plus 90 bytes
+//! of lengths.
 
 use super::format::DATA_PAGE_MIN_LEN;
 use super::streams::{put_varint, CStream, DStream, Reader, SMALL_WINDOW_LOG, WINDOW_LOG};

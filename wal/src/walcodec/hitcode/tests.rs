@@ -1,21 +1,6 @@
+use super::super::hitparse::tests::apply as naive;
 use super::super::hitparse::HitParse;
 use super::*;
-
-/// What `seqs` say the page is, byte by byte over `reference ++ page`: the rule the format
-/// states, written plainly.
-fn naive(reference: &[u8; PAGE_SIZE], page: &[u8; PAGE_SIZE], seqs: &[Seq]) -> Vec<u8> {
-    let mut out = reference.to_vec();
-    let mut at = 0;
-    for s in seqs {
-        out.extend_from_slice(&page[at..at + s.lit as usize]);
-        for _ in 0..s.ml {
-            out.push(out[out.len() - s.offset as usize]);
-        }
-        at += (s.lit + s.ml) as usize;
-    }
-    out.extend_from_slice(&page[at..]);
-    out.split_off(PAGE_SIZE)
-}
 
 fn seq(offset: u32, lit: u32, ml: u32) -> Seq {
     Seq { offset, lit, ml }
