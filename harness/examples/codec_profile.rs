@@ -111,6 +111,7 @@ fn main() -> Result<()> {
     )?;
     let before = enc.wal_stats().cloned().unwrap_or_default();
     let mut encoded = Payloads::with_room(wal.len() - split, message);
+    let cpu = micro::process_user_sys_us();
     let t = Instant::now();
     let msgs = encode_all(
         &mut enc,
@@ -126,8 +127,9 @@ fn main() -> Result<()> {
         println!("warmed on {} MB (untimed); timed: the rest", split >> 20);
     }
     println!(
-        "encode {:.0} MB/s, {bytes} B",
-        mb / t.elapsed().as_secs_f64()
+        "encode {:.0} MB/s, {bytes} B, {}",
+        mb / t.elapsed().as_secs_f64(),
+        cpu_since(cpu)
     );
     if let Some(now) = enc.wal_stats() {
         print_stats(&since(&before, now));
@@ -145,11 +147,28 @@ fn main() -> Result<()> {
         // The relay's downstream gets each message's checksum from the link: computed before
         // the timer, as the bench's replays do.
         let sums: Vec<u64> = msgs.iter().map(|(_, c)| checksum(c)).collect();
+        let cpu = micro::process_user_sys_us();
         let t = Instant::now();
         decode_all(&mut dec, &msgs, &encoded, |i| sums[i], cores)?;
-        println!("decode {:.0} MB/s", mb / t.elapsed().as_secs_f64());
+        println!(
+            "decode {:.0} MB/s, {}",
+            mb / t.elapsed().as_secs_f64(),
+            cpu_since(cpu)
+        );
     }
     Ok(())
+}
+
+/// The process's user and kernel CPU seconds since `before` (`micro::process_user_sys_us`):
+/// on a machine whose kernel time swings (page faults of new memory), user time is what
+/// compares between builds.
+fn cpu_since(before: (u64, u64)) -> String {
+    let (user, sys) = micro::process_user_sys_us();
+    format!(
+        "user {:.3} s, kernel {:.3} s",
+        user.saturating_sub(before.0) as f64 / 1e6,
+        sys.saturating_sub(before.1) as f64 / 1e6
+    )
 }
 
 /// The encoder's counters for the timed part: images, sections, records, raw bytes.

@@ -102,7 +102,7 @@ fn process_cpu_ns() -> u64 {
 /// User and kernel CPU time of the whole process, microseconds (`getrusage`: the kernel
 /// splits the total by sampling ticks, so the split gives the share; the total stays
 /// [`process_cpu_ns`]'s nanoseconds, as the speeds always used).
-fn process_user_sys_us() -> (u64, u64) {
+pub fn process_user_sys_us() -> (u64, u64) {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage only writes into the rusage we own.
