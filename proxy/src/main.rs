@@ -10,7 +10,10 @@
 /// `toast` workload). Measured on the one-core replay (`codec_profile … decode`, paired
 /// runs, medians; `docs/keeping-up.md`, twenty-sixth round): 1.12–1.16 x faster on
 /// `updates`, 1.22 x on `pgbench`, peak memory +3–6 %. Large OS pages
-/// (`MIMALLOC_ALLOW_LARGE_OS_PAGES`) gained nothing more there.
+/// (`MIMALLOC_ALLOW_LARGE_OS_PAGES`) gained nothing more there. Built with `no_thp` (the
+/// workspace's Cargo.toml): mimalloc 3 otherwise asks for transparent huge pages for all
+/// its memory, whose first touch cost several times the codec's kernel time for no user
+/// time saved (`walrelay::lifecycle::huge_pages_off`, which `run` also calls).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -190,11 +193,15 @@ fn check_config(config: &Path) -> ExitCode {
 
 /// `walrelay run`: the configured halves until a signal stops them or one stops by itself.
 fn run(config: PathBuf) -> ExitCode {
+    let thp_off = walrelay::lifecycle::huge_pages_off();
     let cfg = match Config::load(&config) {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
     let log = walrelay::logging::init(&cfg.log.level, &cfg.log.format);
+    if !thp_off {
+        tracing::debug!("transparent huge pages stay as the host sets them (prctl refused)");
+    }
     let rt = runtime();
     let r = rt.block_on(async move {
         use walrelay::lifecycle::Signals;
