@@ -26,7 +26,8 @@
 //! - [`metrics`]: process counters; [`monitor`]: per-standby state, codec totals, the
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
-//!   SIGTERM/SIGINT drain); [`live`]: settings a reload replaces for new connections.
+//!   SIGTERM/SIGINT drain) and no transparent huge pages for the process; [`live`]: settings a
+//!   reload replaces for new connections.
 //! - [`coreshare`]: whether a stage's thread gets a CPU when it wants one (its own
 //!   `schedstat`), which decides if the encode and decode stages use a second core.
 //! - [`gate`]: the standby listener's pre-authentication budget (in all and per address).

@@ -1,6 +1,9 @@
 //! Signals of `walrelay run`: SIGHUP reloads the configuration file, SIGTERM and SIGINT drain
 //! and stop.
 //!
+//! Also what `walrelay run` sets for its process first: no transparent huge pages
+//! ([`huge_pages_off`]).
+//!
 //! Reload: the file is read and checked as at start (`walrelay check-config`); if that fails
 //! the error is logged and the running configuration stays. Otherwise the keys declared `live`
 //! in [`crate::config`] apply at once to connections that arrive from then on (sessions in
@@ -99,8 +102,8 @@ pub const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 /// Why: the codec's caches fill their memory as WAL arrives, and a fault that brings in a
 /// huge page zeroes 2 MiB at once (after compacting memory to find one, where the host's
 /// `defrag` setting allows it). On the one-core replay of recorded pgbench WAL, huge pages
-/// (as the allocator asked for them until `docs/keeping-up.md`'s fifty-eighth round) cost 2.3-7.5 s
-/// of kernel time against 0.6-0.7 s without, for the same user time; the allocator no
+/// (as the allocator asked for them until `docs/keeping-up.md`'s fifty-eighth round) cost
+/// 2.3-7.5 s of kernel time against 0.6-0.7 s without, for the same user time; the allocator no
 /// longer asks for them (mimalloc's `no_thp`), and this also covers hosts that give them
 /// unasked. Failure (an older kernel, a seccomp filter) is harmless: the relay only runs
 /// as before.
