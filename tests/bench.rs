@@ -458,23 +458,22 @@ fn assert_services_placed(json: &std::path::Path, under: &str, bench_pid: u32) -
         "{report}"
     );
     let h = Hierarchy::of_this_machine().unwrap();
+    // A relay half's CPU group, and whether it is the one the bench made for that half.
+    let placed = |pid: u32, group: &str| {
+        let path = cpu_group_of(pid).unwrap_or_default();
+        let ours = path.ends_with(&format!("/{}", group_name(bench_pid, group)));
+        (path, ours)
+    };
     // The bench places the groups right after pinning the sites, which the caller waited
     // for: wait for the placing too.
-    let in_group = |(pid, group, _): &(u32, &str, String)| {
-        let path = cpu_group_of(*pid).unwrap_or_default();
-        path.ends_with(&format!("/{}", group_name(bench_pid, group)))
-    };
     wait_for(60, || {
         let halves = relay_halves(under);
-        halves.len() == 4 && halves.iter().all(in_group)
+        halves.len() == 4 && halves.iter().all(|(pid, group, _)| placed(*pid, group).1)
     });
     let mut seen = Vec::new();
     for (pid, group, p) in relay_halves(under) {
-        let path = cpu_group_of(pid).unwrap_or_default();
-        assert!(
-            path.ends_with(&format!("/{}", group_name(bench_pid, group))),
-            "{p}: in {path}"
-        );
+        let (path, ours) = placed(pid, group);
+        assert!(ours, "{p}: in {path}");
         let share = if group.starts_with('w') {
             Share::Favoured
         } else {
