@@ -24,11 +24,13 @@
 mod background;
 mod disk;
 pub mod micro;
+mod opts;
 mod pair;
 pub mod payloads;
 mod plan;
 mod proctree;
 mod report;
+mod rig;
 mod sample;
 pub mod services;
 pub mod sites;
@@ -48,48 +50,17 @@ use anyhow::{Context, Result};
 pub use report::{PairWindow, Report, RunResult, Verified, Window};
 pub use workloads::Workload;
 
-use crate::certs::LinkCerts;
-use crate::cluster::{majors, wait_replayed, Cluster, PgInstall, PrimaryOpts, TempRoot};
-use pair::{RelayPair, PRIMARY_PASSWORD};
+pub use opts::BenchOpts;
+
+use crate::cluster::{majors, wait_replayed, PgInstall, TempRoot};
+use rig::{setup, Rig, CODECS, LONG_WAIT};
 use sample::{Sample, Sampler};
 use wincheck::WindowCheck;
 
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct BenchOpts {
-    /// The `walrelay` binary to run the halves with.
-    pub binary: PathBuf,
-    pub workloads: Vec<Workload>,
-    /// PostgreSQL majors; empty = the discovered install.
-    pub majors: Vec<u32>,
-    pub cold_secs: u64,
-    pub warmup_secs: u64,
-    pub steady_secs: u64,
-    /// Seconds of each sync-latency pgbench (0: not measured).
-    pub sync_secs: u64,
-    /// Where to write each run's samples as CSV (`<workload>-pg<major>.csv`,
-    /// [`sample::timeline_csv`]).
-    pub timeline_dir: Option<PathBuf>,
-    /// Pair Z and its standby at the lowest priority ([`background`]).
-    pub z_background: bool,
-    /// Pair W's relay processes with a larger CPU share ([`background::favour`]).
-    pub w_share: bool,
-    /// Each site on CPUs of its own ([`sites`]).
-    pub sites: Option<sites::Sites>,
-    /// Each cluster and relay process in a CPU group of its own, on this cpu controller
-    /// ([`services`]).
-    pub services: Option<services::Hierarchy>,
-    /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
-    pub spool_bytes: Option<u64>,
-}
-
-const CODECS: [&str; 2] = ["wal", "zstd"];
 const APPS: [&str; 2] = ["bench_w", "bench_z"];
 /// application_name of the standby connected to the primary without a relay, the reference
 /// for replay lag (the sync-latency run makes its own, `synclat::DIRECT`).
 const DIRECT_APP: &str = "bench_lag_ref";
-/// Catching up, replaying, copying: every wait of a run is bounded by this.
-const LONG_WAIT: Duration = Duration::from_secs(600);
 
 /// Runs every workload on every major; prints progress to stderr. After each workload that
 /// finished, `finished` sees the report so far ([`plan`]: the CLI writes `--json` then).
@@ -227,19 +198,6 @@ fn installs(majors: &[u32]) -> Result<Vec<PgInstall>> {
         .collect()
 }
 
-/// Everything of one run. Fields drop in this order: relays, standbys, primary, directory.
-struct Rig {
-    pairs: [RelayPair; 2],
-    standbys: [Cluster; 2],
-    /// A standby streaming from the primary itself, for the replay lag without a relay.
-    direct: Cluster,
-    primary: Cluster,
-    root: TempRoot,
-    /// `--services`' groups, held for their drop, which comes after the clusters and relays
-    /// stopped (fields drop in order).
-    _services: Option<services::Services>,
-}
-
 async fn run_one(
     opts: &BenchOpts,
     install: &PgInstall,
@@ -374,150 +332,6 @@ fn progress(w: Workload, step: &str, bytes: u64) {
 
 fn window_file(root: &TempRoot, name: &str) -> PathBuf {
     root.path().join(format!("{name}-window.wal"))
-}
-
-/// Primary with data, two standbys copied from it, both relay pairs, standbys streaming.
-async fn setup(
-    opts: &BenchOpts,
-    install: &PgInstall,
-    w: Workload,
-    compression: &str,
-) -> Result<Rig> {
-    let root = TempRoot::new()?;
-    let secs = opts.cold_secs + opts.warmup_secs + opts.steady_secs;
-    disk::check_free_space(root.path(), w.disk_needed_gb(secs), w.name())?;
-    let certs_dir = root.path().join("certs");
-    std::fs::create_dir(&certs_dir)?;
-    let certs = LinkCerts::generate(&certs_dir)?;
-    let primary = start_primary(install, &root, w, compression).await?;
-    let load_end = begin_after_load(&primary).await?;
-    // The pairs first: a downstream's spool starts at the segment the primary is writing when
-    // its stream opens, so standbys backed up after that find all they need in it.
-    let site = pair::Site {
-        bin: &opts.binary,
-        dir: root.path(),
-        primary: &primary,
-        certs: &certs,
-        spool_bytes: opts.spool_bytes,
-    };
-    let mut pairs = Vec::new();
-    for (i, codec) in CODECS.into_iter().enumerate() {
-        let tag = ["w", "z"][i];
-        pairs.push(RelayPair::start_on_free_ports(&site, tag, codec)?);
-    }
-    let pairs: [RelayPair; 2] = pairs.try_into().map_err(|_| anyhow::anyhow!("two pairs"))?;
-    for p in &pairs {
-        p.wait_stream_open().await?;
-    }
-    let oldest = primary
-        .query_lsn("select min(restart_lsn) from pg_replication_slots")
-        .await?;
-    anyhow::ensure!(
-        oldest > load_end,
-        "the relays' slots hold WAL from {oldest}, before the end of the workload's data ({load_end}): \
-         their upstreams would encode the load before the cold window"
-    );
-    let down_ports = [pairs[0].down_port, pairs[1].down_port];
-    let standbys = standbys::start_relayed_standbys(&primary, &root, down_ports).await?;
-    if opts.z_background {
-        background::lower(&pairs[1], &standbys[1])?;
-    }
-    if opts.w_share {
-        background::favour(&pairs[0])?;
-    }
-    let direct = standbys::start_direct_standby(&primary, &root).await?;
-    if let Some(s) = &opts.sites {
-        let [a, b] = &standbys;
-        s.pin(&primary, &pairs, &[a, b, &direct])?;
-    }
-    let services = match &opts.services {
-        Some(h) => Some(place_services(
-            opts, h, &primary, &pairs, &standbys, &direct,
-        )?),
-        None => None,
-    };
-    Ok(Rig {
-        pairs,
-        standbys,
-        direct,
-        primary,
-        root,
-        _services: services,
-    })
-}
-
-/// `--services`: each cluster and relay process in a CPU group of its own.
-fn place_services(
-    opts: &BenchOpts,
-    h: &services::Hierarchy,
-    primary: &Cluster,
-    pairs: &[RelayPair; 2],
-    standbys: &[Cluster; 2],
-    direct: &Cluster,
-) -> Result<services::Services> {
-    use services::Share;
-    let [a, b] = standbys;
-    let rig = services::Rig {
-        primary,
-        standbys: [a, b, direct],
-        pairs,
-    };
-    let w = if opts.w_share {
-        Share::Favoured
-    } else {
-        Share::Even
-    };
-    // Z in the background keeps its nice 19 outside the groups (`services`' module says why).
-    let z = (!opts.z_background).then_some(Share::Even);
-    services::place(h, &rig, w, z)
-}
-
-/// The workload's primary, started, with the replication user and the workload's data.
-async fn start_primary(
-    install: &PgInstall,
-    root: &TempRoot,
-    w: Workload,
-    compression: &str,
-) -> Result<Cluster> {
-    let popts = PrimaryOpts {
-        checkpoint_timeout: "30s".into(),
-        wal_compression: compression.into(),
-        wal_level: w.wal_level().into(),
-        extra_conf: vec![
-            ("max_wal_size".into(), "4GB".into()),
-            // Each window's WAL is copied out of pg_wal once the window is sampled.
-            ("wal_keep_size".into(), "6GB".into()),
-        ],
-        ..Default::default()
-    };
-    let primary = Cluster::init_primary(install, root, "primary", &popts)?;
-    primary.start().await?;
-    primary.create_replication_user(PRIMARY_PASSWORD).await?;
-    tokio::time::timeout(LONG_WAIT, w.prepare(&primary))
-        .await
-        .with_context(|| format!("preparing {} took more than {LONG_WAIT:?}", w.name()))??;
-    Ok(primary)
-}
-
-/// Makes the relays start after the workload's data: returns where the load's WAL ends.
-///
-/// An upstream's new slot reserves WAL from the last checkpoint's redo pointer, and the stream
-/// starts at the segment holding it. After the data load that pointer is still the primary's
-/// first checkpoint (`max_wal_size` is large), so the upstreams encoded the whole load before
-/// t = 0: W's DATA history (128 MiB) and tuple cache then held the rows the workload rewrites,
-/// which neither a relay started on a loaded database, nor the cold replay, nor the offline
-/// baselines of the window have. `toast`'s cold window (2026-11-27) gave W / zstd-3 0.32 live
-/// against 0.62 replayed on the same WAL; with this, 0.58 and 0.57. A segment switch and a
-/// checkpoint, before any relay exists, move that pointer past the load; the base backups
-/// checkpoint again anyway, so the block cache gains nothing.
-async fn begin_after_load(primary: &Cluster) -> Result<walrelay_wal::lsn::Lsn> {
-    let load_end = primary
-        .query_lsn("select pg_current_wal_insert_lsn()")
-        .await?;
-    primary
-        .execute("select pg_switch_wal(); checkpoint")
-        .await?;
-    Ok(load_end)
 }
 
 /// Runs the load and samples until both standbys received the steady window's end; checks
