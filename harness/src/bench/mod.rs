@@ -53,14 +53,11 @@ pub use workloads::Workload;
 pub use opts::BenchOpts;
 
 use crate::cluster::{majors, wait_replayed, PgInstall, TempRoot};
-use rig::{setup, Rig, CODECS, LONG_WAIT};
+use pair::{CODECS, LONG_WAIT};
+use rig::{setup, Rig};
 use sample::{Sample, Sampler};
+use standbys::{APPS, DIRECT_APP};
 use wincheck::WindowCheck;
-
-const APPS: [&str; 2] = ["bench_w", "bench_z"];
-/// application_name of the standby connected to the primary without a relay, the reference
-/// for replay lag (the sync-latency run makes its own, `synclat::DIRECT`).
-const DIRECT_APP: &str = "bench_lag_ref";
 
 /// Runs every workload on every major; prints progress to stderr. After each workload that
 /// finished, `finished` sees the report so far ([`plan`]: the CLI writes `--json` then).

@@ -20,6 +20,11 @@ use crate::relayproc::{RelayProcess, Session};
 
 use super::stages::RelayPositions;
 
+/// The two pairs' codecs, W's first.
+pub(super) const CODECS: [&str; 2] = ["wal", "zstd"];
+/// Catching up, replaying, copying: every wait of a run is bounded by this.
+pub(super) const LONG_WAIT: Duration = Duration::from_secs(600);
+
 /// The replication user's password on the primary (the upstream logs in with it).
 pub const PRIMARY_PASSWORD: &str = "bench-primary";
 /// The standbys' password at the downstream (SCRAM against a verifier in its config).

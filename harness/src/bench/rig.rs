@@ -3,21 +3,14 @@
 //! one connected to the primary directly, placed as `--z-background`, `--w-share`, `--sites`
 //! and `--services` ask.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 
 use super::opts::BenchOpts;
-use super::pair::{self, RelayPair, PRIMARY_PASSWORD};
+use super::pair::{self, RelayPair, CODECS, LONG_WAIT, PRIMARY_PASSWORD};
 use super::workloads::Workload;
 use super::{background, disk, services, standbys};
 use crate::certs::LinkCerts;
 use crate::cluster::{Cluster, PgInstall, PrimaryOpts, TempRoot};
-
-/// The two pairs' codecs, W's first.
-pub(super) const CODECS: [&str; 2] = ["wal", "zstd"];
-/// Catching up, replaying, copying: every wait of a run is bounded by this.
-pub(super) const LONG_WAIT: Duration = Duration::from_secs(600);
 
 /// Everything of one run. Fields drop in this order: relays, standbys, primary, directory.
 pub(super) struct Rig {

@@ -6,9 +6,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{pair, APPS, CODECS, DIRECT_APP, LONG_WAIT};
+use super::pair::{self, CODECS, LONG_WAIT};
 use crate::cluster::{wait_until, Cluster, StandbyOpts, TempRoot};
 use pair::PRIMARY_PASSWORD;
+
+/// application_name of W's and Z's standbys.
+pub(super) const APPS: [&str; 2] = ["bench_w", "bench_z"];
+/// application_name of the standby connected to the primary without a relay, the reference
+/// for replay lag (the sync-latency run makes its own, `synclat::DIRECT`).
+pub(super) const DIRECT_APP: &str = "bench_lag_ref";
 
 /// The standbys of W and Z, backed up from the primary, streaming through the downstreams
 /// on `down_ports`.
