@@ -71,6 +71,7 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     assert_bad_startups_are_refused(port);
     assert_sessions_that_are_not_physical_get_answers(port);
     assert_refused_and_empty_commands_are_answered(port);
+    assert_overlong_names_and_commands_are_refused(port);
     assert_bad_messages_after_auth_are_fatal(port);
     flood_with_bad_clients(port);
     assert_still_serves_a_standby(env).await;
@@ -197,6 +198,48 @@ fn assert_refused_and_empty_commands_are_answered(port: u16) {
     assert!(errors[0].message.contains("allow_slot_commands"));
     assert_eq!(errors[1].code, "0A000");
     assert_eq!(errors[2].code, "42601");
+}
+
+/// Checks that what would not fit in a link item (an application_name or a relayed command
+/// over `frame::MAX_CONTROL_ITEM`) is refused here, with its reason, before it could end the
+/// link's stream that every standby shares.
+fn assert_overlong_names_and_commands_are_refused(port: u16) {
+    let long = "a".repeat(5000);
+    let b = startup(&[
+        ("user", "replicator"),
+        ("replication", "true"),
+        ("application_name", &long),
+    ]);
+    let (msgs, took) = exchange(port, &b, false);
+    let e = error_of(&msgs).unwrap_or_else(|| panic!("{msgs:?}"));
+    assert_eq!(
+        (e.severity.as_str(), e.code.as_str()),
+        ("FATAL", "54000"),
+        "{e:?}"
+    );
+    assert!(
+        e.message.contains("application_name of at most 1024 bytes"),
+        "{e:?}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    // SHOW of a name of 2,101 one-letter parts: within the command parser's limits, longer
+    // than a link item. Refused; the session goes on.
+    let mut b = startup(REPL);
+    encode::query(&mut b, &format!("SHOW {}a", "a.".repeat(2100)));
+    encode::query(&mut b, "IDENTIFY_SYSTEM");
+    encode::terminate(&mut b);
+    let (msgs, _) = exchange(port, &b, false);
+    let tags: String = msgs.iter().map(|(t, _)| *t as char).collect();
+    let after_ready = &tags[tags.find('Z').unwrap_or_else(|| panic!("{tags} {msgs:?}")) + 1..];
+    assert_eq!(after_ready, "EZTDCZ", "{tags} {msgs:?}");
+    let e = error_of(&msgs).unwrap();
+    assert_eq!(
+        (e.severity.as_str(), e.code.as_str()),
+        ("ERROR", "54000"),
+        "{e:?}"
+    );
+    assert!(e.message.contains("was not sent to the primary"), "{e:?}");
 }
 
 /// Checks that an absurd length, an extended-protocol message or a bad CopyData after

@@ -112,7 +112,7 @@ pub use down::{wal_frame_max, Down, DownState};
 pub use tunnel::{
     tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx, TUNNEL_DATA_MAX, TUNNEL_META_MAX,
 };
-pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, STATUS_LEN};
+pub use up::{Feedback, Up, UpState, HSFEED_LEN, MAX_CHANNELS, MAX_CONTROL_ITEM, STATUS_LEN};
 
 use std::hash::Hasher as _;
 use twox_hash::XxHash3_64;

@@ -13,6 +13,10 @@ pub const STATUS_LEN: usize = 1 + 8 + 8 + 8 + 8 + 1;
 pub const HSFEED_LEN: usize = 1 + 8 + 4 + 4 + 4 + 4;
 /// Most standby channels one stream may have open (bounds the per-channel state).
 pub const MAX_CHANNELS: u32 = 4096;
+/// Largest OPEN, COMMAND or START item (a standby's name and address, a replication command,
+/// a slot name and a few numbers). The upstream ends a stream whose frame announces a longer
+/// one; the downstream refuses a session or a command that would need one, before it sends.
+pub const MAX_CONTROL_ITEM: usize = 4096;
 
 /// A standby's feedback message ('r' or 'h'), as it sent it.
 #[derive(Clone, Copy, PartialEq, Eq)]

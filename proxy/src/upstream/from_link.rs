@@ -12,16 +12,13 @@ use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 use tracing::{warn, Instrument};
 
-use walrelay_proto::frame::{self, Digest, Feedback, Up, UpState, SILENT_LIMIT};
+use walrelay_proto::frame::{self, Digest, Feedback, Up, UpState, MAX_CONTROL_ITEM, SILENT_LIMIT};
 use walrelay_proto::link::{to_upstream, Command, StandbyInfo, StartReplication, ToUpstream};
 use walrelay_wal::lsn::Lsn;
 
 use super::encode::Event;
 use super::identity::{refuse, Identity, ToIdentity};
 use super::Upstream;
-
-/// Largest command, standby info or start item (a slot name, an address, a few numbers).
-const MAX_ITEM: usize = 4096;
 
 /// A standby's identity as the stream holds it.
 struct Channel {
@@ -90,7 +87,7 @@ impl LinkToUpstream {
             let Some(to_upstream::Msg::Frame(frame)) = msg.msg else {
                 return Err(bad("expected a frame"));
             };
-            let (items, sum) = self.state.parse(&frame, MAX_ITEM).map_err(bad)?;
+            let (items, sum) = self.state.parse(&frame, MAX_CONTROL_ITEM).map_err(bad)?;
             let mut digest = Digest::default();
             for item in &items {
                 item.digest(&mut digest);

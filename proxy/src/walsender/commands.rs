@@ -16,8 +16,10 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tracing::{debug, info};
 
+use prost::Message;
 use walrelay_pgwire::replcmd::{self, ReplCommand};
 use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
+use walrelay_proto::frame::MAX_CONTROL_ITEM;
 use walrelay_proto::link::StandbyInfo;
 use walrelay_wal::segment::history_file_name;
 
@@ -56,11 +58,23 @@ pub(super) async fn run(
     }
     info!(peer = %standby.peer, application_name = %standby.application_name, "standby session open (served from the spool)");
     Metrics::add(&ds.metrics.ops.sessions_started_downstream, 1);
-    let Some((chan, events)) = ds.spooler.open_channel(StandbyInfo {
+    let info = StandbyInfo {
         application_name: standby.application_name.clone(),
         user: standby.user.clone(),
         addr: standby.peer.to_string(),
-    }) else {
+    };
+    // `startup` bounds the names, so this holds; a longer item would end the link's stream.
+    if info.encoded_len() > MAX_CONTROL_ITEM {
+        return End::Fatal(ErrorFields::fatal(
+            "54000",
+            format!(
+                "walrelay: this session's user name, application_name and address take {} bytes, \
+                 more than the {MAX_CONTROL_ITEM} it passes on to the primary",
+                info.encoded_len()
+            ),
+        ));
+    }
+    let Some((chan, events)) = ds.spooler.open_channel(info) else {
         return End::Fatal(ErrorFields::fatal(
             "53300",
             format!(
@@ -292,9 +306,21 @@ impl Session<'_> {
                 ))
                 .await;
         }
-        self.ds
-            .spooler
-            .command(self.chan, link::command_to_proto(&cmd));
+        let relayed = link::command_to_proto(&cmd);
+        if relayed.encoded_len() > MAX_CONTROL_ITEM {
+            return self
+                .error(ErrorFields::error(
+                    "54000",
+                    format!(
+                        "walrelay passes on commands of at most {MAX_CONTROL_ITEM} bytes, and this \
+                         one takes {}: {} was not sent to the primary",
+                        relayed.encoded_len(),
+                        walrelay_pgwire::clip(&cmd.to_sql(), 80)
+                    ),
+                ))
+                .await;
+        }
+        self.ds.spooler.command(self.chan, relayed);
         let answer = tokio::time::timeout(COMMAND_TIMEOUT, async {
             loop {
                 match self.events.recv().await {
@@ -305,15 +331,19 @@ impl Session<'_> {
             }
         })
         .await;
-        match answer {
-            Ok(Some(b)) => self.write(&b).await,
-            _ => {
-                self.error(ErrorFields::error(
-                    "08006",
-                    "walrelay: the primary's answer did not arrive (the link to the upstream went down); try again",
-                ))
-                .await
-            }
-        }
+        let why = match answer {
+            Ok(Some(b)) => return self.write(&b).await,
+            Ok(None) => "the link to the upstream went down".to_string(),
+            Err(_) => format!(
+                "it did not come within {} s (the primary, or the upstream's connection to it, \
+                 is slow or stuck)",
+                COMMAND_TIMEOUT.as_secs()
+            ),
+        };
+        self.error(ErrorFields::error(
+            "08006",
+            format!("walrelay: the primary's answer did not arrive: {why}; try again"),
+        ))
+        .await
     }
 }

@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
 use walrelay_pgwire::negotiate::{is_protocol_option, negotiate};
+use walrelay_pgwire::replcmd::MAX_IDENT_LEN;
 use walrelay_pgwire::scram::{ScramError, ScramServer};
 use walrelay_pgwire::{
     encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
@@ -24,6 +25,12 @@ use walrelay_pgwire::{
 
 /// The first byte of a TLS ClientHello record: a PG 17+ client using `sslnegotiation=direct`.
 const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Longest `application_name` of a session served from the spool, in bytes. It goes up the
+/// link in the session's OPEN item (with the user name and the address), which is at most
+/// `frame::MAX_CONTROL_ITEM`; PostgreSQL itself shows only the first 63 bytes in
+/// `pg_stat_replication`.
+pub(super) const MAX_APPLICATION_NAME: usize = 1024;
 
 type Failed = (Option<Writer>, End);
 
@@ -108,6 +115,15 @@ pub(super) async fn accept(
     Ok((reader, writer, standby))
 }
 
+/// `s` cut to PostgreSQL's longest name (NAMEDATALEN - 1 bytes), at a character boundary.
+fn name(s: &str) -> String {
+    let mut end = s.len().min(MAX_IDENT_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
 /// Who connects and for what (`tunnel` None: physical replication, served from the spool;
 /// else a tunnel for logical replication or SQL), or the error (SQLSTATE, message) for a
 /// startup packet walrelay does not serve.
@@ -117,22 +133,31 @@ fn who(
     tunnel: Option<super::tunnel::Mode>,
 ) -> Result<Standby, (&'static str, String)> {
     let get = |k| StartupPacket::param(params, k);
-    let user = get("user").unwrap_or_default().to_string();
+    // As PostgreSQL's ProcessStartupPacket: longer user and database names are cut to a
+    // name's length.
+    let user = name(get("user").unwrap_or_default());
     if user.is_empty() {
         return Err((
             "28000",
             "no PostgreSQL user name specified in startup packet".into(),
         ));
     }
-    let database = get("database")
-        .filter(|d| !d.is_empty())
-        .unwrap_or(&user)
-        .to_string();
+    let database = name(get("database").filter(|d| !d.is_empty()).unwrap_or(&user));
     let application_name = get("application_name")
         .filter(|s| !s.is_empty())
         .or(get("fallback_application_name"))
         .unwrap_or("")
         .to_string();
+    if tunnel.is_none() && application_name.len() > MAX_APPLICATION_NAME {
+        return Err((
+            "54000",
+            format!(
+                "walrelay passes on an application_name of at most {MAX_APPLICATION_NAME} bytes, \
+                 and this one has {}: set a shorter one in primary_conninfo",
+                application_name.len()
+            ),
+        ));
+    }
     Ok(Standby {
         peer,
         user,
