@@ -9,7 +9,9 @@ use common::*;
 use walrelay::conninfo::ConnInfo;
 use walrelay::pgclient::{self, Continuity, PgClientError, ServerRole, SystemIdentity};
 use walrelay_harness::certs::{Ca, CertFiles};
-use walrelay_harness::cluster::{free_port, wait_until, Cluster, StandbyOpts, TempRoot};
+use walrelay_harness::cluster::{
+    free_port, wait_replayed, wait_until, Cluster, StandbyOpts, TempRoot,
+};
 use walrelay_wal::lsn::TimeLineId;
 
 const MAX_MESSAGE: usize = 4 << 20;
@@ -94,6 +96,102 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}\n{}", relay.log_text(), behind.log_tail(30)));
     receiver_follows_onto_timeline_2(&mut receiver, &received).await;
+    relay.assert_no_panic();
+}
+
+/// The relay's spool holds WAL past the point where the promoted standby's timeline forks off
+/// (that standby had stopped receiving before the primary wrote it): on the promoted server
+/// the relay's slot and its flush position never pass what the relay was sent there, and
+/// once the spool is cut back to the fork it reports timeline 2's WAL durable as it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_past_the_fork_is_not_reported_durable_on_the_promoted_server() {
+    let root = TempRoot::new().unwrap();
+    let (primary, hot) = primary_and_hot_standby(&root).await;
+    let read_write = two_hosts(hot.port(), primary.port(), "read-write");
+    let (relay, behind, _down) = standby_behind_walrelay(&root, &primary, &hot, &read_write).await;
+
+    // The hot standby stops receiving; the primary writes on, and the relay spools it.
+    hot.execute("alter system set primary_conninfo = ''")
+        .await
+        .unwrap();
+    hot.execute("select pg_reload_conf()").await.unwrap();
+    let h = &hot;
+    wait_until(
+        "the hot standby's walreceiver stops",
+        TIMEOUT,
+        || async move {
+            Ok(
+                h.query_one_string("select count(*)::text from pg_stat_wal_receiver")
+                    .await?
+                    == "0",
+            )
+        },
+    )
+    .await
+    .unwrap();
+    primary
+        .execute("create table past_fork as select generate_series(1, 200000) x")
+        .await
+        .unwrap();
+    let end = primary
+        .query_lsn("select pg_current_wal_flush_lsn()")
+        .await
+        .unwrap();
+    wait_replayed(&primary, &behind, TIMEOUT, || None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+
+    primary.stop().await.unwrap();
+    hot.execute("select pg_promote()").await.unwrap();
+    let ahead = format!("select (pg_current_wal_flush_lsn() < '{end}'::pg_lsn)::text");
+    assert_eq!(hot.query_one_string(&ahead).await.unwrap(), "true");
+
+    // The relay streams from the promoted server; sample what it tells it.
+    let feed = "select coalesce((select (restart_lsn <= pg_current_wal_flush_lsn())::text \
+                from pg_replication_slots where slot_name = 'walrelay'), 'no slot') || ' ' || \
+                coalesce((select state || ' ' || (flush_lsn <= sent_lsn)::text || ' ' || \
+                flush_lsn::text from pg_stat_replication where application_name = 'walrelay'), \
+                'no feed')";
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut streaming = 0;
+    while streaming < 20 {
+        let seen = hot.query_one_string(feed).await.unwrap();
+        assert!(
+            !seen.contains("false"),
+            "the promoted server was told of WAL the relay has not received: {seen}\n{}",
+            relay.log_text()
+        );
+        if seen.starts_with("true streaming") {
+            streaming += 1;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not stream from the promoted server: {seen}\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+
+    // Timeline 2's WAL reaches the spool and is reported durable as it comes, though the
+    // spool held timeline 1 beyond it.
+    hot.execute("create table on_2 as select generate_series(1, 10000) x")
+        .await
+        .unwrap();
+    let target = hot
+        .query_lsn("select pg_current_wal_flush_lsn()")
+        .await
+        .unwrap();
+    let flushed = format!(
+        "select coalesce((select (flush_lsn >= '{target}'::pg_lsn and flush_lsn <= sent_lsn)::text \
+         from pg_stat_replication where application_name = 'walrelay'), 'no feed')"
+    );
+    wait_until(
+        "the relay reports timeline 2's WAL durable",
+        TIMEOUT,
+        || async { Ok(h.query_one_string(&flushed).await? == "true") },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
     relay.assert_no_panic();
 }
 

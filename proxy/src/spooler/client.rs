@@ -381,7 +381,9 @@ fn route(sp: &Spooler, chan: u32, e: ChanEvent) {
 async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
     let mut state = UpState::default();
     let mut durable_rx = sp.writer.durable();
-    let mut durable_sent = Lsn(0);
+    // (timeline, end) last reported: a timeline switch can move the end back (the spool cut
+    // to where the new timeline forks off), which the upstream must hear too.
+    let mut durable_sent = (0, Lsn(0));
     let mut last_sent = tokio::time::Instant::now();
     loop {
         let next_due = lock(&sp.channels).open.values().filter_map(|c| c.due).min();
@@ -398,13 +400,13 @@ async fn send_loop(sp: &Spooler, ltx: mpsc::Sender<ToUpstream>) -> Ended {
             (v.extent.durable, v.extent.tli)
         };
         let mut out = build(sp, &mut state);
-        if durable > durable_sent {
+        if tli.0 != durable_sent.0 || durable > durable_sent.1 {
             let item = Up::Durable {
                 tli: tli.0,
                 end: durable.0,
             };
             push(&mut state, &mut out, &item);
-            durable_sent = durable;
+            durable_sent = (tli.0, durable);
         }
         if out.0.is_empty() {
             if tokio::time::Instant::now() < alive_due {

@@ -28,15 +28,41 @@ struct Channel {
     refused: bool,
 }
 
+/// Where the downstream's spool is durable, as far as this stream may tell the primary (the
+/// feed's flush position, which advances its slot and may release synchronous commits).
+pub struct DurableReports {
+    pub durable: watch::Sender<Lsn>,
+    /// Where the WAL this stream sent down ends (from where the stream started).
+    pub sent: watch::Receiver<Lsn>,
+    /// The timeline the stream started on, after any switch the Welcome named.
+    pub start_tli: u32,
+}
+
+impl DurableReports {
+    /// Takes the downstream's report that its spool is durable up to `end` on timeline `tli`.
+    ///
+    /// Never past what this stream sent: a downstream claiming more would let the slot drop
+    /// WAL it lacks. And not of a timeline before the one the stream started on: when the
+    /// spool went past the point where the primary's timeline forked off (a failover to a
+    /// standby that was behind it), the downstream cuts its spool back to that point, and a
+    /// report it made before the cut is of WAL the new timeline does not have.
+    pub fn report(&self, tli: u32, end: u64) {
+        if tli < self.start_tli {
+            return;
+        }
+        let sent = *self.sent.borrow();
+        self.durable.send_replace(Lsn(end).min(sent));
+    }
+}
+
 /// The link → upstream direction of a stream.
 pub struct LinkToUpstream {
     pub up: Arc<Upstream>,
     pub inbound: Streaming<ToUpstream>,
     pub state: UpState,
-    pub durable: watch::Sender<Lsn>,
+    pub durable: DurableReports,
     pub events: mpsc::Sender<Event>,
     pub synchronous: Arc<AtomicUsize>,
-    pub sent: watch::Receiver<Lsn>,
     channels: HashMap<u32, Channel>,
     /// Channels with an identity (not refused).
     identities: usize,
@@ -50,10 +76,9 @@ impl LinkToUpstream {
     pub fn new(
         up: Arc<Upstream>,
         inbound: Streaming<ToUpstream>,
-        durable: watch::Sender<Lsn>,
+        durable: DurableReports,
         events: mpsc::Sender<Event>,
         synchronous: Arc<AtomicUsize>,
-        sent: watch::Receiver<Lsn>,
     ) -> LinkToUpstream {
         LinkToUpstream {
             up,
@@ -62,7 +87,6 @@ impl LinkToUpstream {
             durable,
             events,
             synchronous,
-            sent,
             channels: HashMap::new(),
             identities: 0,
         }
@@ -130,11 +154,8 @@ impl LinkToUpstream {
                 }
                 Ok(())
             }
-            Up::Durable { end, .. } => {
-                // Never past what this stream sent (it starts at the spool's end the Hello
-                // stated): a downstream claiming more would let the slot drop WAL it lacks.
-                let sent = *self.sent.borrow();
-                self.durable.send_replace(Lsn(end).min(sent));
+            Up::Durable { tli, end } => {
+                self.durable.report(tli, end);
                 Ok(())
             }
             Up::Alive => Ok(()),
@@ -183,7 +204,7 @@ impl LinkToUpstream {
                 feedback: feedback_rx,
                 events: self.events.clone(),
                 synchronous: self.synchronous.clone(),
-                sent: self.sent.clone(),
+                sent: self.durable.sent.clone(),
             };
             self.up.tasks.spawn(identity.run().instrument(span));
             self.identities += 1;
@@ -195,5 +216,34 @@ impl LinkToUpstream {
         };
         self.channels.insert(chan, channel);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_durable_report_never_passes_what_was_sent_nor_comes_from_an_earlier_timeline() {
+        let (durable, durable_rx) = watch::channel(Lsn(1000));
+        let (sent_tx, sent) = watch::channel(Lsn(1000));
+        let r = DurableReports {
+            durable,
+            sent,
+            start_tli: 2,
+        };
+        // The spool's end on timeline 1, past the fork at 1000: not taken.
+        r.report(1, 5000);
+        assert_eq!(*durable_rx.borrow(), Lsn(1000));
+        // On timeline 2, within what was sent.
+        sent_tx.send_replace(Lsn(3000));
+        r.report(2, 2000);
+        assert_eq!(*durable_rx.borrow(), Lsn(2000));
+        // Claiming more than was sent: cut to it.
+        r.report(2, 9000);
+        assert_eq!(*durable_rx.borrow(), Lsn(3000));
+        // A later timeline (the stream followed the primary onto it): taken.
+        r.report(3, 2500);
+        assert_eq!(*durable_rx.borrow(), Lsn(2500));
     }
 }

@@ -66,7 +66,7 @@ use crate::pgclient::{self, PrimaryConn};
 use crate::silence::Silence;
 use feed::FeedToLink;
 use feed::PRIMARY_TIMEOUT;
-use from_link::LinkToUpstream;
+use from_link::{DurableReports, LinkToUpstream};
 use handshake::{Agreed, PrimaryState};
 
 /// Shared state of the upstream half.
@@ -265,12 +265,12 @@ impl Link for LinkService {
             this.cfg.slot.as_deref(),
         )?;
         info!(%peer, downstream = %hello.downstream_name, slot = %agreed.slot, "link stream opened");
-        let (conn, welcome) = open_feed(&this, &hello, &agreed).await.inspect_err(|e| {
+        let feed = open_feed(&this, &hello, &agreed).await.inspect_err(|e| {
             warn!(%peer, "cannot start the stream: {}", e.message());
         })?;
         let (tx, rx) = mpsc::channel(this.limits.queue_messages);
         tx.send(Ok(ToDownstream {
-            msg: Some(to_downstream::Msg::Welcome(welcome.clone())),
+            msg: Some(to_downstream::Msg::Welcome(feed.welcome.clone())),
         }))
         .await
         .map_err(|_| Status::cancelled("downstream went away"))?;
@@ -281,7 +281,7 @@ impl Link for LinkService {
                 let _permit = permit;
                 let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
                 Metrics::add(&up.metrics.sessions_total, 1);
-                let end = run_stream(&up, conn, inbound, tx.clone(), &agreed, &welcome).await;
+                let end = run_stream(&up, feed, inbound, tx.clone(), &agreed).await;
                 match &end {
                     Ok(()) => info!("link stream ended"),
                     Err(status) => {
@@ -298,13 +298,18 @@ impl Link for LinkService {
     }
 }
 
+/// The feed's connection to the primary, streaming, with the `Welcome` the downstream is
+/// sent and where the stream starts: the spool's end the Hello stated, or, when the spool
+/// went past the point where its timeline forked off the primary's, that point.
+struct Feed {
+    conn: PrimaryConn,
+    welcome: Welcome,
+    from: Lsn,
+}
+
 /// Connects the feed to the primary on the downstream's slot, decides where the stream
 /// starts, starts streaming, and builds the `Welcome`.
-async fn open_feed(
-    up: &Upstream,
-    hello: &Hello,
-    agreed: &Agreed,
-) -> Result<(PrimaryConn, Welcome), Status> {
+async fn open_feed(up: &Upstream, hello: &Hello, agreed: &Agreed) -> Result<Feed, Status> {
     let mut conn = connect_with_slot(up, hello, agreed).await?;
     let id = conn
         .identify_system()
@@ -366,7 +371,11 @@ async fn open_feed(
             .collect(),
         primary_end: flush.0,
     };
-    Ok((conn, welcome))
+    Ok(Feed {
+        conn,
+        welcome,
+        from: at,
+    })
 }
 
 /// `unavailable` status for a step on the primary that failed.
@@ -482,12 +491,17 @@ async fn catch_up_timelines(
 /// Runs a stream's two directions until either ends, then says goodbye to the primary.
 async fn run_stream(
     up: &Arc<Upstream>,
-    conn: PrimaryConn,
+    feed: Feed,
     inbound: Streaming<ToUpstream>,
     tx: mpsc::Sender<Result<ToDownstream, Status>>,
     agreed: &Agreed,
-    welcome: &Welcome,
 ) -> Result<(), Status> {
+    let Feed {
+        conn,
+        welcome,
+        from,
+    } = feed;
+    let welcome = &welcome;
     let setup = Setup {
         kind: agreed.codec,
         zstd_level: up.link.zstd_level,
@@ -502,16 +516,22 @@ async fn run_stream(
     let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
     let (events_tx, events) = mpsc::channel(up.limits.queue_messages);
     let synchronous = Arc::new(AtomicUsize::new(0));
-    let (durable_tx, durable) = watch::channel(Lsn(welcome.start));
-    let (sent, sent_rx) = watch::channel(Lsn(welcome.start));
-    let from_link = LinkToUpstream::new(
-        up.clone(),
-        inbound,
-        durable_tx,
-        events_tx,
-        synchronous.clone(),
-        sent_rx,
-    );
+    // Both from where the stream starts: the primary is never told of WAL past it before the
+    // downstream reports it durable.
+    let (durable_tx, durable) = watch::channel(from);
+    let (sent, sent_rx) = watch::channel(from);
+    let tli = welcome
+        .switches
+        .last()
+        .map(|s| TimeLineId(s.timeline))
+        .unwrap_or(TimeLineId(welcome.timeline));
+    let reports = DurableReports {
+        durable: durable_tx,
+        sent: sent_rx,
+        start_tli: tli.0,
+    };
+    let from_link =
+        LinkToUpstream::new(up.clone(), inbound, reports, events_tx, synchronous.clone());
     let framer = encode::Framer::new(
         encoder,
         up.metrics.ops.codec.session(),
@@ -528,11 +548,7 @@ async fn run_stream(
         synchronous: &synchronous,
         durable,
         slot: agreed.slot.clone(),
-        tli: welcome
-            .switches
-            .last()
-            .map(|s| TimeLineId(s.timeline))
-            .unwrap_or(TimeLineId(welcome.timeline)),
+        tli,
         pending: None,
         last_status: tokio::time::Instant::now(),
         last_sent: tokio::time::Instant::now(),
