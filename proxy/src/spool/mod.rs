@@ -483,15 +483,20 @@ impl Spool {
         // .partial for ever: it may hold bytes past the switchpoint no standby should replay).
         self.current = None;
         if off != 0 {
-            let mut prefix = vec![0u8; off as usize];
             let old = files::find(&self.dir, self.seg, self.ext.tli, segno).ok_or_else(|| {
                 SpoolError::Removed(SegmentFile::complete(self.ext.tli, segno).name(self.seg))
             })?;
-            let mut f = File::open(&old).map_err(io(&old))?;
-            f.read_exact(&mut prefix).map_err(io(&old))?;
+            let f = File::open(&old).map_err(io(&old))?;
             let new = SegmentFile::partial(tli, segno).path(&self.dir, self.seg);
             let mut nf = File::create(&new).map_err(io(&new))?;
-            nf.write_all(&prefix).map_err(io(&new))?;
+            // Copied through a small buffer: a segment can be 1 GiB.
+            let copied = std::io::copy(&mut f.take(off), &mut nf).map_err(io(&new))?;
+            if copied != off {
+                return Err(io(&old)(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{copied} bytes where the switch needs the first {off}"),
+                )));
+            }
             nf.sync_all().map_err(io(&new))?;
             self.current = Some((segno, nf));
             // The directory's fsync below makes the name durable.
