@@ -97,6 +97,19 @@ impl Channels {
         self.queue.push(Out::Close(chan));
     }
 
+    /// The standby started streaming from `s`: remembered for a reconnect, and its START
+    /// queued in place of one still waiting (only the latest counts), so that a standby
+    /// starting again and again while the link is down queues one.
+    pub fn start(&mut self, chan: u32, s: StartReplication) {
+        let Some(c) = self.open.get_mut(&chan) else {
+            return;
+        };
+        c.start = Some(s.clone());
+        self.queue
+            .retain(|o| !matches!(o, Out::Start(c, _) if *c == chan));
+        self.queue.push(Out::Start(chan, s));
+    }
+
     /// The link went down: the items queued for it will not go (the next stream opens every
     /// channel again), except CLOSEs, which [`Channels::reopen`] applies.
     pub fn link_down(&mut self) {

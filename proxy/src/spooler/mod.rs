@@ -217,10 +217,8 @@ impl Spooler {
 
     /// The standby started streaming (from the spool): its own connection should too.
     pub fn start(&self, chan: u32, s: StartReplication) {
-        if let Some(c) = lock(&self.channels).open.get_mut(&chan) {
-            c.start = Some(s.clone());
-        }
-        self.enqueue(Out::Start(chan, s));
+        lock(&self.channels).start(chan, s);
+        self.wake.notify_one();
     }
 
     /// The standby's feedback: the latest of its kind waits for the window unless the

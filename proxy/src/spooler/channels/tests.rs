@@ -92,3 +92,29 @@ fn ids_are_reused_and_run_out_without_spinning() {
     sent(&mut ch);
     assert_eq!(ch.open(info("x"), tx), Some(7));
 }
+
+#[test]
+fn a_standby_starting_again_and_again_queues_one_start() {
+    let mut ch = Channels::default();
+    let (tx, _rx) = mpsc::channel(1);
+    let a = ch.open(info("a"), tx).unwrap();
+    ch.link_down();
+    for i in 0..10_000 {
+        ch.start(
+            a,
+            StartReplication {
+                start_lsn: i,
+                ..start()
+            },
+        );
+    }
+    assert_eq!(kinds(&ch), [format!("start {a}")]);
+    assert_eq!(ch.open[&a].start.as_ref().unwrap().start_lsn, 9_999);
+    // After a command, a new START goes after it, the older one gone.
+    ch.queue.push(Out::Command(a, Command::default()));
+    ch.start(a, start());
+    assert_eq!(kinds(&ch), [format!("command {a}"), format!("start {a}")]);
+    // A channel that is not open queues nothing.
+    ch.start(a + 1, start());
+    assert_eq!(ch.queue.len(), 2);
+}
