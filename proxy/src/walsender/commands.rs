@@ -153,11 +153,12 @@ impl Session<'_> {
             let r = match msg {
                 FrontendMsg::Query(q) => self.query(&q).await,
                 FrontendMsg::Terminate => return End::Quiet,
-                FrontendMsg::CopyData(_) | FrontendMsg::CopyDone => Err(End::fatal(
-                    "08P01",
-                    "unexpected COPY message outside of START_REPLICATION",
-                )),
-                FrontendMsg::CopyFail(why) => Err(End::fatal("57014", format!("COPY failed: {why}"))),
+                // As PostgresMain: accepted and ignored outside COPY. A client's COPY can end
+                // before it knows: pg_receivewal sends a status update as soon as a
+                // START_REPLICATION's CopyBothResponse arrives, before the ERROR after it.
+                FrontendMsg::CopyData(_) | FrontendMsg::CopyDone | FrontendMsg::CopyFail(_) => {
+                    continue
+                }
                 FrontendMsg::Password(_) => Err(End::fatal(
                     "08P01",
                     "unexpected password message after authentication",
