@@ -518,3 +518,73 @@ async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
     );
     env.downstream.assert_no_panic();
 }
+
+/// A link peer that makes the server reset stream after stream for its errors (malformed
+/// headers: a connection-specific one) gets a GOAWAY after `link::MAX_LOCAL_ERROR_RESETS`,
+/// as hyper's default has it (RUSTSEC-2024-0003), rather than resets for as long as it likes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_peer_that_keeps_erring_is_sent_away() {
+    use std::io::{Read, Write};
+    let root = TempRoot::new().unwrap();
+    let p = primary(&root, Vec::new()).await;
+    let up = free_port();
+    let relay = Relay::start(
+        root.path(),
+        "upstream",
+        &upstream_only(&p, up, "sslmode=disable", "plaintext = true"),
+        None,
+        Some(up),
+    );
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", up)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0".to_vec();
+    // HEADERS (END_STREAM | END_HEADERS): :method GET, :scheme http, :path /, then a literal
+    // header whose name is upper-case, which HTTP/2 forbids.
+    let mut block = vec![0x82u8, 0x86, 0x84, 0x00, 0x0a];
+    block.extend_from_slice(b"connection\x01x");
+    let n = 2 * walrelay::link::MAX_LOCAL_ERROR_RESETS as u32;
+    for i in 0..n {
+        out.extend_from_slice(&[0, 0, block.len() as u8, 0x01, 0x05]);
+        out.extend_from_slice(&(2 * i + 1).to_be_bytes());
+        out.extend_from_slice(&block);
+    }
+    let writer = {
+        let mut w = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&out);
+        })
+    };
+    let (mut resets, mut goaway) = (0, None);
+    let mut head = [0u8; 9];
+    while s.read_exact(&mut head).is_ok() {
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).is_err() {
+            break;
+        }
+        match head[3] {
+            0x3 => resets += 1,
+            0x7 => {
+                // Last stream id, then the error code.
+                goaway = payload
+                    .get(4..8)
+                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+                break;
+            }
+            _ => {}
+        }
+    }
+    drop(s);
+    let _ = writer.join();
+    // ENHANCE_YOUR_CALM (0xb), before the server reset every stream the peer asked for.
+    assert_eq!(
+        goaway,
+        Some(0xb),
+        "after {resets} streams reset for the peer's errors"
+    );
+    assert!(
+        resets <= walrelay::link::MAX_LOCAL_ERROR_RESETS,
+        "{resets} resets before the GOAWAY"
+    );
+    relay.assert_no_panic();
+}

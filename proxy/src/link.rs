@@ -31,6 +31,9 @@ pub use dial::DialError;
 /// for nothing; with these, one per 512 KiB. Bounds what a peer may send ahead per session.
 pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONNECTION_WINDOW: u32 = 8 << 20;
+/// Streams a peer may make the server reset for its errors before it ends the connection
+/// (hyper's default, which tonic's builder would otherwise switch off: RUSTSEC-2024-0003).
+pub const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 
 /// Room for protobuf framing around the largest WAL message.
 const FRAMING_SLACK: usize = 64 * 1024;
