@@ -2,7 +2,7 @@
 
 use super::{
     body, put_bytes, put_varint, unzz, zz, Cursor, Digest, FrameError, WalHeader, ITEM_BACKEND,
-    ITEM_KEEPALIVE, ITEM_STARTED, ITEM_TIMELINE, ITEM_WAL,
+    ITEM_KEEPALIVE, ITEM_STARTED, ITEM_TIMELINE, ITEM_WAL, MAX_FRAME_ITEMS,
 };
 
 /// An item of an upstream → downstream frame, borrowing from the frame.
@@ -131,6 +131,9 @@ impl DownState {
         let max_total = wal_frame_max(max_raw);
         let mut total = 0u64;
         while !c.buf.is_empty() {
+            if items.len() == MAX_FRAME_ITEMS {
+                return Err(FrameError::TooManyItems);
+            }
             items.push(match c.u8("item")? {
                 ITEM_WAL => {
                     let item = self.wal(&mut c, max_raw, max_bytes)?;

@@ -133,6 +133,13 @@ pub const ITEM_DURABLE: u8 = 0x18;
 pub const ITEM_ALIVE: u8 = 0x19;
 
 /// Longest either half stays silent on a stream (see the module docs).
+/// Most items one stream frame may carry, in either direction. A parsed item takes up to 56
+/// bytes and the smallest on the wire one, so without this a frame of one-byte items would
+/// make the receiver hold about 100 times the frame. The senders stay far below it: an
+/// upstream's batch ends at its first event (WAL runs that continue each other are one item),
+/// and a downstream's frame holds at most a few items per channel, of at most
+/// [`MAX_CHANNELS`].
+pub const MAX_FRAME_ITEMS: usize = 1 << 16;
 pub const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Silence after which either half ends a stream: six missed [`ALIVE_EVERY`]s.
 pub const SILENT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -167,6 +174,8 @@ pub enum FrameError {
     },
     #[error("link frame has no items")]
     Empty,
+    #[error("link frame has more than {MAX_FRAME_ITEMS} items")]
+    TooManyItems,
     #[error("feedback message is not a well-formed '{0}' message")]
     BadFeedback(char),
     #[error("link frame names channel {0}, beyond the {MAX_CHANNELS} a stream may have")]

@@ -592,3 +592,33 @@ fn many_compressible_tunnel_items_are_refused_at_the_budget() {
         })
     );
 }
+
+#[test]
+fn a_frame_of_more_items_than_any_sender_makes_is_refused() {
+    // One-byte ALIVE items up, three-byte keepalives down: MAX_FRAME_ITEMS of them parse, one
+    // more does not (before the receiver holds ~56 bytes for each).
+    let up = |n: usize| {
+        let mut out = vec![ITEM_ALIVE; n];
+        out.extend_from_slice(&[0; 8]);
+        UpState::default()
+            .parse(&out, 4096)
+            .map(|(items, _)| items.len())
+    };
+    assert_eq!(up(MAX_FRAME_ITEMS).unwrap(), MAX_FRAME_ITEMS);
+    assert!(matches!(
+        up(MAX_FRAME_ITEMS + 1),
+        Err(FrameError::TooManyItems)
+    ));
+    let down = |n: usize| {
+        let mut out = [ITEM_KEEPALIVE, 0, 0].repeat(n);
+        out.extend_from_slice(&[0; 8]);
+        DownState::default()
+            .parse(&out, 1 << 20, 1 << 20)
+            .map(|(items, _)| items.len())
+    };
+    assert_eq!(down(MAX_FRAME_ITEMS).unwrap(), MAX_FRAME_ITEMS);
+    assert!(matches!(
+        down(MAX_FRAME_ITEMS + 1),
+        Err(FrameError::TooManyItems)
+    ));
+}

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::{
     body, put_bytes, put_varint, unzz, zz, Cursor, Digest, FrameError, ITEM_ALIVE, ITEM_CLOSE,
-    ITEM_COMMAND, ITEM_DURABLE, ITEM_HSFEED, ITEM_OPEN, ITEM_START, ITEM_STATUS,
+    ITEM_COMMAND, ITEM_DURABLE, ITEM_HSFEED, ITEM_OPEN, ITEM_START, ITEM_STATUS, MAX_FRAME_ITEMS,
 };
 
 /// Length of a standby status update ('r'): write, flush, apply, time, reply flag.
@@ -172,6 +172,9 @@ impl UpState {
         let mut c = Cursor { buf: body };
         let mut items = Vec::new();
         while !c.buf.is_empty() {
+            if items.len() == MAX_FRAME_ITEMS {
+                return Err(FrameError::TooManyItems);
+            }
             items.push(match c.u8("item")? {
                 ITEM_STATUS => self.status(&mut c)?,
                 ITEM_HSFEED => self.hsfeed(&mut c)?,
