@@ -1,4 +1,5 @@
-//! The HTTP server of `[metrics] listen`: `GET /metrics` (Prometheus), `GET /healthz` ("ok"),
+//! The HTTP server of `[metrics] listen`: `GET /metrics` (Prometheus), `GET /healthz` ("ok",
+//! or 503 with the reason once the process needs a restart),
 //! `GET /` (the status page, one self-contained HTML file) and `GET /status.json`.
 //!
 //! HTTP/1.1 (hyper), GET and HEAD only, no request bodies read. Bounds: at most
@@ -94,7 +95,10 @@ impl Server {
                 "text/plain; version=0.0.4; charset=utf-8",
                 expo::render(&self.metrics, &super::process_stats()),
             ),
-            "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+            "/healthz" => match health(&self.metrics) {
+                Ok(()) => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+                Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
+            },
             "/status.json" => reply(StatusCode::OK, "application/json", self.status_json()),
             "/" => {
                 // Inside <script>, "</" would end the element: JSON allows "<\/".
@@ -143,6 +147,17 @@ impl Server {
     }
 }
 
+/// What `GET /healthz` says: Err with the reason when the process cannot go on by itself and
+/// needs a restart (the downstream's spool failed: it takes no more WAL).
+fn health(metrics: &Metrics) -> Result<(), String> {
+    match metrics.ops.spool.failure() {
+        None => Ok(()),
+        Some(why) => Err(format!(
+            "unhealthy: the spool failed ({why}); it takes no more WAL: fix the cause and restart walrelay\n"
+        )),
+    }
+}
+
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
@@ -157,9 +172,9 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 }
 
 /// A connection beyond [`MAX_CONNECTIONS`]: one request head within [`PROBE_TIMEOUT`];
-/// `GET /healthz` gets `200 ok`, anything else `503` (the port is busy), then the connection
-/// closes. Cheap on purpose: no metrics rendered, one small buffer.
-async fn probe_lane(mut sock: tokio::net::TcpStream) {
+/// `GET /healthz` gets what [`health`] says, anything else `503` (the port is busy), then the
+/// connection closes. Cheap on purpose: no metrics rendered, one small buffer.
+async fn probe_lane(mut sock: tokio::net::TcpStream, metrics: Arc<Metrics>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = [0u8; PROBE_HEAD_BYTES];
     let mut n = 0;
@@ -181,11 +196,12 @@ async fn probe_lane(mut sock: tokio::net::TcpStream) {
     }
     let line = buf[..n].split(|&b| b == b'\r').next().unwrap_or_default();
     let healthz = line.starts_with(b"GET /healthz ");
-    let reply: &[u8] = match healthz {
-        true => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n",
-        false => b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\ncontent-length: 38\r\nconnection: close\r\n\r\nbusy: too many connections, try again\n",
+    let reply = match (healthz, health(&metrics)) {
+        (true, Ok(())) => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n".to_vec(),
+        (true, Err(why)) => format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{why}", why.len()).into_bytes(),
+        (false, _) => b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\ncontent-length: 38\r\nconnection: close\r\n\r\nbusy: too many connections, try again\n".to_vec(),
     };
-    let _ = tokio::time::timeout(PROBE_TIMEOUT, sock.write_all(reply)).await;
+    let _ = tokio::time::timeout(PROBE_TIMEOUT, sock.write_all(&reply)).await;
 }
 
 /// Serves `listener` until `shutdown`, and runs the sampler.
@@ -208,9 +224,10 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: Cancell
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             match lane.clone().try_acquire_owned() {
                 Ok(p) => {
+                    let metrics = server.metrics.clone();
                     tokio::spawn(async move {
                         let _p = p;
-                        probe_lane(sock).await
+                        probe_lane(sock, metrics).await
                     });
                 }
                 Err(_) => debug!(%peer, "metrics listener: too many connections, closing this one"),
@@ -240,5 +257,21 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: Cancell
                 _ = shutdown.cancelled() => {}
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_says_why_once_the_spool_failed() {
+        let m = Metrics::default();
+        assert_eq!(health(&m), Ok(()));
+        *m.ops.spool.failure.lock().unwrap() =
+            Some("writing 000000010000000000000003: No space left on device".into());
+        let why = health(&m).unwrap_err();
+        assert!(why.contains("No space left on device"), "{why}");
+        assert!(why.contains("restart walrelay"), "{why}");
     }
 }

@@ -76,6 +76,18 @@ pub struct SpoolGauges {
     pub syncs: AtomicU64,
     /// Segments written over a file kept from retention instead of a new file.
     pub reused: AtomicU64,
+    /// Why the spool stopped taking WAL (a write or fsync failed), until the process restarts.
+    pub failure: std::sync::Mutex<Option<String>>,
+}
+
+impl SpoolGauges {
+    /// Why the spool failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// A stream's slot: the primary's WAL end as last stated, and the durable end of the

@@ -90,6 +90,9 @@ impl Publish {
         g.end.store(e.end.0, Relaxed);
         g.durable.store(e.durable.0, Relaxed);
         g.reused.store(spool.reused(), Relaxed);
+        if failed.is_some() {
+            *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = failed.clone();
+        }
         self.view_tx.send_replace(view(spool, failed));
         self.durable_tx.send_if_modified(|d| {
             let moved = *d != e.durable;
