@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use walrelay_harness::cluster::wait_until;
+use walrelay_harness::cluster::{wait_until, StandbyOpts};
 use walrelay_wal::lsn::Lsn;
 use walrelay_wal::segment::WalSegSize;
 
@@ -311,4 +311,52 @@ async fn silence(env: &Env, name: &str, given_up: &'static str) -> i32 {
     unsafe { libc::kill(pid, libc::SIGCONT) };
     r.unwrap_or_else(|e| panic!("{e}\n{}", env.relay.log_text()));
     pid
+}
+
+/// A standby that starts streaming from the spool while the link is down, naming a slot the
+/// primary does not have: once the link is back the primary refuses its own connection, and
+/// the standby hears that refusal (its session ends with it, and its next START gets it), as
+/// from PostgreSQL itself, instead of streaming on unseen by the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_that_comes_after_the_start_reaches_the_standby() {
+    let env = env(EnvOpts {
+        cuttable_link: true,
+        ..Default::default()
+    })
+    .await;
+    let proxy = env.cut.as_ref().unwrap();
+    proxy.cut();
+    let mut opts = StandbyOpts::new(standby_conninfo(env.down_port));
+    opts.application_name = Some("slotless".into());
+    opts.slot = Some("missing".into());
+    let slotless = env
+        .primary
+        .basebackup_standby(&env.root, "slotless", &opts)
+        .unwrap();
+    slotless.start().await.unwrap();
+    // It streams from the spool, the link being down.
+    let s = &slotless;
+    wait_until(
+        "the standby streams from the spool",
+        TIMEOUT,
+        || async move {
+            Ok(s.query_one_string(
+                "select count(*)::text from pg_stat_wal_receiver where status = 'streaming'",
+            )
+            .await?
+                == "1")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", slotless.log_tail(30)));
+    proxy.restore();
+    let refused = "replication slot \"missing\" does not exist";
+    wait_until(
+        "the standby hears the primary's refusal",
+        TIMEOUT,
+        || async move { Ok(s.log_tail(200).contains(refused)) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", slotless.log_tail(30), env.relay.log_text()));
+    env.relay.assert_no_panic();
 }

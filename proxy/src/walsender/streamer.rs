@@ -222,6 +222,25 @@ async fn reached(sp: &crate::spooler::Spooler, start: Lsn) -> bool {
         .unwrap_or(false)
 }
 
+/// The primary's refusal of the standby's own START_REPLICATION, when `b` (what the standby's
+/// channel was sent) is one: an ErrorResponse with no ReadyForQuery (a command's answer ends
+/// with one). It comes while the standby streams from the spool when the link was down at its
+/// START (or the primary was): ending the session with it, the standby hears it at its next
+/// START, as from PostgreSQL itself (a slot missing on a promoted primary, say), instead of
+/// streaming on without a connection the primary knows of.
+fn start_refused(b: &[u8]) -> Option<ErrorFields> {
+    let mut buf = BytesMut::from(b);
+    let mut refusal = None;
+    while let Ok(Some(m)) = walrelay_pgwire::parse_tagged(&mut buf, |_| b.len()) {
+        match m.tag {
+            b'E' if refusal.is_none() => refusal = ErrorFields::parse(&m.body).ok(),
+            b'Z' => return None,
+            _ => {}
+        }
+    }
+    refusal
+}
+
 /// Starts the standby's own connection to the primary (when the link is up) and waits for
 /// it; false when the primary refused (its answer went to the standby).
 async fn start_identity(
@@ -318,8 +337,12 @@ async fn copy(
                     return Err(End::fatal("XX000", "walrelay: the spool stopped"));
                 }
             }
-            e = s.events.recv() => if e.is_none() {
-                return Err(End::fatal("XX000", "walrelay: the spooler stopped"));
+            e = s.events.recv() => match e {
+                None => return Err(End::fatal("XX000", "walrelay: the spooler stopped")),
+                Some(ChanEvent::Backend(b)) => if let Some(e) = start_refused(&b) {
+                    return Err(End::Fatal(e));
+                },
+                Some(_) => {}
             },
             _ = silence::until(ask_at) => {
                 live.0.asked();

@@ -58,3 +58,23 @@ fn the_current_timeline_is_never_sent_up_to_just_a_page_header() {
     };
     assert_eq!(send_limit(Some(h), Lsn(0x900_0000), seg), Lsn(0x87F_E018));
 }
+
+#[test]
+fn only_an_error_without_ready_for_query_is_a_start_refusal() {
+    let refusal = {
+        let mut b = BytesMut::new();
+        encode::error_response(
+            &mut b,
+            &ErrorFields::error("42704", "replication slot \"x\" does not exist"),
+        );
+        b
+    };
+    let e = start_refused(&refusal).unwrap();
+    assert_eq!(e.code, "42704");
+    // A command's late answer ends with ReadyForQuery: not a refusal of the START.
+    let mut answer = refusal.clone();
+    encode::ready_for_query(&mut answer);
+    assert!(start_refused(&answer).is_none());
+    assert!(start_refused(b"").is_none());
+    assert!(start_refused(b"garbage").is_none());
+}
