@@ -307,7 +307,9 @@ async fn copy(
                 let mut out = BytesMut::new();
                 encode::copy_done(&mut out);
                 s.write(&out).await?;
-                drain_until_copy_done(s, pos.min(h.end)).await?;
+                // As the walsender checks its timeout until both sides sent CopyDone.
+                live.bounded(drain_until_copy_done(s, pos.min(h.end)))
+                    .await?;
                 return Ok(CopyEnd::TimelineEnd(h));
             }
         }
