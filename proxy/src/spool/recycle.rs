@@ -92,6 +92,10 @@ impl Pool {
 
     /// A kept file renamed to `to` and opened for writing at its start, if the pool has one
     /// (a kept file someone removed meanwhile is passed over).
+    ///
+    /// The directory is fsynced before the file is handed out, as PostgreSQL's `durable_rename`
+    /// does when it recycles a segment: else a power loss could bring back the file's old name
+    /// (a complete segment the spool may still list) over the new segment's first bytes.
     pub fn take(&mut self, to: &Path) -> Result<Option<File>, SpoolError> {
         loop {
             let Some(from) = self.files.pop() else {
@@ -102,6 +106,9 @@ impl Pool {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io(&from)(e)),
             }
+        }
+        if let Some(dir) = to.parent() {
+            super::files::sync_dir(dir)?;
         }
         let file = std::fs::OpenOptions::new()
             .write(true)
