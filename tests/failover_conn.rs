@@ -195,6 +195,76 @@ async fn a_spool_past_the_fork_is_not_reported_durable_on_the_promoted_server() 
     relay.assert_no_panic();
 }
 
+/// A new downstream (its spool empty) whose slot was made on the standby before its
+/// promotion: the slot holds WAL from a restartpoint on timeline 1, which the promoted server
+/// has only under timeline 1's segment names. The stream starts there, on timeline 1, and
+/// follows onto timeline 2; a standby behind walrelay replays what the promoted server writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_spool_starts_on_the_timeline_its_slot_names() {
+    let root = TempRoot::new().unwrap();
+    let (primary, hot) = primary_and_hot_standby(&root).await;
+    primary
+        .execute("create table before_promotion as select generate_series(1, 10000) x; checkpoint")
+        .await
+        .unwrap();
+    wait_replayed(&primary, &hot, TIMEOUT, || None)
+        .await
+        .unwrap();
+    // A restartpoint, then the slot on the standby: it reserves WAL from that redo point.
+    hot.execute("checkpoint").await.unwrap();
+    hot.execute("select pg_create_physical_replication_slot('walrelay', true)")
+        .await
+        .unwrap();
+    // Later segments, so that the slot's lies before the one timeline 2 starts in.
+    for _ in 0..2 {
+        primary
+            .execute(
+                "select pg_switch_wal(); create table t_switch as select 1 x; drop table t_switch",
+            )
+            .await
+            .unwrap();
+    }
+    wait_replayed(&primary, &hot, TIMEOUT, || None)
+        .await
+        .unwrap();
+    primary.stop().await.unwrap();
+    hot.execute("select pg_promote()").await.unwrap();
+    let tli = "select restart_lsn::text || ' ' || (select timeline_id::text from pg_control_checkpoint()) \
+               from pg_replication_slots where slot_name = 'walrelay'";
+    let before = hot.query_one_string(tli).await.unwrap();
+
+    let (up, down) = (free_port(), free_port());
+    let relay = Relay::start(
+        root.path(),
+        "relay",
+        &both_halves_toml(&hot, up, down, up, "", ""),
+        Some(down),
+        Some(up),
+    );
+    let mut opts = StandbyOpts::new(standby_conninfo(down));
+    opts.application_name = Some("behind".into());
+    let behind = hot.basebackup_standby(&root, "behind", &opts).unwrap();
+    behind.start().await.unwrap();
+    hot.execute("create table after_promotion as select 1 x")
+        .await
+        .unwrap();
+    let b = &behind;
+    wait_until(
+        "the standby behind walrelay replays the promoted server's table",
+        TIMEOUT,
+        || async move {
+            Ok(b.query_one_string(
+                "select count(*)::text from pg_class where relname = 'after_promotion'",
+            )
+            .await?
+                == "1")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e} (slot before: {before})\n{}", relay.log_text()));
+    relay.assert_no_panic();
+}
+
 /// pg_receivewal (`--no-loop`: it exits on any error) streamed timeline 1 through the
 /// downstream: at its end it takes the next timeline from START_REPLICATION's answer, fetches
 /// the history file and goes on streaming timeline 2.

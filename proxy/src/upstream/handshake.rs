@@ -142,13 +142,17 @@ pub struct PrimaryState {
     pub system_id: u64,
     pub tli: TimeLineId,
     pub flush: Lsn,
-    /// Where the stream's slot holds WAL from, when the primary can say (PG 15+).
-    pub slot_restart: Option<Lsn>,
+    /// Where the stream's slot holds WAL from, and on which timeline when the primary says,
+    /// when the primary can say (PG 15+).
+    pub slot_restart: Option<(Lsn, Option<TimeLineId>)>,
 }
 
 /// A non-empty spool continues where it ends, on its own timeline (the primary serves an
 /// older timeline up to its switchpoint, then the stream follows to the next). An empty one
-/// starts at the segment holding the oldest WAL the slot keeps, or the primary's flush.
+/// starts at the segment holding the oldest WAL the slot keeps, on the timeline the slot
+/// names (an older one when the slot was made on a promoted server before its first
+/// checkpoint: the primary has that segment only under that timeline), or at the primary's
+/// flush.
 pub fn start(hello: &Hello, primary: &PrimaryState, seg: WalSegSize) -> Result<Start, Status> {
     if hello.system_id != 0 {
         if hello.system_id != primary.system_id {
@@ -169,17 +173,16 @@ pub fn start(hello: &Hello, primary: &PrimaryState, seg: WalSegSize) -> Result<S
             lsn: Lsn(hello.spool_end),
         });
     }
-    let from = primary
-        .slot_restart
-        .unwrap_or(primary.flush)
-        .min(primary.flush);
+    let (from, tli) = match primary.slot_restart {
+        Some((lsn, tli)) if lsn <= primary.flush => {
+            (lsn, tli.filter(|t| *t < primary.tli).unwrap_or(primary.tli))
+        }
+        _ => (primary.flush, primary.tli),
+    };
     let lsn = seg
         .segment_start(seg.segment_of(from))
         .ok_or_else(|| Status::internal("start position out of range"))?;
-    Ok(Start {
-        tli: primary.tli,
-        lsn,
-    })
+    Ok(Start { tli, lsn })
 }
 
 #[cfg(test)]
@@ -201,7 +204,7 @@ mod tests {
         system_id: 7,
         tli: TimeLineId(2),
         flush: Lsn(0x5123456),
-        slot_restart: Some(Lsn(0x3800000)),
+        slot_restart: Some((Lsn(0x3800000), Some(TimeLineId(2)))),
     };
 
     #[test]
@@ -300,6 +303,28 @@ mod tests {
             ..P
         };
         assert_eq!(start(&hello(), &no_slot, seg).unwrap().lsn, Lsn(0x5000000));
+        // A slot made on a promoted server before its first checkpoint holds WAL of the
+        // timeline before: the stream starts there (and follows to the primary's).
+        let older = PrimaryState {
+            slot_restart: Some((Lsn(0x3800000), Some(TimeLineId(1)))),
+            ..P
+        };
+        assert_eq!(
+            start(&hello(), &older, seg).unwrap(),
+            Start {
+                tli: TimeLineId(1),
+                lsn: Lsn(0x3000000)
+            }
+        );
+        // A timeline the slot cannot have (newer than the primary's) is not taken; a slot
+        // that says none starts on the primary's.
+        for t in [Some(TimeLineId(3)), None] {
+            let s = PrimaryState {
+                slot_restart: Some((Lsn(0x3800000), t)),
+                ..P
+            };
+            assert_eq!(start(&hello(), &s, seg).unwrap().tli, TimeLineId(2));
+        }
         // A spool continues where it ends, on its timeline.
         let spool = Hello {
             system_id: 7,

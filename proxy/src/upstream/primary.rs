@@ -52,18 +52,22 @@ pub fn parse_size(v: &str) -> Option<u64> {
     n.checked_mul(unit)
 }
 
-/// Where `slot` holds WAL from (READ_REPLICATION_SLOT, PostgreSQL 15+); None when the primary
-/// cannot say (older majors) or the slot holds nothing yet.
-pub async fn slot_restart(conn: &mut PrimaryConn, slot: &str) -> Option<Lsn> {
+/// Where `slot` holds WAL from, and on which timeline (READ_REPLICATION_SLOT, PostgreSQL
+/// 15+: `restart_lsn`, `restart_tli`); None when the primary cannot say (older majors) or the
+/// slot holds nothing yet. The timeline is older than the primary's when the slot was made on
+/// a promoted server before its first checkpoint (it reserves WAL from the last restartpoint).
+pub async fn slot_restart(conn: &mut PrimaryConn, slot: &str) -> Option<(Lsn, Option<TimeLineId>)> {
     let sql = format!("READ_REPLICATION_SLOT \"{}\"", slot.replace('"', "\"\""));
     let msgs = conn.simple_query(&sql).await.ok()?;
-    first_row(&msgs)
-        .ok()?
-        .get(1)
+    let row = first_row(&msgs).ok()?;
+    let lsn = row.get(1).cloned().flatten()?.parse().ok()?;
+    let tli = row
+        .get(2)
         .cloned()
-        .flatten()?
-        .parse()
-        .ok()
+        .flatten()
+        .and_then(|t| t.parse::<u32>().ok())
+        .map(TimeLineId);
+    Some((lsn, tli))
 }
 
 /// How START_REPLICATION answered.
