@@ -19,6 +19,7 @@
 //! format cannot.
 
 use std::io::IsTerminal;
+use std::time::{Duration, Instant};
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -92,4 +93,67 @@ pub fn init(level: &str, format: &str) -> LogHandle {
         filter: handle,
         env_override,
     }
+}
+
+/// The same reason for something that is retried (a lost link stream, a standby's lost
+/// connection to the primary) is logged once a minute while it repeats: a cause that will
+/// not clear by itself, such as WAL the primary removed, would otherwise fill the log once a
+/// second.
+#[derive(Default)]
+pub(crate) struct Repeats {
+    last: Option<(String, Instant)>,
+    since: u64,
+}
+
+impl Repeats {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    /// Some(times it came since last logged) when `why` is to be logged now.
+    pub(crate) fn report(&mut self, why: &str) -> Option<u64> {
+        self.report_at(why, Instant::now())
+    }
+
+    pub(crate) fn report_at(&mut self, why: &str, now: Instant) -> Option<u64> {
+        match &mut self.last {
+            Some((w, at)) if w == why => {
+                if now.duration_since(*at) < Self::EVERY {
+                    self.since += 1;
+                    return None;
+                }
+                *at = now;
+                Some(std::mem::take(&mut self.since))
+            }
+            _ => {
+                self.last = Some((why.to_string(), now));
+                self.since = 0;
+                Some(0)
+            }
+        }
+    }
+
+    /// " (N more times since it was last logged)" for a count [`Repeats::report`] gave.
+    pub(crate) fn since_text(n: u64) -> String {
+        match n {
+            0 => String::new(),
+            n => format!(" ({n} more times since it was last logged)"),
+        }
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn a_repeated_reason_is_logged_once_a_minute_with_its_count() {
+    let mut r = Repeats::default();
+    let t = Instant::now();
+    let s = |n| t + Duration::from_secs(n);
+    assert_eq!(r.report_at("gone", s(0)), Some(0));
+    assert_eq!(r.report_at("gone", s(1)), None);
+    assert_eq!(r.report_at("gone", s(2)), None);
+    assert_eq!(r.report_at("gone", s(61)), Some(2));
+    assert_eq!(
+        r.report_at("other", s(62)),
+        Some(0),
+        "another reason at once"
+    );
+    assert_eq!(r.report_at("gone", s(63)), Some(0));
 }

@@ -21,6 +21,7 @@ use super::handshake;
 use super::writer::Op;
 use super::{lock, ChanEvent, Out, Spooler};
 use crate::link;
+use crate::logging::Repeats;
 use crate::metrics::Metrics;
 use crate::silence;
 
@@ -80,10 +81,7 @@ pub(super) async fn run(sp: Arc<Spooler>) {
             }
             Ended::Other(why) => {
                 if let Some(n) = repeats.report(&why) {
-                    let again = match n {
-                        0 => String::new(),
-                        n => format!(" ({n} more times since it was last logged)"),
-                    };
+                    let again = Repeats::since_text(n);
                     warn!(
                         "link to the upstream lost: {why} (upstream {}){again}; standbys are served from the spool, reconnecting every second",
                         sp.cfg.upstream
@@ -97,60 +95,6 @@ pub(super) async fn run(sp: Arc<Spooler>) {
             _ = sp.shutdown.cancelled() => return,
         }
     }
-}
-
-/// The same reason for a lost stream is logged once a minute while it repeats (a cause that
-/// will not clear by itself, such as WAL the primary removed, would otherwise fill the log
-/// once a second).
-#[derive(Default)]
-struct Repeats {
-    last: Option<(String, Instant)>,
-    since: u64,
-}
-
-impl Repeats {
-    const EVERY: Duration = Duration::from_secs(60);
-
-    /// Some(times it came since last logged) when `why` is to be logged now.
-    fn report(&mut self, why: &str) -> Option<u64> {
-        self.report_at(why, Instant::now())
-    }
-
-    fn report_at(&mut self, why: &str, now: Instant) -> Option<u64> {
-        match &mut self.last {
-            Some((w, at)) if w == why => {
-                if now.duration_since(*at) < Self::EVERY {
-                    self.since += 1;
-                    return None;
-                }
-                *at = now;
-                Some(std::mem::take(&mut self.since))
-            }
-            _ => {
-                self.last = Some((why.to_string(), now));
-                self.since = 0;
-                Some(0)
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-#[test]
-fn a_repeated_reason_is_logged_once_a_minute_with_its_count() {
-    let mut r = Repeats::default();
-    let t = Instant::now();
-    let s = |n| t + Duration::from_secs(n);
-    assert_eq!(r.report_at("gone", s(0)), Some(0));
-    assert_eq!(r.report_at("gone", s(1)), None);
-    assert_eq!(r.report_at("gone", s(2)), None);
-    assert_eq!(r.report_at("gone", s(61)), Some(2));
-    assert_eq!(
-        r.report_at("other", s(62)),
-        Some(0),
-        "another reason at once"
-    );
-    assert_eq!(r.report_at("gone", s(63)), Some(0));
 }
 
 /// Tells the sessions the link is down: a command waiting for the primary's answer fails.

@@ -36,10 +36,17 @@ use super::encode::Event;
 use super::feed::PRIMARY_TIMEOUT;
 use super::{primary, Upstream};
 use crate::link;
+use crate::logging::Repeats;
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PgClientError, PrimaryConn};
 use crate::pgio::MsgReader;
 use crate::silence::{self, Silence};
+
+/// Waits before the standby's connection to the primary is opened again after it ended: the
+/// first, doubled after each attempt that failed soon, up to the last (a primary that is down
+/// or refuses is not asked once a second for ever; one that restarts is found within it).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Longest wait for the primary's answer to a standby's command (the downstream gives up on
 /// it after 60 s).
@@ -171,21 +178,31 @@ impl Identity {
             .register(Half::Upstream, &app, &self.info.addr);
         let mut started: Option<StartReplication> = None;
         let shutdown = self.up.shutdown.clone();
+        let (mut repeats, mut wait) = (Repeats::default(), RETRY_FIRST);
         loop {
             // The standby left while there was no connection (the primary down or refusing):
             // nothing more will come, so no connection is opened for it again.
             if self.rx.is_closed() && self.rx.is_empty() {
                 return;
             }
+            let began = tokio::time::Instant::now();
             let end = self.connection(&entry, &mut started).await;
             match end {
                 Ended::Closed => return,
                 Ended::Lost(why) => {
-                    warn!(application_name = %app, "the standby's connection to the primary ended ({why}); opening it again");
+                    // A connection that ran a while starts the waits over.
+                    if began.elapsed() > RETRY_MAX {
+                        wait = RETRY_FIRST;
+                    }
+                    if let Some(n) = repeats.report(&why) {
+                        let again = Repeats::since_text(n);
+                        warn!(application_name = %app, "the standby's connection to the primary ended ({why}){again}; opening it again in {} s", wait.as_secs());
+                    }
                     tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = tokio::time::sleep(wait) => {}
                         _ = shutdown.cancelled() => return,
                     }
+                    wait = (wait * 2).min(RETRY_MAX);
                 }
             }
         }
