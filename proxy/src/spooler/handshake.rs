@@ -53,6 +53,12 @@ pub fn agree(
     limits: &Limits,
     empty: bool,
 ) -> Result<Agreed, String> {
+    if w.protocol_version != PROTOCOL_VERSION {
+        return Err(format!(
+            "the upstream speaks link protocol {}, this downstream {PROTOCOL_VERSION}: run the same walrelay version on both halves",
+            w.protocol_version
+        ));
+    }
     let codec = CodecKind::from_name(&w.codec)
         .ok_or_else(|| format!("the upstream chose unknown codec {:?}", w.codec))?;
     if w.block_cache_bytes > link.block_cache_bytes {
@@ -180,6 +186,10 @@ mod tests {
         assert_eq!(a.tli, TimeLineId(3));
         assert_eq!(a.ops.len(), 3);
         for bad in [
+            Welcome {
+                protocol_version: PROTOCOL_VERSION - 1,
+                ..welcome()
+            },
             Welcome {
                 codec: "lz77".into(),
                 ..welcome()
