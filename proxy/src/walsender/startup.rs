@@ -34,6 +34,14 @@ pub(super) const MAX_APPLICATION_NAME: usize = 1024;
 
 type Failed = (Option<Writer>, End);
 
+/// What a connection's first packets asked for, read within `limits.startup_timeout_secs`.
+enum First {
+    Session(Started),
+    /// A cancel request (pid, key): forwarded outside that deadline, which it does not need
+    /// (the upstream's answer may take longer), while the connection keeps its startup place.
+    Cancel((u32, u32)),
+}
+
 /// A connection's startup packet, read (after TLS, if any) within
 /// `limits.startup_timeout_secs`: the reader, whether TLS is on, and the packet.
 struct Started {
@@ -57,7 +65,13 @@ pub(super) async fn accept(
         minor,
         params,
     } = match tokio::time::timeout(deadline, read_startup(ds, sock, peer)).await {
-        Ok(r) => r?,
+        Ok(Ok(First::Session(s))) => s,
+        Ok(Ok(First::Cancel(key))) => {
+            // As PostgreSQL: no answer, the connection closes.
+            super::tunnel::cancel::forward(ds, peer, key).await;
+            return Err((None, End::Quiet));
+        }
+        Ok(Err(failed)) => return Err(failed),
         Err(_) => {
             Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
             warn!(%peer, "no startup packet within limits.startup_timeout_secs; closing");
@@ -170,11 +184,7 @@ fn who(
 
 /// TLS (direct, or after SSLRequest) and the startup packet; SSLRequest/GSSENCRequest
 /// answered as PostgreSQL does.
-async fn read_startup(
-    ds: &Downstream,
-    sock: TcpStream,
-    peer: SocketAddr,
-) -> Result<Started, Failed> {
+async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Result<First, Failed> {
     let (io, mut encrypted) = direct_tls(ds, sock, peer).await?;
     let mut reader = MsgReader::new(io);
     loop {
@@ -223,18 +233,14 @@ async fn read_startup(
                     return Err((None, End::Quiet));
                 }
             }
-            StartupPacket::Cancel { pid, key } => {
-                // As PostgreSQL: no answer, the connection closes.
-                super::tunnel::cancel::forward(ds, peer, (pid, key)).await;
-                return Err((None, End::Quiet));
-            }
+            StartupPacket::Cancel { pid, key } => return Ok(First::Cancel((pid, key))),
             StartupPacket::Startup { minor, params } => {
-                return Ok(Started {
+                return Ok(First::Session(Started {
                     reader,
                     encrypted,
                     minor,
                     params,
-                })
+                }))
             }
         }
     }
