@@ -42,7 +42,7 @@ impl std::fmt::Display for Ended {
 }
 
 /// Longest wait for the last stream's queued WAL to reach the spool before the next stream
-/// starts (then the spool's own gap check decides).
+/// starts; then the attempt ends, and the next one waits again.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 
 fn other(s: impl std::fmt::Display) -> Ended {
@@ -109,7 +109,16 @@ fn link_down(sp: &Spooler) {
 async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> Ended {
     // The last stream's WAL still queued for the spool lands first: the Hello says where
     // the spool ends, and the upstream resumes there.
-    sp.writer.settled(&mut sp.view.clone(), SETTLE_MAX).await;
+    if !sp.writer.settled(&mut sp.view.clone(), SETTLE_MAX).await {
+        // Starting now would state a spool end that the queued WAL still moves: the upstream
+        // would resume there and the first append would not continue the spool (a gap, which
+        // fails it for good). Standbys are served meanwhile; the next attempt waits again.
+        return other(format!(
+            "the spool's writer has not written the last stream's WAL within {} s (its disk is \
+             slow or stuck); the next stream waits for it",
+            SETTLE_MAX.as_secs()
+        ));
+    }
     let view = sp.view.borrow().clone();
     if let Some(f) = &view.failed {
         return other(format!(

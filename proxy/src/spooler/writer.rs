@@ -140,13 +140,18 @@ impl SpoolWriter {
     /// Waits until every op handed on is applied, the writer failed, or `max` passed. A
     /// stream must not start before: its Hello states where the spool ends, and ops of the
     /// stream before it still queued here would move that end after the upstream resumed
-    /// from it (a gap, which fails the spool).
-    pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) {
+    /// from it (a gap, which fails the spool). Returns false when ops are still in flight
+    /// (`max` passed first): then no stream may start yet.
+    pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) -> bool {
         let until = tokio::time::Instant::now() + max;
-        while self.in_flight.load(Ordering::Acquire) != 0
-            && view.borrow_and_update().failed.is_none()
-            && tokio::time::Instant::now() < until
-        {
+        loop {
+            let busy = self.in_flight.load(Ordering::Acquire) != 0;
+            if !busy || view.borrow_and_update().failed.is_some() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
             let _ = tokio::time::timeout(Duration::from_millis(50), view.changed()).await;
         }
     }
@@ -373,7 +378,9 @@ mod tests {
             w.send(op).unwrap();
         }
         assert_eq!(view.borrow().extent.end, Lsn(end), "still queued");
-        w.settled(&mut view, Duration::from_secs(10)).await;
+        // Not within 50 ms (the writer is held for 300): not settled, so no stream may start.
+        assert!(!w.settled(&mut view, Duration::from_millis(50)).await);
+        assert!(w.settled(&mut view, Duration::from_secs(10)).await);
         assert_eq!(view.borrow().extent.end, Lsn(at), "all applied");
         release.join().unwrap();
     }
