@@ -384,7 +384,7 @@ async fn run_stream(
         pending: None,
         last_status: tokio::time::Instant::now(),
         last_sent: tokio::time::Instant::now(),
-        primary_end: welcome.start,
+        primary_end: from.0,
         silence: Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now()),
     };
     let end = tokio::select! {
