@@ -58,23 +58,7 @@ pub(super) async fn run(
     }
     info!(peer = %standby.peer, application_name = %standby.application_name, "standby session open (served from the spool)");
     Metrics::add(&ds.metrics.ops.sessions_started_downstream, 1);
-    let info = StandbyInfo {
-        application_name: standby.application_name.clone(),
-        user: standby.user.clone(),
-        addr: standby.peer.to_string(),
-    };
-    // `startup` bounds the names, so this holds; a longer item would end the link's stream.
-    if info.encoded_len() > MAX_CONTROL_ITEM {
-        return End::Fatal(ErrorFields::fatal(
-            "54000",
-            format!(
-                "walrelay: this session's user name, application_name and address take {} bytes, \
-                 more than the {MAX_CONTROL_ITEM} it passes on to the primary",
-                info.encoded_len()
-            ),
-        ));
-    }
-    let Some((chan, events)) = ds.spooler.open_channel(info) else {
+    let Some((chan, events)) = ds.spooler.open_channel(open_info(standby)) else {
         return End::Fatal(ErrorFields::fatal(
             "53300",
             format!(
@@ -129,6 +113,17 @@ async fn startup_params(ds: &Downstream) -> Result<Vec<(String, String)>, End> {
             )
             .with_hint("check that the upstream half runs and can connect to the primary; the standby retries by itself"),
         )),
+    }
+}
+
+/// What the session's OPEN item tells the upstream. `startup` bounds its names so that it
+/// always fits in `frame::MAX_CONTROL_ITEM` (its test checks the largest): a longer item would
+/// end the link's stream.
+pub(super) fn open_info(standby: &Standby) -> StandbyInfo {
+    StandbyInfo {
+        application_name: standby.application_name.clone(),
+        user: standby.user.clone(),
+        addr: standby.peer.to_string(),
     }
 }
 

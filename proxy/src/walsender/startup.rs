@@ -338,3 +338,41 @@ async fn read_password(reader: &mut Reader) -> Result<bytes::Bytes, End> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+    use std::net::{Ipv6Addr, SocketAddrV6};
+
+    /// The largest OPEN item a physical session can make (the longest application_name taken,
+    /// a user name cut to 63 bytes, the longest address) fits in a link item, and a longer
+    /// application_name is refused before it could be made.
+    #[test]
+    fn a_physical_sessions_open_item_always_fits_in_a_link_item() {
+        let peer = SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from([0xffff; 8]),
+            65535,
+            0,
+            u32::MAX,
+        ));
+        let (app, user) = ("é".repeat(MAX_APPLICATION_NAME / 2), "ü".repeat(100));
+        let params = vec![
+            ("user".to_string(), user),
+            ("replication".to_string(), "true".to_string()),
+            ("application_name".to_string(), app.clone()),
+        ];
+        let standby = who(&params, peer, None).unwrap();
+        assert_eq!(
+            standby.user.len(),
+            62,
+            "cut at a character boundary within 63 bytes"
+        );
+        let len = crate::walsender::commands::open_info(&standby).encoded_len();
+        assert!(len <= walrelay_proto::frame::MAX_CONTROL_ITEM, "{len}");
+        let mut longer = params.clone();
+        longer[2].1 = format!("{app}x");
+        let (code, msg) = who(&longer, peer, None).err().unwrap();
+        assert_eq!(code, "54000", "{msg}");
+    }
+}
