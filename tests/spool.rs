@@ -1,7 +1,8 @@
 //! The downstream's spool (issue #11) with real PostgreSQL and the real binary: a downstream
 //! killed with -9 resumes from its spool and never serves a torn segment; a full spool drops
 //! its oldest segments, a standby that needed them gets PostgreSQL's own error, the others
-//! stream on, memory stays bounded.
+//! stream on, memory stays bounded; a spool whose writes fail takes WAL again once they
+//! succeed, with no restart.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -62,6 +63,82 @@ async fn a_killed_downstream_resumes_from_its_spool_and_refetches_a_torn_segment
     let end = spool_end(&env.spool);
     assert!(compare_segments(&env.primary.wal_dir(), &env.spool, &segment_name(1, end)) >= 1);
     env.downstream.assert_no_panic();
+}
+
+/// A spool whose writes fail stops taking WAL, and takes it again once they succeed, with no
+/// restart: here the writes go past the downstream's file size limit (EFBIG, where a full
+/// disk gives ENOSPC; the process ignores SIGXFSZ as PostgreSQL does), which is then raised.
+/// The spool is opened again from its files, fetches again what it had not synced, and the
+/// standby catches up byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_whose_writes_failed_takes_wal_again_once_they_succeed() {
+    const LIMIT: u64 = 4 << 20;
+    let mut env = Split::new(SplitOpts::default()).await;
+    env.add_standby("a");
+    env.standbys[0].start().await.unwrap();
+    env.wait_streaming(0).await;
+    pgbench(&env.primary, &["-i", "-s", "1", "-q", "postgres"]);
+    env.wait_caught_up(0).await;
+    let pid = env.downstream.pid().expect("running");
+    // The limit holds for the process's log file too: it must stay below it.
+    assert!(env.downstream.log_text().len() < 1 << 20);
+    let before = file_size_limit(pid, None);
+    file_size_limit(pid, Some(LIMIT));
+    // Over a segment of WAL: some of it lands past 4 MiB into a segment file.
+    env.primary
+        .execute("create table filler(x text); insert into filler select md5(g::text) from generate_series(1, 300000) g")
+        .await
+        .unwrap();
+    let d = &env.downstream;
+    let failed = wait_until("the spool fails", TIMEOUT, || async move {
+        let log = d.log_text();
+        Ok(log.contains("the spool failed") && log.contains("File too large"))
+    })
+    .await;
+    file_size_limit(pid, Some(before));
+    failed.unwrap_or_else(|e| panic!("{e}\n{}", env.downstream.log_text()));
+    assert!(env.downstream.is_running(), "SIGXFSZ is ignored");
+    let d = &env.downstream;
+    wait_until("the spool is opened again", TIMEOUT, || async move {
+        Ok(d.log_text()
+            .contains("the spool was opened again after its failure"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", env.downstream.log_text()));
+    env.primary
+        .execute("insert into filler select md5(g::text) from generate_series(1, 1000) g")
+        .await
+        .unwrap();
+    env.wait_caught_up(0).await;
+    for n in env.assert_all_identical().await {
+        assert!(n >= 1);
+    }
+    let end = spool_end(&env.spool);
+    assert!(compare_segments(&env.primary.wal_dir(), &env.spool, &segment_name(1, end)) >= 1);
+    env.downstream.assert_no_panic();
+}
+
+/// Sets the soft file size limit (RLIMIT_FSIZE) of process `pid` when `to` is given;
+/// returns the one it had.
+fn file_size_limit(pid: u32, to: Option<u64>) -> u64 {
+    let pid = libc::pid_t::try_from(pid).unwrap();
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a valid rlimit64 the call writes; a null new limit only reads.
+    let r = unsafe { libc::prlimit64(pid, libc::RLIMIT_FSIZE, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    if let Some(cur) = to {
+        let new = libc::rlimit64 {
+            rlim_cur: cur,
+            rlim_max: old.rlim_max,
+        };
+        // SAFETY: `new` is a valid rlimit64 the call only reads; no old limit is asked for.
+        let r = unsafe { libc::prlimit64(pid, libc::RLIMIT_FSIZE, &new, std::ptr::null_mut()) };
+        assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    }
+    old.rlim_cur
 }
 
 /// The synced end the spool's state file records (`end=X/Y`).

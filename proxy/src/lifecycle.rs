@@ -118,6 +118,18 @@ pub fn huge_pages_off() -> bool {
     false
 }
 
+/// Ignores SIGXFSZ, as PostgreSQL's postmaster does: a write past the file size limit
+/// (`ulimit -f`, `LimitFSIZE=`) then fails with EFBIG, which fails the spool with that reason
+/// and is recovered from once the limit is raised, instead of killing the process. `walrelay
+/// run` calls it first; it cannot fail for this signal.
+pub fn ignore_file_size_signal() {
+    // SAFETY: installs SIG_IGN, no handler of ours, for a signal nothing in the process
+    // handles; `signal` touches no memory of ours.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 /// Reloads `path` into `running`; logs what changed, what needs a restart, or why nothing did.
 pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
     let new = match Config::load(path) {

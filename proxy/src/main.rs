@@ -194,6 +194,7 @@ fn check_config(config: &Path) -> ExitCode {
 /// `walrelay run`: the configured halves until a signal stops them or one stops by itself.
 fn run(config: PathBuf) -> ExitCode {
     let thp_off = walrelay::lifecycle::huge_pages_off();
+    walrelay::lifecycle::ignore_file_size_signal();
     let cfg = match Config::load(&config) {
         Ok(c) => c,
         Err(e) => return config_error(&e),

@@ -501,7 +501,7 @@ fn spool_and_slot_families(e: &mut Expo, m: &Metrics) {
             e.one(name, "gauge", help, v);
         }
         let failed = f64::from(u8::from(s.failure().is_some()));
-        e.one("walrelay_spool_failed", "gauge", "1 once a write or fsync of the spool failed: it takes no more WAL until walrelay restarts (GET /healthz then answers 503 with the reason).", failed);
+        e.one("walrelay_spool_failed", "gauge", "1 while the spool is failed (a write or fsync failed): it takes no WAL until it is opened again, which walrelay tries by itself every few seconds (GET /healthz answers 503 with the reason meanwhile).", failed);
         let io: [(&str, &str, f64); 4] = [
             ("walrelay_spool_write_seconds_total", "Time the downstream spent appending WAL to the spool (standbys get WAL once it is appended).", count(&s.write_ns) / 1e9),
             ("walrelay_spool_sync_seconds_total", "Time the spool's sync thread spent making WAL durable: the periodic fsync (at most every 100 ms while WAL arrives), each filled segment's fsync and rename, the state file (nobody waits for it but the primary's slot).", count(&s.sync_ns) / 1e9),

@@ -147,13 +147,16 @@ impl Server {
     }
 }
 
-/// What `GET /healthz` says: Err with the reason when the process cannot go on by itself and
-/// needs a restart (the downstream's spool failed: it takes no more WAL).
+/// What `GET /healthz` says: Err with the reason while the downstream's spool is failed (it
+/// takes no WAL until it is opened again, which the downstream tries by itself every few
+/// seconds: `spooler::writer::REOPEN_AFTER`).
 fn health(metrics: &Metrics) -> Result<(), String> {
     match metrics.ops.spool.failure() {
         None => Ok(()),
         Some(why) => Err(format!(
-            "unhealthy: the spool failed ({why}); it takes no more WAL: fix the cause and restart walrelay\n"
+            "unhealthy: the spool failed ({why}); it takes no WAL until it is opened again, \
+             which walrelay tries by itself every few seconds: free space on its disk or fix \
+             the I/O error\n"
         )),
     }
 }
@@ -272,6 +275,6 @@ mod tests {
             Some("writing 000000010000000000000003: No space left on device".into());
         let why = health(&m).unwrap_err();
         assert!(why.contains("No space left on device"), "{why}");
-        assert!(why.contains("restart walrelay"), "{why}");
+        assert!(why.contains("opened again"), "{why}");
     }
 }

@@ -76,7 +76,7 @@ pub struct SpoolGauges {
     pub syncs: AtomicU64,
     /// Segments written over a file kept from retention instead of a new file.
     pub reused: AtomicU64,
-    /// Why the spool stopped taking WAL (a write or fsync failed), until the process restarts.
+    /// Why the spool stopped taking WAL (a write or fsync failed), until it is opened again.
     pub failure: std::sync::Mutex<Option<String>>,
 }
 

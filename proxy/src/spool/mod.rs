@@ -186,6 +186,24 @@ impl Spool {
         Ok(spool)
     }
 
+    /// This spool opened again from its files, as a restarted downstream opens it: what a write
+    /// or fsync error left behind is recovered from (bytes past the durable end are cut), and
+    /// its WAL fetched again. The same cluster as before, the same settings.
+    pub fn reopen(&self) -> Result<Spool, SpoolError> {
+        let mut s = Spool::open(&self.dir, self.cap)?;
+        if self.system_id != 0 && s.system_id != 0 && s.system_id != self.system_id {
+            return Err(SpoolError::OtherCluster(format!(
+                "system {} in {}, where this run had system {}",
+                s.system_id,
+                self.dir.display(),
+                self.system_id
+            )));
+        }
+        s.deferred = self.deferred;
+        s.reused = self.reused;
+        Ok(s)
+    }
+
     /// The primary's system identifier and segment size: a new spool takes them, a spool that
     /// holds WAL must have the same.
     pub fn bind(&mut self, system_id: u64, seg: WalSegSize) -> Result<(), SpoolError> {
@@ -319,7 +337,10 @@ impl Spool {
             let room = self.seg.bytes() - self.seg.offset_in_segment(self.ext.end);
             let n = room.min(bytes.len() as u64) as usize;
             let file = self.open_current(segno)?;
-            file.write_all(&bytes[..n]).map_err(io(&self.dir))?;
+            if let Err(e) = file.write_all(&bytes[..n]) {
+                let path = SegmentFile::partial(tli, segno).path(&self.dir, self.seg);
+                return Err(io(&path)(e));
+            }
             self.recent.append(tli, self.ext.end, &bytes[..n]);
             bytes = &bytes[n..];
             self.ext.end = Lsn(self.ext.end.0 + n as u64);

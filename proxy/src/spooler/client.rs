@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
@@ -18,7 +18,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 
 use super::decode::{self, DecodeStage, Failure, Item};
 use super::handshake;
-use super::writer::Op;
+use super::writer::{Op, SpoolView, REOPEN_AFTER};
 use super::{lock, ChanEvent, Out, Spooler};
 use crate::link;
 use crate::logging::Repeats;
@@ -30,13 +30,15 @@ use crate::silence;
 enum Ended {
     /// WAL failed verification (the stream's codec falls back to zstd for a while).
     Integrity(String),
+    /// The spool failed (it is opened again between streams: `SpoolWriter::reopen`).
+    Spool(String),
     Other(String),
 }
 
 impl std::fmt::Display for Ended {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Ended::Integrity(s) | Ended::Other(s) => f.write_str(s),
+            Ended::Integrity(s) | Ended::Spool(s) | Ended::Other(s) => f.write_str(s),
         }
     }
 }
@@ -79,6 +81,12 @@ pub(super) async fn run(sp: Arc<Spooler>) {
                     sp.start_fallback();
                 }
             }
+            Ended::Spool(why) => {
+                if let Some(n) = repeats.report(&why) {
+                    let again = Repeats::since_text(n);
+                    warn!("no link stream: {why}{again}; standbys are served what the spool holds");
+                }
+            }
             Ended::Other(why) => {
                 if let Some(n) = repeats.report(&why) {
                     let again = Repeats::since_text(n);
@@ -119,12 +127,10 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
             SETTLE_MAX.as_secs()
         ));
     }
-    let view = sp.view.borrow().clone();
-    if let Some(f) = &view.failed {
-        return other(format!(
-            "the spool failed ({f}); fix it and restart walrelay"
-        ));
+    if let Err(f) = sp.writer.reopen(&mut sp.view.clone(), SETTLE_MAX).await {
+        return spool_failed(&f);
     }
+    let view = sp.view.borrow().clone();
     let empty = view.extent.end == Lsn(0);
     let hello = handshake::hello(&view, &sp.cfg.name, sp.codec(), &sp.link_cfg, &sp.limits);
     let (ltx, lrx) = mpsc::channel::<ToUpstream>(sp.queue_messages());
@@ -151,14 +157,37 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
         f = failed.recv() => f.map_or_else(|| other("the decode stage stopped"), Ended::from),
         e = recv => e,
         e = send_loop(sp, ltx) => e,
+        e = until_spool_fails(sp.view.clone()) => e,
     };
     // The stage's input closed with `recv`. What the thread still holds was received whole,
     // and is applied before the next stream's Hello states where the spool ends (a stuck
     // writer is waited for up to SETTLE_MAX, as `settled` does); a frame of it that fails
     // verification names the stream's end.
-    match tokio::time::timeout(SETTLE_MAX, failed.recv()).await {
+    let end = match tokio::time::timeout(SETTLE_MAX, failed.recv()).await {
         Ok(Some(f)) => Ended::from(f),
         _ => end,
+    };
+    // The decode stage may have stopped on the failed spool first: the spool is the cause.
+    match sp.view.borrow().failed.clone() {
+        Some(why) => spool_failed(&why),
+        None => end,
+    }
+}
+
+fn spool_failed(why: &str) -> Ended {
+    Ended::Spool(format!(
+        "the spool failed ({why}); it is opened again every {} s until it takes WAL",
+        REOPEN_AFTER.as_secs()
+    ))
+}
+
+/// Ends the stream once the spool fails: its WAL would go nowhere, and the spool is opened
+/// again only between streams.
+async fn until_spool_fails(mut view: watch::Receiver<SpoolView>) -> Ended {
+    let failed = view.wait_for(|v| v.failed.is_some()).await;
+    match failed.map(|v| v.failed.clone()) {
+        Ok(Some(why)) => spool_failed(&why),
+        _ => std::future::pending().await,
     }
 }
 

@@ -92,7 +92,7 @@ fn do_job(writing: &Mutex<Writing>, job: Durability) -> Result<(), SpoolError> {
             s.dir().to_path_buf(),
             s.segment_size(),
             w.publish.metrics.clone(),
-            w.failed,
+            w.is_failed(),
         )
     };
     if failed {

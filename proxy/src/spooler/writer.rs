@@ -16,7 +16,7 @@
 //! it.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +29,7 @@ use walrelay_wal::segment::WalSegSize;
 use super::lock;
 use super::syncer::Syncer;
 pub use super::writing::SpoolView;
+pub use super::writing::REOPEN_AFTER;
 use super::writing::{Publish, Writing};
 use crate::metrics::{timed_wall, Metrics};
 use crate::spool::{Durability, Spool, SpoolError};
@@ -66,18 +67,28 @@ pub const INLINE_MAX: usize = 16 * 1024;
 /// Ops the thread's queue holds.
 const QUEUE: usize = 64;
 
+/// What the thread's queue carries.
+enum Queued {
+    Op(Op),
+    /// Only wakes the thread: an inline write made the spool dirty.
+    Wake,
+    /// Opens the failed spool again ([`SpoolWriter::reopen`]).
+    Reopen,
+}
+
 /// The stream's handle on the spool's writer.
 pub struct SpoolWriter {
-    /// Ops for the thread; `None` only wakes it (an inline write made the spool dirty).
-    ops: std_mpsc::SyncSender<Option<Op>>,
+    ops: std_mpsc::SyncSender<Queued>,
     writing: Arc<Mutex<Writing>>,
-    /// Ops handed to the thread and not yet applied.
+    /// Ops handed to the thread and not yet applied (a reopening counts as one).
     in_flight: Arc<AtomicUsize>,
+    /// The spool failed: ops are refused until it is opened again.
+    stopped: Arc<AtomicBool>,
     /// The spool's durable end, changed only when it moves.
     durable: watch::Receiver<Lsn>,
 }
 
-/// The writer thread stopped (the spool failed, see the view's `failed`).
+/// The spool failed (see the view's `failed`): it takes no ops until it is opened again.
 #[derive(Debug)]
 pub struct Stopped;
 
@@ -90,13 +101,9 @@ pub fn start(
     spool.set_deferred(true);
     metrics.ops.spool.capacity.store(spool.capacity(), Relaxed);
     let (publish, view_rx, durable) = Publish::new(&spool, metrics);
-    let writing = Arc::new(Mutex::new(Writing {
-        spool,
-        dirty_since: None,
-        sync_pending: false,
-        failed: false,
-        publish,
-    }));
+    let writing = Writing::new(spool, publish);
+    let stopped = writing.stopped.clone();
+    let writing = Arc::new(Mutex::new(writing));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let thread = WriterThread {
         writing: writing.clone(),
@@ -110,6 +117,7 @@ pub fn start(
         ops: tx,
         writing,
         in_flight,
+        stopped,
         durable,
     };
     Ok((writer, view_rx))
@@ -120,6 +128,9 @@ impl SpoolWriter {
     /// runtime, or when [`SpoolWriter::idle`]); a small append that finds the writer idle is
     /// written here (see the module's doc).
     pub fn send(&self, op: Op) -> Result<(), Stopped> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Stopped);
+        }
         match self.try_inline(op) {
             Ok(r) => r,
             Err(op) => self.send_now(op),
@@ -143,10 +154,47 @@ impl SpoolWriter {
     /// from it (a gap, which fails the spool). Returns false when ops are still in flight
     /// (`max` passed first): then no stream may start yet.
     pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) -> bool {
+        self.applied(view, max, true).await
+    }
+
+    /// Opens the failed spool again from its files (see `super::writing`), once it has
+    /// waited [`REOPEN_AFTER`] since it failed. Call it between streams: no WAL of a stream
+    /// may still come (it would not continue the spool's new end). `Ok` when the spool takes
+    /// WAL (it had not failed, or it was opened again), else why not.
+    pub async fn reopen(
+        &self,
+        view: &mut watch::Receiver<SpoolView>,
+        max: Duration,
+    ) -> Result<(), String> {
+        let failure = |v: &watch::Receiver<SpoolView>| match v.borrow().failed.clone() {
+            Some(f) => Err(f),
+            None => Ok(()),
+        };
+        if lock(&self.writing).reopen_due() != Some(true) {
+            return failure(view);
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if self.ops.try_send(Queued::Reopen).is_err() {
+            // The queue full of a stream's ops, which the thread drops: next time.
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return failure(view);
+        }
+        self.applied(view, max, false).await;
+        failure(view)
+    }
+
+    /// Waits until every op handed on is applied (or, `or_failed`, the writer failed), or
+    /// `max` passed; false in that last case.
+    async fn applied(
+        &self,
+        view: &mut watch::Receiver<SpoolView>,
+        max: Duration,
+        or_failed: bool,
+    ) -> bool {
         let until = tokio::time::Instant::now() + max;
         loop {
             let busy = self.in_flight.load(Ordering::Acquire) != 0;
-            if !busy || view.borrow_and_update().failed.is_some() {
+            if !busy || (or_failed && view.borrow_and_update().failed.is_some()) {
                 return true;
             }
             if tokio::time::Instant::now() >= until {
@@ -159,8 +207,11 @@ impl SpoolWriter {
     /// Hands an op to the thread, blocking while its queue is full (the few ops of a
     /// handshake, and what `send` does not write inline).
     pub fn send_now(&self, op: Op) -> Result<(), Stopped> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Stopped);
+        }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.ops.send(Some(op)).map_err(|_| Stopped)
+        self.ops.send(Queued::Op(op)).map_err(|_| Stopped)
     }
 
     /// Writes `op` here if it is a small append within the current segment and the writer
@@ -187,7 +238,7 @@ impl SpoolWriter {
         drop(w);
         if was_clean && r.is_ok() {
             // Full: the thread has ops to apply and looks at the sync deadline after them.
-            let _ = self.ops.try_send(None);
+            let _ = self.ops.try_send(Queued::Wake);
         }
         Ok(r)
     }
@@ -206,7 +257,7 @@ impl Writing {
     /// durability work for the sync thread: filled segments, and the periodic sync when due
     /// and `may_sync`.
     fn op(&mut self, op: Option<Op>, may_sync: bool) -> Result<Vec<Durability>, Stopped> {
-        if self.failed {
+        if self.is_failed() {
             return Err(Stopped);
         }
         let g = &self.publish.metrics.ops.spool;
@@ -245,11 +296,13 @@ struct WriterThread {
 }
 
 impl WriterThread {
-    fn run(&self, rx: std_mpsc::Receiver<Option<Op>>) {
+    fn run(&self, rx: std_mpsc::Receiver<Queued>) {
         loop {
             let wait = {
                 let w = lock(&self.writing);
                 match w.dirty_since {
+                    // Failed: nothing to sync until it is opened again.
+                    _ if w.is_failed() => Duration::from_secs(3600),
                     // A sync still with the sync thread: look again a period later.
                     Some(_) if w.sync_pending => SYNC_EVERY,
                     Some(t) => SYNC_EVERY.saturating_sub(t.elapsed()),
@@ -257,12 +310,16 @@ impl WriterThread {
                 }
             };
             let op = match rx.recv_timeout(wait) {
-                Ok(op) => op,
-                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Ok(Queued::Op(op)) => Some(op),
+                Ok(Queued::Wake) | Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Ok(Queued::Reopen) => {
+                    self.reopen();
+                    continue;
+                }
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                     self.syncer.drain();
                     let mut w = lock(&self.writing);
-                    if !w.failed {
+                    if !w.is_failed() {
                         let _ = w.spool.sync();
                         w.published();
                     }
@@ -288,13 +345,24 @@ impl WriterThread {
                 }
                 r
             };
-            let Ok(jobs) = r else { return };
+            // Failed: the op is dropped (the stream learns from `send` or the view).
+            let Ok(jobs) = r else { continue };
             for job in jobs {
                 if !self.syncer.send(job) {
                     return;
                 }
             }
         }
+    }
+
+    /// Opens the failed spool again, once the sync thread is done with the old one's jobs.
+    fn reopen(&self) {
+        self.syncer.drain();
+        let mut w = lock(&self.writing);
+        if w.is_failed() {
+            w.reopen();
+        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -319,201 +387,4 @@ fn apply(spool: &mut Spool, op: Op) -> Result<(), SpoolError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-    const T1: TimeLineId = TimeLineId(1);
-
-    fn wal(from: u64, n: usize) -> Vec<u8> {
-        (from..from + n as u64)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect()
-    }
-
-    /// The append of the next `n` bytes at `*at`, and the end it leaves.
-    fn append(at: &mut u64, n: usize) -> (Op, u64) {
-        let op = Op::Append {
-            tli: T1,
-            start: Lsn(*at),
-            bytes: wal(*at, n),
-        };
-        *at += n as u64;
-        (op, *at)
-    }
-
-    async fn until(view: &mut watch::Receiver<SpoolView>, f: impl Fn(&SpoolView) -> bool) {
-        tokio::time::timeout(Duration::from_secs(5), view.wait_for(|v| f(v)))
-            .await
-            .expect("the spool's view within 5 s")
-            .expect("the writer publishes");
-    }
-
-    /// Ops queued behind a busy writer (here: its lock held, as during a slow write) are
-    /// applied before `settled` returns, so the spool's end a new stream states is final.
-    #[tokio::test]
-    async fn settled_waits_for_the_ops_in_flight() {
-        let d = tempfile::tempdir().unwrap();
-        let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-        let (w, mut view) = start(spool, Metrics::new()).unwrap();
-        w.send_now(Op::Bind {
-            system_id: 7,
-            seg: WalSegSize::new(MIB).unwrap(),
-        })
-        .unwrap();
-        let mut at = MIB;
-        let (op, end) = append(&mut at, 100);
-        w.send(op).unwrap();
-        until(&mut view, |v| v.extent.end == Lsn(end)).await;
-        let (held_tx, held) = std_mpsc::channel();
-        let writing = w.writing.clone();
-        let release = std::thread::spawn(move || {
-            let _busy = lock(&writing);
-            held_tx.send(()).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
-        });
-        held.recv().unwrap();
-        for _ in 0..5 {
-            let (op, _) = append(&mut at, 100_000);
-            w.send(op).unwrap();
-        }
-        assert_eq!(view.borrow().extent.end, Lsn(end), "still queued");
-        // Not within 50 ms (the writer is held for 300): not settled, so no stream may start.
-        assert!(!w.settled(&mut view, Duration::from_millis(50)).await);
-        assert!(w.settled(&mut view, Duration::from_secs(10)).await);
-        assert_eq!(view.borrow().extent.end, Lsn(at), "all applied");
-        release.join().unwrap();
-    }
-
-    /// A bound, deferred spool in `dir` with the writer's state, run by the test (no threads).
-    fn writing(
-        dir: &std::path::Path,
-    ) -> (Writing, watch::Receiver<SpoolView>, watch::Receiver<Lsn>) {
-        let mut spool = Spool::open(dir, 100 * MIB).unwrap();
-        spool.set_deferred(true);
-        spool.bind(7, WalSegSize::new(MIB).unwrap()).unwrap();
-        let (publish, view, durable) = Publish::new(&spool, Metrics::new());
-        let w = Writing {
-            spool,
-            dirty_since: None,
-            sync_pending: false,
-            failed: false,
-            publish,
-        };
-        (w, view, durable)
-    }
-
-    /// A sync falls due on the append that fills a segment exactly: the filled segment's job
-    /// has that WAL, and no periodic sync is left pending (none could follow it).
-    #[test]
-    fn a_sync_due_at_a_filled_segment_leaves_none_pending() {
-        let d = tempfile::tempdir().unwrap();
-        let (mut w, _view, _durable) = writing(d.path());
-        let long_ago = || Some(Instant::now() - 2 * SYNC_EVERY);
-        let mut at = MIB;
-        let (op, _) = append(&mut at, 1000);
-        assert!(w.op(Some(op), true).unwrap().is_empty(), "not due yet");
-        w.dirty_since = long_ago();
-        let (op, _) = append(&mut at, (MIB - 1000) as usize);
-        let jobs = w.op(Some(op), true).unwrap();
-        assert!(matches!(jobs[..], [Durability::Filled { .. }]));
-        assert!(!w.sync_pending && w.dirty_since.is_none());
-        let (op, end) = append(&mut at, 10);
-        w.op(Some(op), true).unwrap();
-        w.dirty_since = long_ago();
-        let jobs = w.op(None, true).unwrap();
-        assert!(matches!(jobs[..], [Durability::Data { end: e, .. }] if e == Lsn(end)));
-        assert!(w.sync_pending);
-        w.dirty_since = long_ago();
-        assert!(
-            w.op(None, true).unwrap().is_empty(),
-            "one periodic sync at a time"
-        );
-    }
-
-    /// The durable end's receiver (the stream's send loop) changes only when the durable end
-    /// moves; the view changes at every append.
-    #[test]
-    fn the_durable_end_is_published_only_when_it_moves() {
-        let d = tempfile::tempdir().unwrap();
-        let (mut w, mut view, mut durable) = writing(d.path());
-        let mut at = MIB;
-        for _ in 0..3 {
-            let (op, end) = append(&mut at, 1000);
-            w.op(Some(op), false).unwrap();
-            w.published();
-            assert!(view.has_changed().unwrap(), "the view shows each append");
-            assert_eq!(view.borrow_and_update().extent.end, Lsn(end));
-            assert!(!durable.has_changed().unwrap(), "nothing more is durable");
-        }
-        w.spool.sync().unwrap();
-        w.published();
-        assert!(durable.has_changed().unwrap());
-        assert_eq!(*durable.borrow_and_update(), Lsn(at));
-        w.published();
-        assert!(
-            !durable.has_changed().unwrap(),
-            "published again, not moved"
-        );
-    }
-
-    /// Small appends are published by `send` itself (in order with the thread's work), the
-    /// thread still syncs them, and appends that complete a segment go to the thread.
-    #[tokio::test]
-    async fn small_appends_are_inline_and_still_synced_and_in_order() {
-        let d = tempfile::tempdir().unwrap();
-        let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-        let (w, mut view) = start(spool, Metrics::new()).unwrap();
-        let seg = WalSegSize::new(MIB).unwrap();
-        w.send_now(Op::Bind { system_id: 7, seg }).unwrap();
-        let mut at = MIB;
-        // An empty spool's first append and a large one: the thread's.
-        for n in [100, 200_000] {
-            let (op, end) = append(&mut at, n);
-            w.send(op).unwrap();
-            until(&mut view, |v| v.extent.end == Lsn(end)).await;
-        }
-        // Small ones: visible as soon as `send` returns, each of them.
-        for n in [1, 5000, INLINE_MAX] {
-            for _ in 0..20 {
-                let (op, end) = append(&mut at, n);
-                w.send(op).unwrap();
-                assert_eq!(view.borrow().extent.end, Lsn(end), "{n} bytes");
-            }
-        }
-        assert!(view.borrow().extent.durable < Lsn(at));
-        // Not synced inline, but by the nudged thread within SYNC_EVERY (it would otherwise
-        // sleep for an hour).
-        let end = at;
-        until(&mut view, |v| v.extent.durable == Lsn(end)).await;
-        // Also the first write after a sync, when the thread had no deadline.
-        let (op, end) = append(&mut at, 10);
-        w.send(op).unwrap();
-        assert_eq!(view.borrow().extent.end, Lsn(end));
-        until(&mut view, |v| v.extent.durable == Lsn(end)).await;
-        // A large append queued, then small ones right behind it: they wait their turn.
-        let (big, _) = append(&mut at, 100_000);
-        w.send(big).unwrap();
-        for _ in 0..10 {
-            let (op, _) = append(&mut at, 1000);
-            w.send(op).unwrap();
-        }
-        // Up to 10 bytes before the segment's end, then an append completing it: the thread
-        // syncs and renames the segment.
-        let rest = usize::try_from((2 * MIB).checked_sub(at).unwrap()).unwrap();
-        let (op, _) = append(&mut at, rest - 10);
-        w.send(op).unwrap();
-        let (op, end) = append(&mut at, 100);
-        w.send(op).unwrap();
-        until(&mut view, |v| {
-            v.extent.end == Lsn(end) && v.extent.durable >= Lsn(2 * MIB)
-        })
-        .await;
-        let seg1 = std::fs::read(d.path().join("000000010000000000000001")).unwrap();
-        assert!(
-            seg1 == wal(MIB, MIB as usize),
-            "the segment holds the WAL in order"
-        );
-        assert_eq!(view.borrow().failed, None);
-    }
-}
+mod tests;

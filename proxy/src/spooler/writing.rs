@@ -1,18 +1,28 @@
 //! What the spool's writer thread, the stream's inline appends and the sync thread share:
 //! the [`Spool`] with the writer's state under one lock ([`Writing`]), and where changes to
 //! it are published ([`Publish`]) as a [`SpoolView`].
+//!
+//! A write or fsync that fails (a full disk, an I/O error) fails the spool: it takes no WAL
+//! until it is opened again from its files ([`Writing::reopen`], as a restarted downstream
+//! would open it), which the stream asks for between streams, [`REOPEN_AFTER`] after the
+//! failure and as often again until the spool takes WAL again.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{info, warn};
 
 use walrelay_wal::lsn::Lsn;
 
+use crate::logging::Repeats;
 use crate::metrics::Metrics;
 use crate::spool::{Extent, Spool, SpoolError, SpoolFiles};
+
+/// How long a failed spool waits before it is opened again (and again after each failure).
+pub const REOPEN_AFTER: Duration = Duration::from_secs(10);
 
 /// The spool as the rest of the downstream sees it.
 #[derive(Debug, Clone)]
@@ -20,8 +30,8 @@ pub struct SpoolView {
     pub extent: Extent,
     pub files: SpoolFiles,
     pub system_id: u64,
-    /// Set when the writer failed (disk full, ...): nothing more is written until it is
-    /// restarted.
+    /// Set while the writer has failed (disk full, ...): nothing more is written until the
+    /// spool is opened again (see the module docs).
     pub failed: Option<String>,
 }
 
@@ -33,25 +43,91 @@ pub(super) struct Writing {
     pub(super) dirty_since: Option<Instant>,
     /// A periodic sync is with the sync thread (no second one is queued behind it).
     pub(super) sync_pending: bool,
-    /// A write or sync failed: nothing more is written until the downstream restarts.
-    pub(super) failed: bool,
+    /// When a write or sync failed: nothing more is written until the spool is opened again.
+    pub(super) failed: Option<Instant>,
+    /// `failed` as the stream's sender reads it without the lock (it stops sending).
+    pub(super) stopped: Arc<AtomicBool>,
+    /// The failures and reopenings logged, once a minute when they repeat (a disk that stays
+    /// full fails the spool again after each reopening).
+    logged: Repeats,
     pub(super) publish: Publish,
 }
 
 impl Writing {
-    /// The spool failed (disk full, ...): nothing more is written until the downstream
-    /// restarts, and the view says why.
-    pub(super) fn fail(&mut self, e: &SpoolError) {
-        if !self.failed {
-            warn!("the spool failed: {e}");
+    pub(super) fn new(spool: Spool, publish: Publish) -> Writing {
+        Writing {
+            spool,
+            dirty_since: None,
+            sync_pending: false,
+            failed: None,
+            stopped: Arc::default(),
+            logged: Repeats::default(),
+            publish,
         }
-        self.failed = true;
+    }
+
+    pub(super) fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// The spool failed (disk full, ...): nothing more is written until it is opened again,
+    /// and the view says why.
+    pub(super) fn fail(&mut self, e: &SpoolError) {
+        if self.failed.is_none() {
+            self.failed = Some(Instant::now());
+            self.stopped.store(true, Ordering::Release);
+            let why = format!(
+                "the spool failed: {e}; it takes no WAL (standbys are served what it holds) \
+                 until it is opened again, {} s from now and as often after, once its disk \
+                 takes writes again",
+                REOPEN_AFTER.as_secs()
+            );
+            if let Some(n) = self.logged.report(&why) {
+                warn!("{why}{}", Repeats::since_text(n));
+            }
+        }
         self.publish.send(&self.spool, Some(e.to_string()));
+    }
+
+    /// Whether the failed spool has waited [`REOPEN_AFTER`] (None: it has not failed).
+    pub(super) fn reopen_due(&self) -> Option<bool> {
+        self.failed.map(|t| t.elapsed() >= REOPEN_AFTER)
+    }
+
+    /// Opens the failed spool again from its files ([`Spool::reopen`]); the writer's state
+    /// starts over from what they hold. When that fails too, the spool stays failed and
+    /// waits as long again. Every sync job of the old spool must be done (the sync thread
+    /// drained): they would apply to this one.
+    pub(super) fn reopen(&mut self) {
+        match self.spool.reopen() {
+            Ok(spool) => {
+                self.spool = spool;
+                self.dirty_since = None;
+                self.sync_pending = false;
+                self.failed = None;
+                self.stopped.store(false, Ordering::Release);
+                let e = self.spool.extent();
+                let what = format!(
+                    "the spool was opened again after its failure: it ends at {} on timeline {} \
+                     (what was written after its last sync is fetched again)",
+                    e.end, e.tli
+                );
+                if let Some(n) = self.logged.report(&what) {
+                    info!("{what}{}", Repeats::since_text(n));
+                }
+                self.publish.recovered(&self.spool);
+            }
+            Err(e) => {
+                self.failed = Some(Instant::now());
+                self.publish
+                    .send(&self.spool, Some(format!("opening it again: {e}")));
+            }
+        }
     }
 
     /// Publishes the spool's extent as it is now.
     pub(super) fn published(&mut self) {
-        if !self.failed {
+        if self.failed.is_none() {
             self.publish.send(&self.spool, None);
         }
     }
@@ -99,6 +175,13 @@ impl Publish {
             *d = e.durable;
             moved
         });
+    }
+
+    /// The spool was opened again: its new extent, and the failure cleared.
+    fn recovered(&self, spool: &Spool) {
+        let g = &self.metrics.ops.spool;
+        *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.send(spool, None);
     }
 }
 
