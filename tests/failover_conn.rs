@@ -99,6 +99,66 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
     relay.assert_no_panic();
 }
 
+/// The upstream reaches the primary only after a first host of `upstream.primary` that takes
+/// connections and never answers has used its whole connect_timeout (33 s), longer than the
+/// downstream waits for the link to answer (`link.connect_timeout_secs` 1, + 30 s). The
+/// upstream answers the stream at once and sends its Welcome once the stream is open on the
+/// primary; the downstream waits for it, and the standby behind it streams. (Before, the
+/// downstream gave up at 31 s, the upstream's opening was dropped with the stream, and every
+/// attempt started over at the silent host: the link never came up.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_comes_up_when_the_primary_takes_longer_to_reach_than_the_link_waits() {
+    let root = TempRoot::new().unwrap();
+    let primary = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
+    primary.start().await.unwrap();
+    primary
+        .create_replication_user(REPL_PASSWORD)
+        .await
+        .unwrap();
+    // Connections queue in its backlog, and nobody ever answers them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let conninfo = two_hosts(silent_port, primary.port(), "read-write")
+        .replace("connect_timeout=5", "connect_timeout=33");
+    let (up, down) = (free_port(), free_port());
+    let toml = both_halves_toml(&primary, up, down, up, "", "")
+        .replace(
+            &format!(
+                "host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable",
+                primary.port()
+            ),
+            &conninfo,
+        )
+        .replace("connect_timeout_secs = 3", "connect_timeout_secs = 1");
+    let relay = Relay::start(root.path(), "relay", &toml, Some(down), Some(up));
+    let mut opts = StandbyOpts::new(standby_conninfo(down));
+    opts.application_name = Some("standby1".into());
+    let behind = primary.basebackup_standby(&root, "behind", &opts).unwrap();
+    behind.start().await.unwrap();
+    let p = &primary;
+    wait_until(
+        "standby1 streaming from the primary through walrelay",
+        TIMEOUT,
+        || async move { Ok(walsenders(p).await.split(',').any(|a| a == "standby1")) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+    primary
+        .execute("create table after_the_wait as select 1 x")
+        .await
+        .unwrap();
+    wait_replayed(&primary, &behind, TIMEOUT, || None)
+        .await
+        .unwrap();
+    let log = relay.log_text();
+    assert!(
+        !log.contains("did not answer in time"),
+        "the downstream gave up on the upstream:\n{log}"
+    );
+    relay.assert_no_panic();
+    drop(silent);
+}
+
 /// The relay's spool holds WAL past the point where the promoted standby's timeline forks off
 /// (that standby had stopped receiving before the primary wrote it): on the promoted server
 /// the relay's slot and its flush position never pass what the relay was sent there, and

@@ -47,6 +47,10 @@ impl std::fmt::Display for Ended {
 /// starts; then the attempt ends, and the next one waits again.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 
+/// Longest wait for the upstream's Welcome once it answered the stream: its opening on the
+/// primary takes each host of `upstream.primary` up to that host's connect_timeout.
+const WELCOME_WAIT: Duration = Duration::from_secs(3600);
+
 fn other(s: impl std::fmt::Display) -> Ended {
     Ended::Other(s.to_string())
 }
@@ -210,22 +214,33 @@ async fn open(
     let mut client = LinkClient::new(channel)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
+    // The upstream answers at once, then opens the stream on the primary before its
+    // Welcome, which can take each host of its `upstream.primary` the connect_timeout: that
+    // wait is bounded by WELCOME_WAIT only, the connection's keepalive telling a dead upstream.
+    let answered = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
     let welcome = async {
-        let mut inbound = client.stream(ReceiverStream::new(lrx)).await?.into_inner();
-        let first = inbound.next().await.transpose()?;
-        Ok::<_, tonic::Status>((inbound, first))
+        let call = client.stream(ReceiverStream::new(lrx));
+        let Ok(inbound) = tokio::time::timeout(answered, call).await else {
+            return Ok(None);
+        };
+        let mut inbound = inbound?.into_inner();
+        let first = tokio::time::timeout(WELCOME_WAIT, inbound.next()).await;
+        let Ok(first) = first else { return Ok(None) };
+        Ok::<_, tonic::Status>(Some((inbound, first.transpose()?)))
     };
-    let deadline = Duration::from_secs(sp.link_cfg.connect_timeout_secs.saturating_add(30));
-    match tokio::time::timeout(deadline, welcome).await {
-        Err(_) => Err(other("the upstream did not answer in time")),
-        Ok(Err(status)) => Err(other(status.message())),
-        Ok(Ok((
+    match welcome.await.transpose() {
+        None => Err(other(
+            "the upstream did not answer in time (the link's TCP, TLS and HTTP/2 within \
+             link.connect_timeout_secs + 30 s, its Welcome within an hour)",
+        )),
+        Some(Err(status)) => Err(other(status.message())),
+        Some(Ok((
             i,
             Some(ToDownstream {
                 msg: Some(to_downstream::Msg::Welcome(w)),
             }),
         ))) => Ok((i, w)),
-        Ok(Ok(_)) => Err(other("the upstream did not answer with Welcome")),
+        Some(Ok(_)) => Err(other("the upstream did not answer with Welcome")),
     }
 }
 

@@ -49,7 +49,7 @@ use walrelay_pgwire::syncrep;
 use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_server::{Link, LinkServer};
 use walrelay_proto::link::{
-    to_downstream, to_upstream, ToDownstream, ToUpstream, TunnelCancel, TunnelCancelled,
+    to_downstream, to_upstream, Hello, ToDownstream, ToUpstream, TunnelCancel, TunnelCancelled,
     TunnelFrame,
 };
 use walrelay_wal::linkcodec::{Setup, WalEncoder};
@@ -287,20 +287,19 @@ impl Link for LinkService {
             this.cfg.slot.as_deref(),
         )?;
         info!(%peer, downstream = %hello.downstream_name, slot = %agreed.slot, "link stream opened");
-        let feed = open_feed(&this, &hello, &agreed).await.inspect_err(|e| {
-            warn!(%peer, "cannot start the stream: {}", e.message());
-        })?;
+        // The stream is answered now and opened on the primary in its task: that can take
+        // each host of `upstream.primary` its connect_timeout, longer than the downstream
+        // would wait for an answer at all, and the downstream waits for the Welcome as long
+        // as the connection lives. An opening the downstream gave up on ends with it.
         let (tx, rx) = mpsc::channel(this.limits.queue_messages);
-        tx.send(Ok(ToDownstream {
-            msg: Some(to_downstream::Msg::Welcome(feed.welcome.clone())),
-        }))
-        .await
-        .map_err(|_| Status::cancelled("downstream went away"))?;
         let up = this.clone();
         let span = tracing::info_span!("link_stream", downstream = %hello.downstream_name, %peer);
         this.tasks.spawn(
             async move {
                 let _permit = permit;
+                let Some(feed) = opened(&up, &hello, &agreed, &tx).await else {
+                    return;
+                };
                 let _gauge = GaugeGuard::inc(&up.metrics.sessions_active_upstream);
                 Metrics::add(&up.metrics.sessions_total, 1);
                 let end = run_stream(&up, feed, inbound, tx.clone(), &agreed).await;
@@ -318,6 +317,37 @@ impl Link for LinkService {
         );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// The stream opened on the primary and its Welcome sent; None (and the downstream told why,
+/// if it still listens) when that failed or the downstream went away first.
+async fn opened(
+    up: &Arc<Upstream>,
+    hello: &Hello,
+    agreed: &Agreed,
+    tx: &mpsc::Sender<Result<ToDownstream, Status>>,
+) -> Option<Feed> {
+    let feed = tokio::select! {
+        f = open_feed(up, hello, agreed) => f,
+        _ = tx.closed() => {
+            warn!("the downstream went away while the stream was being opened on the primary");
+            return None;
+        }
+    };
+    let feed = match feed {
+        Ok(feed) => feed,
+        Err(status) => {
+            warn!("cannot start the stream: {}", status.message());
+            Metrics::add(&up.metrics.ops.sessions_failed_upstream, 1);
+            let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(Err(status))).await;
+            return None;
+        }
+    };
+    let welcome = ToDownstream {
+        msg: Some(to_downstream::Msg::Welcome(feed.welcome.clone())),
+    };
+    tx.send(Ok(welcome)).await.ok()?;
+    Some(feed)
 }
 
 /// Runs a stream's two directions until either ends, then says goodbye to the primary.
