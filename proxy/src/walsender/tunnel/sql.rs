@@ -168,8 +168,10 @@ pub fn is_read_only_statement(text: &str) -> bool {
         return false;
     }
     let lower = text.to_ascii_lowercase();
+    // Words as PostgreSQL's scanner sees identifiers and keywords: letters, digits, `_`,
+    // `$`, and any non-ASCII character (`€€copy` is one identifier, not the word COPY).
     let words: Vec<&str> = lower
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$' || !c.is_ascii()))
         .filter(|w| !w.is_empty())
         .collect();
     let norm = normalize(&lower);
@@ -179,7 +181,9 @@ pub fn is_read_only_statement(text: &str) -> bool {
         // to the client only, never to or from a server file, and a query inside only a
         // SELECT (`COPY (DELETE ... RETURNING *) TO STDOUT` writes).
         Some("copy") => {
-            let query = norm["copy".len()..].trim_start().starts_with('(');
+            let query = norm
+                .strip_prefix("copy")
+                .is_some_and(|rest| rest.trim_start().starts_with('('));
             norm.ends_with(" to stdout")
                 && words.get(1) != Some(&"to")
                 && (!query || words.get(1) == Some(&"select"))
@@ -227,6 +231,32 @@ mod tests {
             "DELETE FROM t",
         ] {
             assert!(!is_slot_sync_query(q), "{q}");
+        }
+    }
+
+    /// Text around the words the checks look for: non-ASCII letters are part of an
+    /// identifier (as PostgreSQL scans them), and no input makes the checks panic (a slice
+    /// inside a character did, for `€€copy …`).
+    #[test]
+    fn non_ascii_text_is_refused_without_a_panic() {
+        for q in [
+            "€€copy t to stdout",
+            "«€copy (select 1) to stdout",
+            "äselect 1",
+            "select€ 1",
+        ] {
+            assert!(!is_read_only_statement(q), "{q}");
+            assert!(!is_slot_sync_query(q), "{q}");
+        }
+        assert!(is_read_only_statement("SELECT 'é€' FROM t"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_judged_without_a_panic(q in "\\PC{0,80}", pre in "(copy|select|begin|commit|COPY \\(|)") {
+            let text = format!("{pre}{q}");
+            let _ = is_read_only_statement(&text);
+            let _ = is_slot_sync_query(&text);
         }
     }
 
