@@ -3,8 +3,9 @@
 //! compression (PostgreSQL 15+) and incremental backups (PostgreSQL 17: `UPLOAD_MANIFEST`, a
 //! COPY from the client, then `BASE_BACKUP ( INCREMENTAL )` on the same connection), each
 //! checked with PostgreSQL's own tools and, for the incremental one, by starting the combined
-//! backup and comparing its tables with the primary's; and a backup client that stops reading
-//! midway, which must hold back the primary rather than fill the relay's memory.
+//! backup and comparing its tables with the primary's; a backup client that stops reading
+//! midway, which must hold back the primary rather than fill the relay's memory; and nine of
+//! them, which must not hold back the WAL stream.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -314,6 +315,71 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
     );
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
+}
+
+/// Nine backups whose clients stopped reading, each leaving a call's window (1 MiB) unread at
+/// the downstream, beside a standby behind it: the standby replays what the primary writes
+/// all the same. On one HTTP/2 connection those nine calls held its whole window (8 MiB, what
+/// a call received and its reader did not take counting against the connection too), and the
+/// WAL stream on it got nothing; the tunnels now have a connection of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
+    let mut env = Split::new(SplitOpts {
+        primary: PrimaryOpts {
+            extra_conf: vec![("max_wal_senders".into(), "20".into())],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    env.add_standby("a");
+    env.standbys[0].start().await.unwrap();
+    env.wait_streaming(0).await;
+    let p = &env.primary;
+    // 48 MiB that does not compress: each backup is more than the kernel's socket and pipe
+    // buffers on its way to the client take, and a call's window on top.
+    p.execute("create table noise(b bytea); alter table noise alter column b set storage external")
+        .await
+        .unwrap();
+    p.execute("insert into noise select (select decode(string_agg(md5(i::text || random()::text), ''), 'hex') from generate_series(1, 65536) i) from generate_series(1, 48)")
+        .await
+        .unwrap();
+    env.wait_caught_up(0).await;
+    let mut backups: Vec<std::process::Child> =
+        (0..9).map(|_| tar_backup_to_stdout(&env)).collect();
+    all_backups_stalled(p, backups.len()).await;
+    p.execute("create table after_the_stall as select 1 x")
+        .await
+        .unwrap();
+    env.wait_caught_up(0).await;
+    for b in &mut backups {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    env.downstream.assert_no_panic();
+    env.upstream.assert_no_panic();
+}
+
+/// Waits until `n` backups stream on the primary, each past its first 8 MiB (not still
+/// waiting for its checkpoint), and none of them moves any more.
+async fn all_backups_stalled(p: &Cluster, n: usize) {
+    let streamed = "select count(*) filter (where backup_streamed > 8 * 1024 * 1024) || ':' || \
+                    coalesce(string_agg(backup_streamed::text, ',' order by pid), '') \
+                    from pg_stat_progress_basebackup";
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = p.query_one_string(streamed).await.unwrap();
+        if now == last && now.starts_with(&format!("{n}:")) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backups did not all stall: {now}"
+        );
+        last = now;
+    }
 }
 
 const MIB: u64 = 1 << 20;

@@ -31,6 +31,13 @@ pub use dial::DialError;
 /// for nothing; with these, one per 512 KiB. Bounds what a peer may send ahead per session.
 pub const STREAM_WINDOW: u32 = 1 << 20;
 pub const CONNECTION_WINDOW: u32 = 8 << 20;
+/// The connection window of the tunnels' connection, and of the upstream's side of every
+/// connection: what a call received and its reader did not take yet counts against its
+/// connection's window too, so with [`CONNECTION_WINDOW`] eight calls whose clients stopped
+/// reading (or whose primary connection stopped taking data) would stop every other call on
+/// the connection. Room for 64 such calls; each still holds at most [`STREAM_WINDOW`], so
+/// memory is bounded by the calls a peer may have (`limits.max_sessions`), not by this.
+pub const TUNNEL_CONNECTION_WINDOW: u32 = 64 << 20;
 /// Streams a peer may make the server reset for its errors before it ends the connection
 /// (hyper's default, which tonic's builder would otherwise switch off: RUSTSEC-2024-0003).
 pub const MAX_LOCAL_ERROR_RESETS: usize = 1024;
@@ -62,16 +69,27 @@ pub fn server_tls(link: &LinkConfig) -> Result<Option<Arc<rustls::ServerConfig>>
 /// A lazily connecting channel from the downstream to the upstream half, trying the
 /// addresses of `upstream` in order on each (re)connection (see [`dial`]).
 pub fn client_channel(link: &LinkConfig, upstream: &UpstreamAddrs) -> Result<Channel, LinkError> {
-    channel(link, upstream, None)
+    channel(link, upstream, None, CONNECTION_WINDOW)
 }
 
-/// [`client_channel`], counting socket bytes into the downstream's link counters.
+/// [`client_channel`] for the WAL stream, counting socket bytes into the downstream's link
+/// counters.
 pub fn client_channel_counted(
     link: &LinkConfig,
     upstream: &UpstreamAddrs,
     metrics: Arc<Metrics>,
 ) -> Result<Channel, LinkError> {
-    channel(link, upstream, Some(metrics))
+    channel(link, upstream, Some(metrics), CONNECTION_WINDOW)
+}
+
+/// [`client_channel_counted`] for the tunnels: a connection of their own, with
+/// [`TUNNEL_CONNECTION_WINDOW`].
+pub fn tunnel_channel_counted(
+    link: &LinkConfig,
+    upstream: &UpstreamAddrs,
+    metrics: Arc<Metrics>,
+) -> Result<Channel, LinkError> {
+    channel(link, upstream, Some(metrics), TUNNEL_CONNECTION_WINDOW)
 }
 
 /// The endpoint names the first address (HTTP/2 `:authority`); the connector dials the list
@@ -81,6 +99,7 @@ fn channel(
     link: &LinkConfig,
     upstream: &UpstreamAddrs,
     metrics: Option<Arc<Metrics>>,
+    connection_window: u32,
 ) -> Result<Channel, LinkError> {
     let first = upstream.first();
     let ep = Endpoint::from_shared(format!("http://{first}"))
@@ -89,7 +108,7 @@ fn channel(
         .keep_alive_timeout(Duration::from_secs(link.keepalive_secs))
         .keep_alive_while_idle(true)
         .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_connection_window_size(connection_window)
         .tcp_nodelay(true);
     Ok(ep.connect_with_connector_lazy(dial::Dialer::new(link, upstream, metrics)?))
 }

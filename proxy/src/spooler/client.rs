@@ -56,15 +56,22 @@ fn other(s: impl std::fmt::Display) -> Ended {
 }
 
 pub(super) async fn run(sp: Arc<Spooler>) {
-    let channel =
-        match link::client_channel_counted(&sp.link_cfg, &sp.cfg.upstream, sp.metrics.clone()) {
-            Ok(c) => c,
-            Err(e) => {
-                warn!("the link to the upstream cannot be set up: {e}");
-                return;
-            }
-        };
-    let _ = sp.channel.set(channel.clone());
+    // The WAL stream and the tunnels on connections of their own (each connects when first
+    // used): HTTP/2 counts what a call has received and its reader not yet taken against the
+    // whole connection's window, so eight tunnels whose clients stopped reading (a megabyte
+    // each) would leave the WAL stream on the same connection nothing, and its feedback
+    // likewise the other way.
+    let (cfg, addrs) = (&sp.link_cfg, &sp.cfg.upstream);
+    let channel = link::client_channel_counted(cfg, addrs, sp.metrics.clone());
+    let tunnels = link::tunnel_channel_counted(cfg, addrs, sp.metrics.clone());
+    let (channel, tunnels) = match (channel, tunnels) {
+        (Ok(c), Ok(t)) => (c, t),
+        (Err(e), _) | (_, Err(e)) => {
+            warn!("the link to the upstream cannot be set up: {e}");
+            return;
+        }
+    };
+    let _ = sp.channel.set(tunnels);
     let mut repeats = Repeats::default();
     loop {
         if sp.shutdown.is_cancelled() {

@@ -79,7 +79,8 @@ pub struct Spooler {
     last_error: Mutex<Option<String>>,
     /// The primary's WAL end as the stream last stated it (Welcome, WAL, keepalives).
     primary_end: std::sync::atomic::AtomicU64,
-    /// The link's gRPC channel (one HTTP/2 connection, shared with tunnels' calls).
+    /// The tunnels' gRPC channel to the upstream: one HTTP/2 connection, not the WAL
+    /// stream's (see `client::run`).
     channel: std::sync::OnceLock<tonic::transport::Channel>,
     /// `limits.queue_messages` (live): the next stream's queue toward the upstream takes it.
     queue_messages: std::sync::atomic::AtomicUsize,

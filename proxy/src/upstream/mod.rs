@@ -133,7 +133,7 @@ pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(up.link.keepalive_secs)))
         .initial_stream_window_size(Some(link::STREAM_WINDOW))
-        .initial_connection_window_size(Some(link::CONNECTION_WINDOW))
+        .initial_connection_window_size(Some(link::TUNNEL_CONNECTION_WINDOW))
         .http2_max_local_error_reset_streams(Some(link::MAX_LOCAL_ERROR_RESETS))
         .http2_keepalive_timeout(Some(Duration::from_secs(up.link.keepalive_secs)));
     let shutdown = up.shutdown.clone();
