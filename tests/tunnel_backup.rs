@@ -348,6 +348,11 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
     let mut backups: Vec<std::process::Child> =
         (0..9).map(|_| tar_backup_to_stdout(&env)).collect();
     all_backups_stalled(p, backups.len()).await;
+    // The upstream's connections to the primary keep alive: a tunnel's backup that only
+    // reads finds a primary whose host vanished gone, rather than waiting for ever.
+    let timers = tcp_timers_toward(env.upstream.pid().unwrap(), p.port());
+    assert!(timers.len() > backups.len(), "{timers:?}");
+    assert!(timers.iter().all(|t| t == "02"), "{timers:?}");
     p.execute("create table after_the_stall as select 1 x")
         .await
         .unwrap();
@@ -360,10 +365,11 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
     env.upstream.assert_no_panic();
 }
 
-/// Waits until `n` backups stream on the primary, each past its first 8 MiB (not still
-/// waiting for its checkpoint), and none of them moves any more.
+/// Waits until `n` backups stream their files on the primary (none still waits for its
+/// checkpoint) and none of them moves any more.
 async fn all_backups_stalled(p: &Cluster, n: usize) {
-    let streamed = "select count(*) filter (where backup_streamed > 8 * 1024 * 1024) || ':' || \
+    let streamed = "select count(*) filter (where phase = 'streaming database files' \
+                    and backup_streamed > 0) || ':' || \
                     coalesce(string_agg(backup_streamed::text, ',' order by pid), '') \
                     from pg_stat_progress_basebackup";
     let deadline = std::time::Instant::now() + TIMEOUT;

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! - [`pgclient`]: the upstream's replication connection to the primary (TLS, SCRAM/md5).
-//! - [`pgio`]: the one cancellation-safe adapter that owns a PostgreSQL socket's read side.
+//! - [`pgio`]: the one cancellation-safe adapter that owns a PostgreSQL socket's read side;
+//!   [`tcp`]: the TCP keepalive of PostgreSQL connections, to the primary and from clients.
 //! - [`upstream`]: the half next to the primary: serves the link; per downstream one stream
 //!   whose feed reads the primary once and whose encode thread frames the WAL; per standby its
 //!   own connection to the primary.
@@ -61,6 +62,7 @@ pub mod relay;
 pub mod silence;
 pub mod spool;
 pub mod spooler;
+pub mod tcp;
 #[cfg(test)]
 mod testwal;
 pub mod tls;

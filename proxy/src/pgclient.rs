@@ -237,6 +237,11 @@ async fn open_socket(ci: &ConnInfo, host: &HostSpec) -> Result<BoxIo, PgClientEr
             source,
         })?;
     let _ = tcp.set_nodelay(true);
+    // A primary whose host went away is found gone in about two minutes, also where nothing
+    // else times the connection out (a tunnel's backup reading from it).
+    if let Err(e) = crate::tcp::keep_alive(&tcp, true) {
+        tracing::debug!(primary = %addr, "TCP keepalive not set on a connection to the primary: {e}");
+    }
     negotiate_tls(tcp, ci, host).await
 }
 

@@ -499,3 +499,29 @@ pub async fn receivewal_streaming(
     .unwrap();
     child
 }
+
+/// The kernel's timer state (`tr` of /proc/net/tcp: 00 none, 01 retransmit, 02 keepalive)
+/// of each TCP socket process `pid` holds toward local port `remote_port`.
+pub fn tcp_timers_toward(pid: u32, remote_port: u16) -> Vec<String> {
+    use std::collections::HashSet;
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |a: &str| {
+        a.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    tcp.lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && port_of(f[2]) == Some(remote_port) && inodes.contains(f[9]))
+        .map(|f| f[5].split(':').next().unwrap_or_default().to_string())
+        .collect()
+}

@@ -53,13 +53,6 @@ use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
 use crate::spooler::Spooler;
 
-/// TCP keepalive on clients' sockets: idle time before the first probe, time between
-/// probes, and probes unanswered before the kernel gives the connection up (about 2 minutes
-/// in all, where Linux's defaults take over 2 hours).
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 6;
-
 /// Shared state of the downstream half.
 pub struct Downstream {
     pub cfg: ResolvedDownstream,
@@ -200,12 +193,8 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
     let _ = sock.set_nodelay(true);
     // As PostgreSQL turns SO_KEEPALIVE on for its clients: a client whose host went away
     // while its session waits for it (between commands, say) is found gone and its session
-    // slot freed, in about [`KEEPALIVE_IDLE`] and [`KEEPALIVE_PROBES`] probes later.
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    if let Err(e) = socket2::SockRef::from(&sock).set_tcp_keepalive(&keepalive) {
+    // slot freed, in about two minutes.
+    if let Err(e) = crate::tcp::keep_alive(&sock, false) {
         debug!(%peer, "TCP keepalive not set on a client's socket: {e}");
     }
     let l = &ds.limits;
