@@ -124,6 +124,19 @@ async fn a_standby_past_the_upstreams_max_sessions_is_refused_alone() {
         .matches("link stream open")
         .count();
     assert_eq!(opened, 1, "the link stream was opened {opened} times");
+    // A tunnel past the limit: the client hears why, and so does the upstream's log.
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=database dbname=postgres",
+        env.down_port
+    );
+    let sql = "CREATE_REPLICATION_SLOT refused LOGICAL pgoutput";
+    let (ok, _, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, sql);
+    assert!(!ok && err.contains("limits.max_sessions (1)"), "{err}");
+    let log = env.upstream.log_text();
+    assert!(
+        log.contains("refused a tunnel from the downstream: the upstream has reached limits.max_sessions (1)"),
+        "{log}"
+    );
     env.downstream.assert_no_panic();
     env.upstream.assert_no_panic();
 }

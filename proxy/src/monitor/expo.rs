@@ -438,7 +438,7 @@ fn session_families(e: &mut Expo, m: &Metrics) {
     e.halves(
         "walrelay_sessions_failed_total",
         "counter",
-        "Downstream: link streams lost (the stream reconnects, standbys are not cut) and standby sessions ended by an error; upstream: link streams ended by an error.",
+        "Downstream: link streams lost (the stream reconnects, standbys are not cut) and standby sessions ended by an error; upstream: link streams ended by an error, and link streams and tunnels refused before they started.",
         [Some(count(&m.ops.sessions_failed_upstream)), Some(count(&m.ops.sessions_failed_downstream))],
     );
     e.one(

@@ -33,7 +33,7 @@ mod primary;
 mod tunnel;
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -61,6 +61,7 @@ use crate::cancelkeys::CancelKeys;
 use crate::config::{Limits, LinkConfig, ResolvedUpstream};
 use crate::link;
 use crate::live::{Live, SessionSlots, Slot};
+use crate::logging::Repeats;
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
 use crate::silence::Silence;
@@ -82,6 +83,8 @@ pub struct Upstream {
     tasks: TaskTracker,
     /// Live tunnels by their client's cancel key: the primary backend to cancel.
     cancels: Arc<CancelKeys<tunnel::CancelTarget>>,
+    /// Calls refused before they started, logged once a minute when the reason repeats.
+    refusals: Arc<Mutex<Repeats>>,
 }
 
 impl Upstream {
@@ -101,6 +104,7 @@ impl Upstream {
             sessions: SessionSlots::new(),
             tasks: TaskTracker::new(),
             cancels: CancelKeys::new(),
+            refusals: Arc::default(),
         })
     }
 
@@ -116,7 +120,24 @@ impl Upstream {
             sessions: self.sessions.clone(),
             tasks: self.tasks.clone(),
             cancels: self.cancels.clone(),
+            refusals: self.refusals.clone(),
         })
+    }
+
+    /// A link call from `peer` refused before it started (`limits.max_sessions`, a version,
+    /// codec or Hello the upstream does not take): the downstream hears `status`; this
+    /// half's log and `walrelay_sessions_failed_total` show it too.
+    fn refused(&self, peer: &str, call: &str, status: &Status) {
+        Metrics::add(&self.metrics.ops.sessions_failed_upstream, 1);
+        let why = format!("refused a {call} from the downstream: {}", status.message());
+        let repeats = self
+            .refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .report(&why);
+        if let Some(n) = repeats {
+            warn!(%peer, "{why}{}", Repeats::since_text(n));
+        }
     }
 }
 
@@ -166,7 +187,7 @@ struct LinkService(Arc<Live<Upstream>>);
 
 /// A link call's peer (for logs) and its place among `limits.max_sessions`: a stream and a
 /// tunnel each take one.
-fn admit<T>(up: &Upstream, request: &Request<T>) -> Result<(String, Slot), Status> {
+fn admit<T>(up: &Upstream, request: &Request<T>, call: &str) -> Result<(String, Slot), Status> {
     let peer = request
         .remote_addr()
         .map(|a| a.to_string())
@@ -175,8 +196,12 @@ fn admit<T>(up: &Upstream, request: &Request<T>) -> Result<(String, Slot), Statu
         .sessions
         .try_take(up.limits.max_sessions)
         .ok_or_else(|| {
-            Status::resource_exhausted("the upstream has reached limits.max_sessions")
-        })?;
+            Status::resource_exhausted(format!(
+                "the upstream has reached limits.max_sessions ({})",
+                up.limits.max_sessions
+            ))
+        })
+        .inspect_err(|s| up.refused(&peer, call, s))?;
     Ok((peer, permit))
 }
 
@@ -190,15 +215,18 @@ impl Link for LinkService {
         request: Request<Streaming<TunnelFrame>>,
     ) -> Result<Response<TunnelOut>, Status> {
         let this = self.0.get();
-        let (peer, permit) = admit(&this, &request)?;
+        let (peer, permit) = admit(&this, &request, "tunnel")?;
         let mut inbound = request.into_inner();
         // The first frame carries the OPEN and at most one replication command (64 kB);
         // after it, one client message of up to the downstream's limit per frame.
         let own_max = this.limits.max_message_bytes;
         let mut rx = TunnelRx::new(Dir::Up, tunnel_frame_max(own_max))
             .map_err(|e| Status::internal(e.to_string()))?;
-        let (open, pending) = tunnel::first_frame(&mut inbound, &mut rx).await?;
-        handshake::check_version(open.protocol_version)?;
+        let (open, pending) = tunnel::first_frame(&mut inbound, &mut rx)
+            .await
+            .inspect_err(|s| this.refused(&peer, "tunnel", s))?;
+        handshake::check_version(open.protocol_version)
+            .inspect_err(|s| this.refused(&peer, "tunnel", s))?;
         rx.set_max_data(tunnel::data_budget(own_max, open.max_message_bytes));
         let level = open.zstd_level.clamp(1, 19);
         let tx = TunnelTx::new(Dir::Down, level, open.zstd_window_log.clamp(10, 27))
@@ -251,41 +279,17 @@ impl Link for LinkService {
         request: Request<Streaming<ToUpstream>>,
     ) -> Result<Response<StreamOut>, Status> {
         let this = self.0.get();
-        let (peer, permit) = admit(&this, &request)?;
+        let (peer, permit) = admit(&this, &request, "link stream")?;
         let mut inbound = request.into_inner();
-        let hello = match tokio::time::timeout(HELLO_WAIT, inbound.next()).await {
-            Ok(Some(Ok(ToUpstream {
-                msg: Some(to_upstream::Msg::Hello(h)),
-            }))) => h,
-            Ok(Some(Ok(_))) => {
-                return Err(Status::invalid_argument(
-                    "the first message of a link stream must be Hello",
-                ))
-            }
-            Ok(Some(Err(s))) => {
-                return Err(Status::unavailable(format!(
-                    "the link stream failed before its Hello: {}",
-                    s.message()
-                )))
-            }
-            Ok(None) => {
-                return Err(Status::cancelled(
-                    "the downstream ended the stream before its Hello",
-                ))
-            }
-            Err(_) => {
-                return Err(Status::deadline_exceeded(format!(
-                    "no Hello within {} s of the link stream's start",
-                    HELLO_WAIT.as_secs()
-                )))
-            }
-        };
+        let refused = |s: &Status| this.refused(&peer, "link stream", s);
+        let hello = read_hello(&mut inbound).await.inspect_err(refused)?;
         let agreed = handshake::agree(
             &hello,
             &this.link,
             this.limits.max_message_bytes,
             this.cfg.slot.as_deref(),
-        )?;
+        )
+        .inspect_err(refused)?;
         info!(%peer, downstream = %hello.downstream_name, slot = %agreed.slot, "link stream opened");
         // The stream is answered now and opened on the primary in its task: that can take
         // each host of `upstream.primary` its connect_timeout, longer than the downstream
@@ -316,6 +320,29 @@ impl Link for LinkService {
             .instrument(span),
         );
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A link stream's first message, its Hello, within [`HELLO_WAIT`].
+async fn read_hello(inbound: &mut Streaming<ToUpstream>) -> Result<Hello, Status> {
+    match tokio::time::timeout(HELLO_WAIT, inbound.next()).await {
+        Ok(Some(Ok(ToUpstream {
+            msg: Some(to_upstream::Msg::Hello(h)),
+        }))) => Ok(h),
+        Ok(Some(Ok(_))) => Err(Status::invalid_argument(
+            "the first message of a link stream must be Hello",
+        )),
+        Ok(Some(Err(s))) => Err(Status::unavailable(format!(
+            "the link stream failed before its Hello: {}",
+            s.message()
+        ))),
+        Ok(None) => Err(Status::cancelled(
+            "the downstream ended the stream before its Hello",
+        )),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "no Hello within {} s of the link stream's start",
+            HELLO_WAIT.as_secs()
+        ))),
     }
 }
 
