@@ -127,7 +127,7 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
     let rogue_client = rogue.issue(dir, "rogue", &["downstream"]).unwrap();
 
     let up = free_port();
-    let _upstream = Relay::start(
+    let upstream = Relay::start(
         dir,
         "upstream",
         &upstream_only(&p, up, "sslmode=disable", &tls_link(&ca_pem, &server)),
@@ -191,6 +191,23 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
         r.is_err(),
         "the upstream accepted a link session from a peer without a client certificate"
     );
+
+    // A certificate renewed in place: TLS files are read at start only, and a reload says so
+    // rather than "no live setting changed".
+    ca.issue(dir, "upstream", &["localhost", "127.0.0.1"])
+        .unwrap();
+    upstream.signal(libc::SIGHUP);
+    let u = &upstream;
+    wait_until(
+        "the reload names the renewed files",
+        TIMEOUT,
+        || async move {
+            Ok(u.log_text()
+                .contains("the files of link.tls_cert, link.tls_key changed on disk"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", upstream.log_text()));
 }
 
 /// A primary that serves TLS with a certificate for localhost issued by `ca`, and logs its

@@ -23,7 +23,8 @@
 //!   `tunnel` carries the client sessions the spool does not serve (base backups, logical
 //!   replication, slot synchronization) to the primary through the upstream, behind an
 //!   allowlist.
-//! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing.
+//! - [`config`], [`conninfo`], [`tls`], [`logging`]: configuration, conninfo strings, rustls, tracing;
+//!   [`tlsfiles`]: the TLS files read at start (changed on disk? certificates expired?).
 //! - [`metrics`]: process counters; [`monitor`]: per-standby state, codec totals, the
 //!   `[metrics]` HTTP server (Prometheus, status page) and `walrelay status`.
 //! - [`relay`]: starts and drains the configured halves; [`lifecycle`]: signals (SIGHUP reload,
@@ -66,5 +67,6 @@ pub mod tcp;
 #[cfg(test)]
 mod testwal;
 pub mod tls;
+pub mod tlsfiles;
 pub mod upstream;
 pub mod walsender;

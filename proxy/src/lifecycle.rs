@@ -38,6 +38,7 @@ use tracing::{error, info, warn};
 use crate::config::{Config, Key, MetricsConfig, Reload, Resolved};
 use crate::logging::LogHandle;
 use crate::relay::Running;
+use crate::tlsfiles::TlsFiles;
 
 /// The signal handlers of the process, installed before the listeners open so that a SIGHUP
 /// that comes early is not fatal.
@@ -149,6 +150,18 @@ pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
             restart.join(", ")
         );
     }
+    let files = TlsFiles::read(&new);
+    let rewritten = running.tls_files.changed(&files);
+    if !rewritten.is_empty() {
+        warn!(
+            keys = %rewritten.join(", "),
+            "SIGHUP: the files of {} changed on disk, but TLS files are read at start only: the \
+             running process still presents and trusts the old ones; restart walrelay (it drains) \
+             to use them",
+            rewritten.join(", ")
+        );
+    }
+    files.warn_validity(std::time::SystemTime::now());
     let old = running.config.clone();
     let eff = effective(&old, &new);
     let changed = live_keys(&old, &eff);

@@ -31,6 +31,8 @@ pub struct Running {
     pub(crate) config: Resolved,
     pub(crate) upstream: Option<Arc<Live<upstream::Upstream>>>,
     pub(crate) downstream: Option<Arc<Live<walsender::Downstream>>>,
+    /// The TLS files as read at start (a reload tells when they changed on disk).
+    pub(crate) tls_files: crate::tlsfiles::TlsFiles,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -86,12 +88,15 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
         Some(addr) => Some(start_metrics(&cfg, addr, &metrics, &shutdown).await?),
         None => None,
     };
+    let tls_files = crate::tlsfiles::TlsFiles::read(&cfg);
+    tls_files.warn_validity(std::time::SystemTime::now());
     Ok(Running {
         upstream_addr,
         downstream_addr,
         metrics_addr,
         metrics,
         shutdown,
+        tls_files,
         config: cfg,
         upstream: up_live,
         downstream: down_live,

@@ -19,6 +19,8 @@ pub enum TlsError {
     },
     #[error("{path} holds no PEM certificate")]
     NoCert { path: String },
+    #[error("{path} holds a PEM certificate that does not parse ({why}): is the file whole?")]
+    BadPem { path: String, why: String },
     #[error("{path} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
     NoKey { path: String },
     #[error("TLS configuration: {0}")]
@@ -44,9 +46,19 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
         path: p.clone(),
         source,
     })?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut &data[..])
-        .filter_map(Result::ok)
-        .collect();
+    // A block that does not parse (a truncated intermediate, say) is an error: left out, or
+    // sent as it is, the chain would pass here and fail at peers with an unknown issuer.
+    let bad = |why: String| TlsError::BadPem {
+        path: p.clone(),
+        why,
+    };
+    let certs = rustls_pemfile::certs(&mut &data[..])
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    for (i, c) in certs.iter().enumerate() {
+        x509_parser::parse_x509_certificate(c.as_ref())
+            .map_err(|e| bad(format!("certificate {} of the file: {e}", i + 1)))?;
+    }
     if certs.is_empty() {
         return Err(TlsError::NoCert { path: p });
     }
