@@ -140,6 +140,71 @@ impl Repeats {
     }
 }
 
+/// At most [`LogBudget::PER_MINUTE`] lines a minute of a kind whose lines differ (each names a
+/// peer), so that many peers, or one that reconnects in a loop, cannot flood the log; the
+/// first line after a minute that dropped some says how many.
+pub(crate) struct LogBudget {
+    minute: Option<Instant>,
+    logged: u32,
+    dropped: u64,
+}
+
+impl LogBudget {
+    pub(crate) const PER_MINUTE: u32 = 20;
+
+    pub(crate) const fn new() -> LogBudget {
+        LogBudget {
+            minute: None,
+            logged: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Some(lines dropped since the last one logged) when this one may be logged.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.minute {
+            Some(t) if now.duration_since(t) < Duration::from_secs(60) => {}
+            _ => {
+                self.minute = Some(now);
+                self.logged = 0;
+            }
+        }
+        if self.logged >= Self::PER_MINUTE {
+            self.dropped += 1;
+            return None;
+        }
+        self.logged += 1;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// Some(what to append to the line) when a line of `budget`'s kind may be logged now; the
+/// text names `counter`, the metric that counts them all, when lines were dropped before.
+pub(crate) fn within(budget: &std::sync::Mutex<LogBudget>, counter: &str) -> Option<String> {
+    let allowed = budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .allow(Instant::now())?;
+    Some(match allowed {
+        0 => String::new(),
+        n => format!(" ({n} more like it in the last minute were not logged: see {counter})"),
+    })
+}
+
+#[cfg(test)]
+#[test]
+fn a_log_budget_drops_lines_past_its_minute_and_counts_them() {
+    let mut b = LogBudget::new();
+    let t = Instant::now();
+    for _ in 0..LogBudget::PER_MINUTE {
+        assert_eq!(b.allow(t), Some(0));
+    }
+    assert_eq!(b.allow(t + Duration::from_secs(1)), None);
+    assert_eq!(b.allow(t + Duration::from_secs(2)), None);
+    assert_eq!(b.allow(t + Duration::from_secs(61)), Some(2));
+    assert_eq!(b.allow(t + Duration::from_secs(62)), Some(0));
+}
+
 #[cfg(test)]
 #[test]
 fn a_repeated_reason_is_logged_once_a_minute_with_its_count() {

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use super::Upstream;
 use crate::gate::{Refused, StartupGate};
 use crate::link::CountingIo;
 use crate::live::Live;
+use crate::logging::{within, LogBudget};
 use crate::metrics::Metrics;
 
 /// A link connection that has completed its handshake: TLS, or plaintext with
@@ -199,14 +200,24 @@ enum Reason {
 }
 
 fn failed(m: &Metrics, peer: SocketAddr, reason: Reason, why: &str) {
-    let (counter, label) = match reason {
-        Reason::Timeout => (&m.refusals.link_handshake_timeout, "timeout"),
-        Reason::Tls => (&m.refusals.link_handshake_tls, "tls"),
-        Reason::Busy => (&m.refusals.link_handshake_busy, "busy"),
-        Reason::PeerName => (&m.refusals.link_handshake_peer_name, "peer_name"),
+    let (counter, label, i) = match reason {
+        Reason::Timeout => (&m.refusals.link_handshake_timeout, "timeout", 0),
+        Reason::Tls => (&m.refusals.link_handshake_tls, "tls", 1),
+        Reason::Busy => (&m.refusals.link_handshake_busy, "busy", 2),
+        Reason::PeerName => (&m.refusals.link_handshake_peer_name, "peer_name", 3),
     };
     Metrics::add(counter, 1);
-    warn!(%peer, reason = label, "link connection refused: {why}");
+    // Many peers, or one reconnecting in a loop (a TCP health check on the port), would
+    // otherwise log a line each; the counter has them all. A budget per reason.
+    static BUDGETS: [Mutex<LogBudget>; 4] = [
+        Mutex::new(LogBudget::new()),
+        Mutex::new(LogBudget::new()),
+        Mutex::new(LogBudget::new()),
+        Mutex::new(LogBudget::new()),
+    ];
+    if let Some(more) = within(&BUDGETS[i], "walrelay_link_handshake_failures_total") {
+        warn!(%peer, reason = label, "link connection refused: {why}{more}");
+    }
 }
 
 impl AsyncRead for LinkIo {

@@ -186,6 +186,37 @@ impl End {
     }
 }
 
+/// Why a connection was refused before its session, for [`pre_auth_log`].
+#[derive(Clone, Copy)]
+pub(super) enum PreAuth {
+    Timeout = 0,
+    /// `limits.max_startups` reached.
+    Busy = 1,
+    /// `limits.max_startups_per_address` reached.
+    BusyHere = 2,
+    Password = 3,
+}
+
+/// Whether a line about a connection refused before its session may be logged now (see
+/// `LogBudget`, one per kind of refusal): many peers, or one in a loop, would otherwise log a
+/// line each; the counters have them all. Some(what to append to the line).
+pub(super) fn pre_auth_log(kind: PreAuth) -> Option<String> {
+    use crate::logging::LogBudget;
+    static BUDGETS: [std::sync::Mutex<LogBudget>; 4] = [
+        std::sync::Mutex::new(LogBudget::new()),
+        std::sync::Mutex::new(LogBudget::new()),
+        std::sync::Mutex::new(LogBudget::new()),
+        std::sync::Mutex::new(LogBudget::new()),
+    ];
+    let counter = match kind {
+        PreAuth::Password => "walrelay_auth_failures_total",
+        PreAuth::Timeout | PreAuth::Busy | PreAuth::BusyHere => {
+            "walrelay_connections_refused_total"
+        }
+    };
+    crate::logging::within(&BUDGETS[kind as usize], counter)
+}
+
 /// A connection's way to a session: a place in the pre-authentication budget
 /// (`limits.max_startups`, per address too), startup and authentication within their
 /// deadlines, and only then a session slot (`limits.max_sessions`).
@@ -217,7 +248,9 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
         }
         Err(_) => {
             Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
-            warn!(%peer, "standby did not complete startup within limits.auth_timeout_secs");
+            if let Some(more) = pre_auth_log(PreAuth::Timeout) {
+                warn!(%peer, "standby did not complete startup within limits.auth_timeout_secs{more}");
+            }
             return;
         }
     };
@@ -265,15 +298,22 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
 /// Refuses a connection the pre-authentication budget has no room for: the FATAL
 /// PostgreSQL sends for too many connections, written without waiting on the peer.
 async fn refuse_startup(ds: &Downstream, mut sock: TcpStream, peer: SocketAddr, why: Refused) {
-    let (counter, key) = match why {
-        Refused::Total => (&ds.metrics.refusals.max_startups, "limits.max_startups"),
+    let (counter, key, kind) = match why {
+        Refused::Total => (
+            &ds.metrics.refusals.max_startups,
+            "limits.max_startups",
+            PreAuth::Busy,
+        ),
         Refused::PerAddress => (
             &ds.metrics.refusals.max_startups_per_address,
             "limits.max_startups_per_address",
+            PreAuth::BusyHere,
         ),
     };
     Metrics::add(counter, 1);
-    warn!(%peer, "refusing connection: {key} reached (connections in startup and authentication)");
+    if let Some(more) = pre_auth_log(kind) {
+        warn!(%peer, "refusing connection: {key} reached (connections in startup and authentication){more}");
+    }
     let mut out = BytesMut::new();
     let msg = format!("sorry, too many clients already (walrelay {key}: too many connections are in startup or authentication)");
     encode::error_response(&mut out, &ErrorFields::fatal("53300", msg));

@@ -74,7 +74,9 @@ pub(super) async fn accept(
         Ok(Err(failed)) => return Err(failed),
         Err(_) => {
             Metrics::add(&ds.metrics.refusals.startup_timeout, 1);
-            warn!(%peer, "no startup packet within limits.startup_timeout_secs; closing");
+            if let Some(more) = super::pre_auth_log(super::PreAuth::Timeout) {
+                warn!(%peer, "no startup packet within limits.startup_timeout_secs; closing{more}");
+            }
             return Err((None, End::Quiet));
         }
     };
@@ -116,7 +118,9 @@ pub(super) async fn accept(
         if let Err(end) = scram(ds, &mut reader, &mut writer, &user).await {
             if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
                 Metrics::add(&ds.metrics.auth_failures, 1);
-                warn!(%peer, %user, "password authentication failed");
+                if let Some(more) = super::pre_auth_log(super::PreAuth::Password) {
+                    warn!(%peer, %user, "password authentication failed{more}");
+                }
                 // As PostgreSQL's auth_delay: each guess costs the guesser time, while the
                 // connection holds a startup place (bounded per address), not a session.
                 let delay = Duration::from_millis(ds.limits.auth_failure_delay_ms);
