@@ -56,7 +56,7 @@ async fn ctrl_c_in_psql_cancels_a_tunnelled_query_on_the_primary() {
     // Ctrl-C: psql sends a CancelRequest with the key its startup reply gave it.
     let t0 = Instant::now();
     let out = ctrl_c(child, &env).await;
-    assert_psql_was_cancelled(&out, t0, &env);
+    assert_psql_was_cancelled(&out, t0, &env).await;
     assert_eq!(p.query_one_string(running).await.unwrap(), "0");
     assert_cancels_are_counted(mport).await;
     env.downstream.assert_no_panic();
@@ -122,8 +122,9 @@ async fn ctrl_c(child: std::process::Child, env: &Split) -> std::process::Output
 }
 
 /// Checks that psql's query was cancelled (within 30 s of `t0`) by a cancel request the
-/// upstream relayed.
-fn assert_psql_was_cancelled(out: &std::process::Output, t0: Instant, env: &Split) {
+/// upstream relayed. The halves say so (and count it) once the primary has closed the cancel
+/// connection, which it may do after the cancelled backend's error has reached psql.
+async fn assert_psql_was_cancelled(out: &std::process::Output, t0: Instant, env: &Split) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the query was not cancelled");
     assert!(
@@ -132,10 +133,22 @@ fn assert_psql_was_cancelled(out: &std::process::Output, t0: Instant, env: &Spli
         env.upstream.log_text()
     );
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
-    assert!(env
-        .upstream
-        .log_text()
-        .contains("relayed a tunnelled client's cancel request"));
+    wait_until(
+        "both halves to report the relayed cancel request",
+        Duration::from_secs(10),
+        || async {
+            Ok(env
+                .upstream
+                .log_text()
+                .contains("relayed a tunnelled client's cancel request")
+                && env
+                    .downstream
+                    .log_text()
+                    .contains("relayed a cancel request to the primary through the upstream"))
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Checks the downstream's cancel counters on the metrics port `mport`: one relayed, one
