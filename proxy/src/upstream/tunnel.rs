@@ -212,6 +212,12 @@ impl TunnelSession {
     }
 
     /// Relays until the client leaves (Ok) or something ends the tunnel (Err: why).
+    ///
+    /// The two directions run concurrently, each with its own half of the primary
+    /// connection: a backend blocked sending results reads no more of its client's messages,
+    /// so a write to the primary may wait until the primary's results are read. A client
+    /// that pipelines (sends queries before it reads the answers) would otherwise leave
+    /// both sides waiting on each other for ever.
     async fn relay(
         &mut self,
         conn: PrimaryConn,
@@ -230,50 +236,22 @@ impl TunnelSession {
             tx.data(&buffered)
         })
         .await?;
-        write_primary(&mut w, &first).await?;
-        let mut buf = BytesMut::with_capacity(chunk);
-        loop {
-            buf.clear();
-            tokio::select! {
-                n = r.read_buf(&mut buf) => match n {
-                    Ok(0) => return Err("the primary closed the connection".into()),
-                    Ok(_) => {
-                        // What else has arrived goes in the same frame (one flush of the
-                        // compressor per frame).
-                        while buf.len() < chunk {
-                            match r.read_buf(&mut buf).now_or_never() {
-                                Some(Ok(n)) if n > 0 => {}
-                                _ => break,
-                            }
-                        }
-                        Metrics::add(&metrics.tunnel_bytes_from_primary[0], buf.len() as u64);
-                        self.send(|tx| tx.data(&buf)).await?
-                    }
-                    Err(e) => return Err(format!("reading from the primary: {e}")),
-                },
-                f = self.inbound.message() => {
-                    let f = match f {
-                        Ok(Some(f)) => f,
-                        Ok(None) => return Err("the downstream closed the tunnel".into()),
-                        Err(s) => return Err(format!("the link: {}", s.message())),
-                    };
-                    let items = self.rx.parse(&f.frame).map_err(|e| format!("malformed tunnel frame from the downstream: {e}"))?;
-                    for it in items {
-                        match it {
-                            TunnelItem::Data(d) => {
-                                Metrics::add(&metrics.tunnel_bytes_to_primary[0], d.len() as u64);
-                                write_primary(&mut w, &d).await?
-                            }
-                            TunnelItem::End(_) => {
-                                terminate(&mut w, r).await;
-                                return Ok(());
-                            }
-                            TunnelItem::Open(_) => return Err("a second T_OPEN in a tunnel".into()),
-                        }
-                    }
-                }
-            }
-        }
+        let TunnelSession {
+            inbound,
+            rx,
+            tx,
+            out,
+            ..
+        } = self;
+        // Whichever direction ends first ends the tunnel; the other is dropped where it
+        // waits (neither loses a frame it has begun: see `queue`).
+        let ended = tokio::select! {
+            e = to_primary(inbound, rx, &mut w, &first, metrics) => e,
+            e = from_primary(&mut r, tx, out, chunk, metrics) => Err(e),
+        };
+        ended?;
+        terminate(&mut w, r).await;
+        Ok(())
     }
 
     /// Builds one frame with `f` and queues it (waiting while the queue is full).
@@ -281,17 +259,95 @@ impl TunnelSession {
         &mut self,
         f: impl FnOnce(&mut TunnelTx) -> std::io::Result<()>,
     ) -> Result<(), String> {
-        f(&mut self.tx).map_err(|e| format!("compressing tunnel data: {e}"))?;
-        if self.tx.is_empty() {
-            return Ok(());
+        queue(&mut self.tx, &self.out, f).await
+    }
+}
+
+/// Builds one frame with `f` and queues it toward the downstream. The queue's room is taken
+/// before the frame is built: dropped while it waits, this loses nothing of the compressed
+/// stream the downstream has to follow.
+async fn queue(
+    tx: &mut TunnelTx,
+    out: &Out,
+    f: impl FnOnce(&mut TunnelTx) -> std::io::Result<()>,
+) -> Result<(), String> {
+    let room = out
+        .reserve()
+        .await
+        .map_err(|_| "the downstream went away".to_string())?;
+    f(tx).map_err(|e| format!("compressing tunnel data: {e}"))?;
+    if !tx.is_empty() {
+        room.send(Ok(TunnelFrame {
+            frame: tx.finish().into(),
+        }));
+    }
+    Ok(())
+}
+
+/// The client's direction: frames from the downstream, written to the primary in order
+/// (`first`: the client bytes that came with the tunnel's first frame). Ok: the client
+/// left (END); Err: why the tunnel ends. While a write waits, no more frames are taken
+/// from the link (its flow control holds the downstream back).
+async fn to_primary(
+    inbound: &mut Streaming<TunnelFrame>,
+    rx: &mut TunnelRx,
+    w: &mut WriteHalf<BoxIo>,
+    first: &[u8],
+    metrics: &Metrics,
+) -> Result<(), String> {
+    write_primary(w, first).await?;
+    loop {
+        let f = match inbound.message().await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Err("the downstream closed the tunnel".into()),
+            Err(s) => return Err(format!("the link: {}", s.message())),
+        };
+        let items = rx
+            .parse(&f.frame)
+            .map_err(|e| format!("malformed tunnel frame from the downstream: {e}"))?;
+        for it in items {
+            match it {
+                TunnelItem::Data(d) => {
+                    Metrics::add(&metrics.tunnel_bytes_to_primary[0], d.len() as u64);
+                    write_primary(w, &d).await?
+                }
+                TunnelItem::End(_) => return Ok(()),
+                TunnelItem::Open(_) => return Err("a second T_OPEN in a tunnel".into()),
+            }
         }
-        let frame = self.tx.finish();
-        self.out
-            .send(Ok(TunnelFrame {
-                frame: frame.into(),
-            }))
-            .await
-            .map_err(|_| "the downstream went away".to_string())
+    }
+}
+
+/// The primary's direction: what it sends, in frames of at most `chunk` bytes, until it
+/// closes or fails (why). The primary is read only when the queue toward the downstream has
+/// taken the last frame.
+async fn from_primary(
+    r: &mut ReadHalf<BoxIo>,
+    tx: &mut TunnelTx,
+    out: &Out,
+    chunk: usize,
+    metrics: &Metrics,
+) -> String {
+    let mut buf = BytesMut::with_capacity(chunk);
+    loop {
+        buf.clear();
+        match r.read_buf(&mut buf).await {
+            Ok(0) => return "the primary closed the connection".into(),
+            Ok(_) => {}
+            Err(e) => return format!("reading from the primary: {e}"),
+        }
+        // What else has arrived goes in the same frame (one flush of the compressor per
+        // frame).
+        while buf.len() < chunk {
+            match r.read_buf(&mut buf).now_or_never() {
+                Some(Ok(n)) if n > 0 => {}
+                _ => break,
+            }
+        }
+        Metrics::add(&metrics.tunnel_bytes_from_primary[0], buf.len() as u64);
+        if let Err(e) = queue(tx, out, |tx| tx.data(&buf)).await {
+            return e;
+        }
     }
 }
 
