@@ -11,14 +11,15 @@
 //! upstream's own credentials. Every client message passes [`policy`] first: what it refuses
 //! is answered here (after the primary's answers to everything sent before it) and never
 //! reaches the primary. The client's BackendKeyData names its tunnel while it lives: cancel
-//! requests with it are relayed to the tunnel's backend on the primary ([`cancel`]). Memory
-//! is bounded per tunnel: one client message or one link frame at
-//! a time, and the link's HTTP/2 flow control holds the upstream back while the client reads
-//! slowly.
+//! requests with it are relayed to the tunnel's backend on the primary ([`cancel`]). The two
+//! directions are relayed concurrently ([`relay`]), and memory is bounded per tunnel: a few
+//! client messages and link frames at a time, and the link's HTTP/2 flow control holds the
+//! upstream back while the client reads slowly.
 
 mod answers;
 pub mod cancel;
 pub mod policy;
+mod relay;
 pub mod sql;
 mod watch;
 
@@ -29,17 +30,16 @@ use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::Streaming;
-use tracing::{info, warn};
+use tracing::info;
 
-use walrelay_pgwire::scan::{Scanner, Seen};
-use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
-use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelItem, TunnelRx, TunnelTx};
+use walrelay_pgwire::scan::Scanner;
+use walrelay_pgwire::{encode, ErrorFields, RawMsg};
+use walrelay_proto::frame::{tunnel_frame_max, Dir, TunnelRx, TunnelTx};
 use walrelay_proto::link::link_client::LinkClient;
 use walrelay_proto::link::{TunnelFrame, TunnelOpen};
 use walrelay_proto::PROTOCOL_VERSION;
 
-use super::{shutting_down, Downstream, End, Reader, Standby, Writer};
+use super::{Downstream, End, Reader, Standby, Writer};
 use crate::link;
 use crate::metrics::{GaugeGuard, Metrics};
 use answers::Answers;
@@ -54,7 +54,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 pub(crate) struct TunnelSession<'a> {
     pub ds: &'a Downstream,
     pub reader: &'a mut Reader,
-    pub writer: &'a mut Writer,
     pub policy: Policy,
     scanner: Scanner,
     /// ReadyForQuery the primary still owes the client.
@@ -70,6 +69,12 @@ pub(crate) struct TunnelSession<'a> {
     watch: watch::PrimaryWatch,
     tx: TunnelTx,
     rx: TunnelRx,
+    /// A frame built from the client's last message, not yet queued toward the upstream: no
+    /// more of the client is read until it is.
+    up_out: Option<TunnelFrame>,
+    /// Bytes owed to the client, not yet queued for its socket: no more of the upstream is
+    /// read until they are (a refusal may join them, see `relay`).
+    client_out: BytesMut,
     progress: Progress,
 }
 
@@ -124,7 +129,7 @@ pub(crate) async fn whole(
     if writer.write_all(&b).await.is_err() {
         return End::Quiet;
     }
-    let mut session = match TunnelSession::new(ds, reader, writer, mode) {
+    let mut session = match TunnelSession::new(ds, reader, mode) {
         Ok(s) => s,
         Err(end) => return end,
     };
@@ -132,7 +137,7 @@ pub(crate) async fn whole(
     session.answers = Answers::awaiting_startup();
     info!(peer = %standby.peer, user = %standby.user, application_name = %standby.application_name, database = %standby.database, ?mode, "session goes through a tunnel to the primary");
     let open = session.open_for(standby, &standby.database, true);
-    session.run(open, None).await
+    session.run(writer, open, None).await
 }
 
 /// Whether a command a physical session sent, which the spool cannot serve, continues the
@@ -162,7 +167,7 @@ pub(crate) async fn hand_over(
     q: &str,
     chan: u32,
 ) -> Result<End, ErrorFields> {
-    let session = match TunnelSession::new(ds, reader, writer, Mode::Physical) {
+    let session = match TunnelSession::new(ds, reader, Mode::Physical) {
         Ok(s) => s,
         Err(end) => {
             ds.spooler.close_channel(chan);
@@ -185,14 +190,13 @@ pub(crate) async fn hand_over(
         tag: b'Q',
         body: body.freeze(),
     };
-    Ok(session.run(open, Some((first, passed))).await)
+    Ok(session.run(writer, open, Some((first, passed))).await)
 }
 
 impl<'a> TunnelSession<'a> {
     pub fn new(
         ds: &'a Downstream,
         reader: &'a mut Reader,
-        writer: &'a mut Writer,
         mode: Mode,
     ) -> Result<TunnelSession<'a>, End> {
         let io = |e: std::io::Error| End::fatal("XX000", format!("walrelay: zstd: {e}"));
@@ -206,7 +210,6 @@ impl<'a> TunnelSession<'a> {
             watch: watch::PrimaryWatch::new(mode == Mode::Logical),
             ds,
             reader,
-            writer,
             scanner: Scanner::default(),
             answers: Answers::default(),
             held: None,
@@ -216,6 +219,8 @@ impl<'a> TunnelSession<'a> {
                 .map_err(io)?,
             rx: TunnelRx::new(Dir::Down, tunnel_frame_max(ds.limits.max_message_bytes))
                 .map_err(io)?,
+            up_out: None,
+            client_out: BytesMut::new(),
             progress: Progress {
                 started: Instant::now(),
                 last: Instant::now(),
@@ -245,8 +250,13 @@ impl<'a> TunnelSession<'a> {
     }
 
     /// Opens the tunnel with `first` (a client message already checked, or none) and relays
-    /// until either side ends.
-    pub async fn run(mut self, open: TunnelOpen, first: Option<(RawMsg, Passed)>) -> End {
+    /// until either side ends (`writer`: the client's socket).
+    pub async fn run(
+        mut self,
+        writer: &mut Writer,
+        open: TunnelOpen,
+        first: Option<(RawMsg, Passed)>,
+    ) -> End {
         let metrics = self.ds.metrics.clone();
         let _gauge = GaugeGuard::inc(&metrics.tunnels_active[1]);
         // The client's cancel requests are relayed while the tunnel lives.
@@ -263,11 +273,15 @@ impl<'a> TunnelSession<'a> {
             .max_encoding_message_size(max);
         let (out, out_rx) = mpsc::channel(QUEUE_FRAMES);
         self.tx.open(&open.encode_to_vec());
-        if let Some((m, passed)) = first {
-            if let Err(end) = self.forward(&out, &m, passed).await {
-                return end;
+        match first {
+            Some((m, passed)) => {
+                if let Err(end) = self.forward(&m, passed) {
+                    return end;
+                }
             }
-        } else if let Err(end) = self.flush(&out).await {
+            None => self.stage(),
+        }
+        if let Err(end) = self.send_staged(&out).await {
             return end;
         }
         let wait = Duration::from_secs(self.ds.link_cfg.connect_timeout_secs.max(1) + 30);
@@ -282,7 +296,7 @@ impl<'a> TunnelSession<'a> {
             Err(_) => return End::fatal("08006", format!("walrelay: the upstream at {} did not answer a tunnel in time; check the link", self.ds.cfg.upstream)),
         };
         info!(mode = ?self.policy.mode, database = %open.database, "tunnel open through the upstream");
-        let end = self.relay(inbound, &out).await;
+        let end = self.relay(inbound, &out, writer).await;
         info!(
             bytes_from_primary = self.progress.down,
             bytes_to_primary = self.progress.up,
@@ -292,91 +306,9 @@ impl<'a> TunnelSession<'a> {
         end
     }
 
-    async fn relay(
-        &mut self,
-        mut inbound: Streaming<TunnelFrame>,
-        out: &mpsc::Sender<TunnelFrame>,
-    ) -> End {
-        let cap = self.ds.limits.max_message_bytes;
-        loop {
-            tokio::select! {
-                m = self.reader.read(|b| parse_tagged(b, |_| cap)), if self.held.is_none() || self.skip_to_sync => {
-                    let m = match m {
-                        Ok(m) => m,
-                        Err(WireError::Closed | WireError::Io(_)) => return self.leave(out, "the client left").await,
-                        Err(e) => return End::fatal("08P01", format!("invalid message from the client: {e}")),
-                    };
-                    if let Err(end) = self.client_message(out, m).await {
-                        return end;
-                    }
-                }
-                f = inbound.message() => match f {
-                    Ok(Some(f)) => if let Err(end) = self.primary_frame(&f.frame).await {
-                        return end;
-                    },
-                    Ok(None) => return End::fatal("08006", "walrelay: the tunnel to the primary ended (the link to the upstream was lost); try again"),
-                    Err(s) => return End::fatal("08006", format!("walrelay: the link to the upstream failed: {}; try again", s.message())),
-                },
-                _ = self.ds.shutdown.cancelled() => {
-                    let _ = self.leave(out, "walrelay is shutting down").await;
-                    return shutting_down();
-                }
-            }
-        }
-    }
-
-    async fn client_message(
-        &mut self,
-        out: &mpsc::Sender<TunnelFrame>,
-        m: RawMsg,
-    ) -> Result<(), End> {
-        if self.skip_to_sync {
-            return match m.tag {
-                b'S' => {
-                    self.skip_to_sync = false;
-                    self.answer_held().await
-                }
-                b'X' => Err(self.leave(out, "").await),
-                _ => Ok(()),
-            };
-        }
-        match self.policy.check(m.tag, &m.body) {
-            Ok(passed) => {
-                let m = match (m.tag, self.watch.clamp(&m.body)) {
-                    (b'd', Some(lowered)) => RawMsg {
-                        tag: b'd',
-                        body: lowered.into(),
-                    },
-                    _ => m,
-                };
-                self.forward(out, &m, passed).await?;
-                if m.tag == b'X' {
-                    return Err(self.leave(out, "").await);
-                }
-                Ok(())
-            }
-            Err(e) if e.severity == "FATAL" => Err(End::Fatal(e)),
-            Err(e) => {
-                Metrics::add(&self.ds.metrics.tunnel_refused, 1);
-                warn!(tag = %(m.tag as char), "tunnel: refused a client message: {}", e.message);
-                self.held = Some(e);
-                if m.tag == b'Q' {
-                    self.answer_held().await
-                } else {
-                    self.skip_to_sync = true;
-                    Ok(())
-                }
-            }
-        }
-    }
-
-    /// Sends one client message up (`passed`: what the policy found it asks of the primary).
-    async fn forward(
-        &mut self,
-        out: &mpsc::Sender<TunnelFrame>,
-        m: &RawMsg,
-        passed: Passed,
-    ) -> Result<(), End> {
+    /// Builds the frame for one client message (`passed`: what the policy found it asks of
+    /// the primary); it goes up with [`TunnelSession::send_staged`].
+    fn forward(&mut self, m: &RawMsg, passed: Passed) -> Result<(), End> {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         self.progress.up += b.len() as u64;
@@ -388,105 +320,47 @@ impl<'a> TunnelSession<'a> {
         self.tx
             .data(&b)
             .map_err(|e| End::fatal("XX000", format!("walrelay: zstd: {e}")))?;
-        self.flush(out).await
-    }
-
-    async fn flush(&mut self, out: &mpsc::Sender<TunnelFrame>) -> Result<(), End> {
-        if self.tx.is_empty() {
-            return Ok(());
-        }
-        let frame = self.tx.finish();
-        out.send(TunnelFrame {
-            frame: frame.into(),
-        })
-        .await
-        .map_err(|_| {
-            End::fatal(
-                "08006",
-                "walrelay: the tunnel to the primary ended; try again",
-            )
-        })
-    }
-
-    /// The client left (`why` empty: it said Terminate): the tunnel's END goes up.
-    async fn leave(&mut self, out: &mpsc::Sender<TunnelFrame>, why: &str) -> End {
-        self.tx.end(why);
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.flush(out)).await;
-        End::Quiet
-    }
-
-    /// A frame from the primary: passed on to the client as it is.
-    async fn primary_frame(&mut self, frame: &[u8]) -> Result<(), End> {
-        let items = self.rx.parse(frame).map_err(|e| {
-            End::fatal(
-                "08006",
-                format!("walrelay: a tunnel frame from the upstream failed verification: {e}"),
-            )
-        })?;
-        for it in items {
-            match it {
-                TunnelItem::Data(d) => {
-                    let (watch, policy, answers) =
-                        (&mut self.watch, &mut self.policy, &mut self.answers);
-                    self.scanner
-                        .feed_seen(&d, |s| match s {
-                            Seen::Start(t) => {
-                                answers.primary_sent(t);
-                                if let Some(slot) = watch.tag(t, answers.answered()) {
-                                    policy.temp_slot_created(slot);
-                                }
-                            }
-                            Seen::Head { tag, head, len } => watch.head(tag, head, len),
-                        })
-                        .map_err(|e| {
-                            End::fatal(
-                                "08P01",
-                                format!("walrelay: the primary's messages are malformed: {e}"),
-                            )
-                        })?;
-                    if let [.., b'Z', 0, 0, 0, 5, st] = d[..] {
-                        self.status = st;
-                    }
-                    self.writer.write_all(&d).await.map_err(|_| End::Quiet)?;
-                    self.progress.down += d.len() as u64;
-                    Metrics::add(
-                        &self.ds.metrics.tunnel_bytes_from_primary[1],
-                        d.len() as u64,
-                    );
-                    self.progress.tick();
-                    self.answer_held().await?;
-                }
-                TunnelItem::End(why) => {
-                    if !why.is_empty() {
-                        info!("tunnel: {why}");
-                    }
-                    return Err(End::Quiet);
-                }
-                TunnelItem::Open(_) => {
-                    return Err(End::fatal(
-                        "08P01",
-                        "walrelay: unexpected T_OPEN from the upstream",
-                    ))
-                }
-            }
-        }
+        self.stage();
         Ok(())
     }
 
-    /// Answers a held refusal once everything sent before it has been answered.
-    async fn answer_held(&mut self) -> Result<(), End> {
-        // Also not inside one of the primary's messages (a frame can end within its
-        // ReadyForQuery): the next frame's call answers.
-        if self.answers.pending() || self.skip_to_sync || !self.scanner.at_boundary() {
-            return Ok(());
+    /// Finishes the frame built so far into `up_out` (only ever empty here: the client is
+    /// read only when it is).
+    fn stage(&mut self) {
+        if !self.tx.is_empty() {
+            debug_assert!(self.up_out.is_none(), "a staged frame would be lost");
+            self.up_out = Some(TunnelFrame {
+                frame: self.tx.finish().into(),
+            });
         }
-        let Some(e) = self.held.take() else {
+    }
+
+    /// Queues the staged frame toward the upstream, waiting for room.
+    async fn send_staged(&mut self, out: &mpsc::Sender<TunnelFrame>) -> Result<(), End> {
+        let Some(frame) = self.up_out.take() else {
             return Ok(());
         };
-        let mut b = BytesMut::new();
-        encode::error_response(&mut b, &e);
-        let status = self.status;
-        encode::tagged(&mut b, b'Z', |b| b.extend_from_slice(&[status]));
-        self.writer.write_all(&b).await.map_err(|_| End::Quiet)
+        out.send(frame).await.map_err(|_| tunnel_gone())
     }
+
+    /// The session ends (`why` empty: the client said Terminate): the tunnel's END goes up,
+    /// after any client message still staged.
+    async fn leave(&mut self, out: &mpsc::Sender<TunnelFrame>, why: &str) -> End {
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            self.send_staged(out).await?;
+            self.tx.end(why);
+            self.stage();
+            self.send_staged(out).await
+        })
+        .await;
+        End::Quiet
+    }
+}
+
+/// The tunnel's queue toward the upstream is gone: the call ended.
+fn tunnel_gone() -> End {
+    End::fatal(
+        "08006",
+        "walrelay: the tunnel to the primary ended; try again",
+    )
 }

@@ -1,0 +1,111 @@
+//! SQL sessions through a tunnel (`downstream.allow_sql = true`), checked end to end with real
+//! PostgreSQL clients, a real primary and the real binary as separate halves: a client that
+//! pipelines its queries gets all its answers.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::split::{Split, SplitOpts};
+use common::*;
+use walrelay_harness::cluster::wait_until;
+
+/// The first query of the pipeline answers with this many rows of 1 MB; each of the
+/// [`PIPELINED`] queries after it sends [`QUERY_BYTES`] (and gets a small answer).
+const ANSWER_ROWS: usize = 64;
+const PIPELINED: usize = 20;
+const QUERY_BYTES: usize = 500_000;
+
+/// Writes a pgbench script of one pipeline: a query with a large answer, then queries with
+/// large texts. The answers are hexadecimal digits (md5) and so are the texts (random):
+/// compression halves them at most, so they fill the link's flow-control windows as well
+/// as the sockets on the way.
+fn pipeline_script(path: &Path) {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut queries = String::new();
+    for _ in 0..PIPELINED {
+        let digits: String = (0..QUERY_BYTES)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                char::from(b"0123456789abcdef"[(seed >> 60) as usize])
+            })
+            .collect();
+        queries.push_str(&format!("SELECT length('{digits}') AS sent;\n"));
+    }
+    let script = format!(
+        "\\startpipeline\n\
+         SELECT (SELECT string_agg(md5(g::text || '.' || i::text), '') FROM generate_series(1, 31250) i) FROM generate_series(1, {ANSWER_ROWS}) g;\n\
+         {queries}\\endpipeline\n"
+    );
+    std::fs::write(path, script).unwrap();
+}
+
+/// A pipelining client (pgbench, `\startpipeline`, the extended protocol) sends queries
+/// while the primary's answer to the first is still coming: 64 MB one way, 10 MB the other,
+/// more than the sockets and the link's windows on the way hold. A backend blocked sending
+/// answers reads no more queries, so a relay that waits on one direction before it reads the
+/// other stops for good (the backend stays in ClientWrite); through walrelay pgbench
+/// completes, and no backend is left behind on the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_client_gets_all_its_answers() {
+    let env = Split::new(SplitOpts {
+        downstream_extra: "allow_sql = true".into(),
+        ..Default::default()
+    })
+    .await;
+    let script = env.root.path().join("pipeline.sql");
+    pipeline_script(&script);
+    let mut pgbench = env
+        .primary
+        .command("pgbench")
+        .args(env.client_args())
+        .args(["-n", "-M", "extended", "-c", "1", "-t", "2", "-f"])
+        .arg(&script)
+        .arg("postgres")
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "20")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (started, bound) = (Instant::now(), Duration::from_secs(60));
+    while pgbench.try_wait().unwrap().is_none() {
+        if started.elapsed() > bound {
+            let _ = pgbench.kill();
+            let _ = pgbench.wait();
+            let stuck = env
+                .primary
+                .query_one_string("select coalesce(string_agg(state || '/' || coalesce(wait_event, ''), ', '), 'none') from pg_stat_activity where application_name = 'pgbench'")
+                .await
+                .unwrap();
+            panic!("the pipelining client did not get its answers within {bound:?} (its backends on the primary: {stuck})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = pgbench.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "pgbench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = &env.primary;
+    wait_until(
+        "the tunnel's backend gone from the primary",
+        TIMEOUT,
+        || async move {
+            Ok(p.query_one_string(
+                "select count(*)::text from pg_stat_activity where application_name = 'pgbench'",
+            )
+            .await?
+                == "0")
+        },
+    )
+    .await
+    .unwrap();
+    env.upstream.assert_no_panic();
+    env.downstream.assert_no_panic();
+}
