@@ -1,6 +1,6 @@
 //! SQL sessions through a tunnel (`downstream.allow_sql = true`), checked end to end with real
 //! PostgreSQL clients, a real primary and the real binary as separate halves: a client that
-//! pipelines its queries gets all its answers.
+//! pipelines its queries gets all its answers; the session says it is read-only.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -106,6 +106,43 @@ async fn a_pipelining_client_gets_all_its_answers() {
     )
     .await
     .unwrap();
+    env.upstream.assert_no_panic();
+    env.downstream.assert_no_panic();
+}
+
+/// A tunnelled SQL session is read-only on the primary (the upstream sets
+/// `default_transaction_read_only = on` after connecting), and its greeting says so: libpq
+/// (PostgreSQL 14+, which takes the reported `default_transaction_read_only` at its word)
+/// asked for `target_session_attrs=read-write` refuses the session as it refuses a read-only
+/// server, rather than accepting it for writes that would fail later; `read-only` accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnelled_sql_session_is_greeted_as_read_only() {
+    let env = Split::new(SplitOpts {
+        downstream_extra: "allow_sql = true".into(),
+        ..Default::default()
+    })
+    .await;
+    let conninfo = |attrs: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres target_session_attrs={attrs}",
+            env.down_port
+        )
+    };
+    let (ok, _, err) = psql_repl(
+        &env.primary,
+        &conninfo("read-write"),
+        STANDBY_PASSWORD,
+        "select 1",
+    );
+    assert!(!ok && err.contains("session is read-only"), "{err}");
+    let (ok, out, err) = psql_repl(
+        &env.primary,
+        &conninfo("read-only"),
+        STANDBY_PASSWORD,
+        "show default_transaction_read_only",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "on");
     env.upstream.assert_no_panic();
     env.downstream.assert_no_panic();
 }

@@ -120,8 +120,9 @@ fn bad_identify(why: &str) -> PgClientError {
 
 impl PrimaryConn {
     /// Runs one command before streaming starts and returns its messages up to ReadyForQuery
-    /// (notices left out). An ErrorResponse is returned as `Err(PgClientError::Server)` after
-    /// ReadyForQuery. At most 256 messages and `max_message_bytes` (+64 KiB) in all.
+    /// (notices left out; ParameterStatus messages update [`PrimaryConn::params`] instead). An
+    /// ErrorResponse is returned as `Err(PgClientError::Server)` after ReadyForQuery. At most
+    /// 256 messages and `max_message_bytes` (+64 KiB) in all.
     pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<RawMsg>, PgClientError> {
         let mut out = BytesMut::new();
         encode::query(&mut out, sql);
@@ -132,12 +133,30 @@ impl PrimaryConn {
                 b'Z' => {}
                 b'E' => err = Some(ErrorFields::parse(&m.body)?),
                 b'N' => {}
+                b'S' => self.parameter_changed(&m.body),
                 _ => msgs.push(m),
             }
         }
         match err {
             Some(e) => Err(PgClientError::Server(e)),
             None => Ok(msgs),
+        }
+    }
+
+    /// A ParameterStatus after startup (`body`): a command changed a setting the server
+    /// reports, such as the `SET default_transaction_read_only = on` that makes a tunnel's
+    /// session read-only. `params` holds the new value from then on, so that a startup reply
+    /// replayed from them (a tunnel's greeting) tells the client what is true now, not what
+    /// was before: libpq's `target_session_attrs` decides on these values. A malformed one is
+    /// left out, as during startup.
+    fn parameter_changed(&mut self, body: &Bytes) {
+        let mut b = body.clone();
+        let (Some(name), Some(value)) = (super::take_cstr(&mut b), super::take_cstr(&mut b)) else {
+            return;
+        };
+        match self.params.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => *v = value,
+            None => self.params.push((name, value)),
         }
     }
 

@@ -194,7 +194,9 @@ impl TunnelSession {
                 })?;
         if self.open.replication != "true" {
             // SQL through walrelay (an ordinary session, or a logical replication
-            // connection's) is read-only on the primary.
+            // connection's) is read-only on the primary. The primary's ParameterStatus
+            // answering the SET (PostgreSQL 14+ reports the setting) updates `conn.params`,
+            // so the client's greeting says so too.
             conn.simple_query("SET default_transaction_read_only = on")
                 .await
                 .map_err(|e| {
