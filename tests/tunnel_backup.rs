@@ -336,12 +336,13 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
     env.standbys[0].start().await.unwrap();
     env.wait_streaming(0).await;
     let p = &env.primary;
-    // 48 MiB that does not compress: each backup is more than the kernel's socket and pipe
-    // buffers on its way to the client take, and a call's window on top.
+    // 128 MiB that does not compress: each backup is far more than what the kernel's socket
+    // buffers on its way take (loopback's autotuning gives each up to 32 MB here) and what
+    // both halves hold for a tunnel.
     p.execute("create table noise(b bytea); alter table noise alter column b set storage external")
         .await
         .unwrap();
-    p.execute("insert into noise select (select decode(string_agg(md5(i::text || random()::text), ''), 'hex') from generate_series(1, 65536) i) from generate_series(1, 48)")
+    p.execute("insert into noise select (select decode(string_agg(md5(i::text || random()::text), ''), 'hex') from generate_series(1, 65536) i) from generate_series(1, 128)")
         .await
         .unwrap();
     env.wait_caught_up(0).await;
