@@ -1,6 +1,7 @@
 //! SQL sessions through a tunnel (`downstream.allow_sql = true`), checked end to end with real
 //! PostgreSQL clients, a real primary and the real binary as separate halves: a client that
-//! pipelines its queries gets all its answers; the session says it is read-only.
+//! pipelines its queries gets all its answers; the session says it is read-only; a message
+//! over the upstream's limit names the setting.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -143,6 +144,57 @@ async fn a_tunnelled_sql_session_is_greeted_as_read_only() {
     );
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "on");
+    env.upstream.assert_no_panic();
+    env.downstream.assert_no_panic();
+}
+
+/// A client message larger than the upstream's `limits.max_message_bytes` (256 KiB here)
+/// but within the downstream's (4 MiB): the link refuses the frame at the upstream, and the
+/// client hears which setting to change instead of a bare close or "try again" (it would fail
+/// the same way every time). A smaller one goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_upstreams_limit_names_the_setting() {
+    let env = Split::new(SplitOpts {
+        downstream_extra: "allow_sql = true".into(),
+        upstream_limits: "max_message_bytes = 262144".into(),
+        ..Default::default()
+    })
+    .await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} dbname=postgres",
+        env.down_port
+    );
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut digits = |n: usize| -> String {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                char::from(b"0123456789abcdef"[(seed >> 60) as usize])
+            })
+            .collect()
+    };
+    let small = format!("select length('{}')", digits(100_000));
+    let (ok, out, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, &small);
+    assert!(ok && out.trim() == "100000", "{out} {err}");
+    // Hexadecimal digits compress to about half: 2 MB of them is well over 256 KiB on the link.
+    let file = env.root.path().join("large.sql");
+    std::fs::write(&file, format!("select length('{}');\n", digits(2_000_000))).unwrap();
+    let out = env
+        .primary
+        .command("psql")
+        .args([conninfo.as_str(), "-XAt", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(&file)
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .output()
+        .unwrap();
+    let (ok, err) = (out.status.success(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !ok && err.contains("limits.max_message_bytes"),
+        "{err}\n{}",
+        env.upstream.log_text()
+    );
     env.upstream.assert_no_panic();
     env.downstream.assert_no_panic();
 }

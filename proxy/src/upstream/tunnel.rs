@@ -286,6 +286,20 @@ async fn queue(
     Ok(())
 }
 
+/// Why the link failed the tunnel's frames from the downstream. A frame over this half's
+/// message limit (the downstream's `limits.max_message_bytes` is higher and a client sent a
+/// message between the two) fails again on every try: the reason says which setting to change.
+fn link_error(s: &Status) -> String {
+    match s.code() {
+        tonic::Code::OutOfRange => format!(
+            "a client message is larger than the upstream takes ({}): set limits.max_message_bytes \
+             on the upstream at least as high as on the downstream",
+            s.message()
+        ),
+        _ => format!("the link: {}", s.message()),
+    }
+}
+
 /// The client's direction: frames from the downstream, written to the primary in order
 /// (`first`: the client bytes that came with the tunnel's first frame). Ok: the client
 /// left (END); Err: why the tunnel ends. While a write waits, no more frames are taken
@@ -302,7 +316,7 @@ async fn to_primary(
         let f = match inbound.message().await {
             Ok(Some(f)) => f,
             Ok(None) => return Err("the downstream closed the tunnel".into()),
-            Err(s) => return Err(format!("the link: {}", s.message())),
+            Err(s) => return Err(link_error(&s)),
         };
         let items = rx
             .parse(&f.frame)

@@ -65,6 +65,14 @@ impl TunnelSession<'_> {
             // `to_client` dropped here: the writer ends once it has written everything.
         };
         match tokio::time::timeout(DRAIN, async { tokio::join!(last, socket).1 }).await {
+            // The client got part of one of the primary's messages (a link frame ends
+            // anywhere): an ErrorResponse after it would be read as the rest of it.
+            Ok(Ok(())) if !self.scanner.at_boundary() => {
+                if let End::Fatal(e) = &end {
+                    warn!("tunnel ended inside one of the primary's messages, so the client only sees its connection close: {}", e.message);
+                }
+                End::Quiet
+            }
             Ok(Ok(())) => end,
             // Cut or failed mid-message: nothing more may follow it.
             _ => End::Quiet,
@@ -189,10 +197,20 @@ impl TunnelSession<'_> {
                     self.answer_held();
                 }
                 TunnelItem::End(why) => {
-                    if !why.is_empty() {
-                        info!("tunnel: {why}");
+                    if why.is_empty() {
+                        return Err(End::Quiet);
                     }
-                    return Err(End::Quiet);
+                    info!("tunnel: {why}");
+                    // The upstream's reason reaches the client, as a backend's FATAL would,
+                    // unless the client is inside one of the primary's messages (the frame
+                    // cut it): then it only sees the connection close.
+                    if !self.scanner.at_boundary() {
+                        return Err(End::Quiet);
+                    }
+                    return Err(End::fatal(
+                        "08006",
+                        format!("walrelay: the tunnel to the primary ended: {why}"),
+                    ));
                 }
                 TunnelItem::Open(_) => {
                     return Err(End::fatal(
