@@ -18,12 +18,7 @@ const MAX_MESSAGE: usize = 4 << 20;
 
 /// A primary, and a hot standby streaming from it directly.
 async fn primary_and_hot_standby(root: &TempRoot) -> (Cluster, Cluster) {
-    let primary = Cluster::init_primary(&install(), root, "primary", &Default::default()).unwrap();
-    primary.start().await.unwrap();
-    primary
-        .create_replication_user(REPL_PASSWORD)
-        .await
-        .unwrap();
+    let primary = replication_primary(root).await;
     let mut opts = StandbyOpts::new(primary.conninfo());
     opts.application_name = Some("direct".into());
     let hot = primary.basebackup_standby(root, "hot", &opts).unwrap();
@@ -109,12 +104,7 @@ async fn upstream_skips_a_hot_standby_and_then_chooses_the_promoted_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_link_comes_up_when_the_primary_takes_longer_to_reach_than_the_link_waits() {
     let root = TempRoot::new().unwrap();
-    let primary = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
-    primary.start().await.unwrap();
-    primary
-        .create_replication_user(REPL_PASSWORD)
-        .await
-        .unwrap();
+    let primary = replication_primary(&root).await;
     // Connections queue in its backlog, and nobody ever answers them.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();

@@ -328,12 +328,7 @@ async fn assert_the_commit_waits(p: &Cluster, commit: &mut std::process::Child) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_of_each_half_killed() {
     let root = TempRoot::new().unwrap();
-    let primary = Cluster::init_primary(&install(), &root, "primary", &Default::default()).unwrap();
-    primary.start().await.unwrap();
-    primary
-        .create_replication_user(REPL_PASSWORD)
-        .await
-        .unwrap();
+    let primary = replication_primary(&root).await;
     let ups = [free_port(), free_port()];
     let mut upstreams = start_upstreams(&root, &primary, ups);
     let downs = [free_port(), free_port()];

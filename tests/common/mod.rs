@@ -525,3 +525,15 @@ pub fn tcp_timers_toward(pid: u32, remote_port: u16) -> Vec<String> {
         .map(|f| f[5].split(':').next().unwrap_or_default().to_string())
         .collect()
 }
+
+/// A primary of the system's PostgreSQL in `root`, started, with the replication user the
+/// relay connects as.
+pub async fn replication_primary(root: &TempRoot) -> Cluster {
+    let primary = Cluster::init_primary(&install(), root, "primary", &Default::default()).unwrap();
+    primary.start().await.unwrap();
+    primary
+        .create_replication_user(REPL_PASSWORD)
+        .await
+        .unwrap();
+    primary
+}
