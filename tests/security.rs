@@ -192,22 +192,54 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
         "the upstream accepted a link session from a peer without a client certificate"
     );
 
-    // A certificate renewed in place: TLS files are read at start only, and a reload says so
-    // rather than "no live setting changed".
-    ca.issue(dir, "upstream", &["localhost", "127.0.0.1"])
+    // The upstream's certificate renewed in place, by another CA: a reload reads it (as
+    // PostgreSQL reads its certificates on SIGHUP), and a downstream that trusts only the new
+    // CA gets in.
+    let ca2 = Ca::new("walrelay test CA 2").unwrap();
+    let ca2_pem = ca2.write_ca(dir, "ca2").unwrap();
+    ca2.issue(dir, "upstream", &["localhost", "127.0.0.1"])
         .unwrap();
     upstream.signal(libc::SIGHUP);
     let u = &upstream;
     wait_until(
-        "the reload names the renewed files",
+        "the reload reads the renewed files",
         TIMEOUT,
         || async move {
-            Ok(u.log_text()
-                .contains("the files of link.tls_cert, link.tls_key changed on disk"))
+            Ok(u.log_text().contains(
+                "the TLS files of link.tls_cert, link.tls_key changed on disk and were read again",
+            ))
         },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", upstream.log_text()));
+    let down = free_port();
+    let relay = Relay::start(
+        dir,
+        "downstream-renewed",
+        &downstream_only(dir, down, up, &tls_link(&ca2_pem, &good_client), ""),
+        Some(down),
+        None,
+    );
+    let (ok, out, err) = psql_repl(
+        &p,
+        &repl_conninfo(down, STANDBY_USER),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(ok, "stdout {out:?} stderr {err:?}\n{}", relay.log_text());
+    // The downstream's client certificate renewed likewise: read again on SIGHUP.
+    ca.issue(dir, "downstream", &["downstream"]).unwrap();
+    relay.signal(libc::SIGHUP);
+    let r = &relay;
+    wait_until(
+        "the downstream reads its renewed files",
+        TIMEOUT,
+        || async move { Ok(r.log_text().contains("changed on disk and were read again")) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+    upstream.assert_no_panic();
+    relay.assert_no_panic();
 }
 
 /// A primary that serves TLS with a certificate for localhost issued by `ca`, and logs its

@@ -150,18 +150,7 @@ pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
             restart.join(", ")
         );
     }
-    let files = TlsFiles::read(&new);
-    let rewritten = running.tls_files.changed(&files);
-    if !rewritten.is_empty() {
-        warn!(
-            keys = %rewritten.join(", "),
-            "SIGHUP: the files of {} changed on disk, but TLS files are read at start only: the \
-             running process still presents and trusts the old ones; restart walrelay (it drains) \
-             to use them",
-            rewritten.join(", ")
-        );
-    }
-    files.warn_validity(std::time::SystemTime::now());
+    reload_tls(running, &new);
     let old = running.config.clone();
     let eff = effective(&old, &new);
     let changed = live_keys(&old, &eff);
@@ -185,6 +174,36 @@ pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
         "SIGHUP: configuration reloaded{}",
         if changed.is_empty() { " (no live setting changed)" } else { "" }
     );
+}
+
+/// Reads the TLS files again when their contents changed on disk (a certificate renewed in
+/// place, a Kubernetes Secret updated), as PostgreSQL does on SIGHUP: connections made from
+/// now on use them, those open keep theirs. Files that no longer load leave the running ones
+/// in force (the reload's check has read them already, so that is rare).
+fn reload_tls(running: &mut Running, new: &Resolved) {
+    let files = TlsFiles::read(new);
+    let rewritten = running.tls_files.changed(&files);
+    files.warn_validity(std::time::SystemTime::now());
+    if rewritten.is_empty() {
+        return;
+    }
+    let keys = rewritten.join(", ");
+    let mut r = Ok(());
+    if let Some(live) = &running.upstream {
+        r = live.get().reload_tls().map_err(anyhow::Error::from);
+    }
+    if let (Ok(()), Some(live)) = (&r, &running.downstream) {
+        r = live.get().reload_tls();
+    }
+    match r {
+        Ok(()) => {
+            info!(keys = %keys, "SIGHUP: the TLS files of {keys} changed on disk and were read again: connections made from now on use them");
+            running.tls_files = files;
+        }
+        Err(e) => {
+            error!(keys = %keys, "SIGHUP: the TLS files of {keys} changed on disk but do not load ({e:#}); the running ones stay in force")
+        }
+    }
 }
 
 /// `old` with the live settings of `new`: what the process runs with after a reload.

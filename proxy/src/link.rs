@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::config::{Limits, LinkConfig, UpstreamAddrs};
 use crate::metrics::Metrics;
+use crate::tlsfiles::Swap;
 
 pub mod dial;
 pub mod tls;
@@ -69,7 +70,26 @@ pub fn server_tls(link: &LinkConfig) -> Result<Option<Arc<rustls::ServerConfig>>
 /// A lazily connecting channel from the downstream to the upstream half, trying the
 /// addresses of `upstream` in order on each (re)connection (see [`dial`]).
 pub fn client_channel(link: &LinkConfig, upstream: &UpstreamAddrs) -> Result<Channel, LinkError> {
-    channel(link, upstream, None, CONNECTION_WINDOW)
+    channel(link, upstream, None, &client_tls(link)?, CONNECTION_WINDOW)
+}
+
+/// The downstream's TLS toward the upstream (None: a plaintext link), which a reload may
+/// replace: each new connection of the link takes the current one.
+pub type ClientTls = Swap<Option<Arc<rustls::ClientConfig>>>;
+
+/// The downstream's TLS toward the upstream as `link` configures it now.
+pub fn client_tls_config(
+    link: &LinkConfig,
+) -> Result<Option<Arc<rustls::ClientConfig>>, LinkError> {
+    match link.plaintext {
+        true => Ok(None),
+        false => tls::client_config(link).map(Some),
+    }
+}
+
+/// [`client_tls_config`], replaceable.
+pub fn client_tls(link: &LinkConfig) -> Result<ClientTls, LinkError> {
+    client_tls_config(link).map(Swap::new)
 }
 
 /// [`client_channel`] for the WAL stream, counting socket bytes into the downstream's link
@@ -77,9 +97,10 @@ pub fn client_channel(link: &LinkConfig, upstream: &UpstreamAddrs) -> Result<Cha
 pub fn client_channel_counted(
     link: &LinkConfig,
     upstream: &UpstreamAddrs,
+    tls: &ClientTls,
     metrics: Arc<Metrics>,
 ) -> Result<Channel, LinkError> {
-    channel(link, upstream, Some(metrics), CONNECTION_WINDOW)
+    channel(link, upstream, Some(metrics), tls, CONNECTION_WINDOW)
 }
 
 /// [`client_channel_counted`] for the tunnels: a connection of their own, with
@@ -87,9 +108,10 @@ pub fn client_channel_counted(
 pub fn tunnel_channel_counted(
     link: &LinkConfig,
     upstream: &UpstreamAddrs,
+    tls: &ClientTls,
     metrics: Arc<Metrics>,
 ) -> Result<Channel, LinkError> {
-    channel(link, upstream, Some(metrics), TUNNEL_CONNECTION_WINDOW)
+    channel(link, upstream, Some(metrics), tls, TUNNEL_CONNECTION_WINDOW)
 }
 
 /// The endpoint names the first address (HTTP/2 `:authority`); the connector dials the list
@@ -99,6 +121,7 @@ fn channel(
     link: &LinkConfig,
     upstream: &UpstreamAddrs,
     metrics: Option<Arc<Metrics>>,
+    tls: &ClientTls,
     connection_window: u32,
 ) -> Result<Channel, LinkError> {
     let first = upstream.first();
@@ -110,7 +133,7 @@ fn channel(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(connection_window)
         .tcp_nodelay(true);
-    Ok(ep.connect_with_connector_lazy(dial::Dialer::new(link, upstream, metrics)?))
+    Ok(ep.connect_with_connector_lazy(dial::Dialer::new(link, upstream, metrics, tls.clone())))
 }
 
 /// A TCP stream that counts the bytes read and written into process metrics.

@@ -4,11 +4,36 @@
 //! peers that check it, and nothing else would say why).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::warn;
 
 use crate::config::Resolved;
+
+/// A TLS configuration a reload may replace: each connection takes the one current when it
+/// is made (a connection keeps what it was made with).
+pub struct Swap<T>(Arc<RwLock<T>>);
+
+impl<T: Clone> Swap<T> {
+    pub fn new(v: T) -> Swap<T> {
+        Swap(Arc::new(RwLock::new(v)))
+    }
+
+    pub fn get(&self) -> T {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set(&self, v: T) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+}
+
+impl<T> Clone for Swap<T> {
+    fn clone(&self) -> Swap<T> {
+        Swap(self.0.clone())
+    }
+}
 
 /// A certificate that expires within this long is warned about at start and at each reload.
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);

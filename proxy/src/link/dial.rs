@@ -13,7 +13,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use super::{CountingIo, LinkError};
+use super::CountingIo;
 use crate::config::{LinkConfig, UpstreamAddr, UpstreamAddrs};
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
@@ -32,8 +32,8 @@ fn list(f: &[(UpstreamAddr, String)]) -> String {
 #[derive(Clone)]
 pub(super) struct Dialer {
     addrs: Arc<UpstreamAddrs>,
-    /// None: plaintext link.
-    tls: Option<Arc<rustls::ClientConfig>>,
+    /// None: plaintext link (the current configuration at each dial: a reload replaces it).
+    tls: super::ClientTls,
     /// `link.tls_server_name`; without it each address's host is checked.
     server_name: Option<String>,
     timeout: Duration,
@@ -45,18 +45,15 @@ impl Dialer {
         link: &LinkConfig,
         addrs: &UpstreamAddrs,
         metrics: Option<Arc<Metrics>>,
-    ) -> Result<Dialer, LinkError> {
-        let tls = match link.plaintext {
-            true => None,
-            false => Some(super::tls::client_config(link)?),
-        };
-        Ok(Dialer {
+        tls: super::ClientTls,
+    ) -> Dialer {
+        Dialer {
             addrs: Arc::new(addrs.clone()),
             tls,
             server_name: link.tls_server_name.clone(),
             timeout: Duration::from_secs(link.connect_timeout_secs.max(1)),
             metrics,
-        })
+        }
     }
 
     async fn dial_all(self) -> Result<hyper_util::rt::TokioIo<BoxIo>, DialError> {
@@ -88,7 +85,7 @@ impl Dialer {
             Some(m) => Box::new(CountingIo::downstream(tcp, m.clone())),
             None => Box::new(tcp),
         };
-        let Some(cfg) = &self.tls else {
+        let Some(cfg) = &self.tls.get() else {
             return Ok(io);
         };
         let name = self

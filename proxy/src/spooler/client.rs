@@ -62,8 +62,8 @@ pub(super) async fn run(sp: Arc<Spooler>) {
     // each) would leave the WAL stream on the same connection nothing, and its feedback
     // likewise the other way.
     let (cfg, addrs) = (&sp.link_cfg, &sp.cfg.upstream);
-    let channel = link::client_channel_counted(cfg, addrs, sp.metrics.clone());
-    let tunnels = link::tunnel_channel_counted(cfg, addrs, sp.metrics.clone());
+    let channel = link::client_channel_counted(cfg, addrs, &sp.link_tls, sp.metrics.clone());
+    let tunnels = link::tunnel_channel_counted(cfg, addrs, &sp.link_tls, sp.metrics.clone());
     let (channel, tunnels) = match (channel, tunnels) {
         (Ok(c), Ok(t)) => (c, t),
         (Err(e), _) | (_, Err(e)) => {

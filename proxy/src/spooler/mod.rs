@@ -79,6 +79,9 @@ pub struct Spooler {
     last_error: Mutex<Option<String>>,
     /// The primary's WAL end as the stream last stated it (Welcome, WAL, keepalives).
     primary_end: std::sync::atomic::AtomicU64,
+    /// The link's TLS toward the upstream, for both channels' new connections (a reload
+    /// replaces it when its files changed).
+    pub link_tls: crate::link::ClientTls,
     /// The tunnels' gRPC channel to the upstream: one HTTP/2 connection, not the WAL
     /// stream's (see `client::run`).
     channel: std::sync::OnceLock<tonic::transport::Channel>,
@@ -107,7 +110,9 @@ impl Spooler {
             writer::start(spool, metrics.clone()).context("starting the spool's writer thread")?;
         let (link_tx, link) = watch::channel(None);
         let queue_messages = limits.queue_messages.into();
+        let link_tls = crate::link::client_tls(&link_cfg).context("the link's TLS")?;
         Ok(Arc::new(Spooler {
+            link_tls,
             cfg,
             link_cfg,
             limits,

@@ -43,18 +43,16 @@ pub(super) type Incoming = ReceiverStream<Result<LinkIo, std::io::Error>>;
 pub(super) fn incoming(
     live: Arc<Live<Upstream>>,
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> Incoming {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(accept_loop(live, listener, tls, shutdown, tx));
+    tokio::spawn(accept_loop(live, listener, shutdown, tx));
     ReceiverStream::new(rx)
 }
 
 async fn accept_loop(
     live: Arc<Live<Upstream>>,
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
     tx: mpsc::Sender<Result<LinkIo, std::io::Error>>,
 ) {
@@ -87,7 +85,8 @@ async fn accept_loop(
         let _ = sock.set_nodelay(true);
         let tx = tx.clone();
         let deadline = Duration::from_secs(l.startup_timeout_secs);
-        let Some(acceptor) = tls.clone() else {
+        // The TLS current now (a reload may have replaced the files since the last one).
+        let Some(acceptor) = up.link_tls_acceptor() else {
             let mut io = CountingIo::new(sock, up.metrics.clone());
             tokio::spawn(async move {
                 let r = tokio::time::timeout(deadline, preface(&mut io)).await;

@@ -65,6 +65,7 @@ use crate::logging::Repeats;
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::{self, PrimaryConn};
 use crate::silence::Silence;
+use crate::tlsfiles::Swap;
 use feed::FeedToLink;
 use feed::PRIMARY_TIMEOUT;
 use from_link::{DurableReports, LinkToUpstream};
@@ -85,6 +86,9 @@ pub struct Upstream {
     cancels: Arc<CancelKeys<tunnel::CancelTarget>>,
     /// Calls refused before they started, logged once a minute when the reason repeats.
     refusals: Arc<Mutex<Repeats>>,
+    /// The link listener's TLS (None: plaintext), set by [`serve`] and replaced by a reload
+    /// whose TLS files changed ([`Upstream::reload_tls`]).
+    link_tls: Swap<Option<tokio_rustls::TlsAcceptor>>,
 }
 
 impl Upstream {
@@ -105,6 +109,7 @@ impl Upstream {
             tasks: TaskTracker::new(),
             cancels: CancelKeys::new(),
             refusals: Arc::default(),
+            link_tls: Swap::new(None),
         })
     }
 
@@ -121,7 +126,21 @@ impl Upstream {
             tasks: self.tasks.clone(),
             cancels: self.cancels.clone(),
             refusals: self.refusals.clone(),
+            link_tls: self.link_tls.clone(),
         })
+    }
+
+    /// The link listener's TLS as it is now (None: plaintext).
+    fn link_tls_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        self.link_tls.get()
+    }
+
+    /// Reads the link's TLS files again: connections accepted from now on present and trust
+    /// what they hold now.
+    pub fn reload_tls(&self) -> Result<(), link::LinkError> {
+        let tls = link::server_tls(&self.link)?.map(tokio_rustls::TlsAcceptor::from);
+        self.link_tls.set(tls);
+        Ok(())
     }
 
     /// A link call from `peer` refused before it started (`limits.max_sessions`, a version,
@@ -146,10 +165,8 @@ impl Upstream {
 pub async fn serve(live: Arc<Live<Upstream>>, listener: TcpListener) -> anyhow::Result<()> {
     use anyhow::Context;
     let up = live.get();
-    let tls = link::server_tls(&up.link)
-        .context("link TLS configuration")?
-        .map(tokio_rustls::TlsAcceptor::from);
-    let incoming = accept::incoming(live.clone(), listener, tls, up.shutdown.clone());
+    up.reload_tls().context("link TLS configuration")?;
+    let incoming = accept::incoming(live.clone(), listener, up.shutdown.clone());
     let max = link::max_link_message(&up.limits);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(up.link.keepalive_secs)))

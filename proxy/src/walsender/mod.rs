@@ -52,6 +52,7 @@ use crate::metrics::{GaugeGuard, Metrics};
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
 use crate::spooler::Spooler;
+use crate::tlsfiles::Swap;
 
 /// Shared state of the downstream half.
 pub struct Downstream {
@@ -61,7 +62,9 @@ pub struct Downstream {
     pub metrics: Arc<Metrics>,
     pub shutdown: CancellationToken,
     pub spooler: Arc<Spooler>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS toward standbys (None: not configured), replaced by a reload whose TLS files
+    /// changed ([`Downstream::reload_tls`]).
+    tls: Swap<Option<tokio_rustls::TlsAcceptor>>,
     sessions: Arc<SessionSlots>,
     /// Connections in startup and authentication (they hold no session slot yet).
     startups: Arc<StartupGate>,
@@ -87,12 +90,7 @@ impl Downstream {
             shutdown.clone(),
         )?;
         tokio::spawn(spooler.clone().run());
-        let tls = match &cfg.tls {
-            Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
-                crate::tls::standby_server_config(cert, key)?,
-            )),
-            None => None,
-        };
+        let tls = Swap::new(standby_tls(&cfg)?);
         Ok(Arc::new(Downstream {
             mock: MockParams::from_verifiers(cfg.users.values()),
             cfg,
@@ -133,6 +131,30 @@ impl Downstream {
             startups: self.startups.clone(),
             cancels: self.cancels.clone(),
         })
+    }
+}
+
+/// TLS toward standbys as `cfg` configures it now (None: not configured).
+fn standby_tls(
+    cfg: &ResolvedDownstream,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, crate::tls::TlsError> {
+    cfg.tls
+        .as_ref()
+        .map(|(cert, key)| {
+            crate::tls::standby_server_config(cert, key).map(tokio_rustls::TlsAcceptor::from)
+        })
+        .transpose()
+}
+
+impl Downstream {
+    /// Reads the TLS files again, toward standbys and toward the upstream: connections made
+    /// from now on use what they hold now.
+    pub fn reload_tls(&self) -> anyhow::Result<()> {
+        let standby = standby_tls(&self.cfg)?;
+        let link = crate::link::client_tls_config(&self.link_cfg)?;
+        self.tls.set(standby);
+        self.spooler.link_tls.set(link);
+        Ok(())
     }
 }
 

@@ -210,6 +210,8 @@ async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Res
                 ));
             }
         };
+        // The TLS current now (a reload may have replaced the files).
+        let tls = ds.tls.get();
         match pkt {
             StartupPacket::SslRequest | StartupPacket::GssEncRequest if encrypted => {
                 return Err(split_fail(
@@ -217,7 +219,7 @@ async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Res
                     End::fatal("08P01", "encryption requested twice"),
                 ));
             }
-            StartupPacket::SslRequest if ds.tls.is_some() => {
+            StartupPacket::SslRequest if tls.is_some() => {
                 if !reader.buffered().is_empty() {
                     return Err(split_fail(
                         reader,
@@ -228,7 +230,7 @@ async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Res
                 if io.write_all(b"S").await.is_err() {
                     return Err((None, End::Quiet));
                 }
-                let tls = ds.tls.as_ref().expect("checked above");
+                let tls = tls.as_ref().expect("checked above");
                 reader = MsgReader::new(Box::new(accept_tls(tls, io, peer).await?));
                 encrypted = true;
             }
@@ -262,7 +264,7 @@ async fn direct_tls(
     if !matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE) {
         return Ok((Box::new(sock), false));
     }
-    let Some(tls) = &ds.tls else {
+    let Some(tls) = &ds.tls.get() else {
         warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
         return Err((None, End::Quiet));
     };

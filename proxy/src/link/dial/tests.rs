@@ -14,7 +14,8 @@ fn plaintext_dialer(ports: &[u16]) -> Dialer {
         ..Default::default()
     };
     let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    Dialer::new(&link, &UpstreamAddrs::parse(&addrs).unwrap(), None).unwrap()
+    let tls = crate::link::client_tls(&link).unwrap();
+    Dialer::new(&link, &UpstreamAddrs::parse(&addrs).unwrap(), None, tls)
 }
 
 /// Whether a connection arrived on `l` (the dial that made it has returned).
@@ -76,7 +77,6 @@ async fn each_connection_tries_the_addresses_from_the_first() {
 #[test]
 fn tls_needs_the_ca() {
     let link = LinkConfig::default();
-    let addrs: UpstreamAddrs = "a:1".parse().unwrap();
-    let e = Dialer::new(&link, &addrs, None).map(|_| ()).unwrap_err();
+    let e = crate::link::client_tls(&link).map(|_| ()).unwrap_err();
     assert!(e.to_string().contains("link.tls_ca"), "{e}");
 }
