@@ -31,7 +31,7 @@ pub struct Running {
     pub(crate) config: Resolved,
     pub(crate) upstream: Option<Arc<Live<upstream::Upstream>>>,
     pub(crate) downstream: Option<Arc<Live<walsender::Downstream>>>,
-    /// The TLS files as read at start (a reload tells when they changed on disk).
+    /// The TLS files as last read (a reload reads them again when they changed on disk).
     pub(crate) tls_files: crate::tlsfiles::TlsFiles,
     tasks: Vec<JoinHandle<()>>,
 }

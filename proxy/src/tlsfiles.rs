@@ -1,7 +1,8 @@
-//! The TLS files a running process read at start: which they are, what they held (to tell a
-//! reload that they changed on disk, since certificates are read at start only), and whether
-//! their certificates are valid now (a certificate that expired fails every handshake with
-//! peers that check it, and nothing else would say why).
+//! The TLS files a running process read: which they are, what they held (a reload that finds
+//! them changed on disk reads them again: `lifecycle::reload`), and whether their certificates
+//! are valid now (a certificate that expired fails every handshake with peers that check it,
+//! and nothing else would say why); and [`Swap`], where a configuration built from them is
+//! replaced for the connections made afterwards.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
