@@ -103,6 +103,30 @@ fn downstream_only(
     )
 }
 
+/// A downstream (`name`) of the upstream on port `up`, with link TLS from `ca` and `cert`,
+/// and a standby's IDENTIFY_SYSTEM through it: (success, stdout, stderr).
+fn downstream_identifies(
+    p: &Cluster,
+    dir: &std::path::Path,
+    up: u16,
+    name: &str,
+    ca: &std::path::Path,
+    cert: &CertFiles,
+) -> (Relay, (bool, String, String)) {
+    let down = free_port();
+    let link = tls_link(ca, cert);
+    let relay = Relay::start(
+        dir,
+        name,
+        &downstream_only(dir, down, up, &link, ""),
+        Some(down),
+        None,
+    );
+    let conninfo = repl_conninfo(down, STANDBY_USER);
+    let r = psql_repl(p, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    (relay, r)
+}
+
 fn tls_link(ca: &std::path::Path, cert: &CertFiles) -> String {
     format!(
         "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"",
@@ -139,20 +163,8 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
         ("good", &good_client, true),
         ("rogue", &rogue_client, false),
     ] {
-        let down = free_port();
-        let relay = Relay::start(
-            dir,
-            &format!("downstream-{name}"),
-            &downstream_only(dir, down, up, &tls_link(&ca_pem, client), ""),
-            Some(down),
-            None,
-        );
-        let (ok, out, err) = psql_repl(
-            &p,
-            &repl_conninfo(down, STANDBY_USER),
-            STANDBY_PASSWORD,
-            "IDENTIFY_SYSTEM",
-        );
+        let (relay, (ok, out, err)) =
+            downstream_identifies(&p, dir, up, &format!("downstream-{name}"), &ca_pem, client);
         assert_eq!(
             ok,
             should_work,
@@ -212,20 +224,8 @@ async fn mutual_tls_link_refuses_peers_without_a_valid_client_certificate() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", upstream.log_text()));
-    let down = free_port();
-    let relay = Relay::start(
-        dir,
-        "downstream-renewed",
-        &downstream_only(dir, down, up, &tls_link(&ca2_pem, &good_client), ""),
-        Some(down),
-        None,
-    );
-    let (ok, out, err) = psql_repl(
-        &p,
-        &repl_conninfo(down, STANDBY_USER),
-        STANDBY_PASSWORD,
-        "IDENTIFY_SYSTEM",
-    );
+    let (relay, (ok, out, err)) =
+        downstream_identifies(&p, dir, up, "downstream-renewed", &ca2_pem, &good_client);
     assert!(ok, "stdout {out:?} stderr {err:?}\n{}", relay.log_text());
     // The downstream's client certificate renewed likewise: read again on SIGHUP.
     ca.issue(dir, "downstream", &["downstream"]).unwrap();
@@ -494,78 +494,6 @@ async fn link_peer_names_refuse_a_certificate_with_another_name() {
         .await
         .unwrap_or_else(|_| panic!("{name}: no peer_names refusal logged:\n{text}"));
     }
-}
-
-/// The tunnel's SQL allowlist against what PostgreSQL reads differently from a simple scan:
-/// on a `replication=database` session through the downstream (no `allow_sql`, no
-/// `allow_slot_commands`), a lower-case `show` (SQL to PostgreSQL, whose replication keywords
-/// are capitals), a string that hides a second statement, a function spelt with Unicode
-/// escapes, a read-write transaction spelt past a simple check and a write inside COPY are all
-/// refused; the primary's table and slot are untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
-    let env = common::split::Split::new(common::split::SplitOpts {
-        primary: PrimaryOpts {
-            wal_level: "logical".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
-    let p = &env.primary;
-    p.create_physical_slot("victim").await.unwrap();
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} replication=database dbname=postgres",
-        env.down_port
-    );
-    for sql in [
-        "show work_mem; CREATE TABLE pwned(x int)",
-        "SELECT E'\\''; CREATE TABLE pwned(x int); --'",
-        "SELECT $a$'$a$; CREATE TABLE pwned(x int); --'",
-        "SELECT U&\"pg\\005fdrop_replication_slot\"('victim')",
-        "SELECT query_to_xml('SELECT pg_drop_replication_slot(''victim'')', true, true, '')",
-        "BEGIN READ ONLY READ  WRITE",
-        "COPY (CREATE TABLE pwned AS SELECT 1 RETURNING 1) TO STDOUT",
-        "COPY (DELETE FROM pg_class WHERE false RETURNING 1) TO STDOUT",
-    ] {
-        let (ok, _, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, sql);
-        assert!(!ok && err.contains("allow_sql"), "{sql}: {err}");
-    }
-    // A physical session handed over by creating a temporary slot may stream on that slot
-    // only, not on another client's (whose position its status updates would move).
-    let physical = format!(
-        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
-        env.down_port
-    );
-    let out = p
-        .command("psql")
-        .args([&physical, "-XAt"])
-        .args([
-            "-c",
-            "CREATE_REPLICATION_SLOT tmp TEMPORARY PHYSICAL RESERVE_WAL",
-        ])
-        .args(["-c", "START_REPLICATION SLOT victim PHYSICAL 0/1000000"])
-        .env("PGPASSWORD", STANDBY_PASSWORD)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("stream from replication slot \"victim\""),
-        "{err}"
-    );
-    // What the allowlist is for still passes.
-    let (ok, out, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, "SELECT 'it''s'");
-    assert!(ok && out.trim() == "it's", "{err}");
-    let count = |sql: &'static str| async move { p.query_one_string(sql).await.unwrap() };
-    assert_eq!(
-        count("select count(*)::text from pg_class where relname = 'pwned'").await,
-        "0"
-    );
-    assert_eq!(
-        count("select count(*)::text from pg_replication_slots where slot_name = 'victim'").await,
-        "1"
-    );
-    env.downstream.assert_no_panic();
 }
 
 /// A link peer that makes the server reset stream after stream for its errors (malformed

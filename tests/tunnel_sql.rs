@@ -1,7 +1,8 @@
 //! SQL sessions through a tunnel (`downstream.allow_sql = true`), checked end to end with real
 //! PostgreSQL clients, a real primary and the real binary as separate halves: a client that
 //! pipelines its queries gets all its answers; the session says it is read-only; a message
-//! over the upstream's limit names the setting.
+//! over the upstream's limit names the setting; without `allow_sql`, the allowlist reads
+//! SQL as PostgreSQL reads it.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::split::{Split, SplitOpts};
 use common::*;
-use walrelay_harness::cluster::wait_until;
+use walrelay_harness::cluster::{wait_until, PrimaryOpts};
 
 /// The first query of the pipeline answers with this many rows of 1 MB; each of the
 /// [`PIPELINED`] queries after it sends [`QUERY_BYTES`] (and gets a small answer).
@@ -196,5 +197,77 @@ async fn a_message_over_the_upstreams_limit_names_the_setting() {
         env.upstream.log_text()
     );
     env.upstream.assert_no_panic();
+    env.downstream.assert_no_panic();
+}
+
+/// The tunnel's SQL allowlist against what PostgreSQL reads differently from a simple scan:
+/// on a `replication=database` session through the downstream (no `allow_sql`, no
+/// `allow_slot_commands`), a lower-case `show` (SQL to PostgreSQL, whose replication keywords
+/// are capitals), a string that hides a second statement, a function spelt with Unicode
+/// escapes, a read-write transaction spelt past a simple check and a write inside COPY are all
+/// refused; the primary's table and slot are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_allowlist_reads_sql_as_postgresql_does() {
+    let env = Split::new(SplitOpts {
+        primary: PrimaryOpts {
+            wal_level: "logical".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let p = &env.primary;
+    p.create_physical_slot("victim").await.unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=database dbname=postgres",
+        env.down_port
+    );
+    for sql in [
+        "show work_mem; CREATE TABLE pwned(x int)",
+        "SELECT E'\\''; CREATE TABLE pwned(x int); --'",
+        "SELECT $a$'$a$; CREATE TABLE pwned(x int); --'",
+        "SELECT U&\"pg\\005fdrop_replication_slot\"('victim')",
+        "SELECT query_to_xml('SELECT pg_drop_replication_slot(''victim'')', true, true, '')",
+        "BEGIN READ ONLY READ  WRITE",
+        "COPY (CREATE TABLE pwned AS SELECT 1 RETURNING 1) TO STDOUT",
+        "COPY (DELETE FROM pg_class WHERE false RETURNING 1) TO STDOUT",
+    ] {
+        let (ok, _, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, sql);
+        assert!(!ok && err.contains("allow_sql"), "{sql}: {err}");
+    }
+    // A physical session handed over by creating a temporary slot may stream on that slot
+    // only, not on another client's (whose position its status updates would move).
+    let physical = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
+        env.down_port
+    );
+    let out = p
+        .command("psql")
+        .args([&physical, "-XAt"])
+        .args([
+            "-c",
+            "CREATE_REPLICATION_SLOT tmp TEMPORARY PHYSICAL RESERVE_WAL",
+        ])
+        .args(["-c", "START_REPLICATION SLOT victim PHYSICAL 0/1000000"])
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("stream from replication slot \"victim\""),
+        "{err}"
+    );
+    // What the allowlist is for still passes.
+    let (ok, out, err) = psql_repl(p, &conninfo, STANDBY_PASSWORD, "SELECT 'it''s'");
+    assert!(ok && out.trim() == "it's", "{err}");
+    let count = |sql: &'static str| async move { p.query_one_string(sql).await.unwrap() };
+    assert_eq!(
+        count("select count(*)::text from pg_class where relname = 'pwned'").await,
+        "0"
+    );
+    assert_eq!(
+        count("select count(*)::text from pg_replication_slots where slot_name = 'victim'").await,
+        "1"
+    );
     env.downstream.assert_no_panic();
 }
