@@ -28,14 +28,7 @@ fn pipeline_script(path: &Path) {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut queries = String::new();
     for _ in 0..PIPELINED {
-        let digits: String = (0..QUERY_BYTES)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                char::from(b"0123456789abcdef"[(seed >> 60) as usize])
-            })
-            .collect();
+        let digits = hex_digits(&mut seed, QUERY_BYTES);
         queries.push_str(&format!("SELECT length('{digits}') AS sent;\n"));
     }
     let script = format!(
@@ -44,6 +37,19 @@ fn pipeline_script(path: &Path) {
          {queries}\\endpipeline\n"
     );
     std::fs::write(path, script).unwrap();
+}
+
+/// `n` pseudo-random hexadecimal digits from `seed` (xorshift64, which it advances): text
+/// that compression halves at most.
+fn hex_digits(seed: &mut u64, n: usize) -> String {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            char::from(b"0123456789abcdef"[(*seed >> 60) as usize])
+        })
+        .collect()
 }
 
 /// A pipelining client (pgbench, `\startpipeline`, the extended protocol) sends queries
@@ -166,16 +172,7 @@ async fn a_message_over_the_upstreams_limit_names_the_setting() {
         env.down_port
     );
     let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut digits = |n: usize| -> String {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                char::from(b"0123456789abcdef"[(seed >> 60) as usize])
-            })
-            .collect()
-    };
+    let mut digits = |n: usize| hex_digits(&mut seed, n);
     let small = format!("select length('{}')", digits(100_000));
     let (ok, out, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, &small);
     assert!(ok && out.trim() == "100000", "{out} {err}");

@@ -178,17 +178,27 @@ impl LogBudget {
     }
 }
 
-/// Some(what to append to the line) when a line of `budget`'s kind may be logged now; the
-/// text names `counter`, the metric that counts them all, when lines were dropped before.
-pub(crate) fn within(budget: &std::sync::Mutex<LogBudget>, counter: &str) -> Option<String> {
-    let allowed = budget
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .allow(Instant::now())?;
-    Some(match allowed {
-        0 => String::new(),
-        n => format!(" ({n} more like it in the last minute were not logged: see {counter})"),
-    })
+/// A [`LogBudget`] for each of `N` kinds of line (a reason for refusing a connection), fit
+/// for a `static`.
+pub(crate) struct LogBudgets<const N: usize>([std::sync::Mutex<LogBudget>; N]);
+
+impl<const N: usize> LogBudgets<N> {
+    pub(crate) const fn new() -> LogBudgets<N> {
+        LogBudgets([const { std::sync::Mutex::new(LogBudget::new()) }; N])
+    }
+
+    /// Some(what to append to the line) when a line of kind `kind` may be logged now; the
+    /// text names `counter`, the metric that counts them all, when lines were dropped before.
+    pub(crate) fn within(&self, kind: usize, counter: &str) -> Option<String> {
+        let allowed = self.0[kind]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allow(Instant::now())?;
+        Some(match allowed {
+            0 => String::new(),
+            n => format!(" ({n} more like it in the last minute were not logged: see {counter})"),
+        })
+    }
 }
 
 #[cfg(test)]

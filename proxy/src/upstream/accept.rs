@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use super::Upstream;
 use crate::gate::{Refused, StartupGate};
 use crate::link::CountingIo;
 use crate::live::Live;
-use crate::logging::{within, LogBudget};
+use crate::logging::LogBudgets;
 use crate::metrics::Metrics;
 
 /// A link connection that has completed its handshake: TLS, or plaintext with
@@ -208,13 +208,8 @@ fn failed(m: &Metrics, peer: SocketAddr, reason: Reason, why: &str) {
     Metrics::add(counter, 1);
     // Many peers, or one reconnecting in a loop (a TCP health check on the port), would
     // otherwise log a line each; the counter has them all. A budget per reason.
-    static BUDGETS: [Mutex<LogBudget>; 4] = [
-        Mutex::new(LogBudget::new()),
-        Mutex::new(LogBudget::new()),
-        Mutex::new(LogBudget::new()),
-        Mutex::new(LogBudget::new()),
-    ];
-    if let Some(more) = within(&BUDGETS[i], "walrelay_link_handshake_failures_total") {
+    static BUDGETS: LogBudgets<4> = LogBudgets::new();
+    if let Some(more) = BUDGETS.within(i, "walrelay_link_handshake_failures_total") {
         warn!(%peer, reason = label, "link connection refused: {why}{more}");
     }
 }

@@ -223,20 +223,15 @@ pub(super) enum PreAuth {
 /// `LogBudget`, one per kind of refusal): many peers, or one in a loop, would otherwise log a
 /// line each; the counters have them all. Some(what to append to the line).
 pub(super) fn pre_auth_log(kind: PreAuth) -> Option<String> {
-    use crate::logging::LogBudget;
-    static BUDGETS: [std::sync::Mutex<LogBudget>; 4] = [
-        std::sync::Mutex::new(LogBudget::new()),
-        std::sync::Mutex::new(LogBudget::new()),
-        std::sync::Mutex::new(LogBudget::new()),
-        std::sync::Mutex::new(LogBudget::new()),
-    ];
+    use crate::logging::LogBudgets;
+    static BUDGETS: LogBudgets<4> = LogBudgets::new();
     let counter = match kind {
         PreAuth::Password => "walrelay_auth_failures_total",
         PreAuth::Timeout | PreAuth::Busy | PreAuth::BusyHere => {
             "walrelay_connections_refused_total"
         }
     };
-    crate::logging::within(&BUDGETS[kind as usize], counter)
+    BUDGETS.within(kind as usize, counter)
 }
 
 /// A connection's way to a session: a place in the pre-authentication budget
