@@ -121,14 +121,14 @@ pub fn validity_warning(path: &Path, now: SystemTime) -> Option<String> {
     }
     if now_s > to {
         return Some(format!(
-            "the certificate expired on {}: peers that check it refuse it; renew it and restart walrelay",
+            "the certificate expired on {}: peers that check it refuse it; renew it (SIGHUP reads renewed files)",
             when(to)
         ));
     }
     let left = u64::try_from(to - now_s).ok()?;
     (left < EXPIRY_WARNING.as_secs()).then(|| {
         format!(
-            "the certificate expires on {} (in {} days): renew it and restart walrelay before then",
+            "the certificate expires on {} (in {} days): renew it before then (SIGHUP reads renewed files)",
             when(to),
             left / 86_400
         )

@@ -1,5 +1,5 @@
 //! The HTTP server of `[metrics] listen`: `GET /metrics` (Prometheus), `GET /healthz` ("ok",
-//! or 503 with the reason once the process needs a restart),
+//! or 503 with the reason while the downstream's spool is failed),
 //! `GET /` (the status page, one self-contained HTML file) and `GET /status.json`.
 //!
 //! HTTP/1.1 (hyper), GET and HEAD only, no request bodies read. Bounds: at most
