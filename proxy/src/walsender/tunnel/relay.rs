@@ -201,12 +201,8 @@ impl TunnelSession<'_> {
                         return Err(End::Quiet);
                     }
                     info!("tunnel: {why}");
-                    // The upstream's reason reaches the client, as a backend's FATAL would,
-                    // unless the client is inside one of the primary's messages (the frame
-                    // cut it): then it only sees the connection close.
-                    if !self.scanner.at_boundary() {
-                        return Err(End::Quiet);
-                    }
+                    // The upstream's reason reaches the client, as a backend's FATAL would
+                    // (`relay` drops it where the frame cut one of the primary's messages).
                     return Err(End::fatal(
                         "08006",
                         format!("walrelay: the tunnel to the primary ended: {why}"),
