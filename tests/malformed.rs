@@ -72,7 +72,7 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     assert_sessions_that_are_not_physical_get_answers(port);
     assert_refused_and_empty_commands_are_answered(port);
     assert_overlong_names_and_commands_are_refused(port);
-    assert_idle_clients_sockets_keep_alive(port);
+    assert_idle_clients_sockets_keep_alive(port, env.relay.pid().expect("running"));
     assert_bad_messages_after_auth_are_fatal(port);
     flood_with_bad_clients(port);
     assert_still_serves_a_standby(env).await;
@@ -246,31 +246,16 @@ fn assert_overlong_names_and_commands_are_refused(port: u16) {
 /// Checks that an idle client's socket has TCP keepalive on (as PostgreSQL's have), so that a
 /// client whose host vanished between commands is found gone: the kernel's view of the
 /// downstream's end of the connection shows its keepalive timer running.
-fn assert_idle_clients_sockets_keep_alive(port: u16) {
+fn assert_idle_clients_sockets_keep_alive(port: u16, relay: u32) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&startup(REPL)).unwrap();
     let mut buf = BytesMut::new();
     read_until(&mut s, &mut buf, b'Z');
     let client = s.local_addr().unwrap().port();
-    // /proc/net/tcp: "sl local rem st tx:rx tr:when ...", addresses as HEXIP:HEXPORT.
-    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let timer = tcp
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| {
-            let port_of = |a: &str| {
-                a.rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok())
-            };
-            f.len() > 5 && port_of(f[1]) == Some(port) && port_of(f[2]) == Some(client)
-        })
-        .map(|f| f[5].split(':').next().unwrap_or_default().to_string())
-        .unwrap_or_else(|| panic!("the downstream's end of port {client} is not in /proc/net/tcp"));
-    // 2: the keepalive timer (0 would be none).
-    assert_eq!(timer, "02", "timer of the downstream's socket");
+    // 02: the keepalive timer of the relay's end of the connection (00 would be none).
+    let timers = tcp_timers_toward(relay, client);
+    assert_eq!(timers, ["02"], "timer of the downstream's socket");
 }
 
 /// Checks that an absurd length or an extended-protocol message after authentication each
