@@ -466,3 +466,119 @@ async fn healthz_answers_while_the_metrics_port_is_saturated() {
     }
     relay.assert_no_panic();
 }
+
+/// A peer that fails handshakes in a loop, on the link port and on the standby port, gets at
+/// most `max_startups_per_address` failures per `limits.auth_failure_delay_ms` (here 4 per
+/// second): each failed connection keeps its startup place that long after it is closed.
+/// Before, a peer without a client certificate had the upstream sign handshake after
+/// handshake, as fast as it could ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_failing_in_a_loop_are_held_to_the_per_address_budget() {
+    let root = TempRoot::new().unwrap();
+    let dir = root.path();
+    let p = primary(&root).await;
+    let pki = issue_link_certificates(dir);
+    let (up, mport) = (free_port(), free_port());
+    let upstream = start_tls_upstream(dir, &p, &pki, up, mport);
+    let (down, dport) = (free_port(), free_port());
+    let downstream = Relay::start(
+        dir,
+        "downstream",
+        &format!(
+            "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n\n[link]\n{}\n[limits]\nmax_startups_per_address = 4\n\n[metrics]\nlisten = \"127.0.0.1:{dport}\"\n",
+            walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
+            dir.join("spool").display(),
+            pki.server.cert.display(),
+            pki.server.key.display(),
+            tls_link(&pki.ca_pem, &pki.client)
+        ),
+        Some(down),
+        None,
+    );
+
+    // The link port: TLS handshakes without a client certificate, for 2.5 s.
+    walrelay::tls::install_default_provider();
+    let tls = walrelay::link::tls::client_config(&walrelay::config::LinkConfig {
+        tls_ca: Some(pki.ca_pem.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let no_certificate = || async {
+        let name = rustls::pki_types::ServerName::try_from("localhost".to_string()).unwrap();
+        if let Ok(mut s) = connector
+            .connect(name, connect_from("127.0.0.5", up).await)
+            .await
+        {
+            // TLS 1.3: the server refuses the missing certificate after the client is done.
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut [0u8; 64])).await;
+        }
+    };
+    // (The harness's readiness probes count too: only what the loop adds is looked at.)
+    let before = counter(mport, "walrelay_link_handshake_failures_total", "tls");
+    let tries = for_a_while(Duration::from_millis(2500), no_certificate).await;
+    let failed = counter(mport, "walrelay_link_handshake_failures_total", "tls") - before;
+    let busy = counter(mport, "walrelay_link_handshake_failures_total", "busy");
+    // At once, then after 1 s and after 2 s: four handshakes each time.
+    assert!(
+        failed <= 12.0 && busy >= 1.0,
+        "{tries} tries: {failed} handshakes failed, {busy} refused"
+    );
+    // The places come back once the delay is over.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    no_certificate().await;
+    let again = counter(mport, "walrelay_link_handshake_failures_total", "tls") - before;
+    assert_eq!(again, failed + 1.0);
+
+    // The standby port: SSLRequest, then application data where the ClientHello belongs.
+    let bad_tls = || async {
+        let mut s = connect_from("127.0.0.6", down).await;
+        let _ = s.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await;
+        let mut answer = [0u8; 1];
+        if matches!(s.read(&mut answer).await, Ok(1)) && answer[0] == b'S' {
+            let _ = s
+                .write_all(&[0x17, 0x03, 0x03, 0x00, 0x01, 0x00])
+                .await;
+            read_to_close(&mut s, Duration::from_secs(5)).await;
+        }
+    };
+    let before = counter(dport, "walrelay_connections_refused_total", "tls_handshake");
+    let tries = for_a_while(Duration::from_millis(2500), bad_tls).await;
+    let failed = counter(dport, "walrelay_connections_refused_total", "tls_handshake") - before;
+    let busy = counter(
+        dport,
+        "walrelay_connections_refused_total",
+        "max_startups_per_address",
+    );
+    assert!(
+        failed <= 12.0 && busy >= 1.0,
+        "{tries} tries: {failed} handshakes failed, {busy} refused"
+    );
+    assert!(failed >= 1.0);
+    upstream.assert_no_panic();
+    downstream.assert_no_panic();
+}
+
+/// Runs `attempt` again and again for `span`; returns how many times it ran.
+async fn for_a_while<F, Fut>(span: Duration, attempt: F) -> usize
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let until = Instant::now() + span;
+    let mut n = 0;
+    while Instant::now() < until {
+        attempt().await;
+        n += 1;
+    }
+    n
+}
+
+/// The value of counter `name` with `reason` on the metrics port `port`.
+fn counter(port: u16, name: &str, reason: &str) -> f64 {
+    prom::parse_exposition(&http_get(port, "/metrics").1)
+        .iter()
+        .find(|s| s.name == name && s.labels.get("reason").map(String::as_str) == Some(reason))
+        .map(|s| s.value)
+        .unwrap_or_else(|| panic!("no {name}{{reason={reason:?}}}"))
+}

@@ -296,6 +296,8 @@ section! {
         live auth_timeout_secs: u64,
         /// Wait before telling a client its authentication failed, milliseconds (throttles
         /// password guessing; the connection holds a startup slot, not a session, meanwhile).
+        /// A connection whose TLS handshake failed, on either port, keeps its startup slot
+        /// this long after it is closed (bounds the handshakes one address can make fail).
         live auth_failure_delay_ms: u64,
         /// On SIGTERM/SIGINT, time allowed for sessions to end before they are cut, seconds.
         live drain_timeout_secs: u64,

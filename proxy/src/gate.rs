@@ -6,10 +6,19 @@
 //! authenticate cannot use up `limits.max_sessions`, and one address cannot use up the whole
 //! budget. Memory is bounded: the map holds only addresses with a pass out, at most
 //! `max_startups` of them.
+//!
+//! Work is bounded too: a connection whose handshake failed (TLS, or not the protocol the
+//! port speaks) keeps its place for `limits.auth_failure_delay_ms` after its socket closed
+//! ([`StartupPass::release`]), as a wrong password does. Each TLS handshake costs the server
+//! a signature, so without it one address failing handshakes in a loop costs a core; with it,
+//! an address gets at most `max_startups_per_address` failed handshakes per delay (8 a second
+//! by default), and all addresses together `max_startups`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Why a connection was refused a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +45,8 @@ pub struct StartupGate(Mutex<Counts>);
 pub struct StartupPass {
     gate: Arc<StartupGate>,
     addr: IpAddr,
+    /// The connection failed its handshake ([`StartupPass::failed`]).
+    failed: AtomicBool,
 }
 
 impl StartupGate {
@@ -64,6 +75,7 @@ impl StartupGate {
         Ok(StartupPass {
             gate: self.clone(),
             addr,
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -85,6 +97,22 @@ fn source(addr: IpAddr) -> IpAddr {
                 IpAddr::V6(net.into())
             }
         },
+    }
+}
+
+impl StartupPass {
+    /// Marks the connection as one whose handshake failed: [`StartupPass::release`] then keeps
+    /// the place a while.
+    pub fn failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
+
+    /// Gives the place back: at once, or after `delay` when the handshake failed (the
+    /// connection's socket should be closed by then; only the place is kept).
+    pub async fn release(self, delay: Duration) {
+        if self.failed.load(Ordering::Relaxed) {
+            tokio::time::sleep(delay).await;
+        }
     }
 }
 
@@ -121,6 +149,28 @@ mod tests {
         drop(b1);
         // An address with no pass out leaves the map: memory follows what is in startup.
         assert_eq!(g.0.lock().unwrap().by_addr.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_handshake_keeps_its_place_for_the_delay() {
+        let g = StartupGate::new();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let delay = Duration::from_millis(1500);
+        // A handshake that completed gives its place back at once.
+        let ok = g.try_enter(a, 4, 1).unwrap();
+        let t = std::time::Instant::now();
+        ok.release(delay).await;
+        assert!(t.elapsed() < delay);
+        let bad = g.try_enter(a, 4, 1).unwrap();
+        bad.failed();
+        let t = std::time::Instant::now();
+        let held = tokio::spawn(bad.release(delay));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(g.try_enter(a, 4, 1).unwrap_err(), Refused::PerAddress);
+        held.await.unwrap();
+        assert!(t.elapsed() >= delay);
+        assert_eq!(g.in_startup(), 0);
+        let _again = g.try_enter(a, 4, 1).unwrap();
     }
 
     #[test]

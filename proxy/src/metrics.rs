@@ -72,6 +72,8 @@ pub struct Refusals {
     /// Standby listener: no startup packet within `limits.startup_timeout_secs`, or startup
     /// and authentication not done within `limits.auth_timeout_secs`.
     pub startup_timeout: AtomicU64,
+    /// Standby listener: TLS handshakes that failed or were refused.
+    pub tls_handshake: AtomicU64,
     /// Link listener: TLS handshakes that failed, by reason.
     pub link_handshake_timeout: AtomicU64,
     pub link_handshake_tls: AtomicU64,

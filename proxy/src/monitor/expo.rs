@@ -460,12 +460,13 @@ fn session_families(e: &mut Expo, m: &Metrics) {
 fn refusal_families(e: &mut Expo, m: &Metrics) {
     let r = &m.refusals;
     let name = "walrelay_connections_refused_total";
-    e.family(name, "counter", "Standby connections refused or cut before a session, by reason (max_startups, max_startups_per_address, max_sessions, startup_timeout).");
+    e.family(name, "counter", "Standby connections refused or cut before a session, by reason (max_startups, max_startups_per_address, max_sessions, startup_timeout, tls_handshake).");
     for (reason, c) in [
         ("max_startups", &r.max_startups),
         ("max_startups_per_address", &r.max_startups_per_address),
         ("max_sessions", &r.max_sessions),
         ("startup_timeout", &r.startup_timeout),
+        ("tls_handshake", &r.tls_handshake),
     ] {
         e.sample(name, &[("reason", reason)], count(c));
     }

@@ -4,7 +4,9 @@
 //! TLS when `link.tls_ca` is set) and send HTTP/2's client preface (inside TLS, or on a
 //! `link.plaintext` link in the clear); only then is it handed to the gRPC server. Connections
 //! refused, timed out or failing TLS are logged with the peer's address and the reason, and
-//! counted in `walrelay_link_handshake_failures_total{reason}`.
+//! counted in `walrelay_link_handshake_failures_total{reason}`. A connection whose handshake
+//! failed keeps its place for `limits.auth_failure_delay_ms` after it is closed (see
+//! [`crate::gate`]).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -13,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
@@ -22,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::Upstream;
-use crate::gate::{Refused, StartupGate};
+use crate::gate::{Refused, StartupGate, StartupPass};
 use crate::link::CountingIo;
 use crate::live::Live;
 use crate::logging::LogBudgets;
@@ -83,46 +85,82 @@ async fn accept_loop(
             }
         };
         let _ = sock.set_nodelay(true);
-        let tx = tx.clone();
-        let deadline = Duration::from_secs(l.startup_timeout_secs);
-        // The TLS current now (a reload may have replaced the files since the last one).
-        let Some(acceptor) = up.link_tls_acceptor() else {
-            let mut io = CountingIo::new(sock, up.metrics.clone());
-            tokio::spawn(async move {
-                let r = tokio::time::timeout(deadline, preface(&mut io)).await;
-                drop(pass);
-                match r {
-                    Ok(Ok(true)) => {
-                        let _ = tx.send(Ok(LinkIo::Plain(io, 0))).await;
-                    }
-                    Ok(Ok(false)) => failed(
-                        &up.metrics,
-                        peer,
-                        Reason::Tls,
-                        "not an HTTP/2 client (link.plaintext is set: the peer must not use TLS)",
-                    ),
-                    Ok(Err(e)) => failed(&up.metrics, peer, Reason::Tls, &e.to_string()),
-                    Err(_) => failed(
-                        &up.metrics,
-                        peer,
-                        Reason::Timeout,
-                        "no HTTP/2 preface within limits.startup_timeout_secs",
-                    ),
-                }
-            });
-            continue;
-        };
-        let io = CountingIo::new(sock, up.metrics.clone());
-        tokio::spawn(async move {
-            let r = tls_accept(acceptor, io, deadline).await;
+        tokio::spawn(handshake(up, sock, peer, pass, tx.clone()));
+    }
+}
+
+/// A connection's handshake within `limits.startup_timeout_secs`: TLS (the configuration
+/// current now: a reload may have replaced the files) and HTTP/2's preface, or the preface
+/// alone on a `link.plaintext` link; handed to tonic, or refused.
+async fn handshake(
+    up: Arc<Upstream>,
+    sock: TcpStream,
+    peer: SocketAddr,
+    pass: StartupPass,
+    tx: mpsc::Sender<Result<LinkIo, std::io::Error>>,
+) {
+    let deadline = Duration::from_secs(up.limits.startup_timeout_secs);
+    let started = tokio::time::Instant::now();
+    // A peer that closes without sending a byte (a TCP health check) is refused as before,
+    // but has cost nothing: its place is not held.
+    if matches!(
+        tokio::time::timeout(deadline, sock.peek(&mut [0u8; 1])).await,
+        Ok(Ok(0))
+    ) {
+        drop(sock);
+        failed(
+            &up.metrics,
+            peer,
+            Reason::Silent,
+            "closed before its handshake",
+        );
+        return;
+    }
+    let deadline = deadline.saturating_sub(started.elapsed());
+    let io = CountingIo::new(sock, up.metrics.clone());
+    let r = match up.link_tls_acceptor() {
+        Some(acceptor) => tls_accept(acceptor, io, deadline)
+            .await
+            .map(|s| LinkIo::Tls(Box::new(s), 0)),
+        None => plain_accept(io, deadline)
+            .await
+            .map(|io| LinkIo::Plain(io, 0)),
+    };
+    match r {
+        Ok(link) => {
             drop(pass);
-            match r {
-                Ok(stream) => {
-                    let _ = tx.send(Ok(LinkIo::Tls(Box::new(stream), 0))).await;
-                }
-                Err((reason, why)) => failed(&up.metrics, peer, reason, &why),
+            let _ = tx.send(Ok(link)).await;
+        }
+        Err((reason, why)) => {
+            failed(&up.metrics, peer, reason, &why);
+            // A peer failing handshakes in a loop, each costing a signature, gets at most
+            // `limits.max_startups_per_address` of them per `limits.auth_failure_delay_ms`
+            // (see `crate::gate`); one that timed out held its place for the whole deadline.
+            if !matches!(reason, Reason::Timeout) {
+                pass.failed();
             }
-        });
+            pass.release(Duration::from_millis(up.limits.auth_failure_delay_ms))
+                .await;
+        }
+    }
+}
+
+/// HTTP/2's client preface in the clear, within `deadline`.
+async fn plain_accept(
+    mut io: CountingIo,
+    deadline: Duration,
+) -> Result<CountingIo, (Reason, String)> {
+    match tokio::time::timeout(deadline, preface(&mut io)).await {
+        Ok(Ok(true)) => Ok(io),
+        Ok(Ok(false)) => Err((
+            Reason::Tls,
+            "not an HTTP/2 client (link.plaintext is set: the peer must not use TLS)".into(),
+        )),
+        Ok(Err(e)) => Err((Reason::Tls, e.to_string())),
+        Err(_) => Err((
+            Reason::Timeout,
+            "no HTTP/2 preface within limits.startup_timeout_secs".into(),
+        )),
     }
 }
 
@@ -194,6 +232,8 @@ async fn tls_preface(mut stream: TlsStream<CountingIo>) -> std::io::Result<TlsSt
 enum Reason {
     Timeout,
     Tls,
+    /// Closed before sending anything: counted with `Tls`, its place not held.
+    Silent,
     Busy,
     PeerName,
 }
@@ -201,7 +241,7 @@ enum Reason {
 fn failed(m: &Metrics, peer: SocketAddr, reason: Reason, why: &str) {
     let (counter, label, i) = match reason {
         Reason::Timeout => (&m.refusals.link_handshake_timeout, "timeout", 0),
-        Reason::Tls => (&m.refusals.link_handshake_tls, "tls", 1),
+        Reason::Tls | Reason::Silent => (&m.refusals.link_handshake_tls, "tls", 1),
         Reason::Busy => (&m.refusals.link_handshake_busy, "busy", 2),
         Reason::PeerName => (&m.refusals.link_handshake_peer_name, "peer_name", 3),
     };

@@ -217,6 +217,10 @@ pub(super) enum PreAuth {
     /// `limits.max_startups_per_address` reached.
     BusyHere = 2,
     Password = 3,
+    /// A TLS handshake failed (or was refused).
+    Tls = 4,
+    /// Not a startup packet.
+    Protocol = 5,
 }
 
 /// Whether a line about a connection refused before its session may be logged now (see
@@ -224,10 +228,11 @@ pub(super) enum PreAuth {
 /// line each; the counters have them all. Some(what to append to the line).
 pub(super) fn pre_auth_log(kind: PreAuth) -> Option<String> {
     use crate::logging::LogBudgets;
-    static BUDGETS: LogBudgets<4> = LogBudgets::new();
+    static BUDGETS: LogBudgets<6> = LogBudgets::new();
     let counter = match kind {
         PreAuth::Password => "walrelay_auth_failures_total",
-        PreAuth::Timeout | PreAuth::Busy | PreAuth::BusyHere => {
+        PreAuth::Protocol => "walrelay_protocol_errors_total",
+        PreAuth::Timeout | PreAuth::Busy | PreAuth::BusyHere | PreAuth::Tls => {
             "walrelay_connections_refused_total"
         }
     };
@@ -254,13 +259,16 @@ async fn handle_connection(ds: Arc<Downstream>, sock: TcpStream, peer: SocketAdd
         Err(why) => return refuse_startup(&ds, sock, peer, why).await,
     };
     let auth_timeout = Duration::from_secs(l.auth_timeout_secs);
-    let started = tokio::time::timeout(auth_timeout, startup::accept(&ds, sock, peer)).await;
+    let started = tokio::time::timeout(auth_timeout, startup::accept(&ds, sock, peer, &pass)).await;
     let (mut reader, mut writer, standby) = match started {
         Ok(Ok(s)) => s,
         Ok(Err((writer, end))) => {
             if let (Some(mut w), End::Fatal(e)) = (writer, &end) {
                 send_error(&mut w, e).await;
             }
+            // A failed handshake keeps its place a while, the socket closed (see `gate`).
+            pass.release(Duration::from_millis(l.auth_failure_delay_ms))
+                .await;
             return;
         }
         Err(_) => {

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::{Downstream, End, Reader, Standby, Writer};
 use crate::config::AuthMethod;
+use crate::gate::StartupPass;
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 use crate::pgio::MsgReader;
@@ -57,6 +58,7 @@ pub(super) async fn accept(
     ds: &Downstream,
     sock: TcpStream,
     peer: SocketAddr,
+    pass: &StartupPass,
 ) -> Result<(Reader, Writer, Standby), Failed> {
     let deadline = Duration::from_secs(ds.limits.startup_timeout_secs);
     let Started {
@@ -64,7 +66,7 @@ pub(super) async fn accept(
         encrypted,
         minor,
         params,
-    } = match tokio::time::timeout(deadline, read_startup(ds, sock, peer)).await {
+    } = match tokio::time::timeout(deadline, read_startup(ds, sock, peer, pass)).await {
         Ok(Ok(First::Session(s))) => s,
         Ok(Ok(First::Cancel(key))) => {
             // As PostgreSQL: no answer, the connection closes.
@@ -188,8 +190,13 @@ fn who(
 
 /// TLS (direct, or after SSLRequest) and the startup packet; SSLRequest/GSSENCRequest
 /// answered as PostgreSQL does.
-async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Result<First, Failed> {
-    let (io, mut encrypted) = direct_tls(ds, sock, peer).await?;
+async fn read_startup(
+    ds: &Downstream,
+    sock: TcpStream,
+    peer: SocketAddr,
+    pass: &StartupPass,
+) -> Result<First, Failed> {
+    let (io, mut encrypted) = direct_tls(ds, sock, peer, pass).await?;
     let mut reader = MsgReader::new(io);
     loop {
         let pkt = match reader.read(parse_startup).await {
@@ -197,7 +204,10 @@ async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Res
             Err(e) => {
                 Metrics::add(&ds.metrics.protocol_errors, 1);
                 if !matches!(e, WireError::Closed) {
-                    warn!(%peer, "invalid startup packet: {e}");
+                    pass.failed();
+                    if let Some(more) = super::pre_auth_log(super::PreAuth::Protocol) {
+                        warn!(%peer, "invalid startup packet: {e}{more}");
+                    }
                 }
                 // As PostgreSQL: an unsupported protocol is "feature not supported".
                 let code = match e {
@@ -231,7 +241,7 @@ async fn read_startup(ds: &Downstream, sock: TcpStream, peer: SocketAddr) -> Res
                     return Err((None, End::Quiet));
                 }
                 let tls = tls.as_ref().expect("checked above");
-                reader = MsgReader::new(Box::new(accept_tls(tls, io, peer).await?));
+                reader = MsgReader::new(Box::new(accept_tls(ds, tls, io, peer, pass).await?));
                 encrypted = true;
             }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
@@ -259,33 +269,47 @@ async fn direct_tls(
     ds: &Downstream,
     sock: TcpStream,
     peer: SocketAddr,
+    pass: &StartupPass,
 ) -> Result<(BoxIo, bool), Failed> {
     let mut first = [0u8; 1];
     if !matches!(sock.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE) {
         return Ok((Box::new(sock), false));
     }
     let Some(tls) = &ds.tls.get() else {
-        warn!(%peer, "direct TLS connection refused: downstream.tls_cert is not configured");
-        return Err((None, End::Quiet));
+        let why = "direct TLS connection refused: downstream.tls_cert is not configured";
+        return Err(tls_failed(ds, peer, pass, why));
     };
-    let stream = accept_tls(tls, Box::new(sock), peer).await?;
+    let stream = accept_tls(ds, tls, Box::new(sock), peer, pass).await?;
     if stream.get_ref().1.alpn_protocol() != Some(b"postgresql") {
-        warn!(%peer, "direct TLS connection without ALPN \"postgresql\" refused");
-        return Err((None, End::Quiet));
+        let why = "direct TLS connection without ALPN \"postgresql\" refused";
+        return Err(tls_failed(ds, peer, pass, why));
     }
     Ok((Box::new(stream), true))
 }
 
-/// The server side of a TLS handshake; a failed one is logged and ends the connection.
+/// The server side of a TLS handshake; a failed one ends the connection ([`tls_failed`]).
 async fn accept_tls(
+    ds: &Downstream,
     tls: &TlsAcceptor,
     io: BoxIo,
     peer: SocketAddr,
+    pass: &StartupPass,
 ) -> Result<TlsStream<BoxIo>, Failed> {
-    tls.accept(io).await.map_err(|e| {
-        warn!(%peer, "TLS handshake failed: {e}");
-        (None, End::Quiet)
-    })
+    tls.accept(io)
+        .await
+        .map_err(|e| tls_failed(ds, peer, pass, &format!("TLS handshake failed: {e}")))
+}
+
+/// A connection refused for its TLS: counted, logged (within the log budget), and its
+/// startup place kept for `limits.auth_failure_delay_ms` once it is closed (see
+/// [`crate::gate`]: each handshake costs a signature).
+fn tls_failed(ds: &Downstream, peer: SocketAddr, pass: &StartupPass, why: &str) -> Failed {
+    Metrics::add(&ds.metrics.refusals.tls_handshake, 1);
+    pass.failed();
+    if let Some(more) = super::pre_auth_log(super::PreAuth::Tls) {
+        warn!(%peer, "{why}{more}");
+    }
+    (None, End::Quiet)
 }
 
 fn split_fail(reader: MsgReader<BoxIo>, end: End) -> Failed {
