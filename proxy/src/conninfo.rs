@@ -194,6 +194,26 @@ impl ConnInfo {
         if ci.user.is_empty() {
             return Err(ConnInfoError::NoUser);
         }
+        // libpq looks for the other file in ~/.postgresql and fails without it; walrelay has
+        // no such default, and a certificate without its key would be left out unsaid.
+        let unpaired = match (&ci.sslcert, &ci.sslkey) {
+            (Some(_), None) => Some((
+                "sslkey",
+                "sslcert (a client certificate) needs its private key: add sslkey=<file>",
+            )),
+            (None, Some(_)) => Some((
+                "sslcert",
+                "sslkey (a client key) needs its certificate: add sslcert=<file>",
+            )),
+            _ => None,
+        };
+        if let Some((key, why)) = unpaired {
+            return Err(ConnInfoError::BadValue {
+                key: key.into(),
+                value: String::new(),
+                why,
+            });
+        }
         if matches!(ci.sslmode, SslMode::VerifyCa | SslMode::VerifyFull) && ci.sslrootcert.is_none()
         {
             return Err(ConnInfoError::BadValue {

@@ -200,3 +200,22 @@ fn never_panics_on_arbitrary_input() {
         let _ = ConnInfo::parse(s);
     }
 }
+
+/// A client certificate without its key (or a key without its certificate) was accepted and
+/// then left out of the TLS handshake without a word: the primary's pg_hba `cert` entry then
+/// refused the connection, naming nothing walrelay was told.
+#[test]
+fn a_client_certificate_needs_its_key() {
+    let key_of = |s: &str| match ConnInfo::parse(s) {
+        Err(ConnInfoError::BadValue { key, why, .. }) => (key, why),
+        other => panic!("{s}: expected a bad value, got {other:?}"),
+    };
+    let (key, why) = key_of("host=a user=u sslmode=require sslcert=/c.crt");
+    assert_eq!(key, "sslkey");
+    assert!(why.contains("add sslkey="), "{why}");
+    let (key, why) = key_of("host=a user=u sslmode=require sslkey=/c.key");
+    assert_eq!(key, "sslcert");
+    assert!(why.contains("add sslcert="), "{why}");
+    let ci = ConnInfo::parse("host=a user=u sslcert=/c.crt sslkey=/c.key").unwrap();
+    assert!(ci.sslcert.is_some() && ci.sslkey.is_some());
+}
