@@ -100,21 +100,22 @@ impl Server {
                 Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
             },
             "/status.json" => reply(StatusCode::OK, "application/json", self.status_json()),
-            "/" => {
-                // Inside <script>, "</" would end the element: JSON allows "<\/".
-                let initial = self.status_json().replace("</", "<\\/");
-                reply(
-                    StatusCode::OK,
-                    "text/html; charset=utf-8",
-                    PAGE.replace("/*INITIAL*/null", &initial),
-                )
-            }
+            "/" => reply(StatusCode::OK, "text/html; charset=utf-8", self.page()),
             _ => reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",
                 "not found: try /metrics, /healthz, /status.json or /\n".into(),
             ),
         }
+    }
+
+    /// The status page with the current `/status.json` document in it. Inside `<script>`,
+    /// a `<` of the document's strings (a standby's application_name) could end the element
+    /// (`</script>`) or, as `<!--<script>`, make its end tag part of its text, so that the
+    /// page's code never runs: JSON writes every `<` as `\u003c` (only strings hold one).
+    fn page(&self) -> String {
+        let initial = self.status_json().replace('<', "\\u003c");
+        PAGE.replace("/*INITIAL*/null", &initial)
     }
 
     /// Records one bandwidth sample a second until `shutdown`.
@@ -276,5 +277,29 @@ mod tests {
         let why = health(&m).unwrap_err();
         assert!(why.contains("No space left on device"), "{why}");
         assert!(why.contains("opened again"), "{why}");
+    }
+
+    /// A standby named `<!--<script>` made the page's JSON element swallow its own end tag
+    /// and the page's script: the status page showed nothing while it was connected.
+    #[test]
+    fn a_standby_name_cannot_break_out_of_the_page_json() {
+        let m = Arc::new(Metrics::default());
+        let name = "<!--<script></script>\\<x";
+        let _h = m
+            .ops
+            .standbys
+            .register(super::super::Half::Downstream, name, "p");
+        let server = Server::new(m, Halves::default());
+        let page = server.page();
+        let start = page.find("id=\"initial\">").unwrap() + "id=\"initial\">".len();
+        let end = start + page[start..].find("</script>").unwrap();
+        let json = &page[start..end];
+        assert!(!json.contains('<'), "{json}");
+        let doc: expo::StatusDoc = serde_json::from_str(json).unwrap();
+        assert_eq!(doc.standbys[0].application_name, name);
+        assert_eq!(
+            page.matches("<script").count(),
+            PAGE.matches("<script").count()
+        );
     }
 }
