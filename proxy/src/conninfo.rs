@@ -134,6 +134,9 @@ pub enum ConnInfoError {
     MissingEquals(String),
     #[error("unterminated quoted value in connection string")]
     Unterminated,
+    /// Not repeated in the message: a URI may hold the password.
+    #[error("a URI (postgresql://...) is not taken here: write the connection string as libpq's key=value pairs, e.g. host=db1 port=5432 user=walrelay dbname=postgres")]
+    Uri,
     #[error("unknown connection option {0:?} (known: host, hostaddr, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, connect_timeout, target_session_attrs, application_name)")]
     UnknownKey(String),
     #[error("invalid value {value:?} for {key}: {why}")]
@@ -186,6 +189,14 @@ impl ConnInfo {
             connect_timeout_secs: 10,
             ..Default::default()
         };
+        let start = s.trim_start().as_bytes();
+        if ["postgresql://", "postgres://"].iter().any(|p| {
+            start
+                .get(..p.len())
+                .is_some_and(|b| b.eq_ignore_ascii_case(p.as_bytes()))
+        }) {
+            return Err(ConnInfoError::Uri);
+        }
         let mut lists = Lists::default();
         for (key, value) in split_pairs(s)? {
             ci.set(key, value, &mut lists)?;

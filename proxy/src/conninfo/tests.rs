@@ -219,3 +219,21 @@ fn a_client_certificate_needs_its_key() {
     let ci = ConnInfo::parse("host=a user=u sslcert=/c.crt sslkey=/c.key").unwrap();
     assert!(ci.sslcert.is_some() && ci.sslkey.is_some());
 }
+
+/// libpq also takes URIs; walrelay does not, and its refusal quoted the whole URI (as the
+/// "key" before a missing "=") into the log, password included.
+#[test]
+fn a_uri_is_refused_without_repeating_it() {
+    for uri in [
+        "postgresql://walrelay:s3cret@db1:5432/postgres",
+        "  postgres://walrelay:s3cret@db1/postgres?sslmode=require",
+        "POSTGRESQL://walrelay:s3cret@db1",
+        "postgres://wé:s3cret@db1",
+    ] {
+        let e = ConnInfo::parse(uri).unwrap_err();
+        assert_eq!(e, ConnInfoError::Uri, "{uri}");
+        let msg = e.to_string();
+        assert!(!msg.contains("s3cret"), "{msg}");
+        assert!(msg.contains("key=value"), "{msg}");
+    }
+}
