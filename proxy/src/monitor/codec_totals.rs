@@ -7,6 +7,7 @@
 //!
 //! Only the `wal` codec has these statistics; with `zstd` or `none` they stay at zero.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -53,9 +54,18 @@ pub struct Totals {
 }
 
 impl Totals {
-    /// `(rmgr name, totals)`, by id.
-    pub fn by_rmgr_name(&self) -> impl Iterator<Item = (&'static str, RmgrBytes)> + '_ {
-        self.rmgr.iter().map(|(id, t)| (rmgr_name(*id), *t))
+    /// `(rmgr name, totals)`, by id: one name per id, so that each is its own series. A
+    /// custom resource manager (ids 128..=255, whose names only its extension knows) is
+    /// `custom<id>`, as `pg_waldump --stats` names one it has not loaded (`custom128`); an id
+    /// PostgreSQL does not use, `unknown<id>`.
+    pub fn by_rmgr_name(&self) -> impl Iterator<Item = (Cow<'static, str>, RmgrBytes)> + '_ {
+        self.rmgr.iter().map(|(&id, t)| {
+            let name = match rmgr_name(id) {
+                n @ ("custom" | "unknown") => Cow::Owned(format!("{n}{id:03}")),
+                n => Cow::Borrowed(n),
+            };
+            (name, *t)
+        })
     }
 }
 
@@ -167,6 +177,28 @@ impl Drop for SessionCodecStats {
 mod tests {
     use super::*;
     use walrelay_wal::lsn::Lsn;
+
+    /// Two custom resource managers were both `rmgr="custom"`: two series of one name and
+    /// labels in one exposition, of which Prometheus keeps one and drops the other.
+    #[test]
+    fn each_resource_manager_id_has_its_own_name() {
+        let mut t = Totals::default();
+        for id in [10, 11, 22, 128, 129, 200] {
+            t.rmgr.insert(id, RmgrBytes::default());
+        }
+        let names: Vec<String> = t.by_rmgr_name().map(|(n, _)| n.into_owned()).collect();
+        assert_eq!(
+            names,
+            [
+                "Heap",
+                "Btree",
+                "unknown022",
+                "custom128",
+                "custom129",
+                "custom200"
+            ]
+        );
+    }
 
     /// Two sessions' deltas add up, and stay counted after a session ends.
     #[test]

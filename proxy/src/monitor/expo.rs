@@ -375,7 +375,7 @@ fn codec_families(e: &mut Expo, m: &Metrics) {
     let by_rmgr = |e: &mut Expo, name: &str, help: &str, get: fn(&RmgrBytes) -> u64| {
         e.family(name, "counter", help);
         for (r, v) in t.by_rmgr_name() {
-            e.sample(name, &[("rmgr", r)], get(&v) as f64);
+            e.sample(name, &[("rmgr", &r)], get(&v) as f64);
         }
     };
     by_rmgr(
