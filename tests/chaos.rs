@@ -536,9 +536,7 @@ async fn handshakes_failing_in_a_loop_are_held_to_the_per_address_budget() {
         let _ = s.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await;
         let mut answer = [0u8; 1];
         if matches!(s.read(&mut answer).await, Ok(1)) && answer[0] == b'S' {
-            let _ = s
-                .write_all(&[0x17, 0x03, 0x03, 0x00, 0x01, 0x00])
-                .await;
+            let _ = s.write_all(&[0x17, 0x03, 0x03, 0x00, 0x01, 0x00]).await;
             read_to_close(&mut s, Duration::from_secs(5)).await;
         }
     };
