@@ -112,7 +112,8 @@ pub struct ConnInfo {
     pub sslrootcert: Option<PathBuf>,
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
-    /// Per host: connecting, TLS, authentication and the `target_session_attrs` check.
+    /// Per host: connecting, TLS, authentication and the `target_session_attrs` check, both
+    /// tries of the sslmode fallback (`allow`, `prefer`) together, as libpq's timer.
     pub connect_timeout_secs: u64,
 }
 

@@ -3,7 +3,8 @@
 //!
 //! [`connect`] tries the hosts of the conninfo in order (each within `connect_timeout`) and
 //! returns the first that qualifies under `target_session_attrs`; [`PrimaryConn::server`]
-//! says which one. Before streaming, the queries in [`query`] run on it (`SHOW`, slot
+//! says which one. On each host, `sslmode=allow` and `prefer` make a second try with the
+//! other transport when the first is refused, as libpq does ([`sslfallback`]). Before streaming, the queries in [`query`] run on it (`SHOW`, slot
 //! creation, `IDENTIFY_SYSTEM`, `TIMELINE_HISTORY`, the server's role). Then the connection
 //! is split into a [`MsgReader`] of backend messages (capped at `max_message_bytes`) and a
 //! write half; the session forwards messages both ways.
@@ -15,9 +16,11 @@ use tokio::net::TcpStream;
 
 use crate::conninfo::{ConnInfo, HostSpec, SslMode, TargetSessionAttrs};
 use crate::pgio::MsgReader;
+use sslfallback::{Failure, Tls};
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 
 pub mod query;
+pub mod sslfallback;
 
 pub use query::{Continuity, ServerRole, SystemIdentity, TimelineHistoryFile};
 
@@ -37,8 +40,20 @@ pub enum PgClientError {
     Timeout(String),
     #[error("the primary at {0} does not accept TLS, but sslmode requires it")]
     TlsRefused(String),
+    #[error("the primary at {0} does not accept TLS (its ssl is off)")]
+    TlsUnavailable(String),
     #[error("TLS to the primary: {0}")]
     Tls(String),
+    #[error("the TLS handshake with the primary at {addr} failed: {why}")]
+    TlsHandshake { addr: String, why: String },
+    /// Both tries of `sslmode=allow` or `prefer` on one host failed, `first` with TLS when
+    /// `tls_first` (prefer), else in the clear (allow).
+    #[error("{}", fallback_text(*.tls_first, .first, .second))]
+    Fallback {
+        tls_first: bool,
+        first: Box<PgClientError>,
+        second: Box<PgClientError>,
+    },
     #[error("the primary refused the connection: {0}")]
     Server(ErrorFields),
     #[error("the primary asks for a password but none is configured: add password=... to upstream.primary or set upstream.primary_password")]
@@ -72,6 +87,20 @@ pub enum PgClientError {
 pub struct HostFailure {
     pub host: HostSpec,
     pub error: PgClientError,
+}
+
+/// Both tries' errors in the order made, each with its transport: the first is often the
+/// real cause (a wrong password), the second the other transport's pg_hba.conf refusal.
+fn fallback_text(tls_first: bool, first: &PgClientError, second: &PgClientError) -> String {
+    let (mode, a, b) = match tls_first {
+        true => ("prefer", "with TLS", "in the clear"),
+        false => ("allow", "in the clear", "with TLS"),
+    };
+    let (first, second) = (first.to_string(), second.to_string());
+    match first == second {
+        true => format!("both tries of sslmode={mode} ({a}, then {b}) failed alike: {first}"),
+        false => format!("both tries of sslmode={mode} failed: {a}, {first}; then {b}, {second}"),
+    }
 }
 
 fn wanted_words(w: TargetSessionAttrs) -> &'static str {
@@ -180,7 +209,9 @@ pub async fn connect_with(
     }
 }
 
-/// One host, bounded by `connect_timeout`; a host that does not qualify is told goodbye.
+/// One host, bounded by `connect_timeout` (both tries of the sslmode fallback and the
+/// `target_session_attrs` check share it, as libpq's timer runs per host address); a host that
+/// does not qualify is told goodbye, without a second try.
 async fn connect_host(
     ci: &ConnInfo,
     host: &HostSpec,
@@ -188,7 +219,7 @@ async fn connect_host(
     max: usize,
 ) -> Result<PrimaryConn, PgClientError> {
     let attempt = async {
-        let mut conn = connect_inner(ci, host, startup, max).await?;
+        let mut conn = connect_tries(ci, host, startup, max).await?;
         if let Err(e) = check_target(&mut conn, ci.target_session_attrs).await {
             conn.terminate().await;
             return Err(e);
@@ -222,13 +253,49 @@ async fn check_target(
     }
 }
 
-async fn open_socket(ci: &ConnInfo, host: &HostSpec) -> Result<BoxIo, PgClientError> {
+/// The first try on `host` per `ci.sslmode`, and a second with the other transport when
+/// [`sslfallback::second_try`] says the first's failure earns one.
+async fn connect_tries(
+    ci: &ConnInfo,
+    host: &HostSpec,
+    startup: &[(&str, &str)],
+    max: usize,
+) -> Result<PrimaryConn, PgClientError> {
+    let tls = sslfallback::first_try(ci.sslmode);
+    let (first, failure) = match connect_inner(ci, host, startup, max, tls).await {
+        Ok(conn) => return Ok(conn),
+        Err(failed) => failed,
+    };
+    let Some(next) = sslfallback::second_try(ci.sslmode, &failure) else {
+        return Err(first);
+    };
+    let how = match next {
+        Tls::Off => "in the clear",
+        Tls::IfOffered | Tls::Required => "with TLS",
+    };
+    tracing::debug!(primary = %host, "the first try failed ({first}); trying again {how}, as libpq's sslmode does");
+    connect_inner(ci, host, startup, max, next)
+        .await
+        .map_err(|(second, _)| PgClientError::Fallback {
+            tls_first: tls != Tls::Off,
+            first: Box::new(first),
+            second: Box::new(second),
+        })
+}
+
+/// A connected socket to `host`, TLS per `tls` (none on a Unix socket, as libpq), and
+/// whether it is encrypted.
+async fn open_socket(
+    ci: &ConnInfo,
+    host: &HostSpec,
+    tls: Tls,
+) -> Result<(BoxIo, bool), PgClientError> {
     let addr = host.to_string();
     if host.is_unix_socket() {
         let s = tokio::net::UnixStream::connect(&addr)
             .await
             .map_err(|source| PgClientError::Connect { addr, source })?;
-        return Ok(Box::new(s));
+        return Ok((Box::new(s), false));
     }
     let tcp = TcpStream::connect((host.dial_host().as_str(), host.port))
         .await
@@ -242,25 +309,41 @@ async fn open_socket(ci: &ConnInfo, host: &HostSpec) -> Result<BoxIo, PgClientEr
     if let Err(e) = crate::tcp::keep_alive(&tcp, true) {
         tracing::debug!(primary = %addr, "TCP keepalive not set on a connection to the primary: {e}");
     }
-    negotiate_tls(tcp, ci, host).await
+    negotiate_tls(tcp, ci, host, tls).await
 }
 
+/// One try on `host`; a failure comes with what [`sslfallback`] needs to know of it.
 async fn connect_inner(
     ci: &ConnInfo,
     host: &HostSpec,
     startup: &[(&str, &str)],
     max: usize,
-) -> Result<PrimaryConn, PgClientError> {
-    let io = open_socket(ci, host).await?;
+    tls: Tls,
+) -> Result<PrimaryConn, (PgClientError, Failure)> {
+    let other = |e: PgClientError| (e, Failure::Other);
+    let (io, encrypted) = open_socket(ci, host, tls).await.map_err(|e| match e {
+        PgClientError::TlsHandshake { .. } => (e, Failure::Handshake),
+        e => (e, Failure::Other),
+    })?;
     let (r, mut writer) = tokio::io::split(io);
     let mut reader = MsgReader::new(r);
     let mut out = BytesMut::new();
     let mut params = vec![("user", ci.user.as_str())];
     params.extend_from_slice(startup);
     encode::startup(&mut out, &params);
-    writer.write_all(&out).await.map_err(WireError::Io)?;
-    authenticate(&mut reader, &mut writer, ci, max).await?;
-    let (params, backend_key) = read_until_ready(&mut reader, max).await?;
+    let sent = writer.write_all(&out).await;
+    sent.map_err(|e| other(WireError::Io(e).into()))?;
+    authenticate(&mut reader, &mut writer, ci, max)
+        .await
+        .map_err(|e| match e {
+            PgClientError::Server(f) => {
+                let code = f.code.clone();
+                let tls = encrypted;
+                (PgClientError::Server(f), Failure::Refused { code, tls })
+            }
+            e => (e, Failure::Other),
+        })?;
+    let (params, backend_key) = read_until_ready(&mut reader, max).await.map_err(other)?;
     Ok(PrimaryConn {
         reader,
         writer,
@@ -305,13 +388,15 @@ async fn read_until_ready<R: AsyncRead + Unpin>(
     }
 }
 
+/// The SSLRequest and the TLS handshake per `tls`: the socket, and whether it is encrypted.
 async fn negotiate_tls(
     mut tcp: TcpStream,
     ci: &ConnInfo,
     host: &HostSpec,
-) -> Result<BoxIo, PgClientError> {
-    if ci.sslmode == SslMode::Disable || ci.sslmode == SslMode::Allow {
-        return Ok(Box::new(tcp));
+    tls: Tls,
+) -> Result<(BoxIo, bool), PgClientError> {
+    if tls == Tls::Off {
+        return Ok((Box::new(tcp), false));
     }
     let mut req = BytesMut::new();
     encode::ssl_request(&mut req);
@@ -327,13 +412,20 @@ async fn negotiate_tls(
             let name = rustls::pki_types::ServerName::try_from(host.host.clone()).map_err(|e| {
                 PgClientError::Tls(format!("invalid host name {:?}: {e}", host.host))
             })?;
-            let tls = tokio_rustls::TlsConnector::from(cfg)
+            let s = tokio_rustls::TlsConnector::from(cfg)
                 .connect(name, tcp)
                 .await
-                .map_err(|e| PgClientError::Tls(e.to_string()))?;
-            Ok(Box::new(tls))
+                .map_err(|e| PgClientError::TlsHandshake {
+                    addr: host.to_string(),
+                    why: e.to_string(),
+                })?;
+            Ok((Box::new(s), true))
         }
-        b'N' if ci.sslmode == SslMode::Prefer => Ok(Box::new(tcp)),
+        b'N' if tls == Tls::IfOffered => Ok((Box::new(tcp), false)),
+        // allow's second try: the clear was refused, and there is no TLS either.
+        b'N' if ci.sslmode == SslMode::Allow => {
+            Err(PgClientError::TlsUnavailable(host.to_string()))
+        }
         b'N' => Err(PgClientError::TlsRefused(host.to_string())),
         _ => Err(PgClientError::Unexpected(
             answer[0] as char,
@@ -343,8 +435,9 @@ async fn negotiate_tls(
 }
 
 /// Asks the primary at `host` to cancel what backend `pid` (BackendKeyData `pid`, `key`)
-/// runs, as libpq's PQcancel does: a CancelRequest on a new connection (TLS as `ci.sslmode`
-/// asks), which the server closes without an answer. Bounded by `connect_timeout`.
+/// runs, as libpq's PQcancel does: a CancelRequest on a new connection (TLS as the first try
+/// of `ci.sslmode`, without a second), which the server closes without an answer. Bounded by
+/// `connect_timeout`.
 pub async fn cancel(
     ci: &ConnInfo,
     host: &HostSpec,
@@ -352,7 +445,7 @@ pub async fn cancel(
     key: u32,
 ) -> Result<(), PgClientError> {
     let attempt = async {
-        let mut io = open_socket(ci, host).await?;
+        let (mut io, _) = open_socket(ci, host, sslfallback::first_try(ci.sslmode)).await?;
         let mut out = BytesMut::new();
         encode::cancel_request(&mut out, pid, key);
         io.write_all(&out).await.map_err(WireError::Io)?;
