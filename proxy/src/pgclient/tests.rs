@@ -58,3 +58,85 @@ async fn one_host_keeps_its_own_error() {
         Ok(_) => panic!("connected to nothing"),
     }
 }
+
+/// A server that agrees to TLS, then answers the ClientHello with bytes that are not TLS;
+/// on the next connection it reads the first packet and refuses with a pg_hba error.
+/// Returns its port and the first packet's code of each connection (80877103: SSLRequest,
+/// 196608: a protocol 3.0 startup).
+async fn broken_tls_server() -> (u16, tokio::task::JoinHandle<Vec<u32>>) {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut codes = Vec::new();
+        for conn in 0..2 {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = [0u8; 8];
+            s.read_exact(&mut head).await.unwrap();
+            codes.push(u32::from_be_bytes([head[4], head[5], head[6], head[7]]));
+            if conn == 0 {
+                s.write_all(b"S").await.unwrap();
+                let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            } else {
+                let mut out = BytesMut::new();
+                let e = ErrorFields::fatal("28000", "no pg_hba.conf entry for host, SSL off");
+                walrelay_pgwire::encode::error_response(&mut out, &e);
+                s.write_all(&out).await.unwrap();
+            }
+        }
+        codes
+    });
+    (port, task)
+}
+
+#[tokio::test]
+async fn prefer_tries_the_clear_after_a_failed_tls_handshake() {
+    let (port, server) = broken_tls_server().await;
+    let ci = ConnInfo::parse(&format!(
+        "host=127.0.0.1 port={port} user=u sslmode=prefer connect_timeout=5"
+    ))
+    .unwrap();
+    let e = match connect(&ci, "t", 1 << 20).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected to a fake server"),
+    };
+    let PgClientError::Fallback {
+        tls_first,
+        first,
+        second,
+    } = &e
+    else {
+        panic!("expected both tries' errors, got {e}");
+    };
+    assert!(*tls_first);
+    assert!(
+        matches!(**first, PgClientError::TlsHandshake { .. }),
+        "{first}"
+    );
+    assert!(matches!(**second, PgClientError::Server(_)), "{second}");
+    // The second connection went straight to the startup packet, in the clear.
+    assert_eq!(server.await.unwrap(), vec![80877103, 196608]);
+    let msg = e.to_string();
+    assert!(msg.starts_with("both tries of sslmode=prefer failed: with TLS, the TLS handshake with the primary at 127.0.0.1:"), "{msg}");
+    assert!(
+        msg.contains(
+            "; then in the clear, the primary refused the connection: FATAL: no pg_hba.conf entry"
+        ),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn require_makes_no_second_try_after_a_failed_tls_handshake() {
+    let (port, server) = broken_tls_server().await;
+    let ci = ConnInfo::parse(&format!(
+        "host=127.0.0.1 port={port} user=u sslmode=require connect_timeout=5"
+    ))
+    .unwrap();
+    match connect(&ci, "t", 1 << 20).await {
+        Err(PgClientError::TlsHandshake { .. }) => {}
+        Err(e) => panic!("expected the handshake's error, got {e}"),
+        Ok(_) => panic!("connected to a fake server"),
+    }
+    server.abort();
+}
