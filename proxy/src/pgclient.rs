@@ -4,10 +4,11 @@
 //! [`connect`] tries the hosts of the conninfo in order (each within `connect_timeout`) and
 //! returns the first that qualifies under `target_session_attrs`; [`PrimaryConn::server`]
 //! says which one. On each host, `sslmode=allow` and `prefer` make a second try with the
-//! other transport when the first is refused, as libpq does ([`sslfallback`]). Before streaming, the queries in [`query`] run on it (`SHOW`, slot
-//! creation, `IDENTIFY_SYSTEM`, `TIMELINE_HISTORY`, the server's role). Then the connection
-//! is split into a [`MsgReader`] of backend messages (capped at `max_message_bytes`) and a
-//! write half; the session forwards messages both ways.
+//! other transport when the first is refused, as libpq does ([`sslfallback`]). Before
+//! streaming, the queries in [`query`] run on it (`SHOW`, slot creation, `IDENTIFY_SYSTEM`,
+//! `TIMELINE_HISTORY`, the server's role). Then the connection is split into a
+//! [`MsgReader`] of backend messages (capped at `max_message_bytes`) and a write half; the
+//! session forwards messages both ways.
 
 use bytes::{Buf, Bytes, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
