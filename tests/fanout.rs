@@ -206,6 +206,78 @@ async fn a_cut_link_ends_no_standby_session() {
         .contains("link to the upstream lost"));
 }
 
+/// pg_receivewal asks `SHOW data_directory_mode` on every connection (`GetConnection`), before
+/// IDENTIFY_SYSTEM: while the link is cut it still starts, and gets what is spooled, as a
+/// standby does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_receivewal_starts_while_the_link_is_cut() {
+    let env = Split::new(SplitOpts::default()).await;
+    env.primary
+        .execute("create table t as select generate_series(1, 100000) x")
+        .await
+        .unwrap();
+    env.wait_spool_caught_up().await;
+    env.link.cut();
+    let ds = &env.downstream;
+    wait_until(
+        "the downstream to see the link down",
+        TIMEOUT,
+        || async move { Ok(ds.log_text().contains("link to the upstream lost")) },
+    )
+    .await
+    .unwrap();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} application_name=offline",
+        env.down_port
+    );
+    let repl = format!("{conninfo} replication=true");
+    let (ok, out, err) = psql_repl(&env.primary, &repl, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "IDENTIFY_SYSTEM while the link is cut: {err}");
+    // Up to the start of the spool's last page: sent whole whatever the spool's end holds.
+    let spooled = parse_lsn(out.trim().split('|').nth(2).unwrap());
+    let end = spooled - spooled % 8192;
+    assert!(
+        end % (16 << 20) != 0,
+        "the spool ends at a segment's first page"
+    );
+    let dir = env.root.path().join("offline");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = env
+        .primary
+        .command("pg_receivewal")
+        .arg("-D")
+        .arg(&dir)
+        .args(["-d", &conninfo, "--no-loop", "--no-sync"])
+        .arg(format!("--endpos={:X}/{:X}", end >> 32, end as u32))
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    for _ in 0..600 {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "pg_receivewal while the link is cut: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let partial = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().ends_with(".partial"));
+    assert!(partial, "pg_receivewal wrote nothing");
+    env.downstream.assert_no_panic();
+}
+
 /// `ANY 1 (a, b)`: with both walreceivers stopped a commit waits; when one resumes, it
 /// returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,10 @@ pub struct Spooler {
     link_tx: watch::Sender<Option<Arc<Welcome>>>,
     /// The primary's parameters (from the last Welcome, or the spool's file).
     params: Mutex<Vec<(String, String)>>,
+    /// The primary's `data_directory_mode` as it last answered a standby's SHOW (it cannot
+    /// change while the primary runs), for the SHOW of a client connecting while the link is
+    /// down.
+    data_directory_mode: Mutex<Option<String>>,
     channels: Mutex<Channels>,
     /// Something for the upstream is waiting.
     wake: Notify,
@@ -123,6 +127,7 @@ impl Spooler {
             link,
             link_tx,
             params: Mutex::new(params),
+            data_directory_mode: Mutex::default(),
             channels: Mutex::default(),
             wake: Notify::new(),
             fallback_until: Mutex::default(),
@@ -177,6 +182,15 @@ impl Spooler {
     /// The primary's parameters for a standby's startup, if ever known.
     pub fn params(&self) -> Vec<(String, String)> {
         lock(&self.params).clone()
+    }
+
+    /// The primary's `data_directory_mode` as last shown to a standby, if ever.
+    pub fn data_directory_mode(&self) -> Option<String> {
+        lock(&self.data_directory_mode).clone()
+    }
+
+    pub fn saw_data_directory_mode(&self, mode: String) {
+        *lock(&self.data_directory_mode) = Some(mode);
     }
 
     fn set_welcome(&self, w: Option<Arc<Welcome>>) {

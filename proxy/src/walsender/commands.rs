@@ -5,7 +5,7 @@
 //! |---|---|
 //! | IDENTIFY_SYSTEM | the downstream: the primary's system id, the spool's timeline and end |
 //! | TIMELINE_HISTORY | the downstream: the history file in the spool |
-//! | SHOW wal_segment_size | the downstream when the link is down, else as below |
+//! | SHOW wal_segment_size, data_directory_mode | the downstream when the link is down, else as below |
 //! | SHOW, READ_REPLICATION_SLOT | the standby's own connection to the primary (needs the link) |
 //! | START_REPLICATION | the downstream, from the spool ([`super::streamer`]) |
 //! | BASE_BACKUP, slot commands | the primary: the session continues in a tunnel ([`super::tunnel`]) |
@@ -21,7 +21,7 @@ use walrelay_pgwire::replcmd::{self, ReplCommand};
 use walrelay_pgwire::{encode, results, ErrorFields, FrontendMsg, WireError};
 use walrelay_proto::frame::MAX_CONTROL_ITEM;
 use walrelay_proto::link::StandbyInfo;
-use walrelay_wal::segment::history_file_name;
+use walrelay_wal::segment::{history_file_name, WalSegSize};
 
 use super::session::Session;
 use super::{shutting_down, streamer, Downstream, End, Reader, Standby, Writer};
@@ -219,16 +219,7 @@ impl Session<'_> {
         match cmd {
             ReplCommand::IdentifySystem => self.identify_system().await,
             ReplCommand::TimelineHistory(tli) => self.timeline_history(tli).await,
-            ReplCommand::Show(name)
-                if name.eq_ignore_ascii_case("wal_segment_size")
-                    && self.ds.spooler.link.borrow().is_none() =>
-            {
-                let seg = self.ds.spooler.view.borrow().files.seg.bytes();
-                let mut out = BytesMut::new();
-                results::show(&mut out, "wal_segment_size", &format!("{}MB", seg >> 20));
-                encode::ready_for_query(&mut out);
-                self.write(&out).await
-            }
+            ReplCommand::Show(name) => self.show(name).await,
             ReplCommand::StartReplication {
                 slot,
                 start,
@@ -240,6 +231,22 @@ impl Session<'_> {
             }
             other => self.relay(other).await,
         }
+    }
+
+    /// SHOW: the primary's answer; while the link is down, [`offline_setting`]'s.
+    async fn show(&mut self, name: String) -> Result<(), End> {
+        let down = self.ds.spooler.link.borrow().is_none();
+        if down {
+            let seg = self.ds.spooler.view.borrow().files.seg;
+            let mode = self.ds.spooler.data_directory_mode();
+            if let Some(value) = offline_setting(&name, seg, mode) {
+                let mut out = BytesMut::new();
+                results::show(&mut out, &name, &value);
+                encode::ready_for_query(&mut out);
+                return self.write(&out).await;
+            }
+        }
+        self.relay(ReplCommand::Show(name)).await
     }
 
     async fn identify_system(&mut self) -> Result<(), End> {
@@ -328,7 +335,14 @@ impl Session<'_> {
         })
         .await;
         let why = match answer {
-            Ok(Some(b)) => return self.write(&b).await,
+            Ok(Some(b)) => {
+                if matches!(&cmd, ReplCommand::Show(n) if n == "data_directory_mode") {
+                    if let Some(mode) = shown_mode(&b) {
+                        self.ds.spooler.saw_data_directory_mode(mode);
+                    }
+                }
+                return self.write(&b).await;
+            }
             Ok(None) => "the link to the upstream went down".to_string(),
             Err(_) => format!(
                 "it did not come within {} s (the primary, or the upstream's connection to it, \
@@ -341,5 +355,84 @@ impl Session<'_> {
             format!("walrelay: the primary's answer did not arrive: {why}; try again"),
         ))
         .await
+    }
+}
+
+/// What `SHOW name` answers while the link is down: the settings a replication client reads
+/// before it streams, which cannot change while the primary runs. `wal_segment_size`
+/// (pg_receivewal) as PostgreSQL shows it; `data_directory_mode` (pg_receivewal and
+/// pg_basebackup, on every connection: `GetConnection`) as the primary last showed it, else
+/// `0700`, PostgreSQL's default: the client then creates its files owner-only, as for a
+/// primary without group access. None for any other setting (the primary must answer).
+fn offline_setting(name: &str, seg: WalSegSize, dir_mode: Option<String>) -> Option<String> {
+    match name {
+        "wal_segment_size" => Some(match seg.bytes() % (1 << 30) {
+            0 => format!("{}GB", seg.bytes() >> 30),
+            _ => format!("{}MB", seg.bytes() >> 20),
+        }),
+        "data_directory_mode" => Some(dir_mode.unwrap_or_else(|| "0700".into())),
+        _ => None,
+    }
+}
+
+/// The mode in the primary's answer `b` to `SHOW data_directory_mode` (an octal number such as
+/// `0750`), if it holds one.
+fn shown_mode(b: &[u8]) -> Option<String> {
+    let mut buf = BytesMut::from(b);
+    while let Ok(Some(m)) = walrelay_pgwire::parse_tagged(&mut buf, |_| b.len()) {
+        if m.tag != b'D' {
+            continue;
+        }
+        let v = m.data_row().ok()?.first().copied().flatten()?;
+        let octal = !v.is_empty() && v.len() <= 5 && v.iter().all(|c| (b'0'..=b'7').contains(c));
+        return octal.then(|| String::from_utf8_lossy(v).into_owned());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_a_client_reads_before_streaming_are_answered_while_the_link_is_down() {
+        let seg = WalSegSize::DEFAULT;
+        let show = |n: &str| offline_setting(n, seg, None);
+        assert_eq!(show("wal_segment_size").as_deref(), Some("16MB"));
+        let gib = WalSegSize::new(1 << 30).unwrap();
+        assert_eq!(
+            offline_setting("wal_segment_size", gib, None).as_deref(),
+            Some("1GB"),
+            "as PostgreSQL shows it"
+        );
+        // pg_receivewal's and pg_basebackup's GetConnection ask it before anything else.
+        assert_eq!(show("data_directory_mode").as_deref(), Some("0700"));
+        assert_eq!(
+            offline_setting("data_directory_mode", seg, Some("0750".into())).as_deref(),
+            Some("0750"),
+            "as the primary last showed it"
+        );
+        assert_eq!(show("max_connections"), None, "the primary's to answer");
+    }
+
+    #[test]
+    fn the_primarys_data_directory_mode_is_read_from_its_answer() {
+        let answer = |v: &str| {
+            let mut b = BytesMut::new();
+            results::show(&mut b, "data_directory_mode", v);
+            encode::ready_for_query(&mut b);
+            b
+        };
+        assert_eq!(shown_mode(&answer("0750")).as_deref(), Some("0750"));
+        assert_eq!(shown_mode(&answer("0700")).as_deref(), Some("0700"));
+        assert_eq!(shown_mode(&answer("rwx")), None);
+        assert_eq!(shown_mode(&answer("")), None);
+        let mut refusal = BytesMut::new();
+        encode::error_response(
+            &mut refusal,
+            &ErrorFields::error("42704", "no such setting"),
+        );
+        assert_eq!(shown_mode(&refusal), None);
+        assert_eq!(shown_mode(b"garbage"), None);
     }
 }
