@@ -278,6 +278,69 @@ async fn pg_receivewal_starts_while_the_link_is_cut() {
     env.downstream.assert_no_panic();
 }
 
+/// A client that replies only when asked (pg_receivewal `-s 0`, a walreceiver with
+/// `wal_receiver_status_interval = 0`) catching up longer than `limits.standby_timeout_secs`:
+/// it is asked for a reply at half of it while WAL is being sent, as PostgreSQL's walsender
+/// asks (`WalSndKeepaliveIfNecessary` on every turn of its loop), and is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_replying_only_when_asked_is_asked_while_it_catches_up() {
+    let env = Split::new(SplitOpts {
+        downstream_limits: "standby_timeout_secs = 10".into(),
+        ..Default::default()
+    })
+    .await;
+    env.primary
+        .execute("create table t as select generate_series(1, 3000000) x")
+        .await
+        .unwrap();
+    env.wait_spool_caught_up().await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={STANDBY_USER} replication=true",
+        env.down_port
+    );
+    let (ok, out, err) = psql_repl(&env.primary, &conninfo, STANDBY_PASSWORD, "IDENTIFY_SYSTEM");
+    assert!(ok, "IDENTIFY_SYSTEM: {err}");
+    let spooled = parse_lsn(out.trim().split('|').nth(2).unwrap());
+    let end = spooled - spooled % 8192;
+    // Started at a segment of the slot-less start below, 16 s of WAL at 4 MB/s.
+    let line = walrelay_harness::forward::Forwarder::start(env.down_port).unwrap();
+    line.limit_from_target(4 << 20);
+    let start = (end - (64 << 20)) & !((16 << 20) - 1);
+    assert!(start > 0, "too little WAL");
+    let dir = env.root.path().join("slow");
+    std::fs::create_dir_all(&dir).unwrap();
+    // pg_receivewal starts at the segment after its newest file.
+    let seg = walrelay_wal::segment::WalSegSize::DEFAULT;
+    let before = seg.file_name(
+        walrelay_wal::lsn::TimeLineId(1),
+        seg.segment_of(walrelay_wal::lsn::Lsn(start)) - 1,
+    );
+    std::fs::write(dir.join(before), vec![0u8; 16 << 20]).unwrap();
+    let out = env
+        .primary
+        .command("pg_receivewal")
+        .arg("-D")
+        .arg(&dir)
+        .args([
+            "-d",
+            &format!("host=127.0.0.1 port={} user={STANDBY_USER}", line.port),
+            "--no-loop",
+            "--no-sync",
+            "--status-interval=0",
+        ])
+        .arg(format!("--endpos={:X}/{:X}", end >> 32, end as u32))
+        .env("PGPASSWORD", STANDBY_PASSWORD)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_receivewal -s 0 catching up: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        env.downstream.log_text()
+    );
+    env.downstream.assert_no_panic();
+}
+
 /// `ANY 1 (a, b)`: with both walreceivers stopped a commit waits; when one resumes, it
 /// returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,8 @@ pub struct SplitOpts {
     pub major: Option<u32>,
     /// Extra keys for the upstream's `[limits]` (e.g. `max_sessions = 1`).
     pub upstream_limits: String,
+    /// Extra keys for the downstream's `[limits]` (e.g. `standby_timeout_secs = 10`).
+    pub downstream_limits: String,
 }
 
 impl Split {
@@ -65,11 +67,12 @@ impl Split {
             root.path(),
             "downstream",
             &format!(
-                "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{}\n\n[link]\nplaintext = true\nkeepalive_secs = 2\nconnect_timeout_secs = 3\n\n[limits]\ndrain_timeout_secs = 3\n",
+                "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{}\n\n[link]\nplaintext = true\nkeepalive_secs = 2\nconnect_timeout_secs = 3\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
                 link.port,
                 walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
                 spool.display(),
                 opts.downstream_extra,
+                opts.downstream_limits,
             ),
             Some(down),
             None,

@@ -330,14 +330,13 @@ async fn copy(
             }
             _ = s.ds.shutdown.cancelled() => return Err(shutting_down()),
             _ = silence::until(deadline) => return Err(live.timed_out()),
-            _ = std::future::ready(()), if more => {
-                pos = live.bounded(send_wal(s, pos, window)).await?;
+            // Before the WAL, which is always ready while the standby catches up: a standby
+            // that replies only when asked (wal_receiver_status_interval = 0, pg_receivewal
+            // -s 0) is asked then too, as WalSndKeepaliveIfNecessary asks it on every turn.
+            _ = silence::until(ask_at) => {
+                live.0.asked();
+                live.bounded(keepalive(s, limit, true)).await?;
                 last_sent = Instant::now();
-            }
-            r = view.changed(), if !more => {
-                if r.is_err() {
-                    return Err(End::fatal("XX000", "walrelay: the spool stopped"));
-                }
             }
             e = s.events.recv() => match e {
                 None => return Err(End::fatal("XX000", "walrelay: the spooler stopped")),
@@ -346,10 +345,14 @@ async fn copy(
                 },
                 Some(_) => {}
             },
-            _ = silence::until(ask_at) => {
-                live.0.asked();
-                live.bounded(keepalive(s, limit, true)).await?;
+            _ = std::future::ready(()), if more => {
+                pos = live.bounded(send_wal(s, pos, window)).await?;
                 last_sent = Instant::now();
+            }
+            r = view.changed(), if !more => {
+                if r.is_err() {
+                    return Err(End::fatal("XX000", "walrelay: the spool stopped"));
+                }
             }
             _ = tokio::time::sleep_until(last_sent + KEEPALIVE_EVERY) => {
                 live.bounded(keepalive(s, limit, false)).await?;
