@@ -133,16 +133,18 @@ pub fn standby_server_config(
 }
 
 /// Client config for the upstream's connection to the primary, following libpq's sslmode:
-/// prefer (and allow) encrypt without verifying, require too unless `sslrootcert` is given
-/// (then it checks the chain as verify-ca does: libpq's "if a root CA file is present, the
-/// behavior of sslmode=require will be the same as that of verify-ca"), verify-ca checks the
-/// chain, verify-full the chain and the host name.
+/// require, prefer and allow (when they use TLS) encrypt without verifying unless
+/// `sslrootcert` is given; then they check the chain as verify-ca does (libpq's
+/// `initialize_SSL` verifies the chain whenever the root file exists: "if a root CA file is
+/// present, the behavior of sslmode=require will be the same as that of verify-ca", and under
+/// prefer a failed check is a failed handshake, after which it tries in the clear).
+/// verify-ca checks the chain, verify-full the chain and the host name.
 pub fn primary_client_config(ci: &ConnInfo) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?;
     let builder = match (ci.sslmode, &ci.sslrootcert) {
         (SslMode::VerifyFull, Some(ca)) => builder.with_root_certificates(root_store(ca)?),
-        (SslMode::VerifyCa | SslMode::Require, Some(ca)) => {
+        (SslMode::VerifyCa | SslMode::Require | SslMode::Prefer | SslMode::Allow, Some(ca)) => {
             let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
                 Arc::new(root_store(ca)?),
                 provider(),

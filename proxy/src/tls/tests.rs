@@ -67,32 +67,35 @@ fn handshake(conninfo: &str, server: Arc<rustls::ServerConfig>) -> Result<(), ru
 }
 
 /// As libpq: "if a root CA file is present, the behavior of sslmode=require will be the same
-/// as that of verify-ca". A server whose certificate another CA signed is refused; one of
-/// the CA given passes whatever its name.
+/// as that of verify-ca", and libpq's `initialize_SSL` verifies the chain whenever the root
+/// file exists, so `prefer` and `allow` (when they use TLS) check it too. A server whose
+/// certificate another CA signed is refused; one of the CA given passes whatever its name.
 #[test]
-fn require_with_a_root_certificate_checks_the_chain() {
+fn a_root_certificate_makes_every_tls_mode_check_the_chain() {
     let dir = tempfile::tempdir().unwrap();
     let (ours_pem, ours) = ca("our CA");
     let (_, theirs) = ca("their CA");
     let root = dir.path().join("root.crt");
     std::fs::write(&root, ours_pem).unwrap();
-    let with_root = format!(
-        "host=db.example user=u sslmode=require sslrootcert={}",
-        root.display()
-    );
-    let e = handshake(&with_root, server("db.example", &theirs)).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
-        ),
-        "{e}"
-    );
-    handshake(&with_root, server("elsewhere.example", &ours)).unwrap();
-    // Without a root certificate require encrypts only, as libpq's does.
-    handshake(
-        "host=db.example user=u sslmode=require",
-        server("db.example", &theirs),
-    )
-    .unwrap();
+    for mode in ["require", "prefer", "allow"] {
+        let with_root = format!(
+            "host=db.example user=u sslmode={mode} sslrootcert={}",
+            root.display()
+        );
+        let e = handshake(&with_root, server("db.example", &theirs)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+            ),
+            "{mode}: {e}"
+        );
+        handshake(&with_root, server("elsewhere.example", &ours)).unwrap();
+        // Without a root certificate they encrypt only, as libpq's do.
+        handshake(
+            &format!("host=db.example user=u sslmode={mode}"),
+            server("db.example", &theirs),
+        )
+        .unwrap();
+    }
 }
