@@ -349,15 +349,21 @@ impl FeedToLink<'_> {
                 batch.timeline_end = true;
                 Ok(())
             }
-            b'E' => {
-                let e = walrelay_pgwire::ErrorFields::parse(&m.body).map_err(primary_gone)?;
-                Err(Status::unavailable(format!(
-                    "the primary ended the stream's replication: {}",
-                    e.message
-                )))
-            }
+            b'E' => Err(self.primary_error(&m)),
             // Notices, parameter changes: nothing for the stream.
             _ => Ok(()),
+        }
+    }
+
+    /// The primary's ErrorResponse `m` in the middle of the stream, as the stream's end: WAL
+    /// it no longer has says what to do ([`super::open::wal_gone`]); anything else is
+    /// tried again.
+    fn primary_error(&self, m: &RawMsg) -> Status {
+        match walrelay_pgwire::ErrorFields::parse(&m.body) {
+            Ok(e) => super::open::wal_gone(&self.slot, &e).unwrap_or_else(|| {
+                Status::unavailable(format!("the primary ended the stream's replication: {e}"))
+            }),
+            Err(e) => primary_gone(e),
         }
     }
 
@@ -463,96 +469,4 @@ async fn write_status(conn: &mut PrimaryConn, at: u64, reply: bool) -> Result<()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::MAX_MESSAGE_BYTES_MIN;
-    use crate::upstream::handshake::{batch_max, BATCH_MAX};
-
-    /// The walsender's largest XLogData message (MAX_SEND_SIZE) at `start`.
-    fn largest(start: u64) -> (usize, XLogData) {
-        let data = bytes::Bytes::from(vec![0u8; 128 * 1024]);
-        let body_len = 1 + 24 + data.len();
-        let x = XLogData {
-            start: Lsn(start),
-            end: Lsn(start + data.len() as u64),
-            send_time: 0,
-            data,
-        };
-        (body_len, x)
-    }
-
-    /// How many of the walsender's largest messages a batch of `max` bytes takes.
-    fn taken(max: usize) -> usize {
-        let mut b = Batch::new(max);
-        let mut n = 0;
-        loop {
-            let (len, x) = largest(n as u64 * 128 * 1024);
-            if !b.fits(len) {
-                return n;
-            }
-            b.push_wal(x).unwrap();
-            n += 1;
-        }
-    }
-
-    #[test]
-    fn a_batch_takes_two_of_the_largest_messages_or_what_the_downstream_does() {
-        // Two (256 kB of WAL, one run): half the records cut by a link message's end.
-        assert_eq!(taken(BATCH_MAX), 2);
-        let mut b = Batch::new(BATCH_MAX);
-        for i in 0..2 {
-            b.push_wal(largest(i * 128 * 1024).1).unwrap();
-        }
-        assert_eq!(b.parts.len(), 1);
-        // A downstream at the smallest limit gets one at a time, as before.
-        assert_eq!(taken(batch_max(MAX_MESSAGE_BYTES_MIN as u64)), 1);
-        assert_eq!(taken(batch_max(0)), 1);
-    }
-
-    /// The primary's CopyData carrying XLogData of `len` bytes at `start`.
-    fn xlogdata(start: u64, len: usize) -> RawMsg {
-        let mut body = vec![b'w'];
-        for v in [start, start + len as u64, 0] {
-            body.extend_from_slice(&v.to_be_bytes());
-        }
-        body.resize(body.len() + len, 0);
-        RawMsg {
-            tag: b'd',
-            body: body.into(),
-        }
-    }
-
-    #[test]
-    fn a_batch_says_more_follows_only_when_its_wal_goes_on_in_the_next() {
-        let full = |parts_after: bool| {
-            let mut b = Batch::new(BATCH_MAX);
-            b.push_wal(largest(0).1).unwrap();
-            if parts_after {
-                b.parts.push(Part::Keepalive {
-                    end: 0,
-                    send_time: 0,
-                });
-            }
-            b
-        };
-        let mut b = full(false);
-        b.close_before(&xlogdata(128 * 1024, 1000));
-        assert!(b.more, "the next WAL follows on");
-        // A gap, another message, or something after the WAL in the batch: nothing held.
-        for (next, after) in [
-            (xlogdata(256 * 1024, 1000), false),
-            (
-                RawMsg {
-                    tag: b'c',
-                    body: Default::default(),
-                },
-                false,
-            ),
-            (xlogdata(128 * 1024, 1000), true),
-        ] {
-            let mut b = full(after);
-            b.close_before(&next);
-            assert!(!b.more, "{:?} after a keepalive: {after}", next.tag);
-        }
-    }
-}
+mod tests;

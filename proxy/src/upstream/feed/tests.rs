@@ -1,0 +1,215 @@
+use super::*;
+use crate::config::MAX_MESSAGE_BYTES_MIN;
+use crate::upstream::handshake::{batch_max, BATCH_MAX};
+
+/// The walsender's largest XLogData message (MAX_SEND_SIZE) at `start`.
+fn largest(start: u64) -> (usize, XLogData) {
+    let data = bytes::Bytes::from(vec![0u8; 128 * 1024]);
+    let body_len = 1 + 24 + data.len();
+    let x = XLogData {
+        start: Lsn(start),
+        end: Lsn(start + data.len() as u64),
+        send_time: 0,
+        data,
+    };
+    (body_len, x)
+}
+
+/// How many of the walsender's largest messages a batch of `max` bytes takes.
+fn taken(max: usize) -> usize {
+    let mut b = Batch::new(max);
+    let mut n = 0;
+    loop {
+        let (len, x) = largest(n as u64 * 128 * 1024);
+        if !b.fits(len) {
+            return n;
+        }
+        b.push_wal(x).unwrap();
+        n += 1;
+    }
+}
+
+#[test]
+fn a_batch_takes_two_of_the_largest_messages_or_what_the_downstream_does() {
+    // Two (256 kB of WAL, one run): half the records cut by a link message's end.
+    assert_eq!(taken(BATCH_MAX), 2);
+    let mut b = Batch::new(BATCH_MAX);
+    for i in 0..2 {
+        b.push_wal(largest(i * 128 * 1024).1).unwrap();
+    }
+    assert_eq!(b.parts.len(), 1);
+    // A downstream at the smallest limit gets one at a time, as before.
+    assert_eq!(taken(batch_max(MAX_MESSAGE_BYTES_MIN as u64)), 1);
+    assert_eq!(taken(batch_max(0)), 1);
+}
+
+/// The primary's CopyData carrying XLogData of `len` bytes at `start`.
+fn xlogdata(start: u64, len: usize) -> RawMsg {
+    let mut body = vec![b'w'];
+    for v in [start, start + len as u64, 0] {
+        body.extend_from_slice(&v.to_be_bytes());
+    }
+    body.resize(body.len() + len, 0);
+    RawMsg {
+        tag: b'd',
+        body: body.into(),
+    }
+}
+
+#[test]
+fn a_batch_says_more_follows_only_when_its_wal_goes_on_in_the_next() {
+    let full = |parts_after: bool| {
+        let mut b = Batch::new(BATCH_MAX);
+        b.push_wal(largest(0).1).unwrap();
+        if parts_after {
+            b.parts.push(Part::Keepalive {
+                end: 0,
+                send_time: 0,
+            });
+        }
+        b
+    };
+    let mut b = full(false);
+    b.close_before(&xlogdata(128 * 1024, 1000));
+    assert!(b.more, "the next WAL follows on");
+    // A gap, another message, or something after the WAL in the batch: nothing held.
+    for (next, after) in [
+        (xlogdata(256 * 1024, 1000), false),
+        (
+            RawMsg {
+                tag: b'c',
+                body: Default::default(),
+            },
+            false,
+        ),
+        (xlogdata(128 * 1024, 1000), true),
+    ] {
+        let mut b = full(after);
+        b.close_before(&next);
+        assert!(!b.more, "{:?} after a keepalive: {after}", next.tag);
+    }
+}
+
+/// A feed whose primary is the other end of a pipe (`Rig::primary`: read what the feed tells
+/// the primary there), whose frames go to `Rig::frames`, and whose spool's durable end is
+/// `durable`.
+struct Rig {
+    _primary: tokio::io::DuplexStream,
+    _frames: mpsc::Receiver<Result<walrelay_proto::link::ToDownstream, Status>>,
+    _events: mpsc::Sender<Event>,
+}
+
+fn feed<'a>(
+    metrics: &'a std::sync::Arc<Metrics>,
+    synchronous: &'a AtomicUsize,
+    durable: watch::Receiver<Lsn>,
+) -> (FeedToLink<'a>, Rig) {
+    use crate::upstream::encode::Framer;
+    let (client, primary) = tokio::io::duplex(1 << 20);
+    let (reader, writer) = tokio::io::split(Box::new(client) as crate::pgclient::BoxIo);
+    let conn = PrimaryConn {
+        reader: crate::pgio::MsgReader::new(reader),
+        writer,
+        params: Vec::new(),
+        max_message_bytes: 1 << 20,
+        server: crate::pgclient::Server {
+            index: 0,
+            host: crate::conninfo::HostSpec {
+                host: "test".into(),
+                hostaddr: None,
+                port: 5432,
+            },
+        },
+        backend_key: None,
+    };
+    let encoder = walrelay_wal::linkcodec::WalEncoder::new(&crate::testwal::wal_setup()).unwrap();
+    let framer = Framer::new(encoder, metrics.ops.codec.session(), metrics.clone(), 0);
+    let (tx, frames) = mpsc::channel(4);
+    let (sent, _) = watch::channel(Lsn(0));
+    let (events_tx, events) = mpsc::channel(4);
+    let now = tokio::time::Instant::now();
+    let feed = FeedToLink {
+        conn,
+        stage: EncodeStage::spawn(framer, tx, sent, false).unwrap(),
+        events,
+        metrics,
+        window: Duration::ZERO,
+        batch_max: BATCH_MAX,
+        synchronous,
+        durable,
+        slot: "walrelay".into(),
+        tli: TimeLineId(1),
+        pending: None,
+        last_status: now,
+        last_sent: now,
+        primary_end: 0,
+        silence: Silence::new(Some(PRIMARY_TIMEOUT), now),
+    };
+    let rig = Rig {
+        _primary: primary,
+        _frames: frames,
+        _events: events_tx,
+    };
+    (feed, rig)
+}
+
+/// The primary's ErrorResponse, as the feed reads it.
+fn error_response(e: &walrelay_pgwire::ErrorFields) -> RawMsg {
+    let mut out = BytesMut::new();
+    encode::error_response(&mut out, e);
+    parse_tagged(&mut out, |_| 1 << 20).unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn wal_the_primary_removed_mid_stream_says_what_to_do() {
+    use walrelay_pgwire::ErrorFields;
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0));
+    let (mut feed, _rig) = feed(&metrics, &synchronous, durable);
+    // PostgreSQL sends this after CopyBothResponse, once the walsender reads the WAL.
+    let removed = ErrorFields::error(
+        "58P01",
+        "requested WAL segment 000000010000000000000003 has already been removed",
+    );
+    let e = feed
+        .take(&mut Batch::new(BATCH_MAX), error_response(&removed))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    for what in [
+        "000000010000000000000003",
+        "empty downstream.spool_dir",
+        "pg_drop_replication_slot('walrelay')",
+    ] {
+        assert!(e.message().contains(what), "{what}: {}", e.message());
+    }
+    // PostgreSQL 18 on an invalidated slot, before the copy: the same advice.
+    let mut invalidated = ErrorFields::error(
+        "55000",
+        "can no longer access replication slot \"walrelay\"",
+    );
+    invalidated.detail =
+        Some("This replication slot has been invalidated due to \"wal_removed\".".into());
+    let e = crate::upstream::open::wal_gone("walrelay", &invalidated).unwrap();
+    assert!(
+        e.message().contains("wal_removed") && e.message().contains("empty downstream.spool_dir"),
+        "{}",
+        e.message()
+    );
+    // Anything else is tried again, with the primary's whole error.
+    let mut other = ErrorFields::fatal(
+        "57P01",
+        "terminating connection due to administrator command",
+    );
+    other.hint = Some("a hint".into());
+    let e = feed
+        .take(&mut Batch::new(BATCH_MAX), error_response(&other))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("administrator command") && e.message().contains("a hint"),
+        "{}",
+        e.message()
+    );
+}
