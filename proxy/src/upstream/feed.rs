@@ -367,13 +367,16 @@ impl FeedToLink<'_> {
         }
     }
 
-    /// Tells the primary where the spool is durable (write = flush = that position). Apply is
+    /// Tells the primary where the spool is durable (write = flush = that position; none, 0,
+    /// before the downstream's first report, which the primary takes as no claim). Apply is
     /// none (0), as pg_receivewal says it: the spool replays nothing, and a stream matched by
     /// `synchronous_standby_names` (`*`) must not let a `remote_apply` commit return.
     /// `reply`: the primary is asked to answer at once (whether it is still there).
     async fn status(&mut self, reply: bool) -> Result<(), Status> {
         let at = self.durable.borrow_and_update().0;
-        self.slot_gauge(|s| s.confirmed = at);
+        if at != 0 {
+            self.slot_gauge(|s| s.confirmed = at);
+        }
         write_status(&mut self.conn, at, reply).await?;
         self.last_status = tokio::time::Instant::now();
         Ok(())

@@ -39,6 +39,27 @@ pub struct DurableReports {
 }
 
 impl DurableReports {
+    /// The reports of a stream that starts at `from` on timeline `start_tli`, with the feed's
+    /// side of them (where the spool is durable) and the encode stage's side of `sent`.
+    ///
+    /// The spool is durable nowhere (`Lsn(0)`, which tells the primary nothing: its slot
+    /// stays and no synchronous commit returns) until the downstream's first report: the
+    /// spool's end that its Hello stated (`from`) may still wait for an fsync, and a
+    /// downstream that went down before it would need that WAL again.
+    pub fn new(
+        from: Lsn,
+        start_tli: u32,
+    ) -> (DurableReports, watch::Receiver<Lsn>, watch::Sender<Lsn>) {
+        let (durable, durable_rx) = watch::channel(Lsn(0));
+        let (sent_tx, sent) = watch::channel(from);
+        let reports = DurableReports {
+            durable,
+            sent,
+            start_tli,
+        };
+        (reports, durable_rx, sent_tx)
+    }
+
     /// Takes the downstream's report that its spool is durable up to `end` on timeline `tli`.
     ///
     /// Never past what this stream sent: a downstream claiming more would let the slot drop
@@ -222,6 +243,21 @@ impl LinkToUpstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_is_durable_before_the_downstream_says_so() {
+        // The Hello's spool end may not be fsynced yet: not a position to tell the primary.
+        let (r, durable, sent) = DurableReports::new(Lsn(0x5000000), 1);
+        assert_eq!(*durable.borrow(), Lsn(0));
+        r.report(1, 0x4800000);
+        assert_eq!(*durable.borrow(), Lsn(0x4800000));
+        // Never past what the stream sent (from where it started until it sends more).
+        r.report(1, 0x5800000);
+        assert_eq!(*durable.borrow(), Lsn(0x5000000));
+        sent.send_replace(Lsn(0x6000000));
+        r.report(1, 0x5800000);
+        assert_eq!(*durable.borrow(), Lsn(0x5800000));
+    }
 
     #[test]
     fn a_durable_report_never_passes_what_was_sent_nor_comes_from_an_earlier_timeline() {

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -422,20 +422,13 @@ async fn run_stream(
     let encoder = WalEncoder::new(&setup).map_err(|e| Status::internal(e.to_string()))?;
     let (events_tx, events) = mpsc::channel(up.limits.queue_messages);
     let synchronous = Arc::new(AtomicUsize::new(0));
-    // Both from where the stream starts: the primary is never told of WAL past it before the
-    // downstream reports it durable.
-    let (durable_tx, durable) = watch::channel(from);
-    let (sent, sent_rx) = watch::channel(from);
     let tli = welcome
         .switches
         .last()
         .map(|s| TimeLineId(s.timeline))
         .unwrap_or(TimeLineId(welcome.timeline));
-    let reports = DurableReports {
-        durable: durable_tx,
-        sent: sent_rx,
-        start_tli: tli.0,
-    };
+    // The primary is told of no WAL before the downstream reports it durable.
+    let (reports, durable, sent) = DurableReports::new(from, tli.0);
     let from_link =
         LinkToUpstream::new(up.clone(), inbound, reports, events_tx, synchronous.clone());
     let framer = encode::Framer::new(

@@ -94,7 +94,7 @@ fn a_batch_says_more_follows_only_when_its_wal_goes_on_in_the_next() {
 /// the primary there), whose frames go to `Rig::frames`, and whose spool's durable end is
 /// `durable`.
 struct Rig {
-    _primary: tokio::io::DuplexStream,
+    primary: tokio::io::DuplexStream,
     _frames: mpsc::Receiver<Result<walrelay_proto::link::ToDownstream, Status>>,
     _events: mpsc::Sender<Event>,
 }
@@ -146,7 +146,7 @@ fn feed<'a>(
         silence: Silence::new(Some(PRIMARY_TIMEOUT), now),
     };
     let rig = Rig {
-        _primary: primary,
+        primary,
         _frames: frames,
         _events: events_tx,
     };
@@ -212,4 +212,31 @@ async fn wal_the_primary_removed_mid_stream_says_what_to_do() {
         "{}",
         e.message()
     );
+}
+
+/// The next status update the feed wrote to the primary: (write, flush, apply).
+async fn status_sent(primary: &mut tokio::io::DuplexStream) -> (Lsn, Lsn, Lsn) {
+    use tokio::io::AsyncReadExt;
+    let mut m = [0u8; 5 + walrelay_pgwire::repl::STATUS_UPDATE_LEN];
+    primary.read_exact(&mut m).await.unwrap();
+    assert_eq!(m[0], b'd');
+    walrelay_pgwire::repl::status_positions(&m[5..]).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_tells_the_primary_only_what_the_downstream_reported_durable() {
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    // The Hello said the spool ends at 0/5000000; its last fsync may be behind that.
+    let (reports, durable, _sent) =
+        crate::upstream::from_link::DurableReports::new(Lsn(0x500_0000), 1);
+    let (mut feed, mut rig) = feed(&metrics, &synchronous, durable);
+    feed.status(false).await.unwrap();
+    assert_eq!(
+        status_sent(&mut rig.primary).await,
+        (Lsn(0), Lsn(0), Lsn(0))
+    );
+    reports.report(1, 0x4F0_0000);
+    feed.status(false).await.unwrap();
+    let at = Lsn(0x4F0_0000);
+    assert_eq!(status_sent(&mut rig.primary).await, (at, at, Lsn(0)));
 }
