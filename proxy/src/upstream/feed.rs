@@ -11,7 +11,7 @@
 //!
 //! Toward the primary the feed answers as a standby would: status updates whose write and
 //! flush positions are where the downstream's spool is durable (so the slot advances only
-//! over WAL that is on the far side's disk), at least every [`STATUS_EVERY`] and whenever the
+//! over WAL that is on the far side's disk), at least every [`status_every`] and whenever the
 //! primary asks. At the end of a timeline (the primary was promoted from a standby and the
 //! spool was on the old timeline) it ends the copy, fetches the next timeline's history, sends
 //! it down and streams on.
@@ -39,8 +39,25 @@ use crate::metrics::Metrics;
 use crate::pgclient::PrimaryConn;
 use crate::silence::{self, Silence};
 
-/// The feed tells the primary where the spool is at least this often.
+/// The feed tells the primary where the spool is at least this often (as a walreceiver's
+/// `wal_receiver_status_interval`), or more often for a short `wal_sender_timeout`
+/// ([`status_every`]).
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// How often the feed tells the primary where the spool is, for the primary's
+/// `wal_sender_timeout` as `SHOW` prints it (None: unknown): [`STATUS_EVERY`], or half the
+/// timeout when that is shorter (CloudNativePG sets 5 s). While the link is slow the feed
+/// does not read the primary, so it does not hear the keepalive with which the walsender
+/// asks for a reply at half the timeout: these updates alone must keep it from ending the
+/// connection.
+pub fn status_every(wal_sender_timeout: Option<&str>) -> Duration {
+    match wal_sender_timeout.and_then(crate::upstream::primary::parse_millis) {
+        Some(ms) if ms > 0 => {
+            (Duration::from_millis(ms) / 2).clamp(Duration::from_millis(100), STATUS_EVERY)
+        }
+        _ => STATUS_EVERY,
+    }
+}
 /// A primary that sent nothing for this long is taken for gone (a host lost without a reset
 /// keeps a TCP connection open for many minutes), as `wal_receiver_timeout` takes it: after
 /// half of it the status update asks for a reply, which a live primary sends at once.
@@ -140,6 +157,8 @@ pub struct FeedToLink<'a> {
     pub slot: String,
     pub tli: TimeLineId,
     pub pending: Option<RawMsg>,
+    /// The primary hears where the spool is at least this often ([`status_every`]).
+    pub status_every: Duration,
     pub last_status: tokio::time::Instant,
     /// When the stream last carried something down: a keepalive goes when nothing else has
     /// for `ALIVE_EVERY` (the downstream ends a stream silent for `SILENT_LIMIT`).
@@ -179,7 +198,7 @@ impl FeedToLink<'_> {
     }
 
     /// Hands a batch to the encode stage. While its queue is full (the link slow) the primary
-    /// is not read, so it still hears from us every [`STATUS_EVERY`]: its `wal_sender_timeout`
+    /// is not read, so it still hears from us every `status_every`: its `wal_sender_timeout`
     /// would otherwise end the connection of a stream that is only waiting.
     async fn send_down(&mut self, job: Job) -> Result<(), Status> {
         let waited_from = tokio::time::Instant::now();
@@ -189,12 +208,12 @@ impl FeedToLink<'_> {
                 r = &mut send => {
                     // The primary was not read meanwhile: its silence is timed from now on,
                     // or a long wait on the link would look like a primary gone.
-                    if waited_from.elapsed() > STATUS_EVERY {
+                    if waited_from.elapsed() > self.status_every {
                         self.silence.heard(tokio::time::Instant::now());
                     }
                     return r;
                 }
-                _ = tokio::time::sleep_until(self.last_status + STATUS_EVERY) => {
+                _ = tokio::time::sleep_until(self.last_status + self.status_every) => {
                     let at = self.durable.borrow_and_update().0;
                     write_status(&mut self.conn, at, false).await?;
                     self.last_status = tokio::time::Instant::now();
@@ -237,7 +256,7 @@ impl FeedToLink<'_> {
             if deadline.is_none() && !batch.parts.is_empty() {
                 deadline = Some(tokio::time::Instant::now() + self.window());
             }
-            let status_due = self.last_status + STATUS_EVERY;
+            let status_due = self.last_status + self.status_every;
             let window_over = silence::until(deadline);
             let max = self.conn.max_message_bytes;
             let (ask_at, gone_at) = (self.silence.ask_at(), self.silence.deadline());

@@ -406,6 +406,7 @@ async fn run_stream(
         conn,
         welcome,
         from,
+        status_every,
     } = feed;
     let welcome = &welcome;
     let setup = Setup {
@@ -449,6 +450,7 @@ async fn run_stream(
         slot: agreed.slot.clone(),
         tli,
         pending: None,
+        status_every,
         last_status: tokio::time::Instant::now(),
         last_sent: tokio::time::Instant::now(),
         primary_end: from.0,

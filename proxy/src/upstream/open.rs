@@ -22,6 +22,9 @@ pub(super) struct Feed {
     pub(super) conn: PrimaryConn,
     pub(super) welcome: Welcome,
     pub(super) from: Lsn,
+    /// How often the feed tells the primary where the spool is, for its
+    /// `wal_sender_timeout` ([`super::feed::status_every`]).
+    pub(super) status_every: std::time::Duration,
 }
 
 /// Connects the feed to the primary on the downstream's slot, decides where the stream
@@ -40,6 +43,8 @@ pub(super) async fn open_feed(
     let seg = primary::segment_size(&mut conn)
         .await
         .map_err(|e| unavailable("SHOW wal_segment_size on the primary", e))?;
+    let timeout = conn.show("wal_sender_timeout").await.ok();
+    let status_every = super::feed::status_every(timeout.as_deref());
     let state = PrimaryState {
         system_id,
         tli: id.timeline,
@@ -96,6 +101,7 @@ pub(super) async fn open_feed(
         conn,
         welcome,
         from: at,
+        status_every,
     })
 }
 

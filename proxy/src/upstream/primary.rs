@@ -52,6 +52,23 @@ pub fn parse_size(v: &str) -> Option<u64> {
     n.checked_mul(unit)
 }
 
+/// A PostgreSQL time setting in milliseconds as SHOW prints it ("60s", "1min", "500ms", "0";
+/// a bare number is milliseconds, the unit of `wal_sender_timeout`).
+pub fn parse_millis(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = v[..digits].parse().ok()?;
+    let unit = match &v[digits..] {
+        "" | "ms" => 1,
+        "s" => 1000,
+        "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
 /// Where `slot` holds WAL from, and on which timeline (READ_REPLICATION_SLOT, PostgreSQL
 /// 15+: `restart_lsn`, `restart_tli`); None when the primary cannot say (older majors) or the
 /// slot holds nothing yet. The timeline is older than the primary's when the slot was made on
@@ -159,5 +176,18 @@ mod tests {
         assert_eq!(parse_size("16 MB"), None);
         assert_eq!(parse_size("MB"), None);
         assert_eq!(parse_size("99999999999999TB"), None);
+    }
+
+    #[test]
+    fn times_as_show_prints_them() {
+        use super::parse_millis;
+        assert_eq!(parse_millis("60s"), Some(60_000));
+        assert_eq!(parse_millis("1min"), Some(60_000));
+        assert_eq!(parse_millis("500ms"), Some(500));
+        assert_eq!(parse_millis("0"), Some(0));
+        assert_eq!(parse_millis("2h"), Some(7_200_000));
+        assert_eq!(parse_millis("5 s"), None);
+        assert_eq!(parse_millis("s"), None);
+        assert_eq!(parse_millis("99999999999999999d"), None);
     }
 }

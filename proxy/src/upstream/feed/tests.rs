@@ -140,6 +140,7 @@ fn feed<'a>(
         slot: "walrelay".into(),
         tli: TimeLineId(1),
         pending: None,
+        status_every: STATUS_EVERY,
         last_status: now,
         last_sent: now,
         primary_end: 0,
@@ -239,4 +240,49 @@ async fn a_stream_tells_the_primary_only_what_the_downstream_reported_durable() 
     feed.status(false).await.unwrap();
     let at = Lsn(0x4F0_0000);
     assert_eq!(status_sent(&mut rig.primary).await, (at, at, Lsn(0)));
+}
+
+#[test]
+fn status_updates_come_twice_within_the_primarys_wal_sender_timeout() {
+    assert_eq!(status_every(Some("60s")), STATUS_EVERY);
+    assert_eq!(status_every(Some("1min")), STATUS_EVERY);
+    assert_eq!(status_every(Some("5s")), Duration::from_millis(2500));
+    assert_eq!(status_every(Some("10s")), Duration::from_secs(5));
+    // Off, unknown or unreadable: every STATUS_EVERY.
+    for v in [Some("0"), None, Some("soon")] {
+        assert_eq!(status_every(v), STATUS_EVERY, "{v:?}");
+    }
+    assert_eq!(status_every(Some("10ms")), Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn a_stream_waiting_on_the_link_keeps_a_short_wal_sender_timeout_at_bay() {
+    use futures::FutureExt;
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0x300_0000));
+    let (mut feed, mut rig) = feed(&metrics, &synchronous, durable);
+    // The primary's wal_sender_timeout = 1s (the stream learns it when it opens).
+    feed.status_every = status_every(Some("1s"));
+    let keepalive = || Job {
+        parts: vec![Part::Keepalive {
+            end: 0,
+            send_time: 0,
+        }],
+        wal_end: None,
+        more: false,
+    };
+    // The link takes nothing: its queue (4 frames) fills, then the feed waits on it.
+    for _ in 0..4 {
+        feed.send_down(keepalive()).await.unwrap();
+    }
+    let waiting = tokio::time::timeout(Duration::from_millis(1200), feed.send_down(keepalive()));
+    assert!(waiting.await.is_err(), "the link took a frame");
+    // Meanwhile the primary heard from the stream within its timeout.
+    let sent = status_sent(&mut rig.primary).now_or_never();
+    let at = Lsn(0x300_0000);
+    assert_eq!(
+        sent,
+        Some((at, at, Lsn(0))),
+        "no status update within 1.2 s"
+    );
 }
