@@ -395,8 +395,8 @@ impl Spool {
     fn complete(&mut self, segno: u64) -> Result<(), SpoolError> {
         let file = self.current.take().map(|(_, f)| f);
         durable::finish_segment(&self.dir, self.seg, file, self.ext.tli, segno)?;
+        state::write(&self.dir, &self.state(self.ext.end)?)?;
         self.ext.durable = self.ext.durable.max(self.ext.end);
-        self.write_state()?;
         self.retain()
     }
 
@@ -412,8 +412,10 @@ impl Spool {
                 self.named = true;
             }
         }
+        // The durable end moves only once `spool.state` says so: the upstream lets the
+        // primary's slot advance to it, and a spool opened again starts from the file.
+        state::write(&self.dir, &self.state(self.ext.end)?)?;
         self.ext.durable = self.ext.end;
-        self.write_state()?;
         Ok(self.ext.durable)
     }
 

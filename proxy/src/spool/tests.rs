@@ -350,3 +350,33 @@ fn the_newest_wal_is_served_from_memory() {
         Err(SpoolError::Removed(_))
     ));
 }
+
+/// A sync whose `spool.state` cannot be written (a full disk) leaves the durable end where
+/// the state file says it is: the upstream lets the primary's slot advance to that end, and
+/// a reopened spool starts from the state file, so an end moved before the file was written
+/// would have the primary drop WAL the reopened spool still needs.
+#[test]
+fn a_sync_that_cannot_write_its_state_moves_no_durable_end() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
+    s.append(T1, Lsn(0), &wal(0, 1_200_000)).unwrap();
+    assert_eq!(s.sync().unwrap(), Lsn(1_200_000));
+    s.append(T1, Lsn(1_200_000), &wal(1_200_000, 5000)).unwrap();
+    // The state's temporary file cannot be created, as on a full disk.
+    std::fs::create_dir(d.path().join("spool.state.tmp")).unwrap();
+    assert!(s.sync().is_err());
+    assert_eq!(
+        s.extent().durable,
+        Lsn(1_200_000),
+        "not what spool.state says"
+    );
+    // A timeline switch syncs first: the same.
+    let history = b"1\t0/100000\tno recovery target specified\n";
+    assert!(s.switch_timeline(TimeLineId(2), history).is_err());
+    assert_eq!((s.extent().tli, s.extent().durable), (T1, Lsn(1_200_000)));
+    // What the state file says is what a reopened spool holds.
+    std::fs::remove_dir(d.path().join("spool.state.tmp")).unwrap();
+    drop(s);
+    let s = open(d.path(), 42, 100 * MIB);
+    assert_eq!(s.extent().end, Lsn(1_200_000));
+}
