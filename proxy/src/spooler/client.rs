@@ -173,7 +173,8 @@ async fn stream_once(sp: &Arc<Spooler>, channel: tonic::transport::Channel) -> E
     // The stage's input closed with `recv`. What the thread still holds was received whole,
     // and is applied before the next stream's Hello states where the spool ends (a stuck
     // writer is waited for up to SETTLE_MAX, as `settled` does); a frame of it that fails
-    // verification names the stream's end.
+    // verification names the stream's end. A stage still applying after that wait keeps
+    // its `Producer`, so the next stream's `settled` waits for it too.
     let end = match tokio::time::timeout(SETTLE_MAX, failed.recv()).await {
         Ok(Some(f)) => Ended::from(f),
         _ => end,
@@ -292,6 +293,8 @@ fn reopen_channels(sp: &Spooler) {
 struct Applier {
     sp: Arc<Spooler>,
     tli: TimeLineId,
+    /// Until the decode stage is gone (it may outlive its stream), no next stream starts.
+    _producer: super::writer::Producer,
 }
 
 impl Applier {
@@ -317,6 +320,7 @@ impl Applier {
         let sink = Box::new(Applier {
             sp: sp.clone(),
             tli,
+            _producer: sp.writer.producer(),
         });
         DecodeStage::spawn(decoder, caps, sp.metrics.clone(), sink)
             .map_err(|e| other(format!("cannot start the stream's decode thread: {e}")))

@@ -84,8 +84,19 @@ pub struct SpoolWriter {
     in_flight: Arc<AtomicUsize>,
     /// The spool failed: ops are refused until it is opened again.
     stopped: Arc<AtomicBool>,
+    /// Streams' decode stages that may still hand ops on ([`SpoolWriter::producer`]).
+    producers: Arc<AtomicUsize>,
     /// The spool's durable end, changed only when it moves.
     durable: watch::Receiver<Lsn>,
+}
+
+/// A stream's decode stage that may still hand ops on ([`SpoolWriter::producer`]).
+pub struct Producer(Arc<AtomicUsize>);
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The spool failed (see the view's `failed`): it takes no ops until it is opened again.
@@ -118,6 +129,7 @@ pub fn start(
         writing,
         in_flight,
         stopped,
+        producers: Arc::default(),
         durable,
     };
     Ok((writer, view_rx))
@@ -143,16 +155,29 @@ impl SpoolWriter {
         self.durable.clone()
     }
 
+    /// Held by a stream's decode stage for as long as it may hand ops on: [`settled`] and
+    /// [`reopen`] wait for it to be dropped, since a stage that outlived its stream (its
+    /// writer stuck past `SETTLE_MAX`) still applies the frames it holds, and between two of
+    /// them nothing of it is in flight.
+    ///
+    /// [`settled`]: SpoolWriter::settled
+    /// [`reopen`]: SpoolWriter::reopen
+    pub fn producer(&self) -> Producer {
+        self.producers.fetch_add(1, Ordering::AcqRel);
+        Producer(self.producers.clone())
+    }
+
     /// Whether every op handed on is applied (a `send` now does not wait for a full queue).
     pub fn idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
-    /// Waits until every op handed on is applied, the writer failed, or `max` passed. A
-    /// stream must not start before: its Hello states where the spool ends, and ops of the
-    /// stream before it still queued here would move that end after the upstream resumed
-    /// from it (a gap, which fails the spool). Returns false when ops are still in flight
-    /// (`max` passed first): then no stream may start yet.
+    /// Waits until every op handed on is applied and every [`Producer`] is gone, the writer
+    /// failed, or `max` passed. A stream must not start before: its Hello states where the
+    /// spool ends, and ops of the stream before it still queued here, or still to come from
+    /// its decode stage, would move that end after the upstream resumed from it (a gap,
+    /// which fails the spool). Returns false when ops are still in flight (`max` passed
+    /// first): then no stream may start yet.
     pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) -> bool {
         self.applied(view, max, true).await
     }
@@ -170,7 +195,9 @@ impl SpoolWriter {
             Some(f) => Err(f),
             None => Ok(()),
         };
-        if lock(&self.writing).reopen_due() != Some(true) {
+        // A stage of the last stream still applying would append to the reopened spool.
+        let producing = self.producers.load(Ordering::Acquire) != 0;
+        if producing || lock(&self.writing).reopen_due() != Some(true) {
             return failure(view);
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -183,8 +210,8 @@ impl SpoolWriter {
         failure(view)
     }
 
-    /// Waits until every op handed on is applied (or, `or_failed`, the writer failed), or
-    /// `max` passed; false in that last case.
+    /// Waits until every op handed on is applied and no [`Producer`] is left (or,
+    /// `or_failed`, the writer failed), or `max` passed; false in that last case.
     async fn applied(
         &self,
         view: &mut watch::Receiver<SpoolView>,
@@ -193,7 +220,8 @@ impl SpoolWriter {
     ) -> bool {
         let until = tokio::time::Instant::now() + max;
         loop {
-            let busy = self.in_flight.load(Ordering::Acquire) != 0;
+            let busy = self.in_flight.load(Ordering::Acquire) != 0
+                || self.producers.load(Ordering::Acquire) != 0;
             if !busy || (or_failed && view.borrow_and_update().failed.is_some()) {
                 return true;
             }

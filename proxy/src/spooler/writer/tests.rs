@@ -65,6 +65,43 @@ async fn settled_waits_for_the_ops_in_flight() {
     release.join().unwrap();
 }
 
+/// A stream's decode stage that outlived its stream (its writer was stuck) still applies
+/// the frames it holds, with nothing in flight between two of them: `settled` waits for it
+/// to be gone, so the spool's end a new stream states is final.
+#[tokio::test]
+async fn settled_waits_for_a_decode_stage_still_applying() {
+    let d = tempfile::tempdir().unwrap();
+    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
+    let (w, mut view) = start(spool, Metrics::new()).unwrap();
+    let w = Arc::new(w);
+    w.send_now(Op::Bind {
+        system_id: 7,
+        seg: WalSegSize::new(MIB).unwrap(),
+    })
+    .unwrap();
+    let mut at = MIB;
+    let (op, end) = append(&mut at, 100);
+    let stage = w.producer();
+    w.send(op).unwrap();
+    until(&mut view, |v| v.extent.end == Lsn(end)).await;
+    // The stage restores its next frame (300 ms), applies it, and stops.
+    let (op, last) = append(&mut at, 100_000);
+    let writer = w.clone();
+    let stage = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        writer.send(op).unwrap();
+        drop(stage);
+    });
+    assert!(!w.settled(&mut view, Duration::from_millis(50)).await);
+    assert!(w.settled(&mut view, Duration::from_secs(10)).await);
+    assert_eq!(
+        view.borrow().extent.end,
+        Lsn(last),
+        "the stage's last frame applied"
+    );
+    stage.join().unwrap();
+}
+
 /// A bound, deferred spool in `dir` with the writer's state, run by the test (no threads).
 fn writing(dir: &std::path::Path) -> (Writing, watch::Receiver<SpoolView>, watch::Receiver<Lsn>) {
     let mut spool = Spool::open(dir, 100 * MIB).unwrap();
