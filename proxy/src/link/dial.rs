@@ -6,7 +6,7 @@
 //! decides about retries).
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 
 use super::CountingIo;
 use crate::config::{LinkConfig, UpstreamAddr, UpstreamAddrs};
+use crate::logging::Repeats;
 use crate::metrics::Metrics;
 use crate::pgclient::BoxIo;
 
@@ -38,6 +39,9 @@ pub(super) struct Dialer {
     server_name: Option<String>,
     timeout: Duration,
     metrics: Option<Arc<Metrics>>,
+    /// Each address's last failure as logged: the stream dials every second while the
+    /// upstream is down, and a reason that repeats is logged once a minute.
+    logged: Arc<Mutex<Vec<Repeats>>>,
 }
 
 impl Dialer {
@@ -53,6 +57,11 @@ impl Dialer {
             server_name: link.tls_server_name.clone(),
             timeout: Duration::from_secs(link.connect_timeout_secs.max(1)),
             metrics,
+            logged: Arc::new(Mutex::new(
+                std::iter::repeat_with(Repeats::default)
+                    .take(addrs.len())
+                    .collect(),
+            )),
         }
     }
 
@@ -68,11 +77,26 @@ impl Dialer {
                 ),
             };
             if i + 1 < self.addrs.len() {
-                tracing::warn!(upstream = %addr, "cannot connect to this upstream address ({why}); trying the next one");
+                self.log_failure(i, addr, &why);
             }
             failures.push((addr.clone(), why));
         }
         Err(DialError(failures))
+    }
+
+    /// Logs that address `i` failed and the next is tried, once a minute for a repeated reason.
+    fn log_failure(&self, i: usize, addr: &UpstreamAddr, why: &str) {
+        if let Some(again) = self.failure_to_log(i, why) {
+            tracing::warn!(upstream = %addr, "cannot connect to this upstream address ({why}){again}; trying the next one");
+        }
+    }
+
+    /// Whether address `i`'s failure for `why` is to be logged now: Some(what to add, the
+    /// times it came since it was last logged).
+    fn failure_to_log(&self, i: usize, why: &str) -> Option<String> {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let n = logged.get_mut(i)?.report(why)?;
+        Some(Repeats::since_text(n))
     }
 
     /// TCP (no delay), counted when metrics are given, then TLS with ALPN h2.

@@ -80,3 +80,26 @@ fn tls_needs_the_ca() {
     let e = crate::link::client_tls(&link).map(|_| ()).unwrap_err();
     assert!(e.to_string().contains("link.tls_ca"), "{e}");
 }
+
+/// While every address is down, the stream dials them all every second: an address that
+/// keeps failing for the same reason is logged once a minute (with its count), as the
+/// stream's own reason is, not at every attempt.
+#[tokio::test]
+async fn an_address_that_keeps_failing_is_logged_once_a_minute() {
+    let (a, b) = (closed_port(), closed_port());
+    let uri = http::Uri::from_static("http://ignored:1");
+    let mut dialer = plaintext_dialer(&[a, b]);
+    let e = dialer.call(uri.clone()).await.map(|_| ()).unwrap_err();
+    let why = e.0[0].1.clone();
+    // The first failure was logged: the same one again is not, however often it comes.
+    for _ in 0..4 {
+        dialer.call(uri.clone()).await.map(|_| ()).unwrap_err();
+    }
+    assert_eq!(dialer.failure_to_log(0, &why), None);
+    // A dialer that has not seen it logs it; a new reason is logged at once.
+    assert_eq!(
+        plaintext_dialer(&[a, b]).failure_to_log(0, &why),
+        Some(String::new())
+    );
+    assert!(dialer.failure_to_log(0, "timed out").is_some());
+}
