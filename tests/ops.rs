@@ -248,6 +248,8 @@ async fn sigterm_during_streaming_exits_cleanly_and_the_standby_resumes() {
     );
     let log = env.relay.log_text();
     assert!(log.contains("SIGTERM: draining"), "{log}");
+    // Everything spooled was made durable before the exit, the load still running.
+    assert!(log.contains("spool synced"), "{log}");
     // The standby was told why (a FATAL from the relay, not a cut connection).
     let standby = &env.standby;
     wait_until(

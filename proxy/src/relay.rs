@@ -138,5 +138,10 @@ impl Running {
         {
             warn!("shutdown: halves did not stop within the drain timeout");
         }
+        // What the spool holds, durable before the process exits: a restart then resumes
+        // from all of it (the periodic sync would have left up to its period's WAL behind).
+        if let Some(d) = &self.downstream {
+            d.get().spooler.sync_at_shutdown().await;
+        }
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use walrelay_proto::frame::Feedback;
 use walrelay_proto::link::{Command, StandbyInfo, StartReplication, Welcome};
@@ -42,6 +42,8 @@ const CODEC_FALLBACK: Duration = Duration::from_secs(600);
 /// Name of the file in the spool directory that keeps the primary's parameters, so standbys
 /// can start while the link is down.
 const PARAMS_FILE: &str = "primary.params";
+/// The longest the final sync at shutdown waits for the spool's disk.
+pub const SHUTDOWN_SYNC_MAX: Duration = Duration::from_secs(5);
 
 /// What a standby's session hears on its channel.
 #[derive(Debug)]
@@ -143,7 +145,25 @@ impl Spooler {
         client::run(self).await
     }
 
-    /// The link's gRPC channel for a tunnel's call (None before the link was set up).
+    /// Makes what the spool holds durable before the process exits (at most
+    /// [`SHUTDOWN_SYNC_MAX`]), and says where it ends.
+    pub async fn sync_at_shutdown(&self) {
+        let synced = self
+            .writer
+            .sync_now(&mut self.view.clone(), SHUTDOWN_SYNC_MAX)
+            .await;
+        let e = self.view.borrow().extent;
+        match synced {
+            true => info!(end = %e.durable, timeline = e.tli.0, "spool synced"),
+            false => warn!(
+                durable = %e.durable,
+                "the spool was not synced within {} s at shutdown (its disk is slow or failed): \
+                 what is past its durable end is fetched again from the primary's slot",
+                SHUTDOWN_SYNC_MAX.as_secs()
+            ),
+        }
+    }
+
     /// A reloaded `limits.queue_messages`, for the streams opened from now on.
     pub fn set_queue_messages(&self, n: usize) {
         self.queue_messages
@@ -156,6 +176,7 @@ impl Spooler {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The link's gRPC channel for a tunnel's call (None before the link was set up).
     pub fn channel(&self) -> Option<tonic::transport::Channel> {
         self.channel.get().cloned()
     }

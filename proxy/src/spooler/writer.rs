@@ -74,6 +74,8 @@ enum Queued {
     Wake,
     /// Opens the failed spool again ([`SpoolWriter::reopen`]).
     Reopen,
+    /// Syncs what is written now ([`SpoolWriter::sync_now`]).
+    Sync,
 }
 
 /// The stream's handle on the spool's writer.
@@ -210,6 +212,41 @@ impl SpoolWriter {
         failure(view)
     }
 
+    /// Makes everything written so far durable (`spool.state` included) and waits for it, at
+    /// most `max`: the final sync at shutdown, so that a restart finds all of it rather than
+    /// fetching the last period's WAL again. False when `max` passed first or the writer
+    /// failed.
+    pub async fn sync_now(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) -> bool {
+        let until = tokio::time::Instant::now() + max;
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        loop {
+            match self.ops.try_send(Queued::Sync) {
+                Ok(()) => break,
+                Err(std_mpsc::TrySendError::Full(_)) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(_) => {
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    return false;
+                }
+            }
+        }
+        // The ops handed on before it, then it (a stage of the stream that shutdown dropped
+        // may still hold a frame or two: not waited for, they are fetched again).
+        loop {
+            if view.borrow_and_update().failed.is_some() {
+                return false;
+            }
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(20), view.changed()).await;
+        }
+    }
+
     /// Waits until every op handed on is applied and no [`Producer`] is left (or,
     /// `or_failed`, the writer failed), or `max` passed; false in that last case.
     async fn applied(
@@ -342,6 +379,12 @@ impl WriterThread {
                 Ok(Queued::Wake) | Err(std_mpsc::RecvTimeoutError::Timeout) => None,
                 Ok(Queued::Reopen) => {
                     self.reopen();
+                    continue;
+                }
+                Ok(Queued::Sync) => {
+                    self.syncer.drain();
+                    lock(&self.writing).sync_now();
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => {

@@ -125,6 +125,22 @@ impl Writing {
         }
     }
 
+    /// Syncs all that is written (and `spool.state`), as the periodic sync would a little
+    /// later; every sync job must be done (the sync thread drained).
+    pub(super) fn sync_now(&mut self) {
+        if self.is_failed() {
+            return;
+        }
+        match self.spool.sync() {
+            Ok(_) => {
+                self.dirty_since = None;
+                self.sync_pending = false;
+                self.published();
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
     /// Publishes the spool's extent as it is now.
     pub(super) fn published(&mut self) {
         if self.failed.is_none() {

@@ -273,3 +273,25 @@ async fn a_failed_spool_is_opened_again_and_takes_wal_from_its_durable_end() {
     w.reopen(&mut view, Duration::from_secs(5)).await.unwrap();
     assert_eq!(view.borrow().extent.end, Lsn(end));
 }
+
+/// The final sync at shutdown: what is written is durable when `sync_now` returns, not a
+/// sync period later (the durable end moves only once `spool.state` says so), so a restart
+/// resumes from all of it.
+#[tokio::test]
+async fn sync_now_makes_what_is_written_durable_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
+    let (w, mut view) = start(spool, Metrics::new()).unwrap();
+    w.send_now(Op::Bind {
+        system_id: 7,
+        seg: WalSegSize::new(MIB).unwrap(),
+    })
+    .unwrap();
+    let mut at = MIB;
+    for n in [100, 5_000, 300_000] {
+        let (op, end) = append(&mut at, n);
+        w.send(op).unwrap();
+        assert!(w.sync_now(&mut view, Duration::from_secs(5)).await);
+        assert_eq!(view.borrow().extent.durable, Lsn(end), "after {n} bytes");
+    }
+}
