@@ -117,11 +117,18 @@ impl Channels {
     }
 
     /// After a (re)connect: the channels closed meanwhile are gone; every other one is
-    /// opened again, started again if it was, and its latest feedback goes again.
+    /// opened again, started again if it was, and its latest feedback goes again. A command
+    /// queued since the stream came up (sessions queue one only while the link is up, so
+    /// between the Welcome and this call) goes after its channel's OPEN, not lost.
     pub fn reopen(&mut self, now: Instant) {
+        let mut commands = Vec::new();
         for o in std::mem::take(&mut self.queue) {
-            if let Out::Close(chan) = o {
-                self.open.remove(&chan);
+            match o {
+                Out::Close(chan) => {
+                    self.open.remove(&chan);
+                }
+                o @ Out::Command(..) => commands.push(o),
+                Out::Open(..) | Out::Start(..) => {}
             }
         }
         let mut chans: Vec<u32> = self.open.keys().copied().collect();
@@ -142,6 +149,11 @@ impl Channels {
                 c.due = Some(now);
             }
         }
+        queue.extend(
+            commands
+                .into_iter()
+                .filter(|o| self.open.contains_key(&o.chan())),
+        );
         self.queue = queue;
     }
 }

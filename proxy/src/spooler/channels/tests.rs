@@ -118,3 +118,22 @@ fn a_standby_starting_again_and_again_queues_one_start() {
     ch.start(a + 1, start());
     assert_eq!(ch.queue.len(), 2);
 }
+
+/// A session that sees the link up queues its command at once; one queued between the
+/// Welcome and the channels' reopening goes after its channel's OPEN. Before, the reopening
+/// dropped it and the session waited a minute for an answer that never came.
+#[test]
+fn a_command_queued_as_the_link_comes_up_is_kept() {
+    let mut ch = Channels::default();
+    let (tx, _rx) = mpsc::channel(1);
+    let a = ch.open(info("a"), tx.clone()).unwrap();
+    let b = ch.open(info("b"), tx.clone()).unwrap();
+    sent(&mut ch);
+    ch.link_down();
+    ch.close(b, Instant::now());
+    // The stream is up again; `a` asks the primary something before the reopening.
+    ch.queue.push(Out::Command(a, Command::default()));
+    ch.queue.push(Out::Command(b, Command::default()));
+    ch.reopen(Instant::now());
+    assert_eq!(kinds(&ch), [format!("open {a}"), format!("command {a}")]);
+}
