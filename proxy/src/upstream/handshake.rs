@@ -163,7 +163,11 @@ pub fn start(hello: &Hello, primary: &PrimaryState, seg: WalSegSize) -> Result<S
         }
         if Lsn(hello.spool_end) > primary.flush && TimeLineId(hello.timeline) == primary.tli {
             return Err(Status::failed_precondition(format!(
-                "the downstream's spool ends at {}, ahead of the primary ({}): it holds WAL the primary does not have; empty downstream.spool_dir",
+                "the downstream's spool ends at {}, ahead of the server the upstream reached ({}): \
+                 if that server is a standby that is behind (upstream.primary lists several hosts \
+                 and target_session_attrs is any), set target_session_attrs=primary and the spool \
+                 is kept; only if it is the primary (restored from an older backup, say) does the \
+                 spool hold WAL it never wrote: then empty downstream.spool_dir",
                 Lsn(hello.spool_end),
                 primary.flush
             )));
