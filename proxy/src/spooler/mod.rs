@@ -221,10 +221,15 @@ impl Spooler {
                 .iter()
                 .map(|p| (p.name.clone(), p.value.clone()))
                 .collect();
-            if let Err(e) = write_params(&self.cfg.spool_dir, &params) {
-                warn!("cannot keep the primary's parameters in the spool directory: {e}");
+            // Written (and fsynced, on this runtime thread) only when they changed, which
+            // is seldom: not at every reconnect.
+            let changed = *lock(&self.params) != params;
+            if changed {
+                if let Err(e) = write_params(&self.cfg.spool_dir, &params) {
+                    warn!("cannot keep the primary's parameters in the spool directory: {e}");
+                }
+                *lock(&self.params) = params;
             }
-            *lock(&self.params) = params;
         }
         self.link_tx.send_replace(w);
     }
