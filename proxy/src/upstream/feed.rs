@@ -375,11 +375,11 @@ impl FeedToLink<'_> {
     }
 
     /// The primary's ErrorResponse `m` in the middle of the stream, as the stream's end: WAL
-    /// it no longer has says what to do ([`super::open::wal_gone`]); anything else is
+    /// it no longer has says what to do ([`super::primary::wal_gone`]); anything else is
     /// tried again.
     fn primary_error(&self, m: &RawMsg) -> Status {
         match walrelay_pgwire::ErrorFields::parse(&m.body) {
-            Ok(e) => super::open::wal_gone(&self.slot, &e).unwrap_or_else(|| {
+            Ok(e) => super::primary::wal_gone(&self.slot, &e).unwrap_or_else(|| {
                 Status::unavailable(format!("the primary ended the stream's replication: {e}"))
             }),
             Err(e) => primary_gone(e),

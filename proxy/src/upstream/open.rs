@@ -4,7 +4,6 @@
 
 use tracing::info;
 
-use walrelay_pgwire::ErrorFields;
 use walrelay_proto::link::{Hello, Param, Welcome};
 use walrelay_proto::PROTOCOL_VERSION;
 use walrelay_wal::lsn::{Lsn, TimeLineId};
@@ -153,32 +152,10 @@ async fn start_streaming(
                 e.message
             )))
         }
-        Err(pgclient::PgClientError::Server(e)) => Err(wal_gone(slot, &e)
+        Err(pgclient::PgClientError::Server(e)) => Err(primary::wal_gone(slot, &e)
             .unwrap_or_else(|| Status::unavailable(format!("START_REPLICATION on the primary: {e}")))),
         Err(e) => Err(unavailable("START_REPLICATION on the primary", e)),
     }
-}
-
-/// The primary's error `e` on the stream's replication connection, when it says that the
-/// WAL the spool continues from is gone: removed (`requested WAL segment … has already been
-/// removed`, which PostgreSQL sends after CopyBothResponse, in the middle of the copy) or
-/// the stream's slot invalidated (PostgreSQL 18 refuses START_REPLICATION on it: `can no
-/// longer access replication slot`). Waiting does not bring it back, so the status says what
-/// to do. None for any other error.
-pub(super) fn wal_gone(slot: &str, e: &ErrorFields) -> Option<Status> {
-    let removed = e.code == "58P01" || e.message.contains("has already been removed");
-    let invalidated = e.message.contains("can no longer access replication slot");
-    if !removed && !invalidated {
-        return None;
-    }
-    Some(Status::failed_precondition(format!(
-        "the primary no longer has the WAL the spool continues from ({e}). The spool and the \
-         standbys behind it cannot catch up from this primary (was slot {slot:?} dropped, or \
-         invalidated by max_slot_wal_keep_size?): drop the slot on the primary if \
-         pg_replication_slots still lists it (SELECT pg_drop_replication_slot('{slot}')), \
-         empty downstream.spool_dir, restart the downstream and seed the standbys again \
-         (pg_basebackup through it)"
-    )))
 }
 
 /// The spool may be on an older timeline than the primary (it was promoted from a standby):

@@ -10,6 +10,7 @@ use walrelay_wal::lsn::{Lsn, TimeLineId};
 use walrelay_wal::segment::WalSegSize;
 
 use crate::pgclient::{PgClientError, PrimaryConn};
+use tonic::Status;
 
 fn malformed(what: &'static str) -> PgClientError {
     PgClientError::Wire(WireError::Malformed { tag: 'D', what })
@@ -162,6 +163,28 @@ pub fn next_timeline_row(m: &RawMsg) -> Result<(TimeLineId, Lsn), PgClientError>
         .and_then(|s| s.parse::<Lsn>().ok())
         .ok_or(malformed("next_tli_startpos"))?;
     Ok((TimeLineId(next), at))
+}
+
+/// The primary's error `e` on the stream's replication connection, when it says that the
+/// WAL the spool continues from is gone: removed (`requested WAL segment … has already been
+/// removed`, which PostgreSQL sends after CopyBothResponse, in the middle of the copy) or
+/// the stream's slot invalidated (PostgreSQL 18 refuses START_REPLICATION on it: `can no
+/// longer access replication slot`). Waiting does not bring it back, so the status says what
+/// to do. None for any other error.
+pub fn wal_gone(slot: &str, e: &ErrorFields) -> Option<Status> {
+    let removed = e.code == "58P01" || e.message.contains("has already been removed");
+    let invalidated = e.message.contains("can no longer access replication slot");
+    if !removed && !invalidated {
+        return None;
+    }
+    Some(Status::failed_precondition(format!(
+        "the primary no longer has the WAL the spool continues from ({e}). The spool and the \
+         standbys behind it cannot catch up from this primary (was slot {slot:?} dropped, or \
+         invalidated by max_slot_wal_keep_size?): drop the slot on the primary if \
+         pg_replication_slots still lists it (SELECT pg_drop_replication_slot('{slot}')), \
+         empty downstream.spool_dir, restart the downstream and seed the standbys again \
+         (pg_basebackup through it)"
+    )))
 }
 
 #[cfg(test)]

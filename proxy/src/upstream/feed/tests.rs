@@ -191,7 +191,7 @@ async fn wal_the_primary_removed_mid_stream_says_what_to_do() {
     );
     invalidated.detail =
         Some("This replication slot has been invalidated due to \"wal_removed\".".into());
-    let e = crate::upstream::open::wal_gone("walrelay", &invalidated).unwrap();
+    let e = crate::upstream::primary::wal_gone("walrelay", &invalidated).unwrap();
     assert!(
         e.message().contains("wal_removed") && e.message().contains("empty downstream.spool_dir"),
         "{}",
