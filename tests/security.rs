@@ -411,17 +411,6 @@ async fn a_standbys_own_tls_connection_keeps_up_with_a_load() {
     .unwrap_or_else(|e| panic!("{e}\n{}", standby.log_tail(20)));
 }
 
-fn postgres_uid() -> u32 {
-    let out = std::process::Command::new("id")
-        .args(["-u", "postgres"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_peer_names_refuse_a_certificate_with_another_name() {
     let root = TempRoot::new().unwrap();

@@ -212,14 +212,3 @@ async fn a_wrong_password_is_refused_naming_the_password() {
         assert!(e.contains(PASSWORD_FAILED), "sslmode={mode}: {e}");
     }
 }
-
-fn postgres_uid() -> u32 {
-    let out = std::process::Command::new("id")
-        .args(["-u", "postgres"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}

@@ -153,6 +153,29 @@ pub struct PrimaryConn {
     pub backend_key: Option<(u32, u32)>,
 }
 
+impl PrimaryConn {
+    /// A connection over `io` to host "test" (unit tests: the other end is the primary).
+    #[cfg(test)]
+    pub(crate) fn over(io: BoxIo, max_message_bytes: usize) -> PrimaryConn {
+        let (r, writer) = tokio::io::split(io);
+        PrimaryConn {
+            reader: MsgReader::new(r),
+            writer,
+            params: Vec::new(),
+            max_message_bytes,
+            server: Server {
+                index: 0,
+                host: HostSpec {
+                    host: "test".into(),
+                    hostaddr: None,
+                    port: 5432,
+                },
+            },
+            backend_key: None,
+        }
+    }
+}
+
 /// Tries the hosts of `ci` in order: connects, negotiates TLS, authenticates, waits for
 /// ReadyForQuery and checks `target_session_attrs`, all within `connect_timeout` per host.
 /// Returns the first host that qualifies. With one host its own error is returned; with

@@ -537,3 +537,15 @@ pub async fn replication_primary(root: &TempRoot) -> Cluster {
         .unwrap();
     primary
 }
+
+/// The `postgres` user's uid (0 when there is none): key files a server reads must be its.
+pub fn postgres_uid() -> u32 {
+    let out = std::process::Command::new("id")
+        .args(["-u", "postgres"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}

@@ -195,22 +195,7 @@ fn conn_to(server_bytes: Vec<u8>, max: usize) -> PrimaryConn {
         let mut sink = [0u8; 64];
         let _ = tokio::io::AsyncReadExt::read(&mut server, &mut sink).await;
     });
-    let (r, writer) = tokio::io::split(Box::new(client) as crate::pgclient::BoxIo);
-    PrimaryConn {
-        reader: crate::pgio::MsgReader::new(r),
-        writer,
-        params: Vec::new(),
-        max_message_bytes: max,
-        server: crate::pgclient::Server {
-            index: 0,
-            host: crate::conninfo::HostSpec {
-                host: "test".into(),
-                hostaddr: None,
-                port: 5432,
-            },
-        },
-        backend_key: None,
-    }
+    PrimaryConn::over(Box::new(client), max)
 }
 
 #[tokio::test]

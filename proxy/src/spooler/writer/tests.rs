@@ -22,6 +22,15 @@ fn append(at: &mut u64, n: usize) -> (Op, u64) {
     (op, *at)
 }
 
+/// A writer of a spool in `d`, bound to system 7 with 1 MiB segments, and its view.
+fn bound(d: &std::path::Path) -> (SpoolWriter, watch::Receiver<SpoolView>) {
+    let spool = Spool::open(d, 100 * MIB).unwrap();
+    let (w, view) = start(spool, Metrics::new()).unwrap();
+    let seg = WalSegSize::new(MIB).unwrap();
+    w.send_now(Op::Bind { system_id: 7, seg }).unwrap();
+    (w, view)
+}
+
 async fn until(view: &mut watch::Receiver<SpoolView>, f: impl Fn(&SpoolView) -> bool) {
     tokio::time::timeout(Duration::from_secs(5), view.wait_for(|v| f(v)))
         .await
@@ -34,13 +43,7 @@ async fn until(view: &mut watch::Receiver<SpoolView>, f: impl Fn(&SpoolView) -> 
 #[tokio::test]
 async fn settled_waits_for_the_ops_in_flight() {
     let d = tempfile::tempdir().unwrap();
-    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-    let (w, mut view) = start(spool, Metrics::new()).unwrap();
-    w.send_now(Op::Bind {
-        system_id: 7,
-        seg: WalSegSize::new(MIB).unwrap(),
-    })
-    .unwrap();
+    let (w, mut view) = bound(d.path());
     let mut at = MIB;
     let (op, end) = append(&mut at, 100);
     w.send(op).unwrap();
@@ -71,14 +74,8 @@ async fn settled_waits_for_the_ops_in_flight() {
 #[tokio::test]
 async fn settled_waits_for_a_decode_stage_still_applying() {
     let d = tempfile::tempdir().unwrap();
-    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-    let (w, mut view) = start(spool, Metrics::new()).unwrap();
+    let (w, mut view) = bound(d.path());
     let w = Arc::new(w);
-    w.send_now(Op::Bind {
-        system_id: 7,
-        seg: WalSegSize::new(MIB).unwrap(),
-    })
-    .unwrap();
     let mut at = MIB;
     let (op, end) = append(&mut at, 100);
     let stage = w.producer();
@@ -170,10 +167,7 @@ fn the_durable_end_is_published_only_when_it_moves() {
 #[tokio::test]
 async fn small_appends_are_inline_and_still_synced_and_in_order() {
     let d = tempfile::tempdir().unwrap();
-    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-    let (w, mut view) = start(spool, Metrics::new()).unwrap();
-    let seg = WalSegSize::new(MIB).unwrap();
-    w.send_now(Op::Bind { system_id: 7, seg }).unwrap();
+    let (w, mut view) = bound(d.path());
     let mut at = MIB;
     // An empty spool's first append and a large one: the thread's.
     for n in [100, 200_000] {
@@ -280,13 +274,7 @@ async fn a_failed_spool_is_opened_again_and_takes_wal_from_its_durable_end() {
 #[tokio::test]
 async fn sync_now_makes_what_is_written_durable_at_once() {
     let d = tempfile::tempdir().unwrap();
-    let spool = Spool::open(d.path(), 100 * MIB).unwrap();
-    let (w, mut view) = start(spool, Metrics::new()).unwrap();
-    w.send_now(Op::Bind {
-        system_id: 7,
-        seg: WalSegSize::new(MIB).unwrap(),
-    })
-    .unwrap();
+    let (w, mut view) = bound(d.path());
     let mut at = MIB;
     for n in [100, 5_000, 300_000] {
         let (op, end) = append(&mut at, n);

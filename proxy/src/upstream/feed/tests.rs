@@ -106,22 +106,7 @@ fn feed<'a>(
 ) -> (FeedToLink<'a>, Rig) {
     use crate::upstream::encode::Framer;
     let (client, primary) = tokio::io::duplex(1 << 20);
-    let (reader, writer) = tokio::io::split(Box::new(client) as crate::pgclient::BoxIo);
-    let conn = PrimaryConn {
-        reader: crate::pgio::MsgReader::new(reader),
-        writer,
-        params: Vec::new(),
-        max_message_bytes: 1 << 20,
-        server: crate::pgclient::Server {
-            index: 0,
-            host: crate::conninfo::HostSpec {
-                host: "test".into(),
-                hostaddr: None,
-                port: 5432,
-            },
-        },
-        backend_key: None,
-    };
+    let conn = PrimaryConn::over(Box::new(client), 1 << 20);
     let encoder = walrelay_wal::linkcodec::WalEncoder::new(&crate::testwal::wal_setup()).unwrap();
     let framer = Framer::new(encoder, metrics.ops.codec.session(), metrics.clone(), 0);
     let (tx, frames) = mpsc::channel(4);
