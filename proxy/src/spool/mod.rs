@@ -310,6 +310,16 @@ impl Spool {
         start: Lsn,
         mut bytes: &[u8],
     ) -> Result<(), SpoolError> {
+        // A position from the wire: WAL past the end of the 64-bit WAL space is no WAL.
+        if start.0.checked_add(bytes.len() as u64).is_none() {
+            return Err(SpoolError::Invalid(
+                self.dir.clone(),
+                format!(
+                    "WAL at {start} of {} bytes runs past the largest WAL position",
+                    bytes.len()
+                ),
+            ));
+        }
         if self.is_empty() {
             if self.seg.offset_in_segment(start) != 0 {
                 return Err(SpoolError::Gap {

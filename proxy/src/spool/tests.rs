@@ -173,6 +173,16 @@ fn gaps_and_unaligned_starts_are_refused() {
         s.append(TimeLineId(2), Lsn(3), b"x"),
         Err(SpoolError::Gap { .. })
     ));
+    // An empty spool's first WAL at the last segment of the WAL space, running past its end:
+    // refused, not wrapped to position 0 (a debug build panicked).
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path(), 42, 100 * MIB);
+    let last = Lsn(u64::MAX - (MIB - 1));
+    let past = vec![0u8; MIB as usize + 1];
+    assert!(matches!(
+        s.append(T1, last, &past),
+        Err(SpoolError::Invalid(..))
+    ));
 }
 
 #[test]
