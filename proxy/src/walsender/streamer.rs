@@ -249,6 +249,9 @@ async fn start_identity(
     start: Lsn,
     tli: TimeLineId,
 ) -> Result<bool, End> {
+    // What is pending is old, as in `commands::relay`: an answer that came after an earlier
+    // command timed out is not this START's refusal.
+    while s.events.try_recv().is_ok() {}
     let up = s.ds.spooler.link.borrow().is_some();
     s.ds.spooler.start(
         s.chan,
