@@ -123,7 +123,13 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(usage_status(&e));
+        }
+    };
     match cli.cmd {
         Cmd::CheckConfig { config } => check_config(&config),
         Cmd::Run { config } => run(config),
@@ -170,6 +176,17 @@ fn main() -> ExitCode {
         }
         Cmd::Status { url } => status(&url),
         Cmd::ScramVerifier => scram_verifier(),
+    }
+}
+
+/// The exit status of a command line clap did not take: 0 for `--help` and `--version`, 64
+/// (as for a bad configuration) for a missing, unknown or malformed argument, so that a
+/// systemd unit's `RestartPreventExitStatus=64` also stops a mistyped `ExecStart=` from
+/// restarting in a loop (clap's own status for these is 2).
+fn usage_status(e: &clap::Error) -> u8 {
+    match e.use_stderr() {
+        true => EXIT_CONFIG as u8,
+        false => 0,
     }
 }
 
@@ -468,7 +485,40 @@ fn exit(r: anyhow::Result<()>) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::prepare_outputs;
+    use super::{prepare_outputs, usage_status, Cli};
+    use clap::Parser;
+
+    #[test]
+    fn command_line_errors_exit_64_and_help_exits_0() {
+        let status = |args: &[&str]| {
+            let e = match Cli::try_parse_from(args) {
+                Ok(_) => panic!("{args:?} parsed"),
+                Err(e) => e,
+            };
+            usage_status(&e)
+        };
+        for bad in [
+            &["walrelay"][..],
+            &["walrelay", "run"],
+            &["walrelay", "check-config"],
+            &["walrelay", "run", "--conifg", "x.toml"],
+            &["walrelay", "bogus"],
+            &["walrelay", "status", "--url"],
+            &["walrelay", "demo", "--seconds", "x"],
+            &["walrelay", "bench", "--pg", "fourteen"],
+        ] {
+            assert_eq!(status(bad), 64, "{bad:?}");
+        }
+        for fine in [
+            &["walrelay", "--help"][..],
+            &["walrelay", "--version"],
+            &["walrelay", "help"],
+            &["walrelay", "run", "--help"],
+        ] {
+            assert_eq!(status(fine), 0, "{fine:?}");
+        }
+        assert!(Cli::try_parse_from(["walrelay", "run", "-c", "x.toml"]).is_ok());
+    }
 
     #[test]
     fn bench_outputs_are_prepared_before_the_run() {
