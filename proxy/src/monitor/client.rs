@@ -169,14 +169,23 @@ pub fn format(doc: &StatusDoc) -> String {
         .ratio
         .map(|r| format!("{r:.2}x"))
         .unwrap_or_else(|| "-".into());
+    // Each half counts its own side: the WAL from the primary and the link bytes sent are the
+    // upstream's, the WAL delivered and (without an upstream here) the link bytes received
+    // the downstream's, which the ratio then divides. A half this process does not run would
+    // show a 0 that reads as "nothing flows".
+    let (up, down) = (doc.halves.upstream, doc.halves.downstream);
+    let link = match up {
+        true => ("link out (socket bytes)", mb(t.link_sent_bytes)),
+        false => ("link in (socket bytes)", mb(t.link_received_bytes)),
+    };
     for (k, v) in [
-        ("WAL in (from the primary)", mb(t.wal_received_bytes)),
-        ("WAL delivered (to standbys)", mb(t.wal_delivered_bytes)),
-        ("link out (socket bytes)", mb(t.link_sent_bytes)),
-        ("link WAL payload", mb(t.link_payload_bytes)),
-        ("ratio (WAL / link)", ratio),
-        ("integrity failures", t.integrity_failures.to_string()),
-        (
+        up.then(|| ("WAL in (from the primary)", mb(t.wal_received_bytes))),
+        down.then(|| ("WAL delivered (to standbys)", mb(t.wal_delivered_bytes))),
+        Some(link),
+        Some(("link WAL payload", mb(t.link_payload_bytes))),
+        Some(("ratio (WAL / link)", ratio)),
+        Some(("integrity failures", t.integrity_failures.to_string())),
+        Some((
             "block cache",
             format!(
                 "{} in use, {} hits of {} images",
@@ -184,8 +193,11 @@ pub fn format(doc: &StatusDoc) -> String {
                 t.fpi_cache_hits,
                 t.fpis
             ),
-        ),
-    ] {
+        )),
+    ]
+    .into_iter()
+    .flatten()
+    {
         out.push_str(&format!("{k:<28} {v}\n"));
     }
     out
@@ -247,6 +259,53 @@ mod tests {
         }
         assert!(
             text.contains("ratio (WAL / link)           25.25x"),
+            "{text}"
+        );
+    }
+
+    /// A downstream-only process (DC2's usual deployment) shows what it received and
+    /// delivered, not the upstream's counters, which are 0 there.
+    #[test]
+    fn totals_are_those_of_the_halves_the_process_runs() {
+        let m = crate::metrics::Metrics::default();
+        crate::metrics::Metrics::add(&m.wal_bytes_delivered, 40_400_000);
+        crate::metrics::Metrics::add(&m.ops.link_socket_bytes_in_downstream, 1_600_000);
+        crate::metrics::Metrics::add(&m.ops.link_socket_bytes_out_downstream, 20_000);
+        let down = super::super::expo::Halves {
+            upstream: false,
+            downstream: true,
+        };
+        let text = format(&super::super::expo::status(&m, down, 13.0, Vec::new()));
+        assert!(!text.contains("WAL in (from the primary)"), "{text}");
+        assert!(!text.contains("link out"), "{text}");
+        assert!(
+            text.contains("WAL delivered (to standbys)  40.4 MB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("link in (socket bytes)       1.6 MB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratio (WAL / link)           25.25x"),
+            "{text}"
+        );
+
+        let m = crate::metrics::Metrics::default();
+        crate::metrics::Metrics::add(&m.wal_bytes_in, 40_400_000);
+        crate::metrics::Metrics::add(&m.link_socket_bytes_out, 1_600_000);
+        let up = super::super::expo::Halves {
+            upstream: true,
+            downstream: false,
+        };
+        let text = format(&super::super::expo::status(&m, up, 13.0, Vec::new()));
+        assert!(!text.contains("WAL delivered"), "{text}");
+        assert!(
+            text.contains("WAL in (from the primary)    40.4 MB"),
+            "{text}"
+        );
+        assert!(
+            text.contains("link out (socket bytes)      1.6 MB"),
             "{text}"
         );
     }
