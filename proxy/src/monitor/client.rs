@@ -33,25 +33,28 @@ pub enum StatusError {
     Json { url: String, message: String },
 }
 
-/// `host:port` of an `http://host:port[/...]` URL.
+/// `host:port` of an `http://host[:port][/...]` URL (port 80 when it names none). A port that
+/// is not a number up to 65535 is refused here, naming the URL, rather than becoming a host
+/// name `host:99999:80` that fails to resolve.
 fn authority(url: &str) -> Result<String, StatusError> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| StatusError::Url(url.into()))?;
-    let host = rest.split('/').next().unwrap_or("");
-    if host.is_empty() {
-        return Err(StatusError::Url(url.into()));
+    let bad = || StatusError::Url(url.into());
+    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // Where a port would start: after an IPv6 literal's `]`, else at the one `:`.
+    let after_host = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').ok_or_else(bad)?.1,
+        None => host.find(':').map_or("", |i| &host[i..]),
+    };
+    if host.len() == after_host.len() {
+        return Err(bad());
     }
-    Ok(
-        if host
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        {
-            host.to_string()
-        } else {
-            format!("{host}:80")
+    match after_host {
+        "" => Ok(format!("{host}:80")),
+        p => match p.strip_prefix(':').map(str::parse::<u16>) {
+            Some(Ok(_)) => Ok(host.to_string()),
+            _ => Err(bad()),
         },
-    )
+    }
 }
 
 /// Fetches and parses `<url>/status.json`.
@@ -233,6 +236,22 @@ mod tests {
         assert_eq!(authority("http://h").unwrap(), "h:80");
         assert!(authority("https://h:1").is_err());
         assert!(authority("127.0.0.1:9187").is_err());
+        assert_eq!(authority("http://[::1]:9187/").unwrap(), "[::1]:9187");
+        assert_eq!(authority("http://[::1]").unwrap(), "[::1]:80");
+        assert_eq!(authority("http://h:9187?x").unwrap(), "h:9187");
+        // A port that is no port is refused, not looked up as a host name.
+        for bad in [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:",
+            "http://h:port",
+            "http://::1:9187",
+            "http://[::1]x",
+            "http://[::1",
+            "http://:9187",
+            "http://",
+        ] {
+            assert!(authority(bad).is_err(), "{bad}: {:?}", authority(bad));
+        }
     }
 
     #[test]
