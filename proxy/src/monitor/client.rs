@@ -57,10 +57,23 @@ fn authority(url: &str) -> Result<String, StatusError> {
     }
 }
 
+/// The request target for `/status.json` under `url`'s path, so that an endpoint a reverse
+/// proxy serves under a prefix (`http://gw/walrelay/`) is asked at `/walrelay/status.json`;
+/// a URL that already ends in `/status.json` is taken as it is.
+fn target(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    let path = path.trim_end_matches('/');
+    let path = path.strip_suffix("/status.json").unwrap_or(path);
+    format!("{path}/status.json")
+}
+
 /// Fetches and parses `<url>/status.json`.
 pub async fn fetch(url: &str) -> Result<StatusDoc, StatusError> {
     let addr = authority(url)?;
-    let full = format!("{}/status.json", url.trim_end_matches('/'));
+    let path = target(url);
+    let full = format!("http://{addr}{path}");
     let work = async {
         let sock = tokio::net::TcpStream::connect(&addr)
             .await
@@ -76,7 +89,7 @@ pub async fn fetch(url: &str) -> Result<StatusDoc, StatusError> {
             .await
             .map_err(http)?;
         tokio::spawn(conn);
-        let req = hyper::Request::get("/status.json")
+        let req = hyper::Request::get(path.as_str())
             .header(hyper::header::HOST, &addr)
             .body(Empty::<Bytes>::new())
             .map_err(|e| StatusError::Url(format!("{url}: {e}")))?;
@@ -252,6 +265,49 @@ mod tests {
         ] {
             assert!(authority(bad).is_err(), "{bad}: {:?}", authority(bad));
         }
+    }
+
+    #[test]
+    fn status_json_is_asked_for_under_the_urls_path() {
+        for (url, want) in [
+            ("http://127.0.0.1:9187", "/status.json"),
+            ("http://127.0.0.1:9187/", "/status.json"),
+            ("http://h:1?x", "/status.json"),
+            ("http://h:1/status.json", "/status.json"),
+            ("http://gw/walrelay", "/walrelay/status.json"),
+            ("http://gw/walrelay/", "/walrelay/status.json"),
+            (
+                "http://gw/dc2/walrelay/status.json?x#y",
+                "/dc2/walrelay/status.json",
+            ),
+        ] {
+            assert_eq!(target(url), want, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn fetch_asks_under_the_urls_path() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let n = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .next()
+                .unwrap()
+                .to_string()
+        });
+        let e = fetch(&format!("http://127.0.0.1:{port}/walrelay/"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StatusError::Status { status: 404, .. }), "{e}");
+        assert_eq!(server.await.unwrap(), "GET /walrelay/status.json HTTP/1.1");
     }
 
     #[test]
