@@ -50,7 +50,8 @@ enum Cmd {
     },
     /// Throw-away primary and standby streaming through both halves under pgbench load.
     Demo {
-        #[arg(long, default_value_t = 30)]
+        /// Seconds of pgbench load (pgbench's -T: 1 to 2147483647).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
         seconds: u64,
     },
     /// What the link carries per workload: both halves as processes with mutual TLS, `wal`
@@ -518,6 +519,25 @@ mod tests {
             assert_eq!(status(fine), 0, "{fine:?}");
         }
         assert!(Cli::try_parse_from(["walrelay", "run", "-c", "x.toml"]).is_ok());
+    }
+
+    /// pgbench takes -T from 1 to 2^31-1: a demo outside that is refused before it spends
+    /// half a minute creating a primary and a standby only to have pgbench refuse it.
+    #[test]
+    fn demo_seconds_are_what_pgbench_takes() {
+        for bad in ["0", "2147483648", "18446744073709551615"] {
+            let e = match Cli::try_parse_from(["walrelay", "demo", "--seconds", bad]) {
+                Ok(_) => panic!("--seconds {bad} parsed"),
+                Err(e) => e,
+            };
+            assert_eq!(usage_status(&e), 64, "{bad}");
+        }
+        for fine in [
+            &["walrelay", "demo"][..],
+            &["walrelay", "demo", "--seconds", "1"],
+        ] {
+            assert!(Cli::try_parse_from(fine).is_ok(), "{fine:?}");
+        }
     }
 
     #[test]
