@@ -33,10 +33,13 @@ pub struct SplitOpts {
     pub upstream_limits: String,
     /// Extra keys for the downstream's `[limits]` (e.g. `standby_timeout_secs = 10`).
     pub downstream_limits: String,
+    /// Both halves' `link.keepalive_secs` (default 2: a cut link is noticed fast).
+    pub link_keepalive_secs: Option<u64>,
 }
 
 impl Split {
     pub async fn new(opts: SplitOpts) -> Split {
+        let keepalive = opts.link_keepalive_secs.unwrap_or(2);
         let root = TempRoot::new().unwrap();
         let install = match opts.major {
             None => install(),
@@ -54,7 +57,7 @@ impl Split {
             root.path(),
             "upstream",
             &format!(
-                "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = 2\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
+                "[upstream]\nprimary = \"host=127.0.0.1 port={} user={STANDBY_USER} password={REPL_PASSWORD} sslmode=disable\"\nlisten = \"127.0.0.1:{up}\"\n\n[link]\nplaintext = true\nkeepalive_secs = {keepalive}\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
                 primary.port(),
                 opts.upstream_limits,
             ),
@@ -67,7 +70,7 @@ impl Split {
             root.path(),
             "downstream",
             &format!(
-                "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{}\n\n[link]\nplaintext = true\nkeepalive_secs = 2\nconnect_timeout_secs = 3\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
+                "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"127.0.0.1:{}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{}\n\n[link]\nplaintext = true\nkeepalive_secs = {keepalive}\nconnect_timeout_secs = 3\n\n[limits]\ndrain_timeout_secs = 3\n{}\n",
                 link.port,
                 walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
                 spool.display(),
