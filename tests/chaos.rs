@@ -215,7 +215,7 @@ async fn stalled_link_handshakes_are_cut_and_the_downstream_connects() {
     let mut silent = silent_after_mutual_tls(&pki, up).await;
     // A real downstream connects and serves a standby-side client meanwhile.
     let down = free_port();
-    let downstream = start_tls_downstream(dir, &pki, up, down);
+    let downstream = start_tls_downstream(dir, &pki, (up, down), "", "");
     let (ok, out, err) = psql_repl(
         &p,
         &repl_conninfo(down),
@@ -305,13 +305,20 @@ async fn silent_after_mutual_tls(pki: &Pki, up: u16) -> tokio_rustls::client::Tl
         .expect("mutual TLS with a valid certificate")
 }
 
-/// Starts a downstream on `down` with a TLS link to the upstream on `up`.
-fn start_tls_downstream(dir: &std::path::Path, pki: &Pki, up: u16, down: u16) -> Relay {
+/// Starts a downstream on `down` with a TLS link to the upstream on `up`; `extra` goes into
+/// `[downstream]`, `tail` after `[link]` (more sections).
+fn start_tls_downstream(
+    dir: &std::path::Path,
+    pki: &Pki,
+    (up, down): (u16, u16),
+    extra: &str,
+    tail: &str,
+) -> Relay {
     Relay::start(
         dir,
         "downstream",
         &format!(
-            "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n\n[link]\n{}connect_timeout_secs = 3\n",
+            "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\n{extra}\n[link]\n{}connect_timeout_secs = 3\n{tail}",
             walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
             dir.join("spool").display(),
             tls_link(&pki.ca_pem, &pki.client)
@@ -481,19 +488,17 @@ async fn handshakes_failing_in_a_loop_are_held_to_the_per_address_budget() {
     let (up, mport) = (free_port(), free_port());
     let upstream = start_tls_upstream(dir, &p, &pki, up, mport);
     let (down, dport) = (free_port(), free_port());
-    let downstream = Relay::start(
+    // TLS toward standbys too, and metrics to count the refusals.
+    let downstream = start_tls_downstream(
         dir,
-        "downstream",
+        &pki,
+        (up, down),
         &format!(
-            "[downstream]\nlisten = \"127.0.0.1:{down}\"\nupstream = \"localhost:{up}\"\nauth = \"scram-sha-256\"\nusers = {{ {STANDBY_USER} = \"{}\" }}\nspool_dir = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n\n[link]\n{}\n[limits]\nmax_startups_per_address = 4\n\n[metrics]\nlisten = \"127.0.0.1:{dport}\"\n",
-            walrelay_pgwire::scram::new_verifier(STANDBY_PASSWORD),
-            dir.join("spool").display(),
+            "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
             pki.server.cert.display(),
-            pki.server.key.display(),
-            tls_link(&pki.ca_pem, &pki.client)
+            pki.server.key.display()
         ),
-        Some(down),
-        None,
+        &format!("\n[limits]\nmax_startups_per_address = 4\n\n[metrics]\nlisten = \"127.0.0.1:{dport}\"\n"),
     );
 
     // The link port: TLS handshakes without a client certificate, for 2.5 s.
