@@ -181,7 +181,7 @@ impl SpoolWriter {
     /// which fails the spool). Returns false when ops are still in flight (`max` passed
     /// first): then no stream may start yet.
     pub async fn settled(&self, view: &mut watch::Receiver<SpoolView>, max: Duration) -> bool {
-        self.applied(view, max, true).await
+        self.applied(view, max, true, true).await
     }
 
     /// Opens the failed spool again from its files (see `super::writing`), once it has
@@ -208,7 +208,7 @@ impl SpoolWriter {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return failure(view);
         }
-        self.applied(view, max, false).await;
+        self.applied(view, max, false, true).await;
         failure(view)
     }
 
@@ -233,32 +233,23 @@ impl SpoolWriter {
         }
         // The ops handed on before it, then it (a stage of the stream that shutdown dropped
         // may still hold a frame or two: not waited for, they are fetched again).
-        loop {
-            if view.borrow_and_update().failed.is_some() {
-                return false;
-            }
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                return true;
-            }
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(20), view.changed()).await;
-        }
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        self.applied(view, left, true, false).await && view.borrow().failed.is_none()
     }
 
-    /// Waits until every op handed on is applied and no [`Producer`] is left (or,
-    /// `or_failed`, the writer failed), or `max` passed; false in that last case.
+    /// Waits until every op handed on is applied and, with `producers`, no [`Producer`] is
+    /// left (or, `or_failed`, the writer failed), or `max` passed; false in that last case.
     async fn applied(
         &self,
         view: &mut watch::Receiver<SpoolView>,
         max: Duration,
         or_failed: bool,
+        producers: bool,
     ) -> bool {
         let until = tokio::time::Instant::now() + max;
         loop {
             let busy = self.in_flight.load(Ordering::Acquire) != 0
-                || self.producers.load(Ordering::Acquire) != 0;
+                || (producers && self.producers.load(Ordering::Acquire) != 0);
             if !busy || (or_failed && view.borrow_and_update().failed.is_some()) {
                 return true;
             }
@@ -389,11 +380,7 @@ impl WriterThread {
                 }
                 Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                     self.syncer.drain();
-                    let mut w = lock(&self.writing);
-                    if !w.is_failed() {
-                        let _ = w.spool.sync();
-                        w.published();
-                    }
+                    lock(&self.writing).sync_now();
                     return;
                 }
             };
