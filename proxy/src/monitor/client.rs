@@ -38,8 +38,7 @@ pub enum StatusError {
 /// name `host:99999:80` that fails to resolve.
 fn authority(url: &str) -> Result<String, StatusError> {
     let bad = || StatusError::Url(url.into());
-    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
-    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, _) = split_url(url)?;
     // Where a port would start: after an IPv6 literal's `]`, else at the one `:`.
     let after_host = match host.strip_prefix('[') {
         Some(v6) => v6.split_once(']').ok_or_else(bad)?.1,
@@ -57,22 +56,29 @@ fn authority(url: &str) -> Result<String, StatusError> {
     }
 }
 
+/// An `http://` URL's authority (`host[:port]`) and what follows it (path, query, fragment).
+fn split_url(url: &str) -> Result<(&str, &str), StatusError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| StatusError::Url(url.into()))?;
+    Ok(rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len())))
+}
+
 /// The request target for `/status.json` under `url`'s path, so that an endpoint a reverse
 /// proxy serves under a prefix (`http://gw/walrelay/`) is asked at `/walrelay/status.json`;
 /// a URL that already ends in `/status.json` is taken as it is.
-fn target(url: &str) -> String {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let rest = rest.split(['?', '#']).next().unwrap_or("");
-    let path = rest.find('/').map_or("", |i| &rest[i..]);
+fn target(url: &str) -> Result<String, StatusError> {
+    let (_, after) = split_url(url)?;
+    let path = after.split(['?', '#']).next().unwrap_or("");
     let path = path.trim_end_matches('/');
     let path = path.strip_suffix("/status.json").unwrap_or(path);
-    format!("{path}/status.json")
+    Ok(format!("{path}/status.json"))
 }
 
 /// Fetches and parses `<url>/status.json`.
 pub async fn fetch(url: &str) -> Result<StatusDoc, StatusError> {
     let addr = authority(url)?;
-    let path = target(url);
+    let path = target(url)?;
     let full = format!("http://{addr}{path}");
     let work = async {
         let sock = tokio::net::TcpStream::connect(&addr)
@@ -281,7 +287,7 @@ mod tests {
                 "/dc2/walrelay/status.json",
             ),
         ] {
-            assert_eq!(target(url), want, "{url}");
+            assert_eq!(target(url).unwrap(), want, "{url}");
         }
     }
 
