@@ -66,6 +66,15 @@ impl WalSegSize {
         XLOG_ID_SPAN / self.0
     }
 
+    /// The size as PostgreSQL's `SHOW wal_segment_size` prints it: "16MB", "1GB" (a memory
+    /// setting in its largest unit that divides it).
+    pub fn shown(self) -> String {
+        match self.0 % (1 << 30) {
+            0 => format!("{}GB", self.0 >> 30),
+            _ => format!("{}MB", self.0 >> 20),
+        }
+    }
+
     /// The file name of segment `segno` of timeline `tli` (XLogFileName).
     pub fn file_name(self, tli: TimeLineId, segno: u64) -> String {
         let per_id = self.per_xlog_id();

@@ -366,10 +366,7 @@ impl Session<'_> {
 /// primary without group access. None for any other setting (the primary must answer).
 fn offline_setting(name: &str, seg: WalSegSize, dir_mode: Option<String>) -> Option<String> {
     match name {
-        "wal_segment_size" => Some(match seg.bytes() % (1 << 30) {
-            0 => format!("{}GB", seg.bytes() >> 30),
-            _ => format!("{}MB", seg.bytes() >> 20),
-        }),
+        "wal_segment_size" => Some(seg.shown()),
         "data_directory_mode" => Some(dir_mode.unwrap_or_else(|| "0700".into())),
         _ => None,
     }
