@@ -39,35 +39,39 @@ pub async fn segment_size(conn: &mut PrimaryConn) -> Result<WalSegSize, PgClient
 
 /// A PostgreSQL memory setting as SHOW prints it ("16MB", "1GB", "512kB", "8192").
 pub fn parse_size(v: &str) -> Option<u64> {
-    let v = v.trim();
-    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
-    let n: u64 = v[..digits].parse().ok()?;
-    let unit = match &v[digits..] {
-        "" | "B" => 1,
-        "kB" => 1 << 10,
-        "MB" => 1 << 20,
-        "GB" => 1 << 30,
-        "TB" => 1 << 40,
-        _ => return None,
-    };
-    n.checked_mul(unit)
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("B", 1),
+        ("kB", 1 << 10),
+        ("MB", 1 << 20),
+        ("GB", 1 << 30),
+        ("TB", 1 << 40),
+    ];
+    parse_setting(v, UNITS)
 }
 
 /// A PostgreSQL time setting in milliseconds as SHOW prints it ("60s", "1min", "500ms", "0";
 /// a bare number is milliseconds, the unit of `wal_sender_timeout`).
 pub fn parse_millis(v: &str) -> Option<u64> {
+    const UNITS: &[(&str, u64)] = &[
+        ("", 1),
+        ("ms", 1),
+        ("s", 1000),
+        ("min", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ];
+    parse_setting(v, UNITS)
+}
+
+/// A number followed by one of `units`' names, times that unit; None for anything else or a
+/// product past u64.
+fn parse_setting(v: &str, units: &[(&str, u64)]) -> Option<u64> {
     let v = v.trim();
     let digits = v.bytes().take_while(u8::is_ascii_digit).count();
     let n: u64 = v[..digits].parse().ok()?;
-    let unit = match &v[digits..] {
-        "" | "ms" => 1,
-        "s" => 1000,
-        "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(unit)
+    let (_, unit) = units.iter().find(|(name, _)| *name == &v[digits..])?;
+    n.checked_mul(*unit)
 }
 
 /// Where `slot` holds WAL from, and on which timeline (READ_REPLICATION_SLOT, PostgreSQL
