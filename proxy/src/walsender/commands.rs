@@ -250,18 +250,7 @@ impl Session<'_> {
     }
 
     async fn identify_system(&mut self) -> Result<(), End> {
-        let view = self.ds.spooler.view.borrow().clone();
-        let link = self.ds.spooler.link.borrow().clone();
-        // The spool's, or (before its first WAL) the stream's start.
-        let (system, tli, pos) = match (view.extent.end.0, &link) {
-            (0, Some(w)) => (
-                w.system_id,
-                walrelay_wal::lsn::TimeLineId(w.timeline),
-                walrelay_wal::lsn::Lsn(w.start),
-            ),
-            (0, None) => (0, view.extent.tli, view.extent.end),
-            _ => (view.system_id, view.extent.tli, view.extent.end),
-        };
+        let (system, tli, pos) = self.served();
         if system == 0 {
             return self
                 .error(ErrorFields::error(

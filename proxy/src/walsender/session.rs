@@ -7,9 +7,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use walrelay_pgwire::{encode, ErrorFields};
+use walrelay_proto::link::Welcome;
+use walrelay_wal::lsn::{Lsn, TimeLineId};
 
 use super::{Downstream, End, Reader, Standby, Writer};
 use crate::monitor::standbys::StandbyHandle;
+use crate::spooler::writer::SpoolView;
 use crate::spooler::ChanEvent;
 
 /// A standby's session.
@@ -38,5 +41,68 @@ impl Session<'_> {
         encode::error_response(&mut out, &e);
         encode::ready_for_query(&mut out);
         self.write(&out).await
+    }
+}
+
+/// The system, timeline and WAL end this server reports: the spool's, or, before its first
+/// WAL, those of the stream the link opened (a brand-new spool has no timeline of its own
+/// yet). System 0: neither is known.
+pub(super) fn served(view: &SpoolView, link: Option<&Welcome>) -> (u64, TimeLineId, Lsn) {
+    match (view.extent.end, link) {
+        (Lsn(0), Some(w)) => (w.system_id, TimeLineId(w.timeline), Lsn(w.start)),
+        (Lsn(0), None) => (0, view.extent.tli, view.extent.end),
+        _ => (view.system_id, view.extent.tli, view.extent.end),
+    }
+}
+
+impl Session<'_> {
+    /// [`served`] now.
+    pub(super) fn served(&self) -> (u64, TimeLineId, Lsn) {
+        let view = self.ds.spooler.view.borrow().clone();
+        let link = self.ds.spooler.link.borrow().clone();
+        served(&view, link.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spool::{Extent, SpoolFiles};
+    use walrelay_wal::segment::WalSegSize;
+
+    #[test]
+    fn a_spool_without_wal_serves_the_timeline_of_the_stream_the_link_opened() {
+        let mut view = SpoolView {
+            // A brand-new spool: timeline 1 by default, whatever the primary's.
+            extent: Extent {
+                tli: TimeLineId(1),
+                start: Lsn(0),
+                end: Lsn(0),
+                durable: Lsn(0),
+            },
+            files: SpoolFiles {
+                dir: "/x".into(),
+                seg: WalSegSize::DEFAULT,
+                recent: Default::default(),
+            },
+            system_id: 7,
+            failed: None,
+        };
+        let w = Welcome {
+            system_id: 7,
+            timeline: 3,
+            start: 0x5000000,
+            ..Default::default()
+        };
+        assert_eq!(served(&view, None), (0, TimeLineId(1), Lsn(0)));
+        assert_eq!(served(&view, Some(&w)), (7, TimeLineId(3), Lsn(0x5000000)));
+        // Once the spool holds WAL, its own.
+        view.extent = Extent {
+            tli: TimeLineId(3),
+            start: Lsn(0x5000000),
+            end: Lsn(0x5001000),
+            durable: Lsn(0x5001000),
+        };
+        assert_eq!(served(&view, Some(&w)), (7, TimeLineId(3), Lsn(0x5001000)));
     }
 }

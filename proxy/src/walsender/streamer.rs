@@ -101,7 +101,7 @@ enum CopyEnd {
 /// The end of `tli` in the spool's current history (None: it is the current timeline).
 fn historic(s: &Session<'_>, tli: TimeLineId) -> Result<Option<Historic>, ErrorFields> {
     let view = s.ds.spooler.view.borrow().clone();
-    let cur = view.extent.tli;
+    let (_, cur, _) = s.served();
     if tli == cur {
         return Ok(None);
     }
@@ -127,7 +127,7 @@ pub(super) async fn stream(
     start: Lsn,
     timeline: Option<TimeLineId>,
 ) -> Result<(), End> {
-    let tli = timeline.unwrap_or_else(|| s.ds.spooler.view.borrow().extent.tli);
+    let tli = timeline.unwrap_or_else(|| s.served().1);
     let mut hist = match historic(s, tli) {
         Ok(h) => h,
         Err(e) => return s.error(e).await,
