@@ -139,12 +139,26 @@ pub fn process_stats() -> ProcessStats {
     p
 }
 
-/// Boot time, seconds since the epoch (`btime` of /proc/stat).
+/// Boot time, seconds since the epoch: the wall clock minus the time since boot
+/// (`CLOCK_BOOTTIME`, the clock `/proc/self/stat`'s start time counts in), as the kernel
+/// computes `btime` of /proc/stat. Not read from /proc/stat, which a systemd unit with
+/// `ProcSubset=pid` (deploy/systemd/) hides: `process_start_time_seconds` went missing there.
 fn boot_time() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/stat").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("btime "))
-        .and_then(|v| v.trim().parse().ok())
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime only writes into the timespec we own.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+            return None;
+        }
+        let since_boot = ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9;
+        Some(unix_now() - since_boot)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// Seconds since the epoch, now.
@@ -162,5 +176,21 @@ mod tests {
         let p = super::process_stats();
         assert!(p.resident_bytes > 0);
         assert!(p.start_time_seconds.is_some_and(|t| t > 1.0e9));
+    }
+
+    /// The boot time is the kernel's `btime` (whole seconds in /proc/stat), computed without
+    /// reading /proc/stat.
+    #[test]
+    fn boot_time_is_the_kernels() {
+        let btime: f64 = std::fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let ours = super::boot_time().unwrap();
+        assert!((ours - btime).abs() < 2.0, "{ours} against btime {btime}");
     }
 }
