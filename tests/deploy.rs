@@ -449,6 +449,7 @@ fn systemd_units_verify_and_are_hardened() {
         ] {
             assert!(text.contains(want), "{name}: no {want:?}");
         }
+        assert_a_bad_config_is_not_restarted(&name, &text);
         // The stop timeout leaves room above the example config's drain timeout.
         let stop: u64 = text
             .lines()
@@ -495,5 +496,35 @@ fn systemd_units_verify_and_are_hardened() {
             out.status.success() && err.trim().is_empty(),
             "{name}: systemd-analyze verify: {err}"
         );
+    }
+}
+
+/// `run` exits 64 on a bad configuration, and the unit must not restart it for that.
+/// `RestartPreventExitStatus=` looks only at the main process's status: a walrelay run as
+/// `ExecStartPre=` (check-config) that exits 64 fails the start, and `Restart=on-failure`
+/// tried it again every `RestartSec=` until the start limit.
+fn assert_a_bad_config_is_not_restarted(name: &str, text: &str) {
+    let values = |key: &str| -> Vec<&str> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect()
+    };
+    let prevent: Vec<&str> = values("RestartPreventExitStatus")
+        .iter()
+        .flat_map(|v| v.split_whitespace())
+        .collect();
+    let exit = walrelay::config::EXIT_CONFIG.to_string();
+    assert!(
+        prevent.contains(&exit.as_str()),
+        "{name}: RestartPreventExitStatus= lacks {exit}"
+    );
+    for key in ["ExecStartPre", "ExecStartPost", "ExecCondition"] {
+        for v in values(key) {
+            assert!(
+                !v.contains("walrelay "),
+                "{name}: {key}={v}: a walrelay that exits {exit} there is restarted \
+                 (RestartPreventExitStatus= only looks at ExecStart=); `run` checks the config"
+            );
+        }
     }
 }
