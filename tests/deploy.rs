@@ -122,6 +122,14 @@ fn example_tomls_pass_check_config() {
     }
 }
 
+/// The longest SIGTERM to exit takes (README, Signals): the drain, 1 s more for a stuck peer
+/// (`Running::shutdown`), the spool's last sync, the runtime's shutdown. A service manager
+/// that kills the process sooner loses the last sync: a restart then fetches that WAL again.
+fn longest_stop_secs(drain: u64) -> u64 {
+    let after = walrelay::spooler::SHUTDOWN_SYNC_MAX + walrelay::lifecycle::RUNTIME_SHUTDOWN;
+    drain + 1 + after.as_secs_f64().ceil() as u64
+}
+
 /// Every document of every manifest under deploy/k8s.
 fn manifests() -> Vec<(String, Value)> {
     let mut docs = Vec::new();
@@ -295,8 +303,9 @@ fn check_deployment(dep: &Value, shared: &Shared) -> String {
     let drain: toml::Table = toml::from_str(toml).unwrap();
     let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
     assert!(
-        grace > drain,
-        "{name}: terminationGracePeriodSeconds {grace} <= drain {drain}"
+        grace > longest_stop_secs(drain),
+        "{name}: terminationGracePeriodSeconds {grace} <= {} s, the longest a stop takes with drain_timeout_secs {drain}",
+        longest_stop_secs(drain)
     );
     // Each listener of the config has a Service selecting this pod.
     let cfg: toml::Table = toml::from_str(toml).unwrap();
@@ -463,8 +472,9 @@ fn systemd_units_verify_and_are_hardened() {
         .unwrap();
         let drain = cfg["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
         assert!(
-            stop > drain,
-            "{name}: TimeoutStopSec {stop} <= drain {drain}"
+            stop > longest_stop_secs(drain),
+            "{name}: TimeoutStopSec {stop} <= {} s, the longest a stop takes with drain_timeout_secs {drain}",
+            longest_stop_secs(drain)
         );
         // Every credential the unit loads is a file the config reads from the credentials dir.
         let cfg_text = std::fs::read_to_string(deploy().join(format!("{half}.toml"))).unwrap();
