@@ -290,7 +290,7 @@ fn check_deployment(dep: &Value, shared: &Shared) -> String {
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
     let c = &pod["containers"][0];
     assert_container_is_hardened(name, c);
-    // Ports by name; probes on GET /healthz of the metrics port 9187.
+    // Ports by name; probes on GET /livez of the metrics port 9187.
     let ports: BTreeMap<&str, u64> = c["ports"]
         .as_sequence()
         .unwrap()
@@ -298,7 +298,7 @@ fn check_deployment(dep: &Value, shared: &Shared) -> String {
         .map(|p| (s(p, &["name"]), p["containerPort"].as_u64().unwrap()))
         .collect();
     assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
-    assert_probes_on_healthz(name, c, &ports);
+    assert_probes_on_livez(name, c, &ports);
     let (key, toml) = mounted_config(name, pod, c, shared);
     let drain: toml::Table = toml::from_str(toml).unwrap();
     let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
@@ -352,11 +352,14 @@ fn assert_container_is_hardened(name: &str, c: &Value) {
     }
 }
 
-/// Checks that both probes GET /healthz on the metrics port 9187.
-fn assert_probes_on_healthz(name: &str, c: &Value, ports: &BTreeMap<&str, u64>) {
+/// Checks that both probes GET /livez on the metrics port 9187. Not /healthz: it answers 503
+/// while the downstream's spool is failed, which the process mends by itself while it serves
+/// standbys what the spool holds; a liveness probe there restarted it for nothing (a full
+/// disk stays full) and a readiness probe unrouted the only replica.
+fn assert_probes_on_livez(name: &str, c: &Value, ports: &BTreeMap<&str, u64>) {
     for probe in ["livenessProbe", "readinessProbe"] {
         let h = &c[probe]["httpGet"];
-        assert_eq!(h["path"].as_str(), Some("/healthz"), "{name} {probe}");
+        assert_eq!(h["path"].as_str(), Some("/livez"), "{name} {probe}");
         let port = match &h["port"] {
             Value::String(n) => ports[n.as_str()],
             p => p.as_u64().unwrap(),

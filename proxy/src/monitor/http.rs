@@ -1,5 +1,7 @@
 //! The HTTP server of `[metrics] listen`: `GET /metrics` (Prometheus), `GET /healthz` ("ok",
-//! or 503 with the reason while the downstream's spool is failed),
+//! or 503 with the reason while the downstream's spool is failed), `GET /livez` ("ok" while
+//! the process answers: for liveness probes, which must not restart a process for a failed
+//! spool it recovers from by itself),
 //! `GET /` (the status page, one self-contained HTML file) and `GET /status.json`.
 //!
 //! HTTP/1.1 (hyper), GET and HEAD only, no request bodies read. Bounds: at most
@@ -8,7 +10,7 @@
 //! Probes are served even when those connections are all taken: a connection beyond them
 //! goes to the probe lane ([`probe_lane`], at most [`PROBE_LANE`] at once, more are closed at
 //! once), which reads one small request head within [`PROBE_TIMEOUT`], answers `/healthz`
-//! and tells anything else to come back later (503). A sampler records the chart's bandwidth once a second into a ring of
+//! and `/livez` and tells anything else to come back later (503). A sampler records the chart's bandwidth once a second into a ring of
 //! [`HISTORY`] samples (10 minutes).
 
 use std::collections::VecDeque;
@@ -89,22 +91,24 @@ impl Server {
                 "GET only\n".into(),
             );
         }
+        if let Some(h) = probe(req.uri().path().as_bytes(), &self.metrics) {
+            return match h {
+                Ok(()) => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+                Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
+            };
+        }
         match req.uri().path() {
             "/metrics" => reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
                 expo::render(&self.metrics, &super::process_stats()),
             ),
-            "/healthz" => match health(&self.metrics) {
-                Ok(()) => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-                Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", why),
-            },
             "/status.json" => reply(StatusCode::OK, "application/json", self.status_json()),
             "/" => reply(StatusCode::OK, "text/html; charset=utf-8", self.page()),
             _ => reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "not found: try /metrics, /healthz, /status.json or /\n".into(),
+                "not found: try /metrics, /healthz, /livez, /status.json or /\n".into(),
             ),
         }
     }
@@ -162,6 +166,17 @@ fn health(metrics: &Metrics) -> Result<(), String> {
     }
 }
 
+/// What a probe's path gets: `/healthz` what [`health`] says, `/livez` ok whatever the spool
+/// (the process answers; a restart would not mend a failed spool, which the downstream opens
+/// again by itself); None for any other path.
+fn probe(path: &[u8], metrics: &Metrics) -> Option<Result<(), String>> {
+    match path {
+        b"/healthz" => Some(health(metrics)),
+        b"/livez" => Some(Ok(())),
+        _ => None,
+    }
+}
+
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
@@ -176,7 +191,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
 }
 
 /// A connection beyond [`MAX_CONNECTIONS`]: one request head within [`PROBE_TIMEOUT`];
-/// `GET /healthz` gets what [`health`] says, anything else `503` (the port is busy), then the
+/// `GET /healthz` and `GET /livez` get what [`probe`] says, anything else `503` (the port is busy), then the
 /// connection closes. Cheap on purpose: no metrics rendered, one small buffer.
 async fn probe_lane(mut sock: tokio::net::TcpStream, metrics: Arc<Metrics>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -199,11 +214,13 @@ async fn probe_lane(mut sock: tokio::net::TcpStream, metrics: Arc<Metrics>) {
         return;
     }
     let line = buf[..n].split(|&b| b == b'\r').next().unwrap_or_default();
-    let healthz = line.starts_with(b"GET /healthz ");
-    let reply = match (healthz, health(&metrics)) {
-        (true, Ok(())) => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n".to_vec(),
-        (true, Err(why)) => format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{why}", why.len()).into_bytes(),
-        (false, _) => b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\ncontent-length: 38\r\nconnection: close\r\n\r\nbusy: too many connections, try again\n".to_vec(),
+    let path = line
+        .strip_prefix(b"GET ")
+        .and_then(|rest| rest.split(|&b| b == b' ').next());
+    let reply = match path.and_then(|p| probe(p, &metrics)) {
+        Some(Ok(())) => b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n".to_vec(),
+        Some(Err(why)) => format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{why}", why.len()).into_bytes(),
+        None => b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nretry-after: 1\r\ncontent-length: 38\r\nconnection: close\r\n\r\nbusy: too many connections, try again\n".to_vec(),
     };
     let _ = tokio::time::timeout(PROBE_TIMEOUT, sock.write_all(&reply)).await;
 }
@@ -277,6 +294,35 @@ mod tests {
         let why = health(&m).unwrap_err();
         assert!(why.contains("No space left on device"), "{why}");
         assert!(why.contains("opened again"), "{why}");
+    }
+
+    /// A failed spool fails `/healthz` and not `/livez`, in the probe lane too: a liveness
+    /// probe on `/healthz` restarted a downstream for what it mends by itself.
+    #[tokio::test]
+    async fn livez_answers_ok_while_the_spool_is_failed() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let m = Arc::new(Metrics::default());
+        *m.ops.spool.failure.lock().unwrap() = Some("No space left on device".into());
+        assert_eq!(probe(b"/livez", &m), Some(Ok(())));
+        assert!(probe(b"/healthz", &m).is_some_and(|h| h.is_err()));
+        assert_eq!(probe(b"/metrics", &m), None);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        for (path, status) in [("/livez", "200"), ("/healthz", "503"), ("/metrics", "503")] {
+            let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (sock, _) = listener.accept().await.unwrap();
+            let lane = tokio::spawn(probe_lane(sock, m.clone()));
+            let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+            client.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).await.unwrap();
+            lane.await.unwrap();
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{path}: {answer}"
+            );
+        }
     }
 
     /// A standby named `<!--<script>` made the page's JSON element swallow its own end tag
