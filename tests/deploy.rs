@@ -3,7 +3,7 @@
 //! the systemd units pass `systemd-analyze verify`.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -163,58 +163,84 @@ fn of_kind<'a>(docs: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-#[test]
-fn k8s_configs_pass_check_config_with_the_secret_mounted() {
-    let docs = manifests();
-    let cms = of_kind(&docs, "ConfigMap");
-    let secrets = of_kind(&docs, "Secret");
-    assert_eq!((cms.len(), secrets.len()), (1, 1));
-    let secret = get(secrets[0], &["stringData"]).as_mapping().unwrap();
-    let data = get(cms[0], &["data"]).as_mapping().unwrap();
-    let mut checked = 0;
-    for (key, toml) in data {
-        let (key, toml) = (key.as_str().unwrap(), toml.as_str().unwrap());
-        assert!(key.ends_with(".toml"), "{key}");
-        let root = tempfile::tempdir().unwrap();
-        let (text, named) = relocate(toml, root.path());
-        // Every file the config names is a key of the Secret, mounted at /etc/walrelay/secrets.
-        for (orig, path) in &named {
-            let k = orig
-                .strip_prefix("/etc/walrelay/secrets/")
-                .unwrap_or_else(|| panic!("{key}: {orig} is not in the mounted Secret"));
-            let v = secret
-                .get(k)
-                .unwrap_or_else(|| panic!("{key}: the Secret has no key {k}"));
-            let contents = if k.ends_with(".scram") {
-                // The Secret holds a placeholder; it must at least be in the right form.
-                let v = v.as_str().unwrap();
-                v.parse::<walrelay_pgwire::scram::ScramVerifier>()
-                    .unwrap_or_else(|e| panic!("Secret key {k}: {e}"));
-                v.to_string()
-            } else {
-                // The Secret holds placeholders for TLS material; check-config needs real PEM.
-                tls_material(k).unwrap_or_else(|| v.as_str().unwrap().to_string())
-            };
-            write(path, &contents);
-        }
-        let out = check_config(key, &text, root.path());
-        assert!(
-            out.contains(&format!("OK ({})", key.trim_end_matches(".toml"))),
-            "{key}: {out}"
-        );
-        // The probes and the metrics Services need the metrics listener on 9187.
-        let parsed: toml::Value = toml::from_str(toml).unwrap();
-        assert_eq!(
-            parsed
-                .get("metrics")
-                .and_then(|m| m.get("listen"))
-                .and_then(|l| l.as_str()),
-            Some("0.0.0.0:9187"),
-            "{key}: [metrics] listen must serve the probes"
-        );
-        checked += 1;
+/// The Kubernetes objects every Deployment refers to.
+fn shared(docs: &[(String, Value)]) -> Shared<'_> {
+    let cms = of_kind(docs, "ConfigMap");
+    assert_eq!(cms.len(), 1);
+    Shared {
+        cm: cms[0],
+        secrets: of_kind(docs, "Secret"),
+        services: of_kind(docs, "Service"),
     }
-    assert_eq!(checked, 2);
+}
+
+#[test]
+fn k8s_configs_pass_check_config_with_their_secret_mounted() {
+    let docs = manifests();
+    let shared = shared(&docs);
+    let mut checked = BTreeSet::new();
+    for dep in of_kind(&docs, "Deployment") {
+        let name = s(dep, &["metadata", "name"]);
+        let pod = get(dep, &["spec", "template", "spec"]);
+        let (key, toml, secret) = mounted_config(name, pod, &pod["containers"][0], &shared);
+        check_with_secret(key, toml, secret);
+        checked.insert(key);
+    }
+    assert_eq!(checked.len(), 2);
+}
+
+/// Runs check-config on the ConfigMap's `key` with the files it names taken from `secret`,
+/// mounted at /etc/walrelay/secrets; the Secret holds no key the config does not read (each
+/// half's pod holds only its own keys: one Secret for both gave the downstream's datacenter
+/// the primary's password and the upstream's link key).
+fn check_with_secret(key: &str, toml: &str, secret: &Value) {
+    let secret_name = s(secret, &["metadata", "name"]);
+    let data = get(secret, &["stringData"]).as_mapping().unwrap();
+    assert!(key.ends_with(".toml"), "{key}");
+    let root = tempfile::tempdir().unwrap();
+    let (text, named) = relocate(toml, root.path());
+    let mut read = BTreeSet::new();
+    for (orig, path) in &named {
+        let k = orig
+            .strip_prefix("/etc/walrelay/secrets/")
+            .unwrap_or_else(|| panic!("{key}: {orig} is not in the mounted Secret"));
+        let v = data
+            .get(k)
+            .unwrap_or_else(|| panic!("{key}: the Secret {secret_name} has no key {k}"));
+        let contents = if k.ends_with(".scram") {
+            // The Secret holds a placeholder; it must at least be in the right form.
+            let v = v.as_str().unwrap();
+            v.parse::<walrelay_pgwire::scram::ScramVerifier>()
+                .unwrap_or_else(|e| panic!("Secret key {k}: {e}"));
+            v.to_string()
+        } else {
+            // The Secret holds placeholders for TLS material; check-config needs real PEM.
+            tls_material(k).unwrap_or_else(|| v.as_str().unwrap().to_string())
+        };
+        write(path, &contents);
+        read.insert(k);
+    }
+    for k in data.keys().map(|k| k.as_str().unwrap()) {
+        assert!(
+            read.contains(k),
+            "the Secret {secret_name} mounted for {key} holds {k}, which {key} does not read"
+        );
+    }
+    let out = check_config(key, &text, root.path());
+    assert!(
+        out.contains(&format!("OK ({})", key.trim_end_matches(".toml"))),
+        "{key}: {out}"
+    );
+    // The probes and the metrics Services need the metrics listener on 9187.
+    let parsed: toml::Value = toml::from_str(toml).unwrap();
+    assert_eq!(
+        parsed
+            .get("metrics")
+            .and_then(|m| m.get("listen"))
+            .and_then(|l| l.as_str()),
+        Some("0.0.0.0:9187"),
+        "{key}: [metrics] listen must serve the probes"
+    );
 }
 
 #[test]
@@ -222,16 +248,9 @@ fn k8s_manifests_are_consistent_and_hardened() {
     let docs = manifests();
     assert_every_document_is_named(&docs);
     assert_the_kustomization_lists_every_manifest(&docs);
-    let cm = of_kind(&docs, "ConfigMap")[0];
-    let secret = of_kind(&docs, "Secret")[0];
     let deployments = of_kind(&docs, "Deployment");
-    let services = of_kind(&docs, "Service");
     assert_eq!(deployments.len(), 2);
-    let shared = Shared {
-        cm,
-        secret,
-        services,
-    };
+    let shared = shared(&docs);
     let mut halves = Vec::new();
     for dep in &deployments {
         halves.push(check_deployment(dep, &shared));
@@ -240,10 +259,10 @@ fn k8s_manifests_are_consistent_and_hardened() {
     assert_eq!(halves, ["downstream", "upstream"]);
 }
 
-/// What every Deployment refers to: the ConfigMap, the Secret and the Services.
+/// What the Deployments refer to: the ConfigMap, the Secrets and the Services.
 struct Shared<'a> {
     cm: &'a Value,
-    secret: &'a Value,
+    secrets: Vec<&'a Value>,
     services: Vec<&'a Value>,
 }
 
@@ -299,7 +318,7 @@ fn check_deployment(dep: &Value, shared: &Shared) -> String {
         .collect();
     assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
     assert_probes_on_livez(name, c, &ports);
-    let (key, toml) = mounted_config(name, pod, c, shared);
+    let (key, toml, _) = mounted_config(name, pod, c, shared);
     let drain: toml::Table = toml::from_str(toml).unwrap();
     let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
     assert!(
@@ -368,15 +387,15 @@ fn assert_probes_on_livez(name: &str, c: &Value, ports: &BTreeMap<&str, u64>) {
     }
 }
 
-/// Finds the ConfigMap key the container runs with (checking the mounts of the ConfigMap and
-/// the Secret); returns the key and its TOML.
+/// Finds the ConfigMap key the container runs with and the one Secret mounted at
+/// /etc/walrelay/secrets; returns the key, its TOML and the Secret.
 fn mounted_config<'a>(
     name: &str,
     pod: &'a Value,
     c: &'a Value,
     shared: &Shared<'a>,
-) -> (&'a str, &'a str) {
-    // The config it runs is a key of the ConfigMap, mounted where the args say, and the
+) -> (&'a str, &'a str, &'a Value) {
+    // The config it runs is a key of the ConfigMap, mounted where the args say, and a
     // Secret is mounted where the configs look for it.
     let args: Vec<&str> = c["args"]
         .as_sequence()
@@ -406,11 +425,17 @@ fn mounted_config<'a>(
     let toml = shared.cm["data"][key]
         .as_str()
         .unwrap_or_else(|| panic!("no {key}"));
-    assert_eq!(
-        vol("secret", "secretName", shared.secret),
-        "/etc/walrelay/secrets"
-    );
-    (key, toml)
+    let mut mounted = shared.secrets.iter().filter(|sec| {
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == sec["metadata"]["name"])
+    });
+    let secret = mounted
+        .next()
+        .unwrap_or_else(|| panic!("{name}: no Secret volume"));
+    assert!(mounted.next().is_none(), "{name}: more than one Secret");
+    assert_eq!(vol("secret", "secretName", secret), "/etc/walrelay/secrets");
+    (key, toml, secret)
 }
 
 /// Checks that a Service selects the pod with `labels` and targets its port `want`.
