@@ -319,6 +319,7 @@ fn check_deployment(dep: &Value, shared: &Shared) -> String {
     assert_eq!(ports.get("metrics"), Some(&9187), "{name}");
     assert_probes_on_livez(name, c, &ports);
     let (key, toml, _) = mounted_config(name, pod, c, shared);
+    assert_memory_holds_a_stream(name, c, toml);
     let drain: toml::Table = toml::from_str(toml).unwrap();
     let drain = drain["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
     assert!(
@@ -369,6 +370,46 @@ fn assert_container_is_hardened(name: &str, c: &Value) {
             "{name}: resources {r}"
         );
     }
+}
+
+/// Checks that the memory request holds one link stream's caches once full (about 1.4 ×
+/// `link.block_cache_bytes`, README: the request was 512 MiB against 1.4 GiB at the default),
+/// and the limit at least the request.
+fn assert_memory_holds_a_stream(name: &str, c: &Value, toml: &str) {
+    let cfg: toml::Table = toml::from_str(toml).unwrap();
+    let cache = cfg
+        .get("link")
+        .and_then(|l| l.get("block_cache_bytes"))
+        .map(|v| v.as_integer().unwrap() as u64)
+        .unwrap_or(walrelay::config::LinkConfig::default().block_cache_bytes);
+    let mem = |kind: &str| quantity(s(c, &["resources", kind, "memory"]));
+    let (request, limit) = (mem("requests"), mem("limits"));
+    assert!(
+        request >= cache / 2 * 3,
+        "{name}: memory request {request} < 1.5 x link.block_cache_bytes {cache}"
+    );
+    assert!(limit >= request, "{name}: memory limit below the request");
+}
+
+/// A Kubernetes quantity of bytes: `2Gi`, `512Mi`, `1G`, `1000`.
+fn quantity(q: &str) -> u64 {
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (n, mult) = units
+        .iter()
+        .find_map(|(u, m)| q.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((q, 1));
+    n.parse::<u64>()
+        .unwrap_or_else(|e| panic!("quantity {q:?}: {e}"))
+        * mult
 }
 
 /// Checks that both probes GET /livez on the metrics port 9187. Not /healthz: it answers 503
