@@ -1,6 +1,6 @@
 //! deploy/: every example configuration passes `walrelay check-config` (the real binary),
-//! the Kubernetes manifests parse and hang together (names, ports, probes, hardening), and
-//! the systemd units pass `systemd-analyze verify`.
+//! and the Kubernetes manifests parse and hang together (names, ports, probes, Secrets,
+//! hardening, resources). The systemd units are in `deploy_systemd.rs`.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,19 +9,8 @@ use std::process::Command;
 
 use serde_yaml::Value;
 
-fn deploy() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == ext))
-        .collect();
-    v.sort();
-    v
-}
+mod common;
+use common::deploy::{deploy, files, longest_stop_secs};
 
 /// Absolute paths the examples use, moved under a test directory.
 const PREFIXES: &[&str] = &["/etc/walrelay/", "/run/credentials/"];
@@ -120,14 +109,6 @@ fn example_tomls_pass_check_config() {
         let half = name.trim_end_matches(".toml");
         assert!(out.contains(&format!("OK ({half})")), "{name}: {out}");
     }
-}
-
-/// The longest SIGTERM to exit takes (README, Signals): the drain, 1 s more for a stuck peer
-/// (`Running::shutdown`), the spool's last sync, the runtime's shutdown. A service manager
-/// that kills the process sooner loses the last sync: a restart then fetches that WAL again.
-fn longest_stop_secs(drain: u64) -> u64 {
-    let after = walrelay::spooler::SHUTDOWN_SYNC_MAX + walrelay::lifecycle::RUNTIME_SHUTDOWN;
-    drain + 1 + after.as_secs_f64().ceil() as u64
 }
 
 /// Every document of every manifest under deploy/k8s.
@@ -499,111 +480,4 @@ fn assert_a_service_selects(
                 })
         });
     assert!(found, "{name}: no Service for port {want}");
-}
-
-#[test]
-fn systemd_units_verify_and_are_hardened() {
-    let units = files(&deploy().join("systemd"), "service");
-    assert_eq!(units.len(), 2, "{units:?}");
-    let dir = tempfile::tempdir().unwrap();
-    for u in units {
-        let text = std::fs::read_to_string(&u).unwrap();
-        let name = u.file_name().unwrap().to_string_lossy().into_owned();
-        let half = name
-            .trim_start_matches("walrelay-")
-            .trim_end_matches(".service");
-        for want in [
-            "ProtectSystem=strict",
-            "NoNewPrivileges=yes",
-            "PrivateTmp=yes",
-            "DynamicUser=yes",
-            "CapabilityBoundingSet=\n",
-            "RestrictAddressFamilies=",
-            "SystemCallFilter=@system-service",
-            "ExecReload=/bin/kill -HUP $MAINPID",
-            "KillSignal=SIGTERM",
-            "LoadCredential=",
-            &format!("--config /etc/walrelay/{half}.toml"),
-        ] {
-            assert!(text.contains(want), "{name}: no {want:?}");
-        }
-        assert_a_bad_config_is_not_restarted(&name, &text);
-        // The stop timeout leaves room above the example config's drain timeout.
-        let stop: u64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("TimeoutStopSec="))
-            .unwrap()
-            .parse()
-            .unwrap();
-        let cfg: toml::Table = toml::from_str(
-            &std::fs::read_to_string(deploy().join(format!("{half}.toml"))).unwrap(),
-        )
-        .unwrap();
-        let drain = cfg["limits"]["drain_timeout_secs"].as_integer().unwrap() as u64;
-        assert!(
-            stop > longest_stop_secs(drain),
-            "{name}: TimeoutStopSec {stop} <= {} s, the longest a stop takes with drain_timeout_secs {drain}",
-            longest_stop_secs(drain)
-        );
-        // Every credential the unit loads is a file the config reads from the credentials dir.
-        let cfg_text = std::fs::read_to_string(deploy().join(format!("{half}.toml"))).unwrap();
-        for cred in text
-            .lines()
-            .filter_map(|l| l.strip_prefix("LoadCredential="))
-        {
-            let id = cred.split(':').next().unwrap();
-            let path = format!("/run/credentials/{name}/{id}");
-            assert!(
-                cfg_text.contains(&path),
-                "{name}: {half}.toml does not use {path}"
-            );
-        }
-        // systemd's own check, with the real binary where the unit expects it.
-        let copy = dir.path().join(&name);
-        std::fs::write(
-            &copy,
-            text.replace("/usr/local/bin/walrelay", env!("CARGO_BIN_EXE_walrelay")),
-        )
-        .unwrap();
-        let out = Command::new("systemd-analyze")
-            .arg("verify")
-            .arg(&copy)
-            .output()
-            .expect("systemd-analyze (scripts/install-deps.sh installs it)");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && err.trim().is_empty(),
-            "{name}: systemd-analyze verify: {err}"
-        );
-    }
-}
-
-/// `run` exits 64 on a bad configuration, and the unit must not restart it for that.
-/// `RestartPreventExitStatus=` looks only at the main process's status: a walrelay run as
-/// `ExecStartPre=` (check-config) that exits 64 fails the start, and `Restart=on-failure`
-/// tried it again every `RestartSec=` until the start limit.
-fn assert_a_bad_config_is_not_restarted(name: &str, text: &str) {
-    let values = |key: &str| -> Vec<&str> {
-        text.lines()
-            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .collect()
-    };
-    let prevent: Vec<&str> = values("RestartPreventExitStatus")
-        .iter()
-        .flat_map(|v| v.split_whitespace())
-        .collect();
-    let exit = walrelay::config::EXIT_CONFIG.to_string();
-    assert!(
-        prevent.contains(&exit.as_str()),
-        "{name}: RestartPreventExitStatus= lacks {exit}"
-    );
-    for key in ["ExecStartPre", "ExecStartPost", "ExecCondition"] {
-        for v in values(key) {
-            assert!(
-                !v.contains("walrelay "),
-                "{name}: {key}={v}: a walrelay that exits {exit} there is restarted \
-                 (RestartPreventExitStatus= only looks at ExecStart=); `run` checks the config"
-            );
-        }
-    }
 }

@@ -4,6 +4,7 @@
 //! (`walrelay_harness::forward`), WAL and table comparisons.
 #![allow(dead_code)]
 
+pub mod deploy;
 pub mod prom;
 pub mod split;
 
