@@ -6,6 +6,7 @@
 
 pub mod deploy;
 pub mod prom;
+pub mod promql;
 pub mod split;
 
 use std::path::{Path, PathBuf};
