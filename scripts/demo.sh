@@ -6,5 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cargo build --release --locked -p walrelay
-exec target/release/walrelay demo "$@"
+# `cargo run` finds the binary wherever cargo puts it (CARGO_TARGET_DIR, build.target-dir),
+# and execs it: Ctrl-C reaches the demo, which removes what it started.
+exec cargo run --release --locked -p walrelay --bin walrelay -- demo "$@"
