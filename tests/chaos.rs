@@ -416,7 +416,7 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_answers_while_the_metrics_port_is_saturated() {
+async fn healthz_and_livez_answer_while_the_metrics_port_is_saturated() {
     let root = TempRoot::new().unwrap();
     let p = primary(&root).await;
     let (up, mport) = (free_port(), free_port());
@@ -431,6 +431,7 @@ async fn healthz_answers_while_the_metrics_port_is_saturated() {
         Some(up),
     );
     assert_eq!(http_get(mport, "/healthz").0, 200);
+    assert_eq!(http_get(mport, "/livez"), (200, "ok\n".to_string()));
 
     // 48 clients that ask for /metrics a thousand times in one go and never read: each
     // connection the server takes stays blocked writing answers (up to its 60 s limit).
@@ -456,6 +457,20 @@ async fn healthz_answers_while_the_metrics_port_is_saturated() {
                 .await
                 .unwrap();
             assert!(status == 200 || status == 0, "/healthz: {status} {body}");
+            Ok(status == 200 && body == "ok\n")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", relay.log_text()));
+    // So is /livez, which the Kubernetes probes ask for (deploy/k8s).
+    wait_until(
+        "/livez answers 200 on a saturated metrics port",
+        Duration::from_secs(15),
+        || async move {
+            let (status, body) = tokio::task::spawn_blocking(move || http_get(mport, "/livez"))
+                .await
+                .unwrap();
+            assert!(status == 200 || status == 0, "/livez: {status} {body}");
             Ok(status == 200 && body == "ok\n")
         },
     )
