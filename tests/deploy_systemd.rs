@@ -203,6 +203,7 @@ fn systemd_units_verify_and_are_hardened() {
                 "{name}: {half}.toml does not use {path}"
             );
         }
+        assert_the_spool_is_writable(&name, &text, &cfg);
         // systemd's own check, with the real binary where the unit expects it.
         let copy = dir.path().join(&name);
         std::fs::write(
@@ -251,4 +252,35 @@ fn assert_a_bad_config_is_not_restarted(name: &str, text: &str) {
             );
         }
     }
+}
+
+/// Under `ProtectSystem=strict` everything but the unit's state directory (and any
+/// `ReadWritePaths=`) is read-only: the example's `downstream.spool_dir` must lie in one of
+/// them, else the downstream cannot create its spool and fails at start.
+fn assert_the_spool_is_writable(name: &str, unit: &str, cfg: &toml::Table) {
+    let Some(spool) = cfg
+        .get("downstream")
+        .and_then(|d| d.get("spool_dir"))
+        .and_then(|d| d.as_str())
+    else {
+        return;
+    };
+    let values = |key: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .flat_map(|v| v.split_whitespace().map(str::to_string))
+            .collect()
+    };
+    let writable: Vec<String> = values("StateDirectory")
+        .into_iter()
+        .map(|d| format!("/var/lib/{d}"))
+        .chain(values("ReadWritePaths"))
+        .collect();
+    assert!(
+        writable
+            .iter()
+            .any(|w| Path::new(spool).starts_with(w.trim_start_matches('-'))),
+        "{name}: downstream.spool_dir {spool} is in none of {writable:?}, read-only under \
+         ProtectSystem=strict"
+    );
 }
