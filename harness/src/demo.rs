@@ -6,7 +6,6 @@
 //! Everything is removed on exit and on Ctrl-C.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,8 @@ use crate::certs::{toml_str, LinkCerts};
 use crate::cluster::{
     free_port, wait_replayed, Cluster, PgInstall, PrimaryOpts, StandbyOpts, TempRoot,
 };
+use crate::out::StdoutError;
+use crate::outln;
 use crate::prom::{self, Sample};
 use crate::relayproc::{RelayProcess, Session};
 
@@ -71,11 +72,11 @@ impl Totals {
 /// Runs the demo with the `walrelay` binary `bin` for `seconds` of pgbench load.
 pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
     let install = PgInstall::discover().map_err(|e| anyhow::anyhow!("{e}\nThe demo needs PostgreSQL server binaries (initdb, postgres, pg_basebackup, pgbench): run scripts/install-deps.sh, or set PG_BIN to their bin directory."))?;
-    println!(
+    outln!(
         "walrelay demo: PostgreSQL {} from {}",
         install.major,
         install.bindir.display()
-    );
+    )?;
     let root = TempRoot::new().context("creating the demo directory")?;
     let primary_opts = PrimaryOpts {
         checkpoint_timeout: "30s".into(),
@@ -90,7 +91,7 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
 
     let (up, down, metrics) = (free_port(), free_port(), free_port());
     let mut relay = start_relay(bin, &root, &primary, up, down, metrics)?;
-    println!("relay: standbys connect to 127.0.0.1:{down}, the link (mutual TLS) runs on 127.0.0.1:{up}, metrics on http://127.0.0.1:{metrics}/");
+    outln!("relay: standbys connect to 127.0.0.1:{down}, the link (mutual TLS) runs on 127.0.0.1:{up}, metrics on http://127.0.0.1:{metrics}/")?;
     let conninfo = format!("host=127.0.0.1 port={down} user=replicator password={STANDBY_PASSWORD} application_name=dc2_standby");
     let mut sopts = StandbyOpts::new(conninfo);
     sopts.application_name = Some("dc2_standby".into());
@@ -98,7 +99,7 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
         .basebackup_standby(&root, "standby", &sopts)
         .context("pg_basebackup of the standby")?;
     standby.start().await?;
-    println!("standby started; initializing pgbench (scale 10) ...");
+    outln!("standby started; initializing pgbench (scale 10) ...")?;
     let init =
         tokio::process::Command::from(primary.pgbench(&["-i", "-s", "10", "-q", "postgres"]))
             .kill_on_drop(true)
@@ -111,19 +112,18 @@ pub async fn run(bin: &Path, seconds: u64) -> Result<()> {
         "pgbench -i failed: {}",
         String::from_utf8_lossy(&init.stderr)
     );
-    print!("waiting for the standby to replay the initial load ... ");
-    let _ = std::io::stdout().flush();
+    crate::out::write("waiting for the standby to replay the initial load ... ")?;
     wait_replayed(&primary, &standby, Duration::from_secs(300), || None).await?;
-    println!("done");
+    outln!("done")?;
 
     let r = live(&primary, &standby, &root, metrics, seconds).await;
     relay.terminate(Duration::from_secs(15));
     drop(standby);
     drop(primary);
     if r? {
-        println!("\ncleaned up {}", root.path().display());
+        outln!("\ncleaned up {}", root.path().display())?;
     } else {
-        println!("interrupted: cleaned up {}", root.path().display());
+        outln!("interrupted: cleaned up {}", root.path().display())?;
     }
     Ok(())
 }
@@ -189,11 +189,15 @@ async fn live(
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
     .spawn()?;
-    println!("\npgbench: 4 clients for {seconds} s\n");
-    println!(
+    outln!("\npgbench: 4 clients for {seconds} s\n")?;
+    outln!(
         "{:>5}  {:>12}  {:>12}  {:>8}  {:>14}",
-        "t (s)", "WAL (MB)", "link (MB)", "ratio", "replay lag"
-    );
+        "t (s)",
+        "WAL (MB)",
+        "link (MB)",
+        "ratio",
+        "replay lag"
+    )?;
     let started = Instant::now();
     let output = tokio::time::timeout(Duration::from_secs(seconds + 120), load.wait_with_output());
     tokio::pin!(output);
@@ -206,8 +210,7 @@ async fn live(
             _ = tick.tick() => {
                 if let Ok(t) = Totals::read(metrics).await {
                     let d = t.since(base);
-                    println!("{:>5}  {:>12.1}  {:>12.2}  {:>8}  {:>14}", started.elapsed().as_secs(), d.wal / 1e6, d.link / 1e6, ratio(d.wal, d.link), lag(t.lag));
-                    let _ = std::io::stdout().flush();
+                    outln!("{:>5}  {:>12.1}  {:>12.2}  {:>8}  {:>14}", started.elapsed().as_secs(), d.wal / 1e6, d.link / 1e6, ratio(d.wal, d.link), lag(t.lag))?;
                 }
             }
             _ = tokio::signal::ctrl_c() => return Ok(false),
@@ -225,10 +228,10 @@ async fn live(
     // The downstream's lag gauge follows the standby's next status update (every second).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let now = Totals::read(metrics).await?;
-    summary(&String::from_utf8_lossy(&out.stdout), now, base);
+    summary(&String::from_utf8_lossy(&out.stdout), now, base)?;
     match offline(primary, root, from.0, to.0).await {
-        Ok(o) => o.print(now.since(base).link),
-        Err(e) => println!("  the same WAL offline: not measured ({e:#})"),
+        Ok(o) => o.print(now.since(base).link)?,
+        Err(e) => outln!("  the same WAL offline: not measured ({e:#})")?,
     }
     Ok(true)
 }
@@ -242,18 +245,19 @@ struct Offline {
 
 impl Offline {
     /// The summary's last lines: each baseline, and the link's bytes against it.
-    fn print(&self, link: f64) {
-        println!(
+    fn print(&self, link: f64) -> Result<(), StdoutError> {
+        outln!(
             "  the same WAL offline ({:.1} MB copied from the primary's pg_wal):",
             self.wal as f64 / 1e6
-        );
+        )?;
         for (name, bytes) in [("zstd -3", self.zstd3), ("ssh -C", self.ssh_c)] {
-            println!(
+            outln!(
                 "    {name:<18} {:>10.2} MB (the link carried {:.2} x that)",
                 bytes as f64 / 1e6,
                 link / (bytes.max(1) as f64)
-            );
+            )?;
         }
+        Ok(())
     }
 }
 
@@ -273,38 +277,38 @@ async fn offline(primary: &Cluster, root: &TempRoot, from: u64, to: u64) -> Resu
     })
 }
 
-fn summary(pgbench_out: &str, now: Totals, base: Totals) {
+fn summary(pgbench_out: &str, now: Totals, base: Totals) -> Result<(), StdoutError> {
     let d = now.since(base);
     let stats = pgbench_stats(pgbench_out);
     let tx: f64 = stats
         .get("transactions")
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
-    println!("\nsummary");
-    println!(
+    outln!("\nsummary")?;
+    outln!(
         "  pgbench:             {tx} transactions, {} tps",
         stats.get("tps").map(String::as_str).unwrap_or("?")
-    );
-    println!("  WAL from the primary {:>10.1} MB", d.wal / 1e6);
-    println!(
+    )?;
+    outln!("  WAL from the primary {:>10.1} MB", d.wal / 1e6)?;
+    outln!(
         "  on the link          {:>10.2} MB (both directions, TLS and HTTP/2 framing included)",
         d.link / 1e6
-    );
-    println!("  ratio                {:>10}", ratio(d.wal, d.link));
-    println!(
+    )?;
+    outln!("  ratio                {:>10}", ratio(d.wal, d.link))?;
+    outln!(
         "  of which WAL payload {:>10.2} MB in {} link messages",
         d.payload / 1e6,
         d.messages
-    );
+    )?;
     if tx > 0.0 {
-        println!(
+        outln!(
             "  per transaction      {:>10.0} WAL bytes -> {:.0} link bytes",
             d.wal / tx,
             d.link / tx
-        );
+        )?;
     }
-    println!("  integrity failures   {:>10}", now.integrity_failures);
-    println!("  standby replay lag   {:>10}", lag(now.lag));
+    outln!("  integrity failures   {:>10}", now.integrity_failures)?;
+    outln!("  standby replay lag   {:>10}", lag(now.lag))
 }
 
 fn lag(bytes: Option<f64>) -> String {

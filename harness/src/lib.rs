@@ -21,6 +21,8 @@
 //!   on the same WAL, CPU, lag, sync-commit latency, a one-core codec replay.
 //! - [`demo`]: `walrelay demo`: a primary, a standby, the binary between them, a live table,
 //!   and zstd -3 and `ssh -C` of the load's WAL at the end.
+//! - [`out`]: standard output of every `walrelay` subcommand, with no panic when the reader
+//!   went away.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bench;
@@ -29,5 +31,6 @@ pub mod cluster;
 pub mod cpuwait;
 pub mod demo;
 pub mod forward;
+pub mod out;
 pub mod prom;
 pub mod relayproc;

@@ -23,6 +23,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use walrelay::config::{Config, ConfigError, EXIT_CONFIG};
+use walrelay_harness::out::{self, printed};
+use walrelay_harness::{errln, outln};
 
 #[derive(Parser)]
 #[command(
@@ -202,8 +204,8 @@ fn check_config(config: &Path) -> ExitCode {
             .into_iter()
             .flatten()
             .collect();
-            println!("{}: OK ({})", config.display(), halves.join(" + "));
-            ExitCode::SUCCESS
+            let said = outln!("{}: OK ({})", config.display(), halves.join(" + "));
+            printed(said, ExitCode::SUCCESS)
         }
         Err(e) => config_error(&e),
     }
@@ -235,7 +237,7 @@ fn run(config: PathBuf) -> ExitCode {
     rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
     match r {
         Err(e) if is_config_error(&e) => {
-            eprintln!("walrelay: bad configuration: {e:#}");
+            errln!("walrelay: bad configuration: {e:#}");
             ExitCode::from(EXIT_CONFIG as u8)
         }
         r => exit(r),
@@ -245,12 +247,12 @@ fn run(config: PathBuf) -> ExitCode {
 /// `walrelay status`: a running relay's monitoring document, for people.
 fn status(url: &str) -> ExitCode {
     match runtime().block_on(walrelay::monitor::client::fetch(url)) {
-        Ok(doc) => {
-            print!("{}", walrelay::monitor::client::format(&doc));
-            ExitCode::SUCCESS
-        }
+        Ok(doc) => printed(
+            out::write(&walrelay::monitor::client::format(&doc)),
+            ExitCode::SUCCESS,
+        ),
         Err(e) => {
-            eprintln!("walrelay status: {e}");
+            errln!("walrelay status: {e}");
             ExitCode::from(1)
         }
     }
@@ -260,16 +262,16 @@ fn status(url: &str) -> ExitCode {
 fn scram_verifier() -> ExitCode {
     let mut pw = String::new();
     if let Err(e) = std::io::stdin().read_line(&mut pw) {
-        eprintln!("walrelay: cannot read the password from standard input: {e}");
+        errln!("walrelay: cannot read the password from standard input: {e}");
         return ExitCode::from(1);
     }
     let pw = pw.trim_end_matches(['\n', '\r']);
     if pw.is_empty() {
-        eprintln!("walrelay: empty password; pipe the password on standard input");
+        errln!("walrelay: empty password; pipe the password on standard input");
         return ExitCode::from(EXIT_CONFIG as u8);
     }
-    println!("{}", walrelay_pgwire::scram::new_verifier(pw));
-    ExitCode::SUCCESS
+    let said = outln!("{}", walrelay_pgwire::scram::new_verifier(pw));
+    printed(said, ExitCode::SUCCESS)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -310,7 +312,7 @@ fn bench(a: BenchArgs) -> ExitCode {
         {
             Some(w) => w,
             None => {
-                eprintln!(
+                errln!(
                     "walrelay: unknown workload in {:?}: use all or some of {}",
                     a.workload,
                     Workload::names()
@@ -354,8 +356,12 @@ fn bench(a: BenchArgs) -> ExitCode {
         if report.runs.is_empty() && outcome.is_err() {
             return outcome;
         }
-        println!("{}", report.markdown());
+        let said = outln!("{}", report.markdown());
         write_report_json(json, &report)?;
+        match said {
+            Err(e) if !e.reader_left() => return Err(e.into()),
+            _ => {}
+        }
         outcome.with_context(|| {
             format!(
                 "the report above holds the {} workload(s) that finished",
@@ -368,9 +374,12 @@ fn bench(a: BenchArgs) -> ExitCode {
         let report = so_far.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut report) = report {
             report.stopped = Some(format!("stopped by {by}"));
-            println!("{}", report.markdown());
+            match outln!("{}", report.markdown()) {
+                Err(e) if !e.reader_left() => errln!("walrelay: {e}"),
+                _ => {}
+            }
             if let Err(e) = write_report_json(json_path.as_deref(), &report) {
-                eprintln!("walrelay: {e:#}");
+                errln!("walrelay: {e:#}");
             }
         }
     }))
@@ -449,7 +458,7 @@ fn run_tool(
             _ = term.recv() => ("SIGTERM", true),
         };
         // `f` is dropped by now: its processes and clusters are stopped, its directory gone.
-        eprintln!("walrelay: {by}: stopped and removed what was started");
+        errln!("walrelay: {by}: stopped and removed what was started");
         stopped(by);
         anyhow::ensure!(!fails, "stopped by {by} before the end");
         Ok(())
@@ -470,15 +479,17 @@ fn is_config_error(e: &anyhow::Error) -> bool {
 }
 
 fn config_error(e: &ConfigError) -> ExitCode {
-    eprintln!("walrelay: {e}");
+    errln!("walrelay: {e}");
     ExitCode::from(EXIT_CONFIG as u8)
 }
 
 fn exit(r: anyhow::Result<()>) -> ExitCode {
     match r.context("walrelay") {
         Ok(()) => ExitCode::SUCCESS,
+        // The demo stops when its reader leaves; it removed what it started.
+        Err(e) if out::reader_left(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e:#}");
+            errln!("{e:#}");
             ExitCode::from(1)
         }
     }

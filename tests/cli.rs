@@ -1,0 +1,105 @@
+//! The `walrelay` command line with the real binary: what it does when its output cannot be
+//! written.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::Relay;
+use walrelay_harness::cluster::free_port;
+
+/// The write end of a pipe whose read end is closed already: a write to it fails with EPIPE
+/// (the binary ignores SIGPIPE, as every Rust program does), as when `head` has exited.
+fn closed_pipe() -> Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) writes two descriptors into the array of two it is given.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened by pipe2 and nothing else owns them.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    Stdio::from(write)
+}
+
+fn walrelay(args: &[&str], stdout: Stdio, stderr: Stdio, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `args` with standard output a pipe nobody reads any more: no panic, no message, and
+/// the status the command has when its output is read.
+fn assert_quiet_with_closed_stdout(args: &[&str], stdin: &[u8]) {
+    let out = walrelay(args, closed_pipe(), Stdio::piped(), stdin);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    assert!(err.is_empty(), "{args:?} said something: {err}");
+}
+
+fn upstream_toml(dir: &Path) -> (std::path::PathBuf, u16, u16) {
+    let (up, metrics) = (free_port(), free_port());
+    let toml = format!(
+        "[upstream]\nprimary = \"host=127.0.0.1 port=1 user=u\"\nlisten = \"127.0.0.1:{up}\"\n\
+         [link]\nplaintext = true\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n"
+    );
+    let path = dir.join("up.toml");
+    std::fs::write(&path, toml).unwrap();
+    (path, up, metrics)
+}
+
+/// `walrelay check-config … | head -0`, `walrelay status | head -0` and the like: every
+/// subcommand that prints exits as it would have (0 here) without a word, where `println!`
+/// panicked (exit 101, "failed printing to stdout: Broken pipe"). The demo stops at its first
+/// line, before it starts anything.
+#[test]
+fn a_reader_that_left_is_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, up, metrics) = upstream_toml(dir.path());
+    let config = config.to_str().unwrap();
+    assert_quiet_with_closed_stdout(&["check-config", "--config", config], b"");
+    assert_quiet_with_closed_stdout(&["scram-verifier"], b"secret\n");
+    assert_quiet_with_closed_stdout(&["--help"], b"");
+    assert_quiet_with_closed_stdout(&["demo", "--seconds", "1"], b"");
+    let toml = std::fs::read_to_string(config).unwrap();
+    let _relay = Relay::start(dir.path(), "status", &toml, None, Some(up));
+    let url = format!("http://127.0.0.1:{metrics}");
+    assert_quiet_with_closed_stdout(&["status", "--url", &url], b"");
+}
+
+/// Output lost otherwise is an error: said, exit 1. And a command whose standard error is a
+/// closed pipe still exits with its own status (64 for a bad file), not a panic's 101.
+#[test]
+fn lost_output_is_an_error_and_a_closed_stderr_no_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _, _) = upstream_toml(dir.path());
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let args = ["check-config", "--config", config.to_str().unwrap()];
+    let out = walrelay(&args, Stdio::from(full), Stdio::piped(), b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot write to standard output: No space left on device"),
+        "{err}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[upstream]\nlisten = 5\n").unwrap();
+    let args = ["check-config", "--config", bad.to_str().unwrap()];
+    let out = walrelay(&args, Stdio::piped(), closed_pipe(), b"");
+    assert_eq!(out.status.code(), Some(64));
+    let out = walrelay(&["no-such-command"], Stdio::piped(), closed_pipe(), b"");
+    assert_eq!(out.status.code(), Some(64));
+}
