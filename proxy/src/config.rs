@@ -32,10 +32,11 @@ pub const EXIT_CONFIG: i32 = 64;
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// The cause is in the message, so not also the `source()` (see `SpoolError::Io`).
+    #[error("cannot read config file {path}: {cause}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("config file {path}: {message}")]
     Syntax { path: PathBuf, message: String },
@@ -450,9 +451,9 @@ impl Config {
     }
 
     pub fn load(path: &Path) -> Result<Resolved, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         Config::from_toml(&text, path)?.resolve()
     }

@@ -50,6 +50,8 @@ pub mod cancelkeys;
 pub mod config;
 pub mod conninfo;
 pub mod coreshare;
+#[cfg(test)]
+mod error_chains;
 pub mod gate;
 pub mod lifecycle;
 pub mod link;

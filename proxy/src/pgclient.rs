@@ -32,11 +32,10 @@ pub type BoxIo = Box<dyn Io>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgClientError {
-    #[error("cannot connect to the primary at {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    /// The cause is in the message, so not also the `source()` (see `SpoolError::Io`);
+    /// likewise for `Wire`.
+    #[error("cannot connect to the primary at {addr}: {cause}")]
+    Connect { addr: String, cause: std::io::Error },
     #[error("connecting to the primary at {0} timed out (connect_timeout)")]
     Timeout(String),
     #[error("the primary at {0} does not accept TLS, but sslmode requires it")]
@@ -64,7 +63,7 @@ pub enum PgClientError {
     #[error("SCRAM authentication with the primary failed: {0}")]
     Scram(String),
     #[error("protocol error from the primary: {0}")]
-    Wire(#[from] WireError),
+    Wire(WireError),
     #[error("unexpected message '{0}' from the primary during {1}")]
     Unexpected(char, &'static str),
     #[error("the server at {addr} is {role}, but upstream.primary asks for target_session_attrs={}: list the current primary in upstream.primary", wanted.as_str())]
@@ -120,11 +119,17 @@ fn failures_text(f: &[HostFailure]) -> String {
     each.join(", ")
 }
 
+impl From<WireError> for PgClientError {
+    fn from(e: WireError) -> Self {
+        PgClientError::Wire(e)
+    }
+}
+
 impl PgClientError {
     /// Why one host was skipped, without repeating its address.
     pub fn reason(&self) -> String {
         match self {
-            PgClientError::Connect { source, .. } => source.to_string(),
+            PgClientError::Connect { cause, .. } => cause.to_string(),
             PgClientError::Timeout(_) => "timed out (connect_timeout)".into(),
             PgClientError::NotQualified { role, .. } => role.to_string(),
             other => other.to_string(),
@@ -318,14 +323,14 @@ async fn open_socket(
     if host.is_unix_socket() {
         let s = tokio::net::UnixStream::connect(&addr)
             .await
-            .map_err(|source| PgClientError::Connect { addr, source })?;
+            .map_err(|cause| PgClientError::Connect { addr, cause })?;
         return Ok((Box::new(s), false));
     }
     let tcp = TcpStream::connect((host.dial_host().as_str(), host.port))
         .await
-        .map_err(|source| PgClientError::Connect {
+        .map_err(|cause| PgClientError::Connect {
             addr: addr.clone(),
-            source,
+            cause,
         })?;
     let _ = tcp.set_nodelay(true);
     // A primary whose host went away is found gone in about two minutes, also where nothing

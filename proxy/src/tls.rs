@@ -12,11 +12,10 @@ use crate::conninfo::{ConnInfo, SslMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The cause is in the message, so not also the `source()` (see `SpoolError::Io`);
+    /// likewise for `Rustls`.
+    #[error("cannot read {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error("{path} holds no PEM certificate")]
     NoCert { path: String },
     #[error("{path} holds a PEM certificate that does not parse ({why}): is the file whole?")]
@@ -24,9 +23,15 @@ pub enum TlsError {
     #[error("{path} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
     NoKey { path: String },
     #[error("TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
+    Rustls(rustls::Error),
     #[error("invalid CA certificates in {path}: {why}")]
     BadCa { path: String, why: String },
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        TlsError::Rustls(e)
+    }
 }
 
 /// The crypto provider walrelay uses everywhere.
@@ -42,9 +47,9 @@ pub fn install_default_provider() {
 
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let p = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| TlsError::Read {
+    let data = std::fs::read(path).map_err(|cause| TlsError::Read {
         path: p.clone(),
-        source,
+        cause,
     })?;
     // A block that does not parse (a truncated intermediate, say) is an error: left out, or
     // sent as it is, the chain would pass here and fail at peers with an unknown issuer.
@@ -67,9 +72,9 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let p = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| TlsError::Read {
+    let data = std::fs::read(path).map_err(|cause| TlsError::Read {
         path: p.clone(),
-        source,
+        cause,
     })?;
     rustls_pemfile::private_key(&mut &data[..])
         .ok()

@@ -18,11 +18,9 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub enum StatusError {
     #[error("{0:?} is not a URL like http://127.0.0.1:9187 (http only)")]
     Url(String),
-    #[error("cannot connect to {addr}: {source}; is walrelay running with [metrics] listen = \"{addr}\" in its config?")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    /// The cause is in the message, so not also the `source()` (see `SpoolError::Io`).
+    #[error("cannot connect to {addr}: {cause}; is walrelay running with [metrics] listen = \"{addr}\" in its config?")]
+    Connect { addr: String, cause: std::io::Error },
     #[error("no answer from {0} within {TIMEOUT:?}")]
     Timeout(String),
     #[error("{addr} does not answer like walrelay's metrics endpoint ({message}); is it the [metrics] listen address?")]
@@ -83,9 +81,9 @@ pub async fn fetch(url: &str) -> Result<StatusDoc, StatusError> {
     let work = async {
         let sock = tokio::net::TcpStream::connect(&addr)
             .await
-            .map_err(|source| StatusError::Connect {
+            .map_err(|cause| StatusError::Connect {
                 addr: addr.clone(),
-                source,
+                cause,
             })?;
         let http = |e: hyper::Error| StatusError::Http {
             addr: addr.clone(),

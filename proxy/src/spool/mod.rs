@@ -73,10 +73,13 @@ pub const TAIL_CHECK: u64 = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
-    #[error("spool {path}: {source}")]
+    /// The cause is in the message, and so not also the error's `source()`: anyhow's `{:#}`
+    /// printed it twice ("…: Permission denied (os error 13): Permission denied (os error 13)").
+    /// The same holds for every error type of this crate.
+    #[error("spool {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("spool {0}: {1}")]
     Invalid(PathBuf, String),
@@ -106,9 +109,9 @@ fn tail_hash(path: &Path, off: u64) -> std::io::Result<u64> {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
-    move |source| SpoolError::Io {
+    move |cause| SpoolError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 

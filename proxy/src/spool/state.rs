@@ -71,7 +71,7 @@ pub fn read(dir: &Path) -> Result<Option<SpoolState>, SpoolError> {
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(SpoolError::Io { path, source }),
+        Err(cause) => Err(SpoolError::Io { path, cause }),
     }
 }
 
