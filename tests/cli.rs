@@ -1,5 +1,5 @@
 //! The `walrelay` command line with the real binary: what it does when its output cannot be
-//! written.
+//! written; what `check-config` checks of the spool directory.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -102,4 +102,100 @@ fn lost_output_is_an_error_and_a_closed_stderr_no_panic() {
     assert_eq!(out.status.code(), Some(64));
     let out = walrelay(&["no-such-command"], Stdio::piped(), closed_pipe(), b"");
     assert_eq!(out.status.code(), Some(64));
+}
+
+/// `walrelay run --config config`, stopped if it still runs after 30 s: whether it
+/// succeeded, and its standard error.
+fn run_briefly(config: &str) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["run", "--config", config])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A downstream config with `spool_dir`, written to `dir`.
+fn downstream_toml(dir: &Path, spool_dir: &Path) -> std::path::PathBuf {
+    let verifier = walrelay_pgwire::scram::new_verifier("secret");
+    let toml = format!(
+        "[downstream]\nlisten = \"127.0.0.1:{}\"\nupstream = \"127.0.0.1:1\"\n\
+         users = {{ r = {verifier:?} }}\nspool_dir = {:?}\n[link]\nplaintext = true\n",
+        free_port(),
+        spool_dir.to_str().unwrap()
+    );
+    let path = dir.join("down.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// `check-config` refuses a `downstream.spool_dir` that `run` cannot open (exit 64, naming
+/// the key and the cause), and passes one that `run` creates without creating it.
+#[test]
+fn check_config_refuses_a_spool_dir_run_cannot_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let file = d.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let garbage = d.join("garbage-state");
+    std::fs::create_dir(&garbage).unwrap();
+    std::fs::write(garbage.join("spool.state"), b"not a state\n").unwrap();
+    let mut bad = vec![
+        (file.clone(), "is not a directory"),
+        (file.join("spool"), "has a file as one of its parents"),
+        (garbage, "unreadable state"),
+    ];
+    // Permissions bind everyone but root.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = d.join("read-only");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        bad.push((ro.clone(), "cannot list, read and write in it"));
+        bad.push((ro.join("spool"), "cannot create it in"));
+    }
+    for (spool_dir, why) in &bad {
+        let config = downstream_toml(d, spool_dir);
+        let config = config.to_str().unwrap();
+        let out = walrelay(
+            &["check-config", "--config", config],
+            Stdio::piped(),
+            Stdio::piped(),
+            b"",
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{spool_dir:?}: {err}");
+        assert!(err.contains("`downstream.spool_dir`"), "{err}");
+        assert!(err.contains(why), "{spool_dir:?}: {err}");
+        // What check-config refuses, run refuses, with the same cause.
+        let (ok, err) = run_briefly(config);
+        assert!(!ok, "run took {spool_dir:?}");
+        assert!(err.contains(why), "run with {spool_dir:?}: {err}");
+    }
+    // A spool directory to be created (as run does) passes, and is not created.
+    let new = d.join("new/spool");
+    let config = downstream_toml(d, &new);
+    let out = walrelay(
+        &["check-config", "--config", config.to_str().unwrap()],
+        Stdio::piped(),
+        Stdio::piped(),
+        b"",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !d.join("new").exists(),
+        "check-config created the spool's directory"
+    );
 }

@@ -44,6 +44,11 @@ fn relocate(text: &str, root: &Path) -> (String, BTreeMap<String, PathBuf>) {
 /// Runs `walrelay check-config` on `toml` (with its files relocated to `root`, which the
 /// caller filled); asserts success and returns its output.
 fn check_config(name: &str, toml: &str, root: &Path) -> String {
+    // check-config checks that the spool's directory can be made: under `root`, its parent
+    // there as systemd's `StateDirectory=walrelay` (or the pod's volume) makes it.
+    let state = root.join("var/lib/walrelay");
+    std::fs::create_dir_all(&state).unwrap();
+    let toml = toml.replace("/var/lib/walrelay/", &format!("{}/", state.display()));
     let path = root.join(name);
     std::fs::write(&path, toml).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))

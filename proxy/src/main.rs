@@ -45,7 +45,8 @@ enum Cmd {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Check FILE (keys, addresses, secrets, certificate files) and exit.
+    /// Check FILE (keys, addresses, secrets, certificate files, the spool directory) and exit;
+    /// nothing is changed on disk.
     CheckConfig {
         #[arg(long, short)]
         config: PathBuf,
@@ -193,9 +194,23 @@ fn usage_status(e: &clap::Error) -> u8 {
     }
 }
 
-/// `walrelay check-config`: loads the file as `run` would and says which halves it runs.
+/// `walrelay check-config`: loads the file as `run` would, checks the spool directory as
+/// `run` would open it (changing nothing: [`walrelay::spool::Spool::check`]), and says which
+/// halves it runs.
 fn check_config(config: &Path) -> ExitCode {
-    match Config::load(config) {
+    let checked = Config::load(config).and_then(|r| {
+        let Some(d) = &r.downstream else {
+            return Ok(r);
+        };
+        match walrelay::spool::Spool::check(&d.spool_dir) {
+            Ok(()) => Ok(r),
+            Err(e) => Err(ConfigError::Key {
+                key: "downstream.spool_dir".into(),
+                problem: e.to_string(),
+            }),
+        }
+    });
+    match checked {
         Ok(r) => {
             let halves: Vec<&str> = [
                 r.upstream.as_ref().map(|_| "upstream"),

@@ -41,6 +41,7 @@
 //! removed". Up to two of them are kept as `recycled.<n>` and written over as new segments
 //! ([`recycle`]).
 
+mod dir;
 mod durable;
 mod files;
 mod reader;
@@ -151,12 +152,29 @@ pub struct Spool {
 }
 
 impl Spool {
+    /// What opening the spool in `dir` needs of it, checked without changing anything on disk
+    /// (for `walrelay check-config`): `dir` is a directory this process can list, read and
+    /// write, or does not exist and can be created; its `spool.state`, if any, is one this
+    /// version reads. [`open`](Self::open) checks the same before it changes anything. Not
+    /// checked here: the segment files (a damaged partial segment is discarded and fetched
+    /// again when the spool opens), the free space, and whether the WAL is of the configured
+    /// primary (checked when the link comes up).
+    pub fn check(dir: &Path) -> Result<(), SpoolError> {
+        match dir::missing(dir) {
+            true => dir::creatable(dir),
+            false => dir::usable(dir).map(drop),
+        }
+    }
+
     /// Opens (creating) the spool in `dir`, recovering from a crash as described in the module
     /// docs. A spool that holds WAL knows its cluster and segment size; a new one learns them
     /// from [`bind`](Self::bind).
     pub fn open(dir: &Path, cap: u64) -> Result<Spool, SpoolError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let st = state::read(dir)?;
+        if dir::missing(dir) {
+            dir::creatable(dir)?;
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        let st = dir::usable(dir)?;
         let mut spool = Spool {
             dir: dir.to_path_buf(),
             seg: WalSegSize::DEFAULT,
@@ -176,13 +194,8 @@ impl Spool {
             filled: Vec::new(),
             recent: Arc::default(),
         };
-        if let Some(st) = st {
-            spool.seg = WalSegSize::new(st.seg_size).ok_or_else(|| {
-                SpoolError::Invalid(
-                    dir.join(state::STATE_FILE),
-                    format!("segment size {}", st.seg_size),
-                )
-            })?;
+        if let Some((st, seg)) = st {
+            spool.seg = seg;
             spool.system_id = st.system_id;
             spool.pool = recycle::Pool::scan(dir, spool.seg)?;
             spool.recover(&st)?;
