@@ -199,3 +199,59 @@ fn check_config_refuses_a_spool_dir_run_cannot_open() {
         "check-config created the spool's directory"
     );
 }
+
+/// `walrelay bench --pg 13` says that 13 is not supported and which majors are (those of
+/// `PgMajor::ALL`), before it starts anything, where it said "PostgreSQL 13 is not
+/// installed: run scripts/install-pg-majors.sh", which installs no 13.
+#[test]
+fn bench_names_the_supported_majors_for_another() {
+    let all: Vec<String> = walrelay_wal::pg::PgMajor::ALL
+        .iter()
+        .map(|m| m.number().to_string())
+        .collect();
+    for (pg, bad) in [("13", "13"), ("15,13", "13"), ("99", "99")] {
+        let out = walrelay(
+            &["bench", "--pg", pg, "--workload", "updates"],
+            Stdio::piped(),
+            Stdio::piped(),
+            b"",
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--pg {pg}: {err}");
+        assert!(
+            err.contains(&format!(
+                "--pg {bad}: PostgreSQL {bad} is not supported: the bench runs PostgreSQL {}",
+                all.join(", ")
+            )),
+            "--pg {pg}: {err}"
+        );
+        assert!(!err.contains("not installed"), "--pg {pg}: {err}");
+        assert!(!err.contains("bench: updates"), "--pg {pg} started: {err}");
+    }
+    // Without --pg, the install found (here PG_BIN's) must be one of them too.
+    // Written by a shell of its own: a script this multi-threaded test process had open for
+    // writing could be inherited by a concurrent test's fork, and its exec fail (ETXTBSY).
+    let dir = tempfile::tempdir().unwrap();
+    let made = Command::new("sh")
+        .current_dir(dir.path())
+        .args([
+            "-c",
+            "printf '#!/bin/sh\\necho \"postgres (PostgreSQL) 13.4\"\\n' > postgres && \
+             chmod 755 postgres && : > initdb",
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_walrelay"))
+        .args(["bench", "--workload", "updates"])
+        .env("PG_BIN", dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("PostgreSQL 13 is not supported: the bench runs PostgreSQL"),
+        "{err}"
+    );
+    assert!(err.contains("point PG_BIN at another"), "{err}");
+}

@@ -57,6 +57,7 @@ use pair::{CODECS, LONG_WAIT};
 use rig::{setup, Rig};
 use sample::{Sample, Sampler};
 use standbys::{APPS, DIRECT_APP};
+use walrelay_wal::pg::PgMajor;
 use wincheck::WindowCheck;
 
 /// Runs every workload on every major; prints progress to stderr. After each workload that
@@ -100,6 +101,9 @@ async fn preflight(opts: &BenchOpts) -> Result<Vec<PgInstall>> {
         opts.spool_bytes.is_none_or(|b| b >= 64 << 20),
         "--spool-bytes must be at least 64 MiB (67108864), downstream.spool_bytes's least"
     );
+    for &m in &opts.majors {
+        supported(m).with_context(|| format!("--pg {m}"))?;
+    }
     let zstd = tokio::process::Command::new("zstd")
         .arg("--version")
         .output()
@@ -179,11 +183,35 @@ async fn run_all<'a>(
     plan::run_jobs(report, jobs, one, finished).await
 }
 
+/// A major the bench runs: one whose WAL format walrelay knows ([`PgMajor::ALL`]); for any
+/// other an error that names those.
+fn supported(major: u32) -> Result<PgMajor> {
+    PgMajor::from_number(major).with_context(|| {
+        let all: Vec<String> = PgMajor::ALL
+            .iter()
+            .map(|m| m.number().to_string())
+            .collect();
+        format!(
+            "PostgreSQL {major} is not supported: the bench runs PostgreSQL {}",
+            all.join(", ")
+        )
+    })
+}
+
+/// The installs of `majors` (which [`preflight`] found [`supported`]), or without any the
+/// discovered install, which must be supported too.
 fn installs(majors: &[u32]) -> Result<Vec<PgInstall>> {
     if majors.is_empty() {
-        return Ok(vec![PgInstall::discover().context(
+        let install = PgInstall::discover().context(
             "the bench needs PostgreSQL server binaries (scripts/install-deps.sh, or PG_BIN)",
-        )?]);
+        )?;
+        supported(install.major).with_context(|| {
+            format!(
+                "the PostgreSQL found in {} (point PG_BIN at another, or give --pg)",
+                install.bindir.display()
+            )
+        })?;
+        return Ok(vec![install]);
     }
     majors
         .iter()
