@@ -25,13 +25,20 @@ fn each_cause_is_printed_once() {
     std::fs::write(&file, b"x").unwrap();
     let under_a_file = file.join("sub");
     let not_a_dir = "Not a directory (os error 20)";
-    // The chain `run` printed: context, then the spool's error, then the OS's.
-    let e = Spool::open(&under_a_file, 1 << 30).err().unwrap();
+    // The chain `run` printed: context, then the spool's error, then the OS's (a path under a
+    // file is now refused before any OS error; a `spool.state` that is a directory is not).
+    let spool = d.path().join("spool");
+    std::fs::create_dir_all(spool.join("spool.state")).unwrap();
+    let e = Spool::open(&spool, 1 << 30).err().unwrap();
     let text = format!(
         "{:#}",
-        anyhow::Error::new(e).context(format!("opening the spool in {}", under_a_file.display()))
+        anyhow::Error::new(e).context(format!("opening the spool in {}", spool.display()))
     );
-    assert_eq!(text.matches(not_a_dir).count(), 1, "{text}");
+    assert_eq!(
+        text.matches("Is a directory (os error 21)").count(),
+        1,
+        "{text}"
+    );
     assert!(text.starts_with("opening the spool in "), "{text}");
 
     assert_once(Config::load(&under_a_file).err().unwrap(), not_a_dir);
