@@ -70,8 +70,16 @@ pub enum WireError {
     Malformed { tag: char, what: &'static str },
     #[error("connection closed by peer")]
     Closed,
+    /// The cause is in the message and not also the error's `source()`, which a printed
+    /// chain (`{:#}`) would repeat.
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for WireError {
+    fn from(e: std::io::Error) -> Self {
+        WireError::Io(e)
+    }
 }
 
 /// The first packet of a connection.

@@ -63,6 +63,14 @@ fn each_cause_is_printed_once() {
         "Permission denied",
     );
     assert_once(
+        walrelay_pgwire::WireError::from(denied()),
+        "Permission denied",
+    );
+    assert_once(
+        walrelay_wal::linkcodec::CodecError::from(denied()),
+        "Permission denied",
+    );
+    assert_once(
         TlsError::from(rustls::Error::General("no good".into())),
         "no good",
     );

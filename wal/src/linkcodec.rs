@@ -49,16 +49,29 @@ impl CodecKind {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
+    // Causes are in the messages and not also `source()`, which a printed chain would repeat.
     #[error("zstd: {0}")]
-    Zstd(#[from] std::io::Error),
+    Zstd(std::io::Error),
     #[error("WAL codec: {0}")]
-    Wal(#[from] walcodec::WalCodecError),
+    Wal(walcodec::WalCodecError),
     #[error("decoded {got} bytes where the sender announced {want}")]
     Length { got: usize, want: usize },
     #[error("announced length {0} exceeds the limit of {1} bytes (limits.max_message_bytes)")]
     TooLong(usize, usize),
     #[error("integrity check failed: restored bytes differ from the primary's (xxh3 {got:016x}, expected {want:016x})")]
     Checksum { got: u64, want: u64 },
+}
+
+impl From<std::io::Error> for CodecError {
+    fn from(e: std::io::Error) -> Self {
+        CodecError::Zstd(e)
+    }
+}
+
+impl From<walcodec::WalCodecError> for CodecError {
+    fn from(e: walcodec::WalCodecError) -> Self {
+        CodecError::Wal(e)
+    }
 }
 
 /// What both ends of a session agreed on.
