@@ -238,6 +238,15 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
     let i0 = first(samples, |s| s.t >= t_start).context("no sample at the window's start")?;
     let i1 = first(samples, |s| s.t >= t_end).context("no sample at the window's end")?;
     let (l0, l1) = (samples[i0].primary_lsn, samples[i1].primary_lsn);
+    anyhow::ensure!(
+        l1 > l0,
+        "the primary wrote no WAL in the window, from t = {:.1} s to t = {:.1} s (its position \
+         stayed at {}): there is nothing to measure (did the load stall? pgbench's output is \
+         in load.out and load.err of the run's directory, kept with WALRELAY_KEEP_TMP=1)",
+        samples[i0].t,
+        samples[i1].t,
+        walrelay_wal::lsn::Lsn(l0)
+    );
     let stages = lags(&samples[i0..=i1]);
     let pair = |p: usize, lag: &PathLags| -> Result<PairCut> {
         let j0 = first(samples, |s| s.received[p] >= l0)
@@ -498,6 +507,29 @@ mod tests {
         );
         assert_eq!(c.cpu_pressure, Some(0.5));
         assert!(cut(&samples, 0.0, 5.0).is_err());
+    }
+
+    /// A window in which the primary wrote nothing has no WAL to measure: its ratios and CPU
+    /// per GB would divide by nothing (they came out 0.00 x zstd-3, a perfect score) and its
+    /// link bytes would be charged over no time at all. The bench fails instead.
+    #[test]
+    fn a_window_without_wal_is_an_error_not_zeros() {
+        let samples = vec![
+            s(0.0, 100, [100, 100], [0, 0]),
+            s(1.0, 100, [100, 100], [5, 5]),
+            s(2.0, 100, [100, 100], [9, 9]),
+            s(3.0, 200, [200, 200], [20, 20]),
+        ];
+        let e = cut(&samples, 0.0, 2.0).unwrap_err().to_string();
+        assert!(
+            e.contains("no WAL") && e.contains("t = 0.0 s") && e.contains("t = 2.0 s"),
+            "{e}"
+        );
+        // One byte is a window.
+        let mut one = samples.clone();
+        one[2].primary_lsn = 101;
+        one[2].received = [101, 101];
+        assert_eq!(cut(&one, 0.0, 2.0).unwrap().lsn_end, 101);
     }
 
     fn staged(t: f64, primary: u64, behind: u64) -> Sample {
