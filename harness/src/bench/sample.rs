@@ -247,6 +247,20 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         samples[i1].t,
         walrelay_wal::lsn::Lsn(l0)
     );
+    // A standby that stopped streaming keeps its last positions: the reference's lag would
+    // grow with the primary's and make the relayed standbys' look small beside it.
+    if let Some(s) = samples[i0..=i1]
+        .iter()
+        .find(|s| s.primary.sent[2].is_none())
+    {
+        anyhow::bail!(
+            "the standby connected to the primary directly, the reference for replay lag, was \
+             not streaming from it at t = {:.1} s (no walsender of it in pg_stat_replication): \
+             the window's lags have no reference (its log, standby_lag_ref/postgres.log, is kept with \
+             WALRELAY_KEEP_TMP=1)",
+            s.t
+        );
+    }
     let stages = lags(&samples[i0..=i1]);
     let pair = |p: usize, lag: &PathLags| -> Result<PairCut> {
         let j0 = first(samples, |s| s.received[p] >= l0)
@@ -530,6 +544,25 @@ mod tests {
         one[2].primary_lsn = 101;
         one[2].received = [101, 101];
         assert_eq!(cut(&one, 0.0, 2.0).unwrap().lsn_end, 101);
+    }
+
+    /// The direct standby is the reference for replay lag. One that stopped streaming keeps
+    /// reporting its last positions, so its lag grew with the primary and W's and Z's looked
+    /// small beside it; the bench fails instead. Outside the window it may come and go.
+    #[test]
+    fn a_window_whose_direct_standby_stopped_streaming_is_an_error() {
+        let mut samples = vec![
+            s(0.0, 100, [100, 100], [0, 0]),
+            s(1.0, 200, [200, 200], [5, 5]),
+            s(2.0, 300, [300, 300], [9, 9]),
+            s(3.0, 400, [400, 400], [20, 20]),
+        ];
+        samples[3].primary.sent[2] = None;
+        cut(&samples, 0.0, 2.0).unwrap();
+        samples[1].primary.sent[2] = None;
+        samples[1].direct_received = 150;
+        let e = cut(&samples, 0.0, 2.0).unwrap_err().to_string();
+        assert!(e.contains("direct") && e.contains("t = 1.0 s"), "{e}");
     }
 
     fn staged(t: f64, primary: u64, behind: u64) -> Sample {
