@@ -52,6 +52,16 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     // Nothing left out, no stop.
     assert_eq!(report["not_run"], serde_json::json!([]), "{report}");
     assert!(report["stopped"].is_null(), "{report}");
+    // The command that made the figures is with them, in the JSON and above the tables.
+    let command = report["command"].as_str().unwrap_or_default();
+    assert!(
+        command.contains(" bench --workload updates --cold-secs 3 "),
+        "{report}"
+    );
+    assert!(
+        stdout.contains(&format!("Command: `{command}`")),
+        "{stdout}"
+    );
     assert_wal_and_link_bytes_counted(r);
     assert_staged_counters_read(r);
     assert_waiting_for_a_core_read(r, &stdout);

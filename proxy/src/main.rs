@@ -342,6 +342,9 @@ fn bench(a: BenchArgs) -> ExitCode {
     let run = async move {
         prepare_outputs(a.json.as_deref(), a.timeline_dir.as_deref())?;
         let opts = bench::BenchOpts {
+            command: Some(bench::command_line(
+                std::env::args_os().map(|a| a.to_string_lossy().into_owned()),
+            )),
             binary: std::env::current_exe().context("locating the walrelay executable")?,
             workloads,
             majors: a.pg,

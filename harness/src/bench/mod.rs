@@ -69,6 +69,7 @@ pub async fn run(
     finished: &mut dyn FnMut(&Report) -> Result<()>,
 ) -> (Report, Result<()>) {
     let mut report = Report {
+        command: opts.command.clone(),
         cold_secs: opts.cold_secs,
         warmup_secs: opts.warmup_secs,
         steady_secs: opts.steady_secs,
@@ -196,6 +197,20 @@ fn supported(major: u32) -> Result<PgMajor> {
             all.join(", ")
         )
     })
+}
+
+/// `args` as one line a POSIX shell takes back as the same arguments: each argument bare when
+/// it holds only characters no shell treats specially, else in single quotes.
+pub fn command_line(args: impl IntoIterator<Item = String>) -> String {
+    let quote = |a: String| {
+        let plain = |c: char| c.is_ascii_alphanumeric() || "-_./,=:+@%".contains(c);
+        if !a.is_empty() && a.chars().all(plain) {
+            a
+        } else {
+            format!("'{}'", a.replace('\'', r"'\''"))
+        }
+    };
+    args.into_iter().map(quote).collect::<Vec<_>>().join(" ")
 }
 
 /// The installs of `majors` (which [`preflight`] found [`supported`]), or without any the

@@ -8,6 +8,8 @@ use super::{services, sites};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOpts {
+    /// The command line that ran the bench ([`super::command_line`]), for the report.
+    pub command: Option<String>,
     /// The `walrelay` binary to run the halves with.
     pub binary: PathBuf,
     pub workloads: Vec<Workload>,

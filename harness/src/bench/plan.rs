@@ -78,6 +78,7 @@ mod tests {
 
     fn empty() -> Report {
         Report {
+            command: None,
             cold_secs: 1,
             warmup_secs: 0,
             steady_secs: 1,

@@ -9,8 +9,12 @@ use super::stages::{LagPart, PathLags, StageLags};
 use super::synclat::SyncLatency;
 use super::workloads::Workload;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
+    /// The command line that ran the bench, as a shell takes it ([`super::command_line`]):
+    /// printed above the tables, so that published figures carry their command.
+    #[serde(default)]
+    pub command: Option<String>,
     pub cold_secs: u64,
     pub warmup_secs: u64,
     pub steady_secs: u64,

@@ -18,6 +18,9 @@ impl Report {
     /// Every table: one per window, the replay, the resource managers, the sync latency.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        if let Some(c) = &self.command {
+            s.push_str(&format!("\nCommand: `{c}`\n"));
+        }
         if let Some(b) = self.spool_bytes {
             s.push_str(&format!(
                 "\nEach downstream's spool held at most {:.0} MiB of complete segments (--spool-bytes): \

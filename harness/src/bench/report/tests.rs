@@ -65,3 +65,31 @@ fn each_half_reports_the_kernel_share_of_its_cpu_time() {
         (0.0, 0.0)
     );
 }
+
+/// The tables name the command that made them, first, as a shell would take it back: a
+/// published run's figures come with their command.
+#[test]
+fn the_tables_begin_with_the_command_that_made_them() {
+    let args = [
+        "walrelay",
+        "bench",
+        "--workload",
+        "pgbench,bulk",
+        "--json",
+        "a b/it's.json",
+    ];
+    let line = super::super::command_line(args.iter().map(|a| a.to_string()));
+    assert_eq!(
+        line,
+        r#"walrelay bench --workload pgbench,bulk --json 'a b/it'\''s.json'"#
+    );
+    assert_eq!(super::super::command_line([String::new()]), "''");
+    let mut report = Report {
+        command: Some(line.clone()),
+        ..Report::default()
+    };
+    let md = report.markdown();
+    assert!(md.starts_with(&format!("\nCommand: `{line}`\n")), "{md}");
+    report.command = None;
+    assert!(!report.markdown().contains("Command:"));
+}
