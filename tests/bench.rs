@@ -311,7 +311,7 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
             assert!(mb > 1.0, "{pair} {dir}: {mb} MB resident");
         }
     }
-    // W's images and cache hits, where scraped (every tenth sample): hits ≤ images, both
+    // W's images and cache hits, where scraped (with every sample): hits ≤ images, both
     // counted from the upstream's start, so never falling.
     let (images, hits) = (col("w_images"), col("w_image_hits"));
     let scraped: Vec<(u64, u64)> = lines

@@ -372,8 +372,8 @@ const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_
 
 /// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds
 /// and the kernel's part of them, seconds waited for a core, each half's resident set (MB),
-/// and the images W's upstream sent through its block cache and of those cache hits (scraped
-/// every tenth sample); empty when unknown.
+/// and the images W's upstream sent through its block cache and of those cache hits (read
+/// from its `/metrics` with every sample); empty when unknown.
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
