@@ -3,7 +3,7 @@
 //! `codec = "zstd"` in the same run.
 //!
 //! Per workload (and PostgreSQL major), once [`disk`] found room for it: a fresh primary
-//! (`checkpoint_timeout = 30s`, `max_wal_size = 4GB`, `fsync = off`, the workload's
+//! (`checkpoint_timeout = 30s` unless `--checkpoint-timeout` says otherwise, `max_wal_size = 4GB`, `fsync = off`, the workload's
 //! `wal_compression` and `wal_level`), its data, a segment switch and a checkpoint (so that the
 //! relays' slots, and their streams, begin after the data: a cold relay has not seen it), then
 //! two relay pairs of the real binary ([`pair`]: upstream and downstream processes, mutual TLS,
@@ -50,7 +50,7 @@ use anyhow::{Context, Result};
 pub use report::{PairWindow, Report, RunResult, Verified, Window};
 pub use workloads::Workload;
 
-pub use opts::BenchOpts;
+pub use opts::{checkpoint_timeout, BenchOpts};
 
 use crate::cluster::{majors, wait_replayed, PgInstall, TempRoot};
 use pair::{CODECS, LONG_WAIT};

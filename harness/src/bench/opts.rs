@@ -34,4 +34,65 @@ pub struct BenchOpts {
     pub services: Option<services::Hierarchy>,
     /// Each downstream's `downstream.spool_bytes` (None: the relay's default).
     pub spool_bytes: Option<u64>,
+    /// The primary's `checkpoint_timeout`, checked ([`checkpoint_timeout`]).
+    pub checkpoint_timeout: String,
+}
+
+/// `--checkpoint-timeout` as the primary's `checkpoint_timeout`: a whole number of `s`,
+/// `min` or `h` (seconds when bare), within PostgreSQL's range of 30 s to 1 day.
+pub fn checkpoint_timeout(text: &str) -> anyhow::Result<String> {
+    let t = text.trim();
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let (n, unit) = t.split_at(digits);
+    let scale = match unit.trim() {
+        "" | "s" => Some(1),
+        "min" => Some(60),
+        "h" => Some(3600),
+        _ => None,
+    };
+    let secs = n
+        .parse::<u64>()
+        .ok()
+        .zip(scale)
+        .and_then(|(n, s)| n.checked_mul(s))
+        .filter(|s| (30..=86_400).contains(s));
+    match secs {
+        Some(s) => Ok(format!("{s}s")),
+        None => anyhow::bail!(
+            "--checkpoint-timeout {text:?}: give a number of s, min or h between 30s and 24h \
+             (PostgreSQL's range), such as 5min"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_timeout;
+
+    #[test]
+    fn checkpoint_timeouts_in_postgresql_units_and_range() {
+        for (given, set) in [
+            ("30s", "30s"),
+            ("5min", "300s"),
+            ("1h", "3600s"),
+            ("600", "600s"),
+        ] {
+            assert_eq!(checkpoint_timeout(given).unwrap(), set, "{given}");
+        }
+        for bad in [
+            "29s",
+            "25h",
+            "5 mins",
+            "",
+            "min",
+            "-1min",
+            "99999999999999999999h",
+        ] {
+            let e = checkpoint_timeout(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("--checkpoint-timeout") && e.contains("5min"),
+                "{bad}: {e}"
+            );
+        }
+    }
 }

@@ -38,7 +38,7 @@ pub(super) async fn setup(
     let certs_dir = root.path().join("certs");
     std::fs::create_dir(&certs_dir)?;
     let certs = LinkCerts::generate(&certs_dir)?;
-    let primary = start_primary(install, &root, w, compression).await?;
+    let primary = start_primary(install, &root, w, compression, &opts.checkpoint_timeout).await?;
     let load_end = begin_after_load(&primary).await?;
     // The pairs first: a downstream's spool starts at the segment the primary is writing when
     // its stream opens, so standbys backed up after that find all they need in it.
@@ -127,9 +127,10 @@ async fn start_primary(
     root: &TempRoot,
     w: Workload,
     compression: &str,
+    checkpoint_timeout: &str,
 ) -> Result<Cluster> {
     let popts = PrimaryOpts {
-        checkpoint_timeout: "30s".into(),
+        checkpoint_timeout: checkpoint_timeout.into(),
         wal_compression: compression.into(),
         wal_level: w.wal_level().into(),
         extra_conf: vec![
