@@ -14,7 +14,8 @@
 //! Each command may be followed by one `;`. Keywords are in capitals, as `repl_scanner.l` matches
 //! them (`identify_system` is SQL to PostgreSQL, refused on a physical connection); tokens are separated by
 //! any of space, `\t`, `\n`, `\r`, `\v`, `\f`. Identifiers are either plain,
-//! `[A-Za-z_][A-Za-z0-9_$]*`, folded to lower case like PostgreSQL's `repl_scanner.l` does, or
+//! `[A-Za-z_\x80-\xff][A-Za-z0-9_$\x80-\xff]*` (bytes: any non-ASCII character counts as a
+//! letter), their ASCII letters folded to lower case like PostgreSQL's `repl_scanner.l` does, or
 //! double-quoted with `""` standing for `"`, kept as written. An LSN is `hex/hex` with no spaces
 //! (`0/3000000`); like the flex scanner, `abc/1` lexes as an LSN, not an identifier.
 //!
@@ -170,12 +171,16 @@ fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
 }
 
+/// `ident_start` of `repl_scanner.l`: `[A-Za-z\200-\377_]`. Bytes from 0x80 up (every byte
+/// of a non-ASCII character) belong to identifiers, so `SHOWé` is one identifier there, not the
+/// keyword SHOW followed by something: SQL to PostgreSQL, and so to [`classify`] too.
 fn is_ident_start(b: u8) -> bool {
-    b.is_ascii_alphabetic() || b == b'_'
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
 }
 
+/// `ident_cont` of `repl_scanner.l`: `[A-Za-z\200-\377_0-9\$]`.
 fn is_ident_cont(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'$'
+    is_ident_start(b) || b.is_ascii_digit() || b == b'$'
 }
 
 /// On-demand lexer with one token of look-ahead, so that an unsupported command is reported as

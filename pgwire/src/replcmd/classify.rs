@@ -168,6 +168,28 @@ mod tests {
         assert_eq!(c("Show x"), TunnelCmd::Sql);
     }
 
+    /// `repl_scanner.l` reads bytes 0x80-0xff as letters of an identifier: a keyword followed
+    /// at once by a non-ASCII character is one identifier, so the query is SQL to PostgreSQL
+    /// (its allowlist applies), not the replication command it starts like.
+    #[test]
+    fn a_keyword_run_into_a_non_ascii_letter_is_sql() {
+        for q in [
+            "SHOWé x",
+            "SHOW\u{85}x",
+            "IDENTIFY_SYSTEMß",
+            "START_REPLICATIONé SLOT s 0/0",
+            "CREATE_REPLICATION_SLOTé s TEMPORARY PHYSICAL",
+            "DROP_REPLICATION_SLOTü s",
+            "BASE_BACKUPé",
+        ] {
+            assert_eq!(classify(q), Ok(TunnelCmd::Sql), "{q:?}");
+        }
+        assert_eq!(
+            classify("DROP_REPLICATION_SLOT sé"),
+            Ok(TunnelCmd::DropSlot { slot: "sé".into() })
+        );
+    }
+
     #[test]
     fn broken_commands_are_errors_not_sql() {
         assert_eq!(classify("   ;  "), Err(ReplCmdError::Empty));

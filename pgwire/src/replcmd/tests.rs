@@ -116,6 +116,29 @@ fn keywords_count_in_capitals_only() {
     }
 }
 
+/// Non-ASCII characters are identifier letters, as in `repl_scanner.l`: they extend a word
+/// (a keyword run into one is another word) and may appear in plain identifiers, which keep
+/// them as written (only ASCII letters are folded).
+#[test]
+fn non_ascii_letters_belong_to_identifiers() {
+    assert_eq!(
+        parse("SHOWé wal_segment_size"),
+        Err(ReplCmdError::Unsupported("SHOWé".into()))
+    );
+    assert_eq!(
+        parse("IDENTIFY_SYSTEM\u{85}"),
+        Err(ReplCmdError::Unsupported("IDENTIFY_SYSTEM\u{85}".into()))
+    );
+    assert_eq!(
+        parse("START_REPLICATION SLOT ÉtÉ_A 0/1"),
+        Ok(start(Some("ÉtÉ_a"), 1, None))
+    );
+    assert_eq!(
+        parse("READ_REPLICATION_SLOT s\u{e9}1"),
+        Ok(ReplCommand::ReadReplicationSlot("s\u{e9}1".into()))
+    );
+}
+
 #[test]
 fn unsupported_commands() {
     for (sql, kw) in [
