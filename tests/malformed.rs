@@ -69,6 +69,7 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
     let port = env.down_port;
 
     assert_bad_startups_are_refused(port);
+    assert_encryption_requests_are_answered_once(port);
     assert_sessions_that_are_not_physical_get_answers(port);
     assert_refused_and_empty_commands_are_answered(port);
     assert_overlong_names_and_commands_are_refused(port);
@@ -114,6 +115,53 @@ fn assert_bad_startups_are_refused(port: u16) {
         error_of(&msgs).is_some_and(|e| e.code == "0A000"),
         "{msgs:?}"
     );
+}
+
+/// Each encryption request is answered once, as PostgreSQL's ProcessStartupPacket answers
+/// them (no TLS configured here): a GSSENCRequest, then an SSLRequest (libpq's order with
+/// gssencmode=prefer) each get 'N' and the startup goes on; a second SSLRequest is, to
+/// PostgreSQL, a startup packet of protocol 1234.5679, refused with 0A000, not answered 'N'
+/// again and again until the deadline.
+fn assert_encryption_requests_are_answered_once(port: u16) {
+    let mut ssl = BytesMut::new();
+    encode::ssl_request(&mut ssl);
+    let gss = [0u8, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30];
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let answer = |s: &mut TcpStream, request: &[u8]| {
+        s.write_all(request).unwrap();
+        let mut a = [0u8; 1];
+        s.read_exact(&mut a).unwrap();
+        a[0]
+    };
+    let mut s = connect();
+    assert_eq!(answer(&mut s, &gss), b'N');
+    assert_eq!(answer(&mut s, &ssl), b'N');
+    s.write_all(&startup(REPL)).unwrap();
+    let msgs = read_until(&mut s, &mut BytesMut::new(), b'Z');
+    assert!(error_of(&msgs).is_none(), "{msgs:?}");
+
+    for request in [&ssl[..], &gss[..]] {
+        let mut s = connect();
+        assert_eq!(answer(&mut s, request), b'N');
+        let started = Instant::now();
+        s.write_all(request).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        let mut b = BytesMut::from(&rest[..]);
+        let e = parse_tagged(&mut b, |_| 1 << 20)
+            .ok()
+            .flatten()
+            .filter(|m| m.tag == b'E')
+            .map(|m| ErrorFields::parse(&m.body).unwrap());
+        let e = e.unwrap_or_else(|| panic!("no ErrorResponse: {rest:?}"));
+        assert_eq!(e.code, "0A000", "{e}");
+        assert!(e.message.contains("1234.56"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
 }
 
 /// Checks the answers to an SQL session, a logical replication session to a missing database

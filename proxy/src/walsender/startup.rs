@@ -198,8 +198,10 @@ async fn read_startup(
 ) -> Result<First, Failed> {
     let (io, mut encrypted) = direct_tls(ds, sock, peer, pass).await?;
     let mut reader = MsgReader::new(io);
+    let mut asked = Asked::default();
     loop {
-        let pkt = match reader.read(parse_startup).await {
+        let read = reader.read(parse_startup).await;
+        let pkt = match read.and_then(|p| asked.record(&p).map(|()| p)) {
             Ok(p) => p,
             Err(e) => {
                 Metrics::add(&ds.metrics.protocol_errors, 1);
@@ -223,13 +225,8 @@ async fn read_startup(
         // The TLS current now (a reload may have replaced the files).
         let tls = ds.tls.get();
         match pkt {
-            StartupPacket::SslRequest | StartupPacket::GssEncRequest if encrypted => {
-                return Err(split_fail(
-                    reader,
-                    End::fatal("08P01", "encryption requested twice"),
-                ));
-            }
-            StartupPacket::SslRequest if tls.is_some() => {
+            // Not on a connection that is encrypted already (direct TLS): 'N', as PostgreSQL.
+            StartupPacket::SslRequest if tls.is_some() && !encrypted => {
                 if !reader.buffered().is_empty() {
                     return Err(split_fail(
                         reader,
@@ -243,6 +240,8 @@ async fn read_startup(
                 let tls = tls.as_ref().expect("checked above");
                 reader = MsgReader::new(Box::new(accept_tls(ds, tls, io, peer, pass).await?));
                 encrypted = true;
+                // Encrypted: no GSSENCRequest either.
+                asked.gss = true;
             }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 if reader.get_mut().write_all(b"N").await.is_err() {
@@ -259,6 +258,32 @@ async fn read_startup(
                 }))
             }
         }
+    }
+}
+
+/// The encryption requests a connection has had answered (PostgreSQL's `ssl_done` and
+/// `gss_done` in `ProcessStartupPacket`): each may come once, before the startup packet (the
+/// client may try one after the other was refused), and a GSSENCRequest not after TLS.
+#[derive(Debug, Default)]
+struct Asked {
+    ssl: bool,
+    gss: bool,
+}
+
+impl Asked {
+    /// Notes an encryption request. One already answered is, to PostgreSQL, a startup packet
+    /// of protocol 1234.5679 (SSL) or 1234.5680 (GSS), refused as unsupported: so it is here,
+    /// and a client cannot keep the server answering requests until its deadline.
+    fn record(&mut self, pkt: &StartupPacket) -> Result<(), WireError> {
+        let (seen, minor) = match pkt {
+            StartupPacket::SslRequest => (&mut self.ssl, 5679),
+            StartupPacket::GssEncRequest => (&mut self.gss, 5680),
+            _ => return Ok(()),
+        };
+        if std::mem::replace(seen, true) {
+            return Err(WireError::UnsupportedProtocol { major: 1234, minor });
+        }
+        Ok(())
     }
 }
 
@@ -374,6 +399,30 @@ mod tests {
     use super::*;
     use prost::Message;
     use std::net::{Ipv6Addr, SocketAddrV6};
+
+    /// As PostgreSQL's `ssl_done`/`gss_done`: one request of each kind, in either order; a
+    /// repeated one is the startup packet of an unsupported protocol.
+    #[test]
+    fn each_encryption_request_is_answered_once() {
+        let mut asked = Asked::default();
+        let startup = StartupPacket::Startup {
+            minor: 0,
+            params: Vec::new(),
+        };
+        assert!(asked.record(&StartupPacket::GssEncRequest).is_ok());
+        assert!(asked.record(&StartupPacket::SslRequest).is_ok());
+        assert!(asked.record(&startup).is_ok());
+        for (again, minor) in [
+            (StartupPacket::SslRequest, 5679),
+            (StartupPacket::GssEncRequest, 5680),
+        ] {
+            let e = asked.record(&again).unwrap_err();
+            assert!(
+                matches!(e, WireError::UnsupportedProtocol { major: 1234, minor: m } if m == minor),
+                "{e}"
+            );
+        }
+    }
 
     /// The largest OPEN item a physical session can make (the longest application_name taken,
     /// a user name cut to 63 bytes, the longest address) fits in a link item, and a longer
