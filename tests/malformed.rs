@@ -70,6 +70,7 @@ async fn malformed_input_gets_an_error_or_a_clean_close() {
 
     assert_bad_startups_are_refused(port);
     assert_encryption_requests_are_answered_once(port);
+    assert_peer_text_stays_on_its_log_line(port, &env.relay);
     assert_sessions_that_are_not_physical_get_answers(port);
     assert_refused_and_empty_commands_are_answered(port);
     assert_overlong_names_and_commands_are_refused(port);
@@ -162,6 +163,26 @@ fn assert_encryption_requests_are_answered_once(port: u16) {
         assert!(e.message.contains("1234.56"), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5));
     }
+}
+
+/// A refused `replication` value is logged (before authentication) with its control
+/// characters escaped: a newline in it cannot start a log line of the client's making.
+fn assert_peer_text_stays_on_its_log_line(port: u16, relay: &Relay) {
+    let b = startup(&[("user", "probe"), ("replication", "x\nFORGED-REPL")]);
+    let (msgs, _) = exchange(port, &b, false);
+    assert!(
+        error_of(&msgs).is_some_and(|e| e.code == "22023"),
+        "{msgs:?}"
+    );
+    let started = Instant::now();
+    while !relay.log_text().contains("FORGED-REPL") {
+        assert!(started.elapsed() < Duration::from_secs(5), "not logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = relay.log_text();
+    let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
+    assert!(forged.is_empty(), "{forged:?}");
+    assert!(log.contains("\"x\\nFORGED-REPL\""), "{log}");
 }
 
 /// Checks the answers to an SQL session, a logical replication session to a missing database

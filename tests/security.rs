@@ -62,6 +62,23 @@ async fn scram_refuses_wrong_passwords_and_unknown_users() {
         "{err}"
     );
 
+    // A user name is logged with its control characters escaped: an unknown one with a
+    // newline starts no log line of the client's making.
+    let (ok, _, err) = psql_repl(
+        &p,
+        &format!("host=127.0.0.1 port={down} user='nobody\nFORGED-USER' replication=true sslmode=disable"),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(
+        !ok && err.contains("password authentication failed"),
+        "{err}"
+    );
+    let log = relay.log_text();
+    assert!(log.contains("nobody\\nFORGED-USER"), "{log}");
+    let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
+    assert!(forged.is_empty(), "{forged:?}");
+
     // The right password works, and the answer is the primary's own system identifier.
     let (ok, out, err) = psql_repl(
         &p,

@@ -173,6 +173,25 @@ pub fn clip(s: &str, max: usize) -> String {
     format!("{}...", s.get(..end).unwrap_or_default())
 }
 
+/// `s` with its control characters (and the Unicode line and paragraph separators) escaped as
+/// Rust escapes them (`\n`, `\u{85}`), for logging text a peer chose (a user name, a startup
+/// parameter): the text log's formatter escapes only terminal sequences, so a newline there
+/// would let the peer start a line of its own making. Other text is left as it is.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match unsafe_char(c) {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Takes a NUL-terminated string (lossy UTF-8). None when there is no NUL.
 fn take_cstr(b: &mut Bytes) -> Option<String> {
     let nul = b.iter().position(|&c| c == 0)?;

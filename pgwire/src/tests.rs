@@ -276,3 +276,15 @@ fn a_status_update_built_here_reads_back_as_sent() {
         Some(&0)
     );
 }
+
+#[test]
+fn printable_escapes_what_would_break_a_log_line() {
+    assert!(matches!(
+        printable("replicator é"),
+        std::borrow::Cow::Borrowed("replicator é")
+    ));
+    assert_eq!(
+        printable("a\nINFO forged\r\t\u{1b}[31m\u{85}\u{2028}z"),
+        "a\\nINFO forged\\r\\t\\u{1b}[31m\\u{85}\\u{2028}z"
+    );
+}

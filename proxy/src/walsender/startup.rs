@@ -20,8 +20,8 @@ use walrelay_pgwire::negotiate::{is_protocol_option, negotiate};
 use walrelay_pgwire::replcmd::MAX_IDENT_LEN;
 use walrelay_pgwire::scram::{ScramError, ScramServer};
 use walrelay_pgwire::{
-    encode, parse_frontend, parse_sasl_initial, parse_startup, FrontendMsg, StartupPacket,
-    WireError,
+    encode, parse_frontend, parse_sasl_initial, parse_startup, printable, FrontendMsg,
+    StartupPacket, WireError,
 };
 
 /// The first byte of a TLS ClientHello record: a PG 17+ client using `sslnegotiation=direct`.
@@ -94,7 +94,7 @@ pub(super) async fn accept(
     let tunnel = match super::tunnel::mode_of(StartupPacket::param(&params, "replication")) {
         Ok(t) => t,
         Err(e) => {
-            warn!(%peer, "refused a startup packet: {}", e.message);
+            warn!(%peer, "refused a startup packet: {}", printable(&e.message));
             return Err((Some(writer), End::Fatal(e)));
         }
     };
@@ -121,6 +121,7 @@ pub(super) async fn accept(
             if matches!(end, End::Fatal(ref e) if e.code == "28P01") {
                 Metrics::add(&ds.metrics.auth_failures, 1);
                 if let Some(more) = super::pre_auth_log(super::PreAuth::Password) {
+                    let user = printable(&user);
                     warn!(%peer, %user, "password authentication failed{more}");
                 }
                 // As PostgreSQL's auth_delay: each guess costs the guesser time, while the
@@ -131,7 +132,9 @@ pub(super) async fn accept(
             return Err((Some(writer), end));
         }
     }
-    info!(%peer, %user, application_name = %standby.application_name, tls = encrypted, "standby authenticated");
+    // The names are the client's own, as written: one log line each all the same.
+    let (user, application_name) = (printable(&user), printable(&standby.application_name));
+    info!(%peer, %user, %application_name, tls = encrypted, "standby authenticated");
     Ok((reader, writer, standby))
 }
 
