@@ -183,6 +183,31 @@ fn assert_peer_text_stays_on_its_log_line(port: u16, relay: &Relay) {
     let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
     assert!(forged.is_empty(), "{forged:?}");
     assert!(log.contains("\"x\\nFORGED-REPL\""), "{log}");
+
+    // Refused values in a loop: logged within the budget of refusals before authentication
+    // (20 a minute), each line short.
+    // (20 a minute), each line short. Each refusal holds its startup place for
+    // auth_failure_delay_ms: one refused for that (53300) is tried again.
+    let long = format!("x{}", "y".repeat(9000));
+    let b = startup(&[("user", "probe"), ("replication", &long)]);
+    let mut refused = 0;
+    while refused < 30 {
+        let e = error_of(&exchange(port, &b, false).0).expect("an error");
+        match e.code.as_str() {
+            "22023" => refused += 1,
+            "53300" => std::thread::sleep(Duration::from_millis(100)),
+            _ => panic!("{e}"),
+        }
+    }
+    // The places come back after the delay, for the checks after this one.
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = relay.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("refused a startup packet"))
+        .collect();
+    assert!(lines.len() <= 20, "{} lines", lines.len());
+    assert!(lines.iter().all(|l| l.len() < 1000), "{lines:?}");
 }
 
 /// Checks the answers to an SQL session, a logical replication session to a missing database

@@ -94,7 +94,14 @@ pub(super) async fn accept(
     let tunnel = match super::tunnel::mode_of(StartupPacket::param(&params, "replication")) {
         Ok(t) => t,
         Err(e) => {
-            warn!(%peer, "refused a startup packet: {}", printable(&e.message));
+            // A refusal before authentication like an invalid startup packet: counted, logged
+            // within the budget (with the value cut short: it may be 10 kB), the place held.
+            Metrics::add(&ds.metrics.protocol_errors, 1);
+            pass.failed();
+            if let Some(more) = super::pre_auth_log(super::PreAuth::Protocol) {
+                let what = walrelay_pgwire::clip(&printable(&e.message), 256);
+                warn!(%peer, "refused a startup packet: {what}{more}");
+            }
             return Err((Some(writer), End::Fatal(e)));
         }
     };
