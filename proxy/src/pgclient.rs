@@ -555,7 +555,7 @@ async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     "SASL continue without SASL start",
                 ))?;
                 s.update(&body)
-                    .map_err(|e| PgClientError::Scram(e.to_string()))?;
+                    .map_err(|e| server_first_refused(&body, &ci.user, e))?;
                 encode::sasl_response(&mut out, s.message());
             }
             12 => {
@@ -571,6 +571,29 @@ async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             other => return Err(PgClientError::UnsupportedAuth(other)),
         }
         writer.write_all(&out).await.map_err(WireError::Io)?;
+    }
+}
+
+/// Most PBKDF2 iterations postgres-protocol's SCRAM client computes (its
+/// `MAX_ITERATION_COUNT`): a primary, or whoever answers in its place, could otherwise have
+/// every connection attempt burn CPU. libpq takes any count; PostgreSQL's default is 4096.
+const MAX_SCRAM_ITERATIONS: u64 = 100_000;
+
+/// Why the primary's server-first-message was refused: for an iteration count above
+/// [`MAX_SCRAM_ITERATIONS`] (a `scram_iterations` raised on the primary), what to change.
+fn server_first_refused(msg: &[u8], user: &str, e: std::io::Error) -> PgClientError {
+    let iterations = std::str::from_utf8(msg)
+        .ok()
+        .and_then(|m| m.split(',').find_map(|a| a.strip_prefix("i=")))
+        .and_then(|i| i.parse::<u64>().ok());
+    match iterations {
+        Some(i) if i > MAX_SCRAM_ITERATIONS => PgClientError::Scram(format!(
+            "the primary's SCRAM secret of user {user:?} takes {i} iterations, more than the \
+             {MAX_SCRAM_ITERATIONS} walrelay computes: set scram_iterations to at most \
+             {MAX_SCRAM_ITERATIONS} on the primary (4096 is its default) and set that user's \
+             password again"
+        )),
+        _ => PgClientError::Scram(format!("invalid server-first-message: {e}")),
     }
 }
 

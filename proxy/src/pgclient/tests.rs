@@ -140,3 +140,68 @@ async fn require_makes_no_second_try_after_a_failed_tls_handshake() {
     }
     server.abort();
 }
+
+/// A primary scripted on an in-memory pipe: asks for SCRAM-SHA-256, then answers the
+/// client-first-message with `server_first(client nonce)`. Returns what `authenticate` says.
+async fn scram_against(server_first: impl Fn(&str) -> String + Send + 'static) -> PgClientError {
+    use tokio::io::AsyncReadExt;
+    let (client, mut server) = tokio::io::duplex(1 << 16);
+    let primary = tokio::spawn(async move {
+        let mut out = BytesMut::new();
+        walrelay_pgwire::encode::auth_sasl(&mut out, &["SCRAM-SHA-256"]);
+        server.write_all(&out).await.unwrap();
+        let mut buf = BytesMut::new();
+        let initial = loop {
+            if let Some(m) = parse_tagged(&mut buf, |_| 1 << 16).unwrap() {
+                break m;
+            }
+            assert!(server.read_buf(&mut buf).await.unwrap() > 0);
+        };
+        let (_, first) = walrelay_pgwire::parse_sasl_initial(&initial.body).unwrap();
+        let first = std::str::from_utf8(&first).unwrap();
+        let nonce = first.rsplit_once("r=").unwrap().1;
+        out.clear();
+        walrelay_pgwire::encode::auth_sasl_continue(&mut out, server_first(nonce).as_bytes());
+        server.write_all(&out).await.unwrap();
+        server
+    });
+    let ci = ConnInfo::parse("host=primary user=replicator password=secret").unwrap();
+    let (r, mut w) = tokio::io::split(client);
+    let e = authenticate(&mut MsgReader::new(r), &mut w, &ci, 1 << 20)
+        .await
+        .expect_err("authenticated by a scripted primary");
+    drop(primary.await.unwrap());
+    e
+}
+
+/// postgres-protocol computes at most 100,000 iterations, where libpq takes any count: a
+/// primary whose scram_iterations is higher is told apart, with what to change.
+#[tokio::test]
+async fn an_iteration_count_above_the_cap_says_what_to_change() {
+    let e = scram_against(|nonce| format!("r={nonce}abc,s=c2FsdHNhbHQ=,i=100001")).await;
+    let msg = e.to_string();
+    assert!(msg.contains("takes 100001 iterations"), "{msg}");
+    assert!(msg.contains("scram_iterations to at most 100000"), "{msg}");
+    assert!(msg.contains("\"replicator\""), "{msg}");
+    // Anything else wrong with the message is said as it is.
+    let e = scram_against(|_| "r=someone-elses-nonce,s=c2FsdA==,i=4096".to_string()).await;
+    let msg = e.to_string();
+    assert!(
+        msg.contains("invalid server-first-message: invalid nonce"),
+        "{msg}"
+    );
+}
+
+/// The cap the message names is postgres-protocol's: one iteration more is refused.
+#[test]
+fn the_iteration_cap_is_postgres_protocols() {
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    let update = |i: u64| {
+        let mut c = ScramSha256::new(b"pw", ChannelBinding::unsupported());
+        let first = std::str::from_utf8(c.message()).unwrap().to_string();
+        let nonce = first.rsplit_once("r=").unwrap().1.to_string();
+        c.update(format!("r={nonce}x,s=c2FsdA==,i={i}").as_bytes())
+    };
+    assert!(update(MAX_SCRAM_ITERATIONS + 1).is_err());
+    assert!(update(MAX_SCRAM_ITERATIONS).is_ok());
+}
