@@ -208,6 +208,17 @@ fn assert_peer_text_stays_on_its_log_line(port: u16, relay: &Relay) {
         .collect();
     assert!(lines.len() <= 20, "{} lines", lines.len());
     assert!(lines.iter().all(|l| l.len() < 1000), "{lines:?}");
+
+    // So are cancel requests that name no session, which anyone can send in a loop.
+    for pid in 1..=30 {
+        let mut b = BytesMut::new();
+        encode::cancel_request(&mut b, pid, 7);
+        let (msgs, _) = exchange(port, &b, false);
+        assert!(msgs.is_empty(), "{msgs:?}");
+    }
+    let log = relay.log_text();
+    let lines = log.lines().filter(|l| l.contains("names no live tunnel"));
+    assert!(lines.count() <= 20);
 }
 
 /// Checks the answers to an SQL session, a logical replication session to a missing database

@@ -221,6 +221,8 @@ pub(super) enum PreAuth {
     Tls = 4,
     /// Not a startup packet.
     Protocol = 5,
+    /// A cancel request that names no live tunnel.
+    Cancel = 6,
 }
 
 /// Whether a line about a connection refused before its session may be logged now (see
@@ -228,10 +230,11 @@ pub(super) enum PreAuth {
 /// line each; the counters have them all. Some(what to append to the line).
 pub(super) fn pre_auth_log(kind: PreAuth) -> Option<String> {
     use crate::logging::LogBudgets;
-    static BUDGETS: LogBudgets<6> = LogBudgets::new();
+    static BUDGETS: LogBudgets<7> = LogBudgets::new();
     let counter = match kind {
         PreAuth::Password => "walrelay_auth_failures_total",
         PreAuth::Protocol => "walrelay_protocol_errors_total",
+        PreAuth::Cancel => "walrelay_tunnel_cancels_total",
         PreAuth::Timeout | PreAuth::Busy | PreAuth::BusyHere | PreAuth::Tls => {
             "walrelay_connections_refused_total"
         }

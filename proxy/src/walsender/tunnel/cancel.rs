@@ -21,7 +21,11 @@ pub(crate) async fn forward(ds: &Downstream, peer: SocketAddr, key: Key) {
     let [relayed, no_tunnel, failed] = &ds.metrics.tunnel_cancels;
     if ds.cancels.get(key).is_none() {
         Metrics::add(no_tunnel, 1);
-        info!(%peer, "cancel request that names no live tunnel of this downstream: dropped (sessions served from the spool have nothing to cancel)");
+        // Anyone can send these, in a loop: logged within the budget of refusals before
+        // authentication, counted all the same.
+        if let Some(more) = crate::walsender::pre_auth_log(crate::walsender::PreAuth::Cancel) {
+            info!(%peer, "cancel request that names no live tunnel of this downstream: dropped (sessions served from the spool have nothing to cancel){more}");
+        }
         return;
     }
     match ask_upstream(ds, key).await {
