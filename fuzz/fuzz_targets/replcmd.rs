@@ -2,8 +2,9 @@
 //!
 //! Properties: no panic on any text; every accepted command renders (`to_sql`) to text that
 //! parses back to the same command; a command `parse` serves is classified (for a tunnel's
-//! allowlist) as neither SQL nor a slot command; the scanner of a tunnel's backend stream
-//! finds the same tags whatever the chunking.
+//! allowlist) as neither SQL nor a slot command; `classify` says SQL (or empty) exactly when
+//! PostgreSQL's replication scanner does not see a replication keyword first ([`pg_keyword`]);
+//! the scanner of a tunnel's backend stream finds the same tags whatever the chunking.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,6 +13,19 @@ use walrelay_pgwire::replcmd;
 fuzz_target!(|data: &[u8]| {
     let sql = String::from_utf8_lossy(data);
     let class = replcmd::classify(&sql);
+    match pg_keyword(&sql) {
+        Some(kw) => assert!(
+            !matches!(class, Ok(replcmd::TunnelCmd::Sql)),
+            "{sql:?} starts with {kw} to PostgreSQL, classified as SQL"
+        ),
+        None => assert!(
+            matches!(
+                class,
+                Ok(replcmd::TunnelCmd::Sql) | Err(replcmd::ReplCmdError::Empty)
+            ),
+            "{sql:?} is SQL to PostgreSQL, classified as {class:?}"
+        ),
+    }
     scan_any_chunking(data);
     match replcmd::parse(&sql) {
         Ok(cmd) => {
@@ -43,6 +57,36 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// The keyword that makes `text` a replication command to PostgreSQL, if any: its first token
+/// as `repl_scanner.l` reads it (after `[ \t\n\r\f\v]*`, the longest run of
+/// `[A-Za-z\200-\377_][A-Za-z\200-\377_0-9$]*`), if that is one of the keywords
+/// `replication_scanner_is_replication_command` takes.
+fn pg_keyword(text: &str) -> Option<&str> {
+    const KEYWORDS: [&str; 10] = [
+        "IDENTIFY_SYSTEM",
+        "BASE_BACKUP",
+        "START_REPLICATION",
+        "CREATE_REPLICATION_SLOT",
+        "DROP_REPLICATION_SLOT",
+        "ALTER_REPLICATION_SLOT",
+        "READ_REPLICATION_SLOT",
+        "TIMELINE_HISTORY",
+        "UPLOAD_MANIFEST",
+        "SHOW",
+    ];
+    let text = text.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let start = |b: u8| b.is_ascii_alphabetic() || b == b'_' || b >= 0x80;
+    let len = match text.bytes().next() {
+        Some(b) if start(b) => text
+            .bytes()
+            .take_while(|&b| start(b) || b.is_ascii_digit() || b == b'$')
+            .count(),
+        _ => return None,
+    };
+    let word = text.get(..len)?;
+    KEYWORDS.contains(&word).then_some(word)
+}
 
 fn scan_any_chunking(data: &[u8]) {
     use walrelay_pgwire::scan::Scanner;

@@ -190,6 +190,55 @@ mod tests {
         );
     }
 
+    /// The keyword that makes `text` a replication command to PostgreSQL, if any: its first
+    /// token as `repl_scanner.l` reads it (after `[ \t\n\r\f\v]*`, the longest run of
+    /// `[A-Za-z\200-\377_][A-Za-z\200-\377_0-9$]*`), if that is one of the keywords of
+    /// `replication_scanner_is_replication_command`.
+    fn pg_keyword(text: &str) -> Option<&str> {
+        const KEYWORDS: [&str; 10] = [
+            "IDENTIFY_SYSTEM",
+            "BASE_BACKUP",
+            "START_REPLICATION",
+            "CREATE_REPLICATION_SLOT",
+            "DROP_REPLICATION_SLOT",
+            "ALTER_REPLICATION_SLOT",
+            "READ_REPLICATION_SLOT",
+            "TIMELINE_HISTORY",
+            "UPLOAD_MANIFEST",
+            "SHOW",
+        ];
+        let text = text.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+        let start = |b: u8| b.is_ascii_alphabetic() || b == b'_' || b >= 0x80;
+        let len = match text.bytes().next() {
+            Some(b) if start(b) => text
+                .bytes()
+                .take_while(|&b| start(b) || b.is_ascii_digit() || b == b'$')
+                .count(),
+            _ => return None,
+        };
+        let word = text.get(..len)?;
+        KEYWORDS.contains(&word).then_some(word)
+    }
+
+    proptest::proptest! {
+        /// A query is SQL to the allowlist exactly when it is SQL to PostgreSQL (or empty); a
+        /// replication command may still be refused as malformed, never passed as SQL.
+        #[test]
+        fn sql_exactly_when_postgresql_reads_sql(
+            space in "[ \t\n]{0,2}",
+            word in "SHOW|IDENTIFY_SYSTEM|BASE_BACKUP|START_REPLICATION|DROP_REPLICATION_SLOT|show|SELECT|[A-Z_]{1,6}",
+            next in "[ -~]|\\PC|[\u{80}-\u{10ffff}]",
+            rest in "(?s).{0,12}",
+        ) {
+            let text = format!("{space}{word}{next}{rest}");
+            let class = classify(&text);
+            match pg_keyword(&text) {
+                Some(_) => proptest::prop_assert!(!matches!(class, Ok(TunnelCmd::Sql)), "{text:?}: {class:?}"),
+                None => proptest::prop_assert!(matches!(class, Ok(TunnelCmd::Sql) | Err(ReplCmdError::Empty)), "{text:?}: {class:?}"),
+            }
+        }
+    }
+
     #[test]
     fn broken_commands_are_errors_not_sql() {
         assert_eq!(classify("   ;  "), Err(ReplCmdError::Empty));
