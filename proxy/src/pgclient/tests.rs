@@ -205,3 +205,59 @@ fn the_iteration_cap_is_postgres_protocols() {
     assert!(update(MAX_SCRAM_ITERATIONS + 1).is_err());
     assert!(update(MAX_SCRAM_ITERATIONS).is_ok());
 }
+
+/// One message of a primary during authentication: mostly AuthenticationRequests of the
+/// codes walrelay knows, with bodies that are garbage or a plausible start.
+fn auth_msg() -> impl proptest::strategy::Strategy<Value = (u8, u32, Vec<u8>)> {
+    use proptest::prelude::*;
+    let tag = prop_oneof![8 => Just(b'R'), 1 => Just(b'E'), 1 => any::<u8>()];
+    let code = prop_oneof![
+        Just(0u32),
+        Just(3),
+        Just(5),
+        Just(10),
+        Just(11),
+        Just(12),
+        any::<u32>()
+    ];
+    let body = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..48),
+        Just(b"SCRAM-SHA-256\0\0".to_vec()),
+        Just(b"r=x,s=c2FsdA==,i=4096".to_vec()),
+        Just(b"v=dmVyaWZpZXI=".to_vec()),
+    ];
+    (tag, code, body)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// Whatever a primary (or whoever answers in its place) sends during authentication,
+    /// `authenticate` returns, never panics, and succeeds only on an AuthenticationOk.
+    #[test]
+    fn any_authentication_exchange_ends_without_panic(
+        msgs in proptest::collection::vec(auth_msg(), 0..6)
+    ) {
+        use bytes::BufMut;
+        let ok_sent = msgs.iter().any(|(tag, code, _)| *tag == b'R' && *code == 0);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let result = rt.block_on(async {
+            let (client, mut server) = tokio::io::duplex(1 << 16);
+            let mut out = BytesMut::new();
+            for (tag, code, body) in &msgs {
+                walrelay_pgwire::encode::tagged(&mut out, *tag, |b| {
+                    b.put_u32(*code);
+                    b.put_slice(body);
+                });
+            }
+            server.write_all(&out).await.unwrap();
+            server.shutdown().await.unwrap();
+            let ci = ConnInfo::parse("host=primary user=replicator password=secret").unwrap();
+            let (r, mut w) = tokio::io::split(client);
+            let r = authenticate(&mut MsgReader::new(r), &mut w, &ci, 1 << 16).await;
+            drop(server);
+            r
+        });
+        proptest::prop_assert!(result.is_err() || ok_sent, "{msgs:?}");
+    }
+}
