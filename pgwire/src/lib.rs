@@ -98,10 +98,13 @@ pub enum StartupPacket {
 }
 
 impl StartupPacket {
-    /// Value of a startup parameter.
+    /// Value of a startup parameter: of its last occurrence, as PostgreSQL's
+    /// `ProcessStartupPacket` reads a packet that names one twice (each overwrites the one
+    /// before).
     pub fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
         params
             .iter()
+            .rev()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }

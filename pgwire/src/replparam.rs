@@ -37,6 +37,15 @@ pub fn parse_replication(value: Option<&str>) -> Result<Replication, ErrorFields
     }
 }
 
+/// The session a startup packet's parameters ask for: PostgreSQL checks every `replication`
+/// value in order (the first it refuses ends the connection) and the last one counts.
+pub fn replication_of(params: &[(String, String)]) -> Result<Replication, ErrorFields> {
+    params
+        .iter()
+        .filter(|(k, _)| k == "replication")
+        .try_fold(Replication::Off, |_, (_, v)| parse_replication(Some(v)))
+}
+
 /// A boolean as PostgreSQL's `parse_bool` reads one: `true`, `false`, `yes`, `no` or a
 /// prefix of one of them, `on`, `off` or `of`, `1`, `0`; ASCII case-insensitive, nothing
 /// else around it (no whitespace).
@@ -103,6 +112,30 @@ mod tests {
             "2", "database", "maybe", "tRuE\0", "ö",
         ] {
             assert_eq!(parse_bool(bad), None, "{bad:?}");
+        }
+    }
+
+    /// A packet naming `replication` twice: every value is checked, the last one counts.
+    #[test]
+    fn every_replication_value_is_checked_and_the_last_counts() {
+        let p = |vs: &[&str]| -> Vec<(String, String)> {
+            let mut p = vec![("user".to_string(), "u".to_string())];
+            p.extend(
+                vs.iter()
+                    .map(|v| ("replication".to_string(), v.to_string())),
+            );
+            p
+        };
+        assert_eq!(replication_of(&p(&[])), Ok(Replication::Off));
+        assert_eq!(
+            replication_of(&p(&["true", "database"])),
+            Ok(Replication::Database)
+        );
+        assert_eq!(replication_of(&p(&["database", "0"])), Ok(Replication::Off));
+        for bad in [&["true", "bogus"][..], &["bogus", "true"][..]] {
+            let e = replication_of(&p(bad)).unwrap_err();
+            assert_eq!(e.code, "22023");
+            assert!(e.message.contains("\"bogus\""), "{}", e.message);
         }
     }
 

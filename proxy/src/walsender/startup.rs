@@ -91,7 +91,7 @@ pub(super) async fn accept(
 
     // As PostgreSQL: a `replication` value it does not accept ends the connection before
     // protocol negotiation and authentication.
-    let tunnel = match super::tunnel::mode_of(StartupPacket::param(&params, "replication")) {
+    let tunnel = match super::tunnel::mode_of(&params) {
         Ok(t) => t,
         Err(e) => {
             // A refusal before authentication like an invalid startup packet: counted, logged
@@ -163,8 +163,8 @@ fn who(
     tunnel: Option<super::tunnel::Mode>,
 ) -> Result<Standby, (&'static str, String)> {
     let get = |k| StartupPacket::param(params, k);
-    // As PostgreSQL's ProcessStartupPacket: longer user and database names are cut to a
-    // name's length.
+    // As PostgreSQL's ProcessStartupPacket: a parameter named twice counts as last given, and
+    // longer user and database names are cut to a name's length.
     let user = name(get("user").unwrap_or_default());
     if user.is_empty() {
         return Err((
@@ -432,6 +432,24 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// A parameter named twice counts as last given, as in PostgreSQL.
+    #[test]
+    fn a_repeated_parameter_counts_as_last_given() {
+        let peer = SocketAddr::from(([127, 0, 0, 1], 5432));
+        let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let params = vec![
+            kv("user", "first"),
+            kv("application_name", "a"),
+            kv("user", "second"),
+            kv("application_name", "b"),
+        ];
+        let s = who(&params, peer, None).unwrap();
+        assert_eq!(
+            (s.user.as_str(), s.application_name.as_str()),
+            ("second", "b")
+        );
     }
 
     /// The largest OPEN item a physical session can make (the longest application_name taken,

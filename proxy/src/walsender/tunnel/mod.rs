@@ -103,12 +103,12 @@ impl Progress {
     }
 }
 
-/// Which session a startup asks for, from its `replication` parameter; `Ok(None)`: physical
-/// replication, served from the spool. A value PostgreSQL would refuse is refused the same
-/// way (FATAL 22023, before authentication).
-pub(crate) fn mode_of(replication: Option<&str>) -> Result<Option<Mode>, ErrorFields> {
-    use walrelay_pgwire::replparam::{parse_replication, Replication};
-    Ok(match parse_replication(replication)? {
+/// Which session a startup asks for, from its `replication` parameter (the last, if it has
+/// several); `Ok(None)`: physical replication, served from the spool. A value PostgreSQL
+/// would refuse is refused the same way (FATAL 22023, before authentication).
+pub(crate) fn mode_of(params: &[(String, String)]) -> Result<Option<Mode>, ErrorFields> {
+    use walrelay_pgwire::replparam::{replication_of, Replication};
+    Ok(match replication_of(params)? {
         Replication::Physical => None,
         Replication::Database => Some(Mode::Logical),
         Replication::Off => Some(Mode::Sql),
