@@ -231,6 +231,39 @@ fn assert_documented_fields(v: &serde_json::Value, l: &str) {
     assert!(!field("message").is_empty(), "no message: {l}");
 }
 
+/// The primary's password rotated (`ALTER ROLE`, then `upstream.primary` and SIGHUP): a
+/// standby that connects afterwards gets its own connection to the primary with the new
+/// password, also on the link stream that opened before the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_primary_password_reaches_standbys_that_connect_afterwards() {
+    let env = env(EnvOpts::default()).await;
+    const ROTATED: &str = "rotated-primary-secret";
+    env.primary
+        .execute(&format!("alter role {STANDBY_USER} password '{ROTATED}'"))
+        .await
+        .unwrap();
+    let toml = std::fs::read_to_string(&env.relay.config).unwrap();
+    let old = format!("password={REPL_PASSWORD} ");
+    assert!(toml.contains(&old), "{toml}");
+    let toml = toml.replace(&old, &format!("password={ROTATED} "));
+    std::fs::write(&env.relay.config, toml).unwrap();
+    env.relay.signal(libc::SIGHUP);
+    let reloaded = wait_log(&env.relay, "configuration reloaded");
+    assert!(reloaded.contains("upstream.primary"), "{reloaded}");
+
+    let dir = env.root.path().join("after_rotation");
+    let mut late = receivewal_streaming(&env.primary, &dir, env.down_port, "after_rotation").await;
+    let _ = late.kill();
+    let _ = late.wait();
+    let log = env.relay.log_text();
+    assert_eq!(
+        log.matches("link stream open: spooling").count(),
+        1,
+        "the link stream opened again, so this tested nothing:\n{log}"
+    );
+    env.relay.assert_no_panic();
+}
+
 /// SIGTERM in the middle of a load: the relay tells the standby, exits 0 within the grace
 /// period, and the standby resumes through a restarted relay and ends byte-identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -276,7 +276,8 @@ impl Identity {
     ) -> Result<Session, Ended> {
         let app = &self.info.application_name;
         let max = self.up.limits.max_message_bytes;
-        let mut conn = pgclient::connect(&self.up.cfg.primary, app, max)
+        // The primary's conninfo as reloaded last, not as it was when the stream opened.
+        let mut conn = pgclient::connect(&self.up.primary_now(), app, max)
             .await
             .map_err(|e| Ended::Lost(e.to_string()))?;
         let sync = super::synchronous(&mut conn, app).await;

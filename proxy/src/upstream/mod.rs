@@ -59,6 +59,7 @@ use walrelay_wal::walcodec;
 
 use crate::cancelkeys::CancelKeys;
 use crate::config::{Limits, LinkConfig, ResolvedUpstream};
+use crate::conninfo::ConnInfo;
 use crate::link;
 use crate::live::{Live, SessionSlots, Slot};
 use crate::logging::Repeats;
@@ -89,6 +90,10 @@ pub struct Upstream {
     /// The link listener's TLS (None: plaintext), set by [`serve`] and replaced by a reload
     /// whose TLS files changed ([`Upstream::reload_tls`]).
     link_tls: Swap<Option<tokio_rustls::TlsAcceptor>>,
+    /// `upstream.primary` as last reloaded, shared by every [`Upstream::reconfigured`] copy:
+    /// a stream keeps the `Upstream` it opened with, but the standbys' own connections it
+    /// opens later take this one ([`Upstream::primary_now`]).
+    primary_now: Swap<ConnInfo>,
 }
 
 impl Upstream {
@@ -100,7 +105,6 @@ impl Upstream {
         shutdown: CancellationToken,
     ) -> Arc<Upstream> {
         Arc::new(Upstream {
-            cfg,
             link,
             limits,
             metrics,
@@ -110,12 +114,17 @@ impl Upstream {
             cancels: CancelKeys::new(),
             refusals: Arc::default(),
             link_tls: Swap::new(None),
+            primary_now: Swap::new(cfg.primary.clone()),
+            cfg,
         })
     }
 
     /// The same half with reloaded settings for the sessions that open from now on (the
-    /// session count, metrics and shutdown are shared with `self`).
+    /// session count, metrics and shutdown are shared with `self`). The reloaded
+    /// `upstream.primary` also reaches the streams open now, for the standbys' connections
+    /// they open from now on.
     pub fn reconfigured(&self, cfg: ResolvedUpstream, limits: Limits) -> Arc<Upstream> {
+        self.primary_now.set(cfg.primary.clone());
         Arc::new(Upstream {
             cfg,
             link: self.link.clone(),
@@ -127,7 +136,16 @@ impl Upstream {
             cancels: self.cancels.clone(),
             refusals: self.refusals.clone(),
             link_tls: self.link_tls.clone(),
+            primary_now: self.primary_now.clone(),
         })
+    }
+
+    /// `upstream.primary` as the last reload left it (with `upstream.primary_password`):
+    /// what a standby's own connection opened now connects with, whichever stream opens it.
+    /// After a password rotated on the primary and in the file, the stream's older value
+    /// would be refused on every connection until the stream ended.
+    pub fn primary_now(&self) -> ConnInfo {
+        self.primary_now.get()
     }
 
     /// The link listener's TLS as it is now (None: plaintext).
