@@ -40,8 +40,8 @@ use crate::logging::LogHandle;
 use crate::relay::Running;
 use crate::tlsfiles::TlsFiles;
 
-/// The signal handlers of the process, installed before the listeners open so that a SIGHUP
-/// that comes early is not fatal.
+/// The signal handlers of the process, installed first, before the configuration is read, so
+/// that a SIGHUP that comes early is not fatal: it is served as a reload once the halves run.
 pub struct Signals {
     hup: Signal,
     term: Signal,

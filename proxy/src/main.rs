@@ -235,8 +235,22 @@ fn check_config(config: &Path) -> ExitCode {
 
 /// `walrelay run`: the configured halves until a signal stops them or one stops by itself.
 fn run(config: PathBuf) -> ExitCode {
+    use walrelay::lifecycle::Signals;
     let thp_off = walrelay::lifecycle::huge_pages_off();
     walrelay::lifecycle::ignore_file_size_signal();
+    // The handlers before anything else: a SIGHUP that comes while the configuration is read
+    // (`systemctl reload` right after `systemctl start`) is then a reload once the halves
+    // run, not the default action that ends the process (which systemd counts as a clean
+    // stop, so `Restart=on-failure` would not even restart it).
+    let rt = runtime();
+    let signals = {
+        let _in_runtime = rt.enter();
+        Signals::install()
+    };
+    let mut signals = match signals {
+        Ok(s) => s,
+        Err(e) => return exit(Err(e).context("installing signal handlers")),
+    };
     let cfg = match Config::load(&config) {
         Ok(c) => c,
         Err(e) => return config_error(&e),
@@ -245,10 +259,7 @@ fn run(config: PathBuf) -> ExitCode {
     if !thp_off {
         tracing::debug!("transparent huge pages stay as the host sets them (prctl refused)");
     }
-    let rt = runtime();
     let r = rt.block_on(async move {
-        use walrelay::lifecycle::Signals;
-        let mut signals = Signals::install().context("installing signal handlers")?;
         let mut running = walrelay::relay::start(cfg, walrelay::metrics::Metrics::new()).await?;
         let by_signal = signals.serve(&mut running, &config, &log).await;
         signals.drain(running).await;
