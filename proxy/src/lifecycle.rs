@@ -4,8 +4,9 @@
 //! Also what `walrelay run` sets for its process first: no transparent huge pages
 //! ([`huge_pages_off`]).
 //!
-//! Reload: the file is read and checked as at start (`walrelay check-config`); if that fails
-//! the error is logged and the running configuration stays. Otherwise the keys declared `live`
+//! Reload: the file is read and checked as at start (`walrelay check-config`), on a blocking
+//! thread (a read that hangs holds up neither the halves nor SIGTERM); if that fails the
+//! error is logged and the running configuration stays. Otherwise the keys declared `live`
 //! in [`crate::config`] apply at once to connections that arrive from then on (sessions in
 //! flight keep what they started with); those declared `restart` keep their running values.
 //! Today:
@@ -35,7 +36,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{error, info, warn};
 
-use crate::config::{Config, Key, MetricsConfig, Reload, Resolved};
+use crate::config::{Config, ConfigError, Key, MetricsConfig, Reload, Resolved};
 use crate::logging::LogHandle;
 use crate::relay::Running;
 use crate::tlsfiles::TlsFiles;
@@ -59,18 +60,32 @@ impl Signals {
 
     /// Serves SIGHUP (reloading `path`) until SIGTERM or SIGINT (true), or a half stopping by
     /// itself (false: the process should exit with an error).
+    ///
+    /// The file, and the secrets and TLS files it names, are read on a blocking thread: a
+    /// read that hangs (a secret on a network mount that stopped answering) holds up neither
+    /// SIGTERM nor SIGINT, nor the halves. A SIGHUP while a reload still reads is served
+    /// after it, once.
     pub async fn serve(&mut self, running: &mut Running, path: &Path, log: &LogHandle) -> bool {
+        let mut loading: Option<Loading> = None;
+        let mut again = false;
         loop {
             tokio::select! {
-                _ = self.hup.recv() => reload(running, path, log),
-                _ = self.term.recv() => {
-                    info!("SIGTERM: draining");
-                    return true;
+                _ = self.hup.recv() => match loading {
+                    Some(_) => again = true,
+                    None => loading = Some(load(path)),
+                },
+                r = async { loading.as_mut().expect("guarded by the condition").await },
+                    if loading.is_some() =>
+                {
+                    loading = again.then(|| load(path));
+                    again = false;
+                    match r {
+                        Ok(new) => reload(running, path, new, log),
+                        Err(e) => error!("SIGHUP: configuration not reloaded: {e}"),
+                    }
                 }
-                _ = self.int.recv() => {
-                    info!("SIGINT: draining");
-                    return true;
-                }
+                _ = self.term.recv() => return stopping("SIGTERM", loading.is_some()),
+                _ = self.int.recv() => return stopping("SIGINT", loading.is_some()),
                 _ = running.shutdown.cancelled() => {
                     error!("a half stopped (see above): shutting down");
                     return false;
@@ -89,6 +104,26 @@ impl Signals {
             _ = self.int.recv() => warn!("second SIGINT: stopping without waiting for sessions (grace was {grace} s)"),
         }
     }
+}
+
+/// A reload's reading of the configuration, on a blocking thread.
+type Loading = tokio::task::JoinHandle<Result<Resolved, ConfigError>>;
+
+fn load(path: &Path) -> Loading {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || Config::load(&path))
+}
+
+/// Logs the drain that `signal` starts; true.
+fn stopping(signal: &str, reloading: bool) -> bool {
+    match reloading {
+        false => info!("{signal}: draining"),
+        true => warn!(
+            "{signal}: draining; the reload still reading the configuration (a file it names \
+             does not answer?) is abandoned"
+        ),
+    }
+    true
 }
 
 /// Time the runtime gets to drop what is left after the drain (tasks stuck on a socket are
@@ -131,9 +166,15 @@ pub fn ignore_file_size_signal() {
     }
 }
 
-/// Reloads `path` into `running`; logs what changed, what needs a restart, or why nothing did.
-pub fn reload(running: &mut Running, path: &Path, log: &LogHandle) {
-    let new = match Config::load(path) {
+/// Reloads `path` into `running` from `loaded`, what [`Config::load`] made of it; logs what
+/// changed, what needs a restart, or why nothing did.
+pub fn reload(
+    running: &mut Running,
+    path: &Path,
+    loaded: Result<Resolved, ConfigError>,
+    log: &LogHandle,
+) {
+    let new = match loaded {
         Ok(c) => c,
         Err(e) => {
             return error!(
