@@ -1,7 +1,7 @@
 //! Signals that come while `walrelay run` reads its configuration, with the real binary: a
-//! SIGHUP during start-up is a reload, not the end of the process; a SIGTERM during a reload
-//! whose read hangs still drains. A FIFO as the primary's password file stands for a file
-//! whose read waits (a secret on a network mount that stopped answering).
+//! SIGHUP during start-up is a reload, not the end of the process; a SIGTERM during a read
+//! that hangs, at start or in a reload, still ends it. A FIFO as the primary's password file
+//! stands for a file whose read waits (a secret on a network mount that stopped answering).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::path::{Path, PathBuf};
@@ -51,23 +51,52 @@ fn sigterm_while_a_reload_hangs_still_drains() {
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     wait_child_log(&mut child, &log, "SIGTERM: draining");
-    let deadline = Instant::now() + GRACE + MARGIN;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("no exit after SIGTERM:\n{}", read_log(&log));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut child, &log, GRACE + MARGIN);
     assert!(status.success(), "{status:?}\n{}", read_log(&log));
     assert!(
         read_log(&log).contains("is abandoned"),
         "{}",
         read_log(&log)
     );
+}
+
+/// SIGTERM while `run` still reads its configuration at start (the read hangs) ends the
+/// process at once, with status 0, as the signal's default action did before the handlers
+/// were installed that early.
+#[test]
+fn sigterm_while_the_configuration_is_read_at_start_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, fifo, log) = run_with_a_fifo_password(dir.path());
+    // Opened and never written to: the read waits.
+    let _writer = fifo_writer(&fifo, &mut child, &log);
+    // SAFETY: kill(2) takes plain integers; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child, &log, MARGIN);
+    assert!(status.success(), "{status:?}\n{}", read_log(&log));
+    assert!(
+        read_log(&log).contains("SIGTERM while reading"),
+        "{}",
+        read_log(&log)
+    );
+}
+
+/// `child`'s exit status, within `within` (else it is killed and the test fails).
+fn wait_exit(
+    child: &mut std::process::Child,
+    log: &Path,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no exit within {within:?}:\n{}", read_log(log));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `walrelay run` (its log in `<dir>/log`) of an upstream half whose primary's password file

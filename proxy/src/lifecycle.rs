@@ -94,6 +94,21 @@ impl Signals {
         }
     }
 
+    /// Reads `path` for the start, on a blocking thread as a reload reads it: Err with the
+    /// signal's name when SIGTERM or SIGINT comes first (the read hangs: a secret on a mount
+    /// that stopped answering), which then ends the process as the signal's default action
+    /// did before the handlers were installed. A SIGHUP meanwhile waits for the halves.
+    pub async fn load_at_start(
+        &mut self,
+        path: &Path,
+    ) -> Result<Result<Resolved, ConfigError>, &'static str> {
+        tokio::select! {
+            r = load(path) => Ok(r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))),
+            _ = self.term.recv() => Err("SIGTERM"),
+            _ = self.int.recv() => Err("SIGINT"),
+        }
+    }
+
     /// Drains `running` (bounded by `limits.drain_timeout_secs`); a second SIGTERM or SIGINT
     /// cuts the drain short.
     pub async fn drain(&mut self, running: Running) {

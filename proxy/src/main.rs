@@ -241,7 +241,8 @@ fn run(config: PathBuf) -> ExitCode {
     // The handlers before anything else: a SIGHUP that comes while the configuration is read
     // (`systemctl reload` right after `systemctl start`) is then a reload once the halves
     // run, not the default action that ends the process (which systemd counts as a clean
-    // stop, so `Restart=on-failure` would not even restart it).
+    // stop, so `Restart=on-failure` would not even restart it). SIGTERM and SIGINT still end
+    // a read that hangs.
     let rt = runtime();
     let signals = {
         let _in_runtime = rt.enter();
@@ -251,9 +252,15 @@ fn run(config: PathBuf) -> ExitCode {
         Ok(s) => s,
         Err(e) => return exit(Err(e).context("installing signal handlers")),
     };
-    let cfg = match Config::load(&config) {
-        Ok(c) => c,
-        Err(e) => return config_error(&e),
+    let cfg = match rt.block_on(signals.load_at_start(&config)) {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return config_error(&e),
+        Err(by) => {
+            eprintln!("walrelay: {by} while reading {}: stopped", config.display());
+            // The read that hangs is left behind.
+            rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
+            return ExitCode::SUCCESS;
+        }
     };
     let log = walrelay::logging::init(&cfg.log.level, &cfg.log.format);
     if !thp_off {
