@@ -166,12 +166,13 @@ impl Judge {
         };
         let run = s.run_ns.saturating_sub(b.run_ns);
         let wait = s.wait_ns.saturating_sub(b.wait_ns);
-        // Too little wanted to tell: the verdict before stands (without a new hold).
+        // Too little wanted to tell: the verdict before stands, without a new hold (judged
+        // again after the next interval, not kept on one core for HOLD without evidence).
         if let Some(short) = verdict(run, wait) {
             self.short = short;
-        }
-        if self.short {
-            self.hold_until = Some(s.at + HOLD);
+            if short {
+                self.hold_until = Some(s.at + HOLD);
+            }
         }
         self.short
     }

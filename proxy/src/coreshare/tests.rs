@@ -72,8 +72,14 @@ fn a_short_thread_stays_short_while_it_still_waits_and_an_idle_one_keeps_its_ver
     // After the hold, still waiting: another hold.
     assert!(j.observe(at(t0, 5250, 1100, 800)));
     assert!(!j.wants_sample(t0 + Duration::from_millis(5250) + HOLD / 2));
-    // Idle through an interval (2 ms wanted): the verdict stands.
+    // Idle through the hold (2 ms wanted): the verdict stands, but is not held again without
+    // evidence: the next interval judges it.
     assert!(j.observe(at(t0, 10250, 1101, 801)));
+    let idle = t0 + Duration::from_millis(10250);
+    assert!(!j.wants_sample(idle + INTERVAL / 2));
+    assert!(j.wants_sample(idle + INTERVAL));
+    // That interval: it got a core whenever it wanted one.
+    assert!(!j.observe(at(t0, 10500, 1301, 801)));
     // Not short, then idle: still not short.
     let mut k = Judge::default();
     k.observe(at(t0, 0, 0, 0));
