@@ -206,9 +206,9 @@ pub fn reload(
             restart.join(", ")
         );
     }
-    reload_tls(running, &new);
     let old = running.config.clone();
     let eff = effective(&old, &new);
+    reload_tls(running, &eff);
     let changed = live_keys(&old, &eff);
     if eff.log.level != old.log.level {
         match log.set_level(&eff.log.level) {
@@ -236,8 +236,12 @@ pub fn reload(
 /// place, a Kubernetes Secret updated), as PostgreSQL does on SIGHUP: connections made from
 /// now on use them, those open keep theirs. Files that no longer load leave the running ones
 /// in force (the reload's check has read them already, so that is rare).
-fn reload_tls(running: &mut Running, new: &Resolved) {
-    let files = TlsFiles::read(new);
+///
+/// `eff` is what the process runs with after the reload: its paths are the running ones (a
+/// changed path needs a restart), so those are the files compared, read and checked for
+/// expiry, not the ones the file names for the next start.
+fn reload_tls(running: &mut Running, eff: &Resolved) {
+    let files = TlsFiles::read(eff);
     let rewritten = running.tls_files.changed(&files);
     files.warn_validity(std::time::SystemTime::now());
     if rewritten.is_empty() {

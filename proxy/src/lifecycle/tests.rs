@@ -246,3 +246,43 @@ fn huge_pages_off_sets_the_process_flag() {
         "{line:?}"
     );
 }
+
+/// The TLS files a reload compares are the ones the process runs with: a path changed in the
+/// file (which needs a restart) does not replace them, so the running file renewed in place
+/// afterwards is still found changed by the next reload.
+#[tokio::test]
+async fn a_reload_tracks_the_tls_files_in_use() {
+    let dir = tls_files();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::copy(p("a.crt"), p("ca.crt")).unwrap();
+    let path = dir.path().join("up.toml");
+    let write = |cert: &str| {
+        let toml = format!(
+            "[upstream]\nprimary = \"host=127.0.0.1 port=1 user=u\"\nlisten = \"127.0.0.1:0\"\n\
+             [link]\ntls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\n",
+            p(cert),
+            p("a.key"),
+            p("ca.crt")
+        );
+        std::fs::write(&path, toml).unwrap();
+    };
+    write("a.crt");
+    let metrics = crate::metrics::Metrics::new();
+    let mut running = crate::relay::start(Config::load(&path).unwrap(), metrics)
+        .await
+        .unwrap();
+    let log = crate::logging::init("info", "text");
+    // link.tls_cert moves to b.crt (a restart-only change), and the CA file is rewritten.
+    write("b.crt");
+    std::fs::copy(p("b.crt"), p("ca.crt")).unwrap();
+    reload(&mut running, &path, Config::load(&path), &log);
+    let in_use = |r: &Running| TlsFiles::read(&r.config);
+    assert!(running.tls_files.changed(&in_use(&running)).is_empty());
+    // The certificate in use, a.crt, renewed in place.
+    std::fs::copy(p("b.crt"), p("a.crt")).unwrap();
+    assert_eq!(
+        running.tls_files.changed(&in_use(&running)),
+        ["link.tls_cert"]
+    );
+    running.shutdown().await;
+}
