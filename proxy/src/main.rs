@@ -256,7 +256,7 @@ fn run(config: PathBuf) -> ExitCode {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return config_error(&e),
         Err(by) => {
-            eprintln!("walrelay: {by} while reading {}: stopped", config.display());
+            errln!("walrelay: {by} while reading {}: stopped", config.display());
             // The read that hangs is left behind.
             rt.shutdown_timeout(walrelay::lifecycle::RUNTIME_SHUTDOWN);
             return ExitCode::SUCCESS;
