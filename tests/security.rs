@@ -95,6 +95,23 @@ async fn scram_refuses_wrong_passwords_and_unknown_users() {
         out.starts_with(&format!("{sysid}|1|")),
         "IDENTIFY_SYSTEM answered {out:?}, primary's sysid is {sysid}"
     );
+
+    // Whatever an authenticated client names itself, its log lines stay one line each: the
+    // text log escapes line breaks in any event.
+    let (ok, _, err) = psql_repl(
+        &p,
+        &format!(
+            "{} application_name='app\nFORGED-APP'",
+            repl_conninfo(down, STANDBY_USER)
+        ),
+        STANDBY_PASSWORD,
+        "IDENTIFY_SYSTEM",
+    );
+    assert!(ok, "{err}");
+    let log = relay.log_text();
+    assert!(log.contains("app\\nFORGED-APP"), "{log}");
+    let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
+    assert!(forged.is_empty(), "{forged:?}");
     relay.assert_no_panic();
 }
 

@@ -77,11 +77,11 @@ pub fn init(level: &str, format: &str) -> LogHandle {
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(true)
-            .with_writer(std::io::stderr)
+            .with_writer(|| OneLine(std::io::stderr()))
     });
     let text = (format != "json").then(|| {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(|| OneLine(std::io::stderr()))
             .with_ansi(std::io::stderr().is_terminal())
     });
     let _ = tracing_subscriber::registry()
@@ -93,6 +93,55 @@ pub fn init(level: &str, format: &str) -> LogHandle {
         filter: handle,
         env_override,
     }
+}
+
+/// Standard error for the text log: each event on one line. A line break or another control
+/// character inside an event (a client's `application_name`, user name or command, a
+/// primary's error) is written escaped (`\n`, `\u{2028}`), so that no peer can start a log line
+/// of its own making. The fmt layer writes each event whole, ending with its line's end, in
+/// one `write_all`. The escape character stays: the formatter's colours use it, and it escapes
+/// it in field values itself.
+struct OneLine(std::io::Stderr);
+
+impl std::io::Write for OneLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match buf.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        match one_line(body) {
+            Some(mut escaped) => {
+                escaped.extend_from_slice(end);
+                self.0.write_all(&escaped)?;
+            }
+            None => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// `text` with its line breaks and control characters (but tab and escape) escaped; None when
+/// it has none (or is not UTF-8, which the fmt layer never writes).
+fn one_line(text: &[u8]) -> Option<Vec<u8>> {
+    let breaks = |c: char| {
+        (c.is_control() && c != '\t' && c != '\x1b') || matches!(c, '\u{2028}' | '\u{2029}')
+    };
+    let text = std::str::from_utf8(text).ok()?;
+    if !text.chars().any(breaks) {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match breaks(c) {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    Some(out.into_bytes())
 }
 
 /// The same reason for something that is retried (a lost link stream, a standby's lost
@@ -231,4 +280,16 @@ fn a_repeated_reason_is_logged_once_a_minute_with_its_count() {
         "another reason at once"
     );
     assert_eq!(r.report_at("gone", s(63)), Some(0));
+}
+
+#[cfg(test)]
+#[test]
+fn a_text_log_event_stays_on_one_line() {
+    assert_eq!(one_line(b"standby session open application_name=app"), None);
+    assert_eq!(
+        one_line("application_name=app\nFORGED INFO x\r\x0b\u{2028}".as_bytes()).as_deref(),
+        Some(&br"application_name=app\nFORGED INFO x\r\u{b}\u{2028}"[..])
+    );
+    // The formatter's own colours and tabs pass.
+    assert_eq!(one_line(b"\x1b[32m INFO\x1b[0m a\tb"), None);
 }
