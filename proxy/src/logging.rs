@@ -77,7 +77,7 @@ pub fn init(level: &str, format: &str) -> LogHandle {
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(true)
-            .with_writer(|| OneLine(std::io::stderr()))
+            .with_writer(std::io::stderr)
     });
     let text = (format != "json").then(|| {
         tracing_subscriber::fmt::layer()
