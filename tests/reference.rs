@@ -111,6 +111,22 @@ fn resolve_with(key: &str, value: i128) -> Result<(), String> {
     let mut t = base();
     let (section, name) = key.split_once('.').unwrap();
     let v = i64::try_from(value).map_or(toml::Value::Float(value as f64), toml::Value::Integer);
+    // The failure delay must also stay below the authentication's timeout (the config's unit
+    // tests check that): each one's range is checked with the other out of its way.
+    let other = match key {
+        "limits.auth_failure_delay_ms" => Some(("auth_timeout_secs", 3600)),
+        "limits.auth_timeout_secs" => Some(("auth_failure_delay_ms", 0)),
+        _ => None,
+    };
+    if let Some((name, v)) = other {
+        let limits = t
+            .entry("limits")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        limits
+            .as_table_mut()
+            .unwrap()
+            .insert(name.into(), toml::Value::Integer(v));
+    }
     t.entry(section)
         .or_insert_with(|| toml::Value::Table(toml::Table::new()))
         .as_table_mut()

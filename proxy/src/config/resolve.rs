@@ -135,6 +135,18 @@ fn check_ranges(link: &LinkConfig, limits: &Limits) -> Result<(), ConfigError> {
             ));
         }
     }
+    // A wrong password is answered after the delay, within the time the whole authentication
+    // has: a delay as long would close the connection without its FATAL 28P01.
+    if limits.auth_failure_delay_ms >= limits.auth_timeout_secs.saturating_mul(1000) {
+        return Err(key_err(
+            "limits.auth_failure_delay_ms",
+            format!(
+                "{} ms is not below limits.auth_timeout_secs ({} s): a wrong password would be \
+                 cut off before its answer; lower the delay or raise the timeout",
+                limits.auth_failure_delay_ms, limits.auth_timeout_secs
+            ),
+        ));
+    }
     Ok(())
 }
 

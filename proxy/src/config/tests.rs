@@ -305,3 +305,17 @@ fn tls_files_are_parsed_and_the_key_matched() {
     .unwrap_err();
     assert_eq!(key_of(e), "link.peer_names");
 }
+
+#[test]
+fn the_failure_delay_is_below_the_authentication_timeout() {
+    let limits = |delay: u64, timeout: u64| {
+        format!(
+            "{BOTH}\n[limits]\nauth_failure_delay_ms = {delay}\nauth_timeout_secs = {timeout}\n"
+        )
+    };
+    assert!(load(&limits(4_999, 5)).is_ok());
+    let e = load(&limits(5_000, 5)).unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(key_of(e), "limits.auth_failure_delay_ms", "{msg}");
+    assert!(msg.contains("limits.auth_timeout_secs (5 s)"), "{msg}");
+}
