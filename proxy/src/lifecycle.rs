@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing::{error, info, warn};
 
-use crate::config::{Config, ConfigError, Key, MetricsConfig, Reload, Resolved};
+use crate::config::{Config, ConfigError, Key, MetricsConfig, Reload, Resolved, DEFAULT_SLOT};
 use crate::logging::LogHandle;
 use crate::relay::Running;
 use crate::tlsfiles::TlsFiles;
@@ -210,6 +210,9 @@ pub fn reload(
     let eff = effective(&old, &new);
     reload_tls(running, &eff);
     let changed = live_keys(&old, &eff);
+    if let Some(w) = slot_left_behind(&old, &eff) {
+        warn!("SIGHUP: {w}");
+    }
     if eff.log.level != old.log.level {
         match log.set_level(&eff.log.level) {
             Ok(true) => {}
@@ -230,6 +233,27 @@ pub fn reload(
         "SIGHUP: configuration reloaded{}",
         if changed.is_empty() { " (no live setting changed)" } else { "" }
     );
+}
+
+/// What to tell the operator when a reload changes `upstream.slot`: link streams opened from
+/// then on use the new slot (created if missing), and nothing drops the old one, which keeps
+/// holding WAL on the primary (a full `pg_wal` in the end) until someone does.
+fn slot_left_behind(old: &Resolved, new: &Resolved) -> Option<String> {
+    let name = |c: &Resolved| {
+        c.upstream
+            .as_ref()
+            .map(|u| u.slot.clone().unwrap_or_else(|| DEFAULT_SLOT.to_string()))
+    };
+    let (was, now) = (name(old)?, name(new)?);
+    (was != now).then(|| {
+        format!(
+            "upstream.slot changed from {was:?} to {now:?}: link streams opened from now on use \
+             {now:?} (created if missing); {was:?} (and \"{was}_<name>\" of downstreams with a \
+             downstream.name) stays on the primary and keeps its WAL: once every downstream \
+             streams on the new slot, drop the old one on the primary \
+             (SELECT pg_drop_replication_slot('{was}'))"
+        )
+    })
 }
 
 /// Reads the TLS files again when their contents changed on disk (a certificate renewed in

@@ -229,7 +229,15 @@ fn users_and_primary_are_live() {
         live_keys(&old, &eff),
         ["upstream.primary", "upstream.slot", "downstream.users"]
     );
-    assert_eq!(eff.downstream.unwrap().users.len(), 2);
+    assert_eq!(eff.downstream.as_ref().unwrap().users.len(), 2);
+    // The old slot is named, with how to drop it; a reload that keeps the slot says nothing.
+    let w = slot_left_behind(&old, &eff).expect("the slot changed");
+    assert!(
+        w.contains("from \"walrelay\" to \"s\"")
+            && w.contains("pg_drop_replication_slot('walrelay')"),
+        "{w}"
+    );
+    assert_eq!(slot_left_behind(&eff, &eff), None);
 }
 
 /// After [`huge_pages_off`] the kernel reports THP off for the process
