@@ -5,6 +5,9 @@
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tracing::warn;
+
+use crate::logging::Repeats;
 
 /// Idle time before the first keepalive probe.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -32,4 +35,54 @@ pub fn keep_alive(sock: &TcpStream, user_timeout: bool) -> std::io::Result<()> {
     #[cfg(not(target_os = "linux"))]
     let _ = user_timeout;
     Ok(())
+}
+
+/// Pause after a failed `accept` before the next one, so that the loop does not spin.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// A listener's failed accepts: a process out of file descriptors (EMFILE) fails every accept,
+/// ten a second with [`ACCEPT_RETRY`]; the same error is logged once a minute with a count.
+pub struct AcceptErrors {
+    listener: &'static str,
+    repeats: Repeats,
+}
+
+impl AcceptErrors {
+    /// For the listener named `listener` in the log ("standby", "link", "metrics").
+    pub fn new(listener: &'static str) -> AcceptErrors {
+        AcceptErrors {
+            listener,
+            repeats: Repeats::default(),
+        }
+    }
+
+    /// Logs `e` (unless the same error was logged within the minute) and waits
+    /// [`ACCEPT_RETRY`]; true when it logged.
+    pub async fn failed(&mut self, e: std::io::Error) -> bool {
+        let logged = self.repeats.report(&e.to_string());
+        if let Some(n) = logged {
+            let again = Repeats::since_text(n);
+            warn!(
+                "accept on the {} listener failed: {e}{again}",
+                self.listener
+            );
+        }
+        tokio::time::sleep(ACCEPT_RETRY).await;
+        logged.is_some()
+    }
+}
+
+#[cfg(test)]
+#[tokio::test]
+async fn a_repeated_accept_error_is_logged_once() {
+    let mut errors = AcceptErrors::new("standby");
+    let emfile = || std::io::Error::from_raw_os_error(libc::EMFILE);
+    assert!(errors.failed(emfile()).await);
+    assert!(!errors.failed(emfile()).await);
+    assert!(!errors.failed(emfile()).await);
+    assert!(
+        errors
+            .failed(std::io::Error::from_raw_os_error(libc::ENOBUFS))
+            .await
+    );
 }

@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::expo::{self, Halves, Sample};
 use crate::metrics::Metrics;
@@ -230,14 +230,14 @@ pub async fn serve(server: Arc<Server>, listener: TcpListener, shutdown: Cancell
     tokio::spawn(server.clone().sample(shutdown.clone()));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let lane = Arc::new(Semaphore::new(PROBE_LANE));
+    let mut accept_errors = crate::tcp::AcceptErrors::new("metrics");
     loop {
         let (sock, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    warn!("accept on the metrics listener failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(e).await;
                     continue;
                 }
             },

@@ -59,14 +59,14 @@ async fn accept_loop(
     tx: mpsc::Sender<Result<LinkIo, std::io::Error>>,
 ) {
     let gate = StartupGate::new();
+    let mut accept_errors = crate::tcp::AcceptErrors::new("link");
     loop {
         let (sock, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    warn!("accept on the link listener failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(e).await;
                     continue;
                 }
             },

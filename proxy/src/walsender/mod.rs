@@ -164,14 +164,14 @@ impl Downstream {
 pub async fn serve(live: Arc<Live<Downstream>>, listener: TcpListener) {
     let tracker = TaskTracker::new();
     let shutdown = live.get().shutdown.clone();
+    let mut accept_errors = crate::tcp::AcceptErrors::new("standby");
     loop {
         let (sock, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    warn!("accept on the standby listener failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(e).await;
                     continue;
                 }
             },
