@@ -12,7 +12,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Resolved;
 use crate::live::Live;
@@ -60,7 +60,7 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
         let live = Live::new(up);
         up_live = Some(live.clone());
         let token = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.push(watched("the upstream half", &shutdown, async move {
             if let Err(e) = upstream::serve(live, listener).await {
                 warn!("upstream half stopped: {e:#}");
                 token.cancel();
@@ -82,7 +82,8 @@ pub async fn start(cfg: Resolved, metrics: Arc<Metrics>) -> anyhow::Result<Runni
         )?;
         let live = Live::new(ds);
         down_live = Some(live.clone());
-        tasks.push(tokio::spawn(walsender::serve(live, listener)));
+        let serve = walsender::serve(live, listener);
+        tasks.push(watched("the downstream half", &shutdown, serve));
     }
     let metrics_addr = match cfg.metrics {
         Some(addr) => Some(start_metrics(&cfg, addr, &metrics, &shutdown).await?),
@@ -122,8 +123,43 @@ async fn start_metrics(
         downstream: cfg.downstream.is_some(),
     };
     let server = http::Server::new(metrics.clone(), halves);
-    tokio::spawn(http::serve(server, listener, shutdown.clone()));
+    let serve = http::serve(server, listener, shutdown.clone());
+    watched("the metrics server", shutdown, serve);
     Ok(local)
+}
+
+/// Spawns one of the process's long-lived tasks (a listener's accept loop and what it
+/// waits for). A panic in it would otherwise go unseen until shutdown while the process ran
+/// on without, say, accepting standbys: it is logged and stops the process (`shutdown` is
+/// cancelled, and `walrelay run` exits 1 as for a half that stopped by itself), so that its
+/// supervisor restarts it.
+fn watched(
+    what: &'static str,
+    shutdown: &CancellationToken,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let inner = tokio::spawn(task);
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = inner.await {
+            if e.is_panic() {
+                error!("{what} panicked: the process stops (see the panic above)");
+                token.cancel();
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+#[tokio::test]
+async fn a_panicking_task_stops_the_process() {
+    let shutdown = CancellationToken::new();
+    let fine = watched("a task", &shutdown, async {});
+    fine.await.unwrap();
+    assert!(!shutdown.is_cancelled(), "a task that ends stops nothing");
+    let panics = watched("a task", &shutdown, async { panic!("on purpose") });
+    panics.await.unwrap();
+    assert!(shutdown.is_cancelled());
 }
 
 impl Running {
