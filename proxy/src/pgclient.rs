@@ -550,13 +550,23 @@ async fn authenticate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 scram = Some(s);
             }
             11 => {
-                let s = scram.as_mut().ok_or(PgClientError::Unexpected(
+                let mut s = scram.take().ok_or(PgClientError::Unexpected(
                     'R',
                     "SASL continue without SASL start",
                 ))?;
-                s.update(&body)
-                    .map_err(|e| server_first_refused(&body, &ci.user, e))?;
+                // The salted password takes the primary's iteration count of HMACs (up to
+                // 100,000, about 0.1 s): on a blocking thread, not on a worker the WAL
+                // stream's tasks need, as a storm of standbys reconnecting would have it.
+                let first = body.clone();
+                let (s, r) = tokio::task::spawn_blocking(move || {
+                    let r = s.update(&first);
+                    (s, r)
+                })
+                .await
+                .map_err(|e| PgClientError::Scram(format!("SCRAM computation failed: {e}")))?;
+                r.map_err(|e| server_first_refused(&body, &ci.user, e))?;
                 encode::sasl_response(&mut out, s.message());
+                scram = Some(s);
             }
             12 => {
                 let s = scram.as_mut().ok_or(PgClientError::Unexpected(
