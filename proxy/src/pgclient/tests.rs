@@ -1,3 +1,4 @@
+use super::auth::{authenticate, MAX_SCRAM_ITERATIONS};
 use super::*;
 
 fn closed_port() -> u16 {
