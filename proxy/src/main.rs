@@ -26,6 +26,10 @@ use walrelay::config::{Config, ConfigError, EXIT_CONFIG};
 use walrelay_harness::out::{self, printed};
 use walrelay_harness::{errln, outln};
 
+#[path = "cli/bench.rs"]
+mod bench_cmd;
+use bench_cmd::{bench, BenchArgs};
+
 #[derive(Parser)]
 #[command(
     name = "walrelay",
@@ -321,168 +325,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// The arguments of `walrelay bench`.
-struct BenchArgs {
-    workload: String,
-    pg: Vec<u32>,
-    json: Option<PathBuf>,
-    cold_secs: u64,
-    warmup_secs: u64,
-    steady_secs: u64,
-    sync_secs: u64,
-    timeline_dir: Option<PathBuf>,
-    z_background: bool,
-    w_share: bool,
-    sites: bool,
-    services: bool,
-    spool_bytes: Option<u64>,
-    checkpoint_timeout: String,
-}
-
-/// `walrelay bench`: prints the markdown tables, writes the JSON.
-fn bench(a: BenchArgs) -> ExitCode {
-    use walrelay_harness::bench::{self, Workload};
-    let workloads: Vec<Workload> = if a.workload == "all" {
-        Workload::ALL.to_vec()
-    } else {
-        match a
-            .workload
-            .split(',')
-            .map(Workload::from_name)
-            .collect::<Option<Vec<_>>>()
-        {
-            Some(w) => w,
-            None => {
-                errln!(
-                    "walrelay: unknown workload in {:?}: use all or some of {}",
-                    a.workload,
-                    Workload::names()
-                );
-                return ExitCode::from(EXIT_CONFIG as u8);
-            }
-        }
-    };
-    let checkpoint_timeout = match bench::checkpoint_timeout(&a.checkpoint_timeout) {
-        Ok(t) => t,
-        Err(e) => {
-            errln!("walrelay: {e}");
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
-    };
-    // The report as of the last workload that finished, for the tables a signal prints.
-    let so_far = std::sync::Arc::new(std::sync::Mutex::new(None::<bench::Report>));
-    let (json_path, kept) = (a.json.clone(), so_far.clone());
-    let run = async move {
-        prepare_outputs(a.json.as_deref(), a.timeline_dir.as_deref())?;
-        let opts = bench::BenchOpts {
-            command: Some(bench::command_line(
-                std::env::args_os().map(|a| a.to_string_lossy().into_owned()),
-            )),
-            binary: std::env::current_exe().context("locating the walrelay executable")?,
-            workloads,
-            majors: a.pg,
-            cold_secs: a.cold_secs,
-            warmup_secs: a.warmup_secs,
-            steady_secs: a.steady_secs,
-            sync_secs: a.sync_secs,
-            timeline_dir: a.timeline_dir,
-            z_background: a.z_background,
-            w_share: a.w_share,
-            sites: match a.sites {
-                true => Some(bench::sites::Sites::of_this_machine()?),
-                false => None,
-            },
-            services: match a.services {
-                true => Some(bench::services::Hierarchy::of_this_machine()?),
-                false => None,
-            },
-            spool_bytes: a.spool_bytes,
-            checkpoint_timeout,
-        };
-        let json = a.json.as_deref();
-        let (report, outcome) = bench::run(&opts, &mut |report| {
-            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
-            write_report_json(json, report)
-        })
-        .await;
-        if report.runs.is_empty() && outcome.is_err() {
-            return outcome;
-        }
-        let said = outln!("{}", report.markdown());
-        write_report_json(json, &report)?;
-        match said {
-            Err(e) if !e.reader_left() => return Err(e.into()),
-            _ => {}
-        }
-        outcome.with_context(|| {
-            format!(
-                "the report above holds the {} workload(s) that finished",
-                report.runs.len()
-            )
-        })
-    };
-    exit(run_tool(run, Interrupt::Fails, |by| {
-        // The workloads still to come are in `not_run` already; `stopped` names the signal.
-        let report = so_far.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(mut report) = report {
-            report.stopped = Some(format!("stopped by {by}"));
-            match outln!("{}", report.markdown()) {
-                Err(e) if !e.reader_left() => errln!("walrelay: {e}"),
-                _ => {}
-            }
-            if let Err(e) = write_report_json(json_path.as_deref(), &report) {
-                errln!("walrelay: {e:#}");
-            }
-        }
-    }))
-}
-
-/// Writes the bench's report so far to `--json`, whole or not at all
-/// ([`walrelay::spool::write_atomically`]): a bench stopped at any point leaves the JSON of
-/// every workload that finished.
-fn write_report_json(
-    path: Option<&Path>,
-    report: &walrelay_harness::bench::Report,
-) -> anyhow::Result<()> {
-    let Some(path) = path else { return Ok(()) };
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("--json {}: not a file name in UTF-8", path.display()))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let json = serde_json::to_string_pretty(report)?;
-    walrelay::spool::write_atomically(dir.unwrap_or(Path::new(".")), name, json.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-/// Makes sure the bench can write its outputs before it runs for minutes: creates the
-/// timeline directory and the JSON file's directory, and refuses a JSON path that is a
-/// directory.
-fn prepare_outputs(json: Option<&Path>, timeline_dir: Option<&Path>) -> anyhow::Result<()> {
-    if let Some(dir) = timeline_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the timeline directory {}", dir.display()))?;
-    }
-    if let Some(path) = json {
-        anyhow::ensure!(
-            !path.is_dir(),
-            "--json {} is a directory: give a file name",
-            path.display()
-        );
-        anyhow::ensure!(
-            path.file_name().and_then(|n| n.to_str()).is_some(),
-            "--json {}: give a file name in UTF-8",
-            path.display()
-        );
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).with_context(|| {
-                format!("creating {}, the directory of --json", parent.display())
-            })?;
-        }
-    }
-    Ok(())
-}
-
 /// What Ctrl-C means to a tool: the end of the demo (its live table stops), or a bench that
 /// did not finish (it fails; its `--json` holds the workloads that finished). SIGTERM always fails.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -549,7 +391,7 @@ fn exit(r: anyhow::Result<()>) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{prepare_outputs, usage_status, Cli};
+    use super::{usage_status, Cli};
     use clap::Parser;
 
     #[test]
@@ -601,34 +443,5 @@ mod tests {
         ] {
             assert!(Cli::try_parse_from(fine).is_ok(), "{fine:?}");
         }
-    }
-
-    #[test]
-    fn bench_outputs_are_prepared_before_the_run() {
-        let dir = tempfile::tempdir().unwrap();
-        let timeline = dir.path().join("a/b/timeline");
-        let json = dir.path().join("c/d/bench.json");
-        prepare_outputs(Some(&json), Some(&timeline)).unwrap();
-        assert!(timeline.is_dir());
-        assert!(json.parent().unwrap().is_dir());
-        assert!(!json.exists(), "only the directory is made");
-        // Nothing to create: a bare file name, or no outputs.
-        prepare_outputs(Some("bench.json".as_ref()), None).unwrap();
-        prepare_outputs(None, None).unwrap();
-        // Refused at once, naming the path: a directory as --json, a file in the way.
-        let e = prepare_outputs(Some(dir.path()), None).unwrap_err();
-        assert!(format!("{e:#}").contains("is a directory"), "{e:#}");
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"x").unwrap();
-        let e = prepare_outputs(None, Some(&file.join("t"))).unwrap_err();
-        assert!(
-            format!("{e:#}").contains("creating the timeline directory"),
-            "{e:#}"
-        );
-        let e = prepare_outputs(Some(&file.join("x.json")), None).unwrap_err();
-        assert!(
-            format!("{e:#}").contains("the directory of --json"),
-            "{e:#}"
-        );
     }
 }
