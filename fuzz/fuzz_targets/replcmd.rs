@@ -10,6 +10,10 @@
 use libfuzzer_sys::fuzz_target;
 use walrelay_pgwire::replcmd;
 
+#[path = "../../pgwire/src/replcmd/pg_model.rs"]
+mod pg_model;
+use pg_model::pg_keyword;
+
 fuzz_target!(|data: &[u8]| {
     let sql = String::from_utf8_lossy(data);
     let class = replcmd::classify(&sql);
@@ -57,36 +61,6 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
-
-/// The keyword that makes `text` a replication command to PostgreSQL, if any: its first token
-/// as `repl_scanner.l` reads it (after `[ \t\n\r\f\v]*`, the longest run of
-/// `[A-Za-z\200-\377_][A-Za-z\200-\377_0-9$]*`), if that is one of the keywords
-/// `replication_scanner_is_replication_command` takes.
-fn pg_keyword(text: &str) -> Option<&str> {
-    const KEYWORDS: [&str; 10] = [
-        "IDENTIFY_SYSTEM",
-        "BASE_BACKUP",
-        "START_REPLICATION",
-        "CREATE_REPLICATION_SLOT",
-        "DROP_REPLICATION_SLOT",
-        "ALTER_REPLICATION_SLOT",
-        "READ_REPLICATION_SLOT",
-        "TIMELINE_HISTORY",
-        "UPLOAD_MANIFEST",
-        "SHOW",
-    ];
-    let text = text.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
-    let start = |b: u8| b.is_ascii_alphabetic() || b == b'_' || b >= 0x80;
-    let len = match text.bytes().next() {
-        Some(b) if start(b) => text
-            .bytes()
-            .take_while(|&b| start(b) || b.is_ascii_digit() || b == b'$')
-            .count(),
-        _ => return None,
-    };
-    let word = text.get(..len)?;
-    KEYWORDS.contains(&word).then_some(word)
-}
 
 fn scan_any_chunking(data: &[u8]) {
     use walrelay_pgwire::scan::Scanner;

@@ -535,4 +535,6 @@ impl ReplCommand {
 }
 
 #[cfg(test)]
+mod pg_model;
+#[cfg(test)]
 mod tests;
