@@ -13,9 +13,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::prom::parse_exposition;
+use common::promql;
 use common::*;
 use walrelay_harness::cluster::{free_port, wait_until};
-use walrelay_harness::prom::{promql_metric_names, Sample};
+use walrelay_harness::prom::Sample;
 
 fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Option<&'a Sample> {
     samples.iter().find(|s| {
@@ -454,7 +455,7 @@ fn dashboard_uses_exported_metrics(samples: &[Sample]) {
     let exported: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     let mut used = BTreeSet::new();
     for e in &exprs {
-        let names = promql_metric_names(e);
+        let names: BTreeSet<String> = promql::parse(e).refs.into_iter().map(|r| r.name).collect();
         assert!(!names.is_empty(), "no metric in {e:?}");
         used.extend(names);
     }
@@ -498,9 +499,13 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 
 #[test]
 fn promql_names_are_extracted() {
-    let n = promql_metric_names(
+    let n: BTreeSet<String> = promql::parse(
         r#"sum by (instance, half) (rate(walrelay_a_total{x="y}"}[$__rate_interval])) / on (i) group_left walrelay_b"#,
-    );
+    )
+    .refs
+    .into_iter()
+    .map(|r| r.name)
+    .collect();
     assert_eq!(
         n.into_iter().collect::<Vec<_>>(),
         ["walrelay_a_total", "walrelay_b"]
