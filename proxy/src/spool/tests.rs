@@ -391,25 +391,24 @@ fn a_sync_that_cannot_write_its_state_moves_no_durable_end() {
     assert_eq!(s.extent().end, Lsn(1_200_000));
 }
 
+/// A spool in `dir` whose segment 1 was completed (fsynced, renamed) after its last
+/// `spool.state`, which still ends at 1_500_000: a crash between the rename and the state.
+fn completed_after_the_state(dir: &Path) {
+    let mut s = open(dir, 42, 100 * MIB);
+    s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
+    s.sync().unwrap();
+    let state = std::fs::read(dir.join("spool.state")).unwrap();
+    let rest = (2 * MIB - 1_500_000) as usize;
+    s.append(T1, Lsn(1_500_000), &wal(1_500_000, rest)).unwrap();
+    drop(s);
+    std::fs::write(dir.join("spool.state"), state).unwrap();
+    assert!(dir.join("000000010000000000000001").exists());
+}
+
 #[test]
 fn a_segment_completed_after_the_last_state_is_kept() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = open(d.path(), 42, 100 * MIB);
-    s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
-    s.sync().unwrap();
-    // The rest of segment 1 is written and the segment completed (fsynced, renamed), and the
-    // process dies before `spool.state` says so: the state still ends at 1_500_000.
-    let state = std::fs::read(d.path().join("spool.state")).unwrap();
-    s.append(
-        T1,
-        Lsn(1_500_000),
-        &wal(1_500_000, (2 * MIB - 1_500_000) as usize),
-    )
-    .unwrap();
-    drop(s);
-    std::fs::write(d.path().join("spool.state"), state).unwrap();
-    assert!(d.path().join("000000010000000000000001").exists());
-
+    completed_after_the_state(d.path());
     let mut s = open(d.path(), 42, 100 * MIB);
     assert_eq!(s.extent().end, Lsn(2 * MIB), "the whole segment is kept");
     assert_eq!(
@@ -424,18 +423,7 @@ fn a_segment_completed_after_the_last_state_is_kept() {
 
     // A completed segment whose bytes before the state's end differ is still discarded.
     let d = tempfile::tempdir().unwrap();
-    let mut s = open(d.path(), 42, 100 * MIB);
-    s.append(T1, Lsn(0), &wal(0, 1_500_000)).unwrap();
-    s.sync().unwrap();
-    let state = std::fs::read(d.path().join("spool.state")).unwrap();
-    s.append(
-        T1,
-        Lsn(1_500_000),
-        &wal(1_500_000, (2 * MIB - 1_500_000) as usize),
-    )
-    .unwrap();
-    drop(s);
-    std::fs::write(d.path().join("spool.state"), state).unwrap();
+    completed_after_the_state(d.path());
     let p = d.path().join("000000010000000000000001");
     let mut b = std::fs::read(&p).unwrap();
     b[(1_500_000 - MIB - 1) as usize] ^= 1;
