@@ -4,6 +4,24 @@
 use super::*;
 use crate::bench::sample::CodecCut;
 
+/// Issue 12: CPU per GB of both of W's halves at most this times Z's.
+const CPU_TARGET: f64 = 1.5;
+/// Issue 12: W's replay lag at most this times the direct standby's.
+const LAG_TARGET: f64 = 1.2;
+/// A direct standby's largest replay lag below this is too small to divide by.
+const SMALL_LAG_MB: u64 = 1;
+
+/// W's CPU per GB over Z's, and W's largest replay lag over the direct standby's (None where
+/// the divisor is zero, or the direct lag under [`SMALL_LAG_MB`]).
+pub(super) fn target_ratios(w: &Window) -> (Option<f64>, Option<f64>) {
+    let cpu = |p: &PairWindow| p.upstream_cpu_s_per_gb + p.downstream_cpu_s_per_gb;
+    let cpu = (cpu(&w.z) > 0.0).then(|| cpu(&w.w) / cpu(&w.z));
+    let direct = w.direct_max_replay_lag_bytes;
+    let lag =
+        (direct >= SMALL_LAG_MB << 20).then(|| w.w.max_replay_lag_bytes as f64 / direct as f64);
+    (cpu, lag)
+}
+
 fn mb(b: u64) -> f64 {
     b as f64 / 1e6
 }
@@ -77,6 +95,7 @@ impl Report {
             s.push_str(&format!("\n{title}\n\n"));
             s.push_str(&self.window_table(i == 1));
         }
+        s.push_str(&self.targets_table());
         s.push_str(&self.stage_table());
         s.push_str(&self.wait_table());
         s.push_str(&self.codec_table());
@@ -150,6 +169,35 @@ impl Report {
         }
         if late {
             s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt; W's framing + feedback is then not estimated (-).\n"));
+        }
+        s
+    }
+
+    /// Per workload and window: the two ratios issue 12's targets are about, worked out here
+    /// rather than by hand from figures rounded to one decimal.
+    fn targets_table(&self) -> String {
+        let mut s = format!(
+            "\nTargets, per window: W's CPU per GB (both halves) / Z's (both halves), at most \
+             {CPU_TARGET}; W's largest replay lag / the direct standby's, at most {LAG_TARGET} \
+             (— where the direct standby's stayed under {SMALL_LAG_MB} MB: too small to \
+             compare)\n\n| workload | PG | window | CPU per GB W / Z | max replay lag W / direct |\n|---|---:|---|---:|---:|\n"
+        );
+        for r in &self.runs {
+            for (name, w) in [("cold", &r.cold), ("steady", &r.steady)] {
+                let (cpu, lag) = target_ratios(w);
+                let shown = |v: Option<f64>, target: f64| match v {
+                    Some(v) if v <= target => format!("{v:.2}"),
+                    Some(v) => format!("{v:.2} (misses)"),
+                    None => "—".into(),
+                };
+                s.push_str(&format!(
+                    "| {} | {} | {name} | {} | {} |\n",
+                    r.workload.name(),
+                    r.pg_major,
+                    shown(cpu, CPU_TARGET),
+                    shown(lag, LAG_TARGET)
+                ));
+            }
         }
         s
     }

@@ -93,3 +93,20 @@ fn the_tables_begin_with_the_command_that_made_them() {
     report.command = None;
     assert!(!report.markdown().contains("Command:"));
 }
+
+/// The targets' ratios are W over Z (CPU per GB, both halves) and W over direct (replay lag),
+/// with no ratio where there is nothing to divide by.
+#[test]
+fn the_targets_ratios_divide_w_by_its_references() {
+    let mut w = Window::default();
+    w.w.upstream_cpu_s_per_gb = 2.0;
+    w.w.downstream_cpu_s_per_gb = 1.0;
+    w.z.upstream_cpu_s_per_gb = 1.5;
+    w.z.downstream_cpu_s_per_gb = 0.5;
+    w.w.max_replay_lag_bytes = 30 << 20;
+    w.direct_max_replay_lag_bytes = 20 << 20;
+    assert_eq!(super::markdown::target_ratios(&w), (Some(1.5), Some(1.5)));
+    w.direct_max_replay_lag_bytes = 1 << 19;
+    w.z = PairWindow::default();
+    assert_eq!(super::markdown::target_ratios(&w), (None, None));
+}
