@@ -13,7 +13,8 @@
 # moves (40k wide rows of md5 text on full pages, one small column updated: the rows move),
 # toast (20,000 documents of ~6.6 kB of md5 hex stored out of line; each transaction
 # overwrites 32 characters of a random one, which TOAST writes whole again).
-# SECONDS (default 60) of load; checkpoints at the bench's pace (checkpoint_timeout = 30s),
+# SECONDS (default 60) of load; checkpoints at the bench's pace (checkpoint_timeout = 30s;
+# CHECKPOINT_TIMEOUT=5min for PostgreSQL's default, as `walrelay bench --checkpoint-timeout`),
 # never forced (`wal_keep_size` keeps every segment for the copy). OUT.wal is the segment
 # files from the one holding the load's start to the last complete one, concatenated;
 # OUT.wal.lsn holds the first segment's start LSN (X/Y). RATE=N runs pgbench at N
@@ -54,7 +55,7 @@ cat >>"$dir/data/postgresql.conf" <<EOF
 port = $port
 listen_addresses = ''
 unix_socket_directories = '$dir'
-checkpoint_timeout = 30s
+checkpoint_timeout = ${CHECKPOINT_TIMEOUT:-30s}
 max_wal_size = 4GB
 wal_keep_size = 64GB
 fsync = off
