@@ -167,11 +167,11 @@ async fn run_all<'a>(
     }
     let one = |j: OneRun<'a>, no_latency_yet: bool| async move {
         let sync = opts.sync_secs > 0 && no_latency_yet && j.workload == Workload::Pgbench;
-        eprintln!("bench: {} ...", plan::Job::label(&j));
+        crate::errln!("bench: {} ...", plan::Job::label(&j));
         let (r, lat) = run_one(opts, j.install, j.workload, j.compression, sync)
             .await
             .with_context(|| format!("workload {}", plan::Job::label(&j)))?;
-        eprintln!(
+        crate::errln!(
             "bench: {}: steady {:.1} MB WAL, W link {:.2} MB = {:.2} x zstd-3 (Z {:.2} x)",
             j.workload.name(),
             r.steady.wal_bytes as f64 / 1e6,
@@ -363,7 +363,7 @@ async fn offline(
 
 /// A line on stderr before a step that takes minutes on a large window.
 fn progress(w: Workload, step: &str, bytes: u64) {
-    eprintln!(
+    crate::errln!(
         "bench: {}: {step} ({:.1} MB) ...",
         w.name(),
         bytes as f64 / 1e6
@@ -429,7 +429,7 @@ async fn measure(
                     let (next, started) = std::mem::replace(check, WindowCheck::Waiting).advance(&samples, t0, t1, dirs);
                     *check = next;
                     if started {
-                        eprintln!("bench: {}: {name} window done", w.name());
+                        crate::errln!("bench: {}: {name} window done", w.name());
                     }
                 }
                 let t = samples.last().map_or(0.0, |s| s.t);

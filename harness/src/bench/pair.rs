@@ -167,7 +167,7 @@ impl RelayPair {
                     if tries < START_TRIES
                         && format!("{e:#}").contains("Address already in use") =>
                 {
-                    eprintln!("bench: the {codec} pair's port was taken before it listened; starting it again on others");
+                    crate::errln!("bench: the {codec} pair's port was taken before it listened; starting it again on others");
                     tries += 1;
                 }
                 other => return other,

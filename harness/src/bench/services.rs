@@ -196,7 +196,7 @@ impl Services {
 impl Drop for Services {
     fn drop(&mut self) {
         if let Err(e) = self.remove() {
-            eprintln!("bench: {e:#}");
+            crate::errln!("bench: {e:#}");
         }
     }
 }
