@@ -106,7 +106,6 @@ pub fn agree(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spool::{Extent, SpoolFiles};
     use walrelay_proto::link::TimelineSwitch;
     use walrelay_wal::lsn::Lsn;
 
@@ -126,21 +125,7 @@ mod tests {
 
     #[test]
     fn hello_says_what_the_spool_holds() {
-        let mut view = SpoolView {
-            extent: Extent {
-                tli: TimeLineId(2),
-                start: Lsn(0),
-                end: Lsn(0),
-                durable: Lsn(0),
-            },
-            files: SpoolFiles {
-                dir: "/x".into(),
-                seg: WalSegSize::DEFAULT,
-                recent: Default::default(),
-            },
-            system_id: 7,
-            failed: None,
-        };
+        let mut view = SpoolView::empty(7, TimeLineId(2));
         let link = LinkConfig::default();
         let limits = Limits {
             max_message_bytes: 300_000,

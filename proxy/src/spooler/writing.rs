@@ -201,6 +201,28 @@ impl Publish {
     }
 }
 
+#[cfg(test)]
+impl SpoolView {
+    /// A spool of cluster `system_id` without WAL, its timeline `tli`, for tests.
+    pub fn empty(system_id: u64, tli: walrelay_wal::lsn::TimeLineId) -> SpoolView {
+        SpoolView {
+            extent: Extent {
+                tli,
+                start: Lsn(0),
+                end: Lsn(0),
+                durable: Lsn(0),
+            },
+            files: SpoolFiles {
+                dir: "/x".into(),
+                seg: walrelay_wal::segment::WalSegSize::DEFAULT,
+                recent: Default::default(),
+            },
+            system_id,
+            failed: None,
+        }
+    }
+}
+
 pub(super) fn view(spool: &Spool, failed: Option<String>) -> SpoolView {
     SpoolView {
         extent: spool.extent(),

@@ -58,36 +58,20 @@ pub(super) fn served(view: &SpoolView, link: Option<&Welcome>) -> (u64, TimeLine
 impl Session<'_> {
     /// [`served`] now.
     pub(super) fn served(&self) -> (u64, TimeLineId, Lsn) {
-        let view = self.ds.spooler.view.borrow().clone();
-        let link = self.ds.spooler.link.borrow().clone();
-        served(&view, link.as_deref())
+        let spooler = &self.ds.spooler;
+        served(&spooler.view.borrow(), spooler.link.borrow().as_deref())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spool::{Extent, SpoolFiles};
-    use walrelay_wal::segment::WalSegSize;
+    use crate::spool::Extent;
 
     #[test]
     fn a_spool_without_wal_serves_the_timeline_of_the_stream_the_link_opened() {
-        let mut view = SpoolView {
-            // A brand-new spool: timeline 1 by default, whatever the primary's.
-            extent: Extent {
-                tli: TimeLineId(1),
-                start: Lsn(0),
-                end: Lsn(0),
-                durable: Lsn(0),
-            },
-            files: SpoolFiles {
-                dir: "/x".into(),
-                seg: WalSegSize::DEFAULT,
-                recent: Default::default(),
-            },
-            system_id: 7,
-            failed: None,
-        };
+        // A brand-new spool: timeline 1 by default, whatever the primary's.
+        let mut view = SpoolView::empty(7, TimeLineId(1));
         let w = Welcome {
             system_id: 7,
             timeline: 3,
