@@ -11,20 +11,67 @@ use walrelay_harness::{errln, outln};
 use super::{exit, run_tool, Interrupt};
 
 /// The arguments of `walrelay bench`.
+#[derive(clap::Args)]
 pub(super) struct BenchArgs {
+    /// Comma-separated workloads, or all (see the README for the list).
+    #[arg(long, default_value = "all")]
     pub(super) workload: String,
+    /// Comma-separated PostgreSQL majors, e.g. 14,15,18 (default: the discovered install).
+    #[arg(long, value_delimiter = ',')]
     pub(super) pg: Vec<u32>,
+    /// Also write the results as JSON to this file (its directory is created if missing).
+    #[arg(long)]
     pub(super) json: Option<PathBuf>,
+    /// Length of the cold window, from the relays' start.
+    #[arg(long, default_value_t = 30)]
     pub(super) cold_secs: u64,
+    /// Load between the cold window's end and the steady window's start.
+    #[arg(long, default_value_t = 90)]
     pub(super) warmup_secs: u64,
+    /// Length of the steady window.
+    #[arg(long, default_value_t = 40)]
     pub(super) steady_secs: u64,
+    /// Length of each sync-commit latency run (with the pgbench workload; 0 = skip).
+    #[arg(long, default_value_t = 15)]
     pub(super) sync_secs: u64,
+    /// Also write each run's samples (every stage's position, ~10 per second) as CSV
+    /// files `<workload>-pg<major>.csv` into this directory (created if missing).
+    #[arg(long)]
     pub(super) timeline_dir: Option<PathBuf>,
+    /// Run pair Z (codec = "zstd") and its standby at nice 19, so that they take a core
+    /// only when W, the direct standby and the primary leave one idle: a diagnostic of
+    /// W's replay lag on a small machine. Z's lags and cores are then not comparable.
+    #[arg(long)]
     pub(super) z_background: bool,
+    /// Give pair W's two relay processes a larger CPU share: their session groups (and
+    /// threads) at nice -5, weight 3,121 against the 1,024 of each PostgreSQL process, as a
+    /// CPU weight of their own (the systemd units' `CPUWeight=`) gives a service in
+    /// production. The primary's load then gets less of a busy CPU. Needs root or
+    /// CAP_SYS_NICE.
+    #[arg(long)]
     pub(super) w_share: bool,
+    /// Run each site on CPUs of its own, as in production: the primary and both upstreams
+    /// on the first half of the CPUs, the three standbys and both downstreams on the
+    /// rest. Without it every process shares every core.
+    #[arg(long)]
     pub(super) sites: bool,
+    /// Run each PostgreSQL cluster and each relay process in a CPU group (cgroup) of its
+    /// own, all of one weight, as systemd services whose units set `CPUWeight=`: the
+    /// primary as a whole then weighs what one upstream weighs. With --w-share W's groups
+    /// weigh three times as much; with --z-background pair Z and its standby stay out of
+    /// them, at nice 19. Needs root and the cgroup cpu controller (v2, or v1's cpu
+    /// hierarchy)
+    #[arg(long)]
     pub(super) services: bool,
+    /// Each downstream's `downstream.spool_bytes` (default: the relay's, 8 GiB). Below the
+    /// WAL a run writes, the windows after the spool fills measure a full spool, whose
+    /// segments are written over: the steady state of a relay that has run for a while.
+    #[arg(long)]
     pub(super) spool_bytes: Option<u64>,
+    /// The primary's checkpoint_timeout, as postgresql.conf writes it (`30s`, `5min`, `1h`;
+    /// 30 s to 1 day). The default, 30s, is that of the measured baselines; PostgreSQL's
+    /// own is 5min, with which fewer full-page images are written.
+    #[arg(long, default_value = "30s")]
     pub(super) checkpoint_timeout: String,
 }
 
