@@ -33,6 +33,8 @@ pub mod link {
 /// version-12 half refuses. 14: walcodec format 11 (a stream of its own, LONG, for long data
 /// and the long window; DATA short and read in place), which a version-13 half refuses. 15:
 /// walcodec format 12 (cache hits as matches in a stream of their own, HIT, instead of a zstd
-/// frame each), which a version-14 half refuses. The version changes with anything that
-/// changes the walcodec format or what either half's recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 15;
+/// frame each), which a version-14 half refuses. 16: walcodec format 13 (a heap insert's or
+/// update's new offset as predicted from the cached page), which a version-15 half refuses.
+/// The version changes with anything that changes the walcodec format or what either half's
+/// recompression of images gives.
+pub const PROTOCOL_VERSION: u32 = 16;

@@ -4,7 +4,7 @@ use super::areaxf::AreaXf;
 use super::cache::{new_page, slots_for, DecCache, Page};
 use super::format::*;
 use super::fpi::{self, Recompressor};
-use super::mainxf::MainXf;
+use super::mainxf::{self, MainXf};
 use super::pagexf::PageXf;
 use super::payload::{self, DecSections};
 use super::redo::{self, Redo};
@@ -413,7 +413,9 @@ impl State {
             .ok_or_else(|| corrupt("main data head too long"))?;
         head.copy_from_slice(r.main.bytes(head_len)?);
         let xl = MainXf::len(rmid, info).min(head_len);
-        self.mainxf.inverse(rmid, info, xid, &mut head[..xl]);
+        let offnum = mainxf::predicted_offnum(rmid, info, &self.area.blocks, &self.cache);
+        self.mainxf
+            .inverse(rmid, info, xid, offnum, &mut head[..xl]);
         let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
         let block0 = self.blocks(heap, r)?;

@@ -229,6 +229,8 @@ mod tests_inserts;
 #[cfg(test)]
 mod tests_long;
 #[cfg(test)]
+mod tests_offnum;
+#[cfg(test)]
 mod tests_ring;
 #[cfg(test)]
 mod tests_stage;
@@ -380,7 +382,7 @@ pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
 pub(crate) const S_LONG: usize = 7;
 pub(crate) const S_HIT: usize = 8;
-pub(crate) const FORMAT_VERSION: u8 = 12;
+pub(crate) const FORMAT_VERSION: u8 = 13;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

@@ -33,6 +33,8 @@ mod tests;
 
 use page::*;
 
+pub(super) use page::next_item_offset;
+
 use super::tuples::LoggedTuple;
 use super::wal::{
     le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::walcodec::cache::Plan;
+use crate::walcodec::mainxf;
 
 impl Encoder {
     /// Images and data, in block order, then main data (tuples as deltas, main data fields
@@ -51,7 +52,9 @@ impl Encoder {
             let mut xmain = std::mem::take(&mut self.xmain);
             xmain.clear();
             xmain.extend_from_slice(main);
-            self.mainxf.forward(rec[17], rec[16], xid, &mut xmain[..xl]);
+            let offnum = mainxf::predicted_offnum(rec[17], rec[16], &self.area.blocks, &self.cache);
+            self.mainxf
+                .forward(rec[17], rec[16], xid, offnum, &mut xmain[..xl]);
             self.put_site(site, S_MAIN, &xmain);
             self.xmain = xmain;
         } else {

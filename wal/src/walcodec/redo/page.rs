@@ -12,13 +12,13 @@ pub const LP_NORMAL: u32 = 1;
 pub const LP_REDIRECT: u32 = 2;
 pub const LP_DEAD: u32 = 3;
 
-const PD_HAS_FREE_LINES: u16 = 0x0001;
+pub(super) const PD_HAS_FREE_LINES: u16 = 0x0001;
 pub const PD_PAGE_FULL: u16 = 0x0002;
 pub const PD_ALL_VISIBLE: u16 = 0x0004;
 /// SizeofHeapTupleHeader.
 pub const TUPLE_HEADER: usize = 23;
 /// MaxHeapTuplesPerPage.
-const MAX_TUPLES: usize = 291;
+pub(super) const MAX_TUPLES: usize = 291;
 
 // (One bounds check and one load each: byte by byte, the line pointer reads were a fifth of
 // PageRepairFragmentation's instructions.)
@@ -102,6 +102,19 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
     set_u16(p, 12, new_lower as u16);
     set_u16(p, 14, new_upper as u16);
     true
+}
+
+/// The line pointer PageAddItem (no offset asked for, heap) fills on `p`: where the page
+/// says it has free line pointers, the first unused one without storage, else the one after
+/// the last; `None` past MaxHeapTuplesPerPage or on a page whose bounds are off.
+pub fn next_item_offset(p: &PageBuf) -> Option<usize> {
+    let n = max_offset(p)?;
+    let free = if u16_at(p, 10) & PD_HAS_FREE_LINES != 0 {
+        (1..=n).find(|&off| matches!(lp_raw(p, off), (_, LP_UNUSED, 0)))
+    } else {
+        None
+    };
+    Some(free.unwrap_or(n + 1)).filter(|&off| off <= MAX_TUPLES)
 }
 
 /// Line pointer `off` (1-based, at most the number of line pointers) without checks.

@@ -363,3 +363,29 @@ proptest! {
         prop_assert_eq!(&p[upper..], &want[upper..]);
     }
 }
+
+/// PageAddItem's choice without an offset (bufpage.c): the first unused line pointer without
+/// storage while PD_HAS_FREE_LINES says there is one, else the one after the last; nothing
+/// past MaxHeapTuplesPerPage or on a page whose bounds are off.
+#[test]
+fn the_next_item_offset_is_the_one_page_add_item_takes() {
+    let mut p = empty_page();
+    assert_eq!(next_item_offset(&p), Some(1));
+    for off in 1..=4 {
+        assert!(add_item(&mut p, &[off as u8; 30], off));
+    }
+    assert_eq!(next_item_offset(&p), Some(5));
+    // Unused line pointers count only with the flag, and only without storage.
+    set_lp(&mut p, 2, 0, LP_UNUSED, 0);
+    set_lp(&mut p, 3, 0, LP_UNUSED, 0);
+    assert_eq!(next_item_offset(&p), Some(5));
+    set_flag(&mut p, PD_HAS_FREE_LINES, true);
+    assert_eq!(next_item_offset(&p), Some(2));
+    set_lp(&mut p, 2, 100, LP_UNUSED, 8);
+    assert_eq!(next_item_offset(&p), Some(3));
+    // A full line pointer array, and garbage.
+    let mut full = empty_page();
+    set_u16(&mut full, 12, (PAGE_HEADER + 4 * MAX_TUPLES) as u16);
+    assert_eq!(next_item_offset(&full), None);
+    assert_eq!(next_item_offset(&[0xff; PAGE_SIZE]), None);
+}
