@@ -3,6 +3,7 @@
 
 use super::mainxf::predicted_offnum;
 use super::testgen::{block_key as key, GenBlock, GivenImage, Image, WalGen};
+use super::tests::params;
 use super::wal::{BlockRef, RM_HEAP_ID};
 use super::*;
 use crate::lsn::Lsn;
@@ -84,12 +85,7 @@ fn both_ends_predict_the_offset_the_page_gives() {
     g.write_record(&rec);
     cuts.push(g.buf.len());
 
-    let p = CodecParams {
-        pg_major: Some(PgMajor::V15),
-        block_cache_bytes: 1 << 26,
-        zstd_level: 3,
-        max_message_bytes: 64 << 20,
-    };
+    let p = params(64);
     let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
     let mut from = 0;
     for (i, &to) in cuts.iter().enumerate() {
