@@ -21,11 +21,9 @@
 
 use super::redo::next_item_offset;
 use super::tuples::PageLookup;
-use super::wal::{BlockRef, RM_HEAP_ID};
+use super::wal::{BlockRef, RM_HEAP_ID, XLOG_HEAP_INIT_PAGE};
 
 const RM_XACT_ID: u8 = 1;
-/// XLOG_HEAP_INIT_PAGE: the record's page starts empty.
-const HEAP_INIT_PAGE: u8 = 0x80;
 
 /// State both ends keep: the last transaction end time.
 #[derive(Debug, Default)]
@@ -74,7 +72,7 @@ pub fn predicted_offnum(rmid: u8, info: u8, blocks: &[BlockRef], pages: &dyn Pag
     if fields(rmid, info).offnum.is_none() || blocks.iter().any(|b| b.image.is_some()) {
         return 0;
     }
-    if info & HEAP_INIT_PAGE != 0 {
+    if info & XLOG_HEAP_INIT_PAGE != 0 {
         return 1;
     }
     let Some(b) = blocks.iter().find(|b| b.id == 0) else {

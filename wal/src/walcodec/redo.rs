@@ -38,10 +38,9 @@ pub(super) use page::next_item_offset;
 use super::tuples::LoggedTuple;
 use super::wal::{
     le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,
+    XLOG_HEAP_INIT_PAGE,
 };
 use crate::pg::PgMajor;
-
-const INIT_PAGE: u8 = 0x80;
 
 const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;
 const HEAP_COMBOCID: u16 = 0x0020;
@@ -165,7 +164,7 @@ impl Redo {
         let Some(p) = pages.page_mut(&key) else {
             return;
         };
-        if rec.info() & INIT_PAGE != 0 {
+        if rec.info() & XLOG_HEAP_INIT_PAGE != 0 {
             init(p);
         }
         if add_item(p, &self.tuple, usize::from(off)) {
@@ -244,7 +243,7 @@ impl Redo {
         let Some(p) = pages.page_mut(&new_key) else {
             return;
         };
-        if rec.info() & INIT_PAGE != 0 {
+        if rec.info() & XLOG_HEAP_INIT_PAGE != 0 {
             init(p);
         }
         if add_item(p, &self.tuple, usize::from(new_off)) {

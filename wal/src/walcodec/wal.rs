@@ -58,6 +58,8 @@ pub const RM_XLOG_ID: u8 = 0;
 pub const RM_HEAP2_ID: u8 = 9;
 pub const RM_HEAP_ID: u8 = 10;
 pub const XLOG_HEAP_OPMASK: u8 = 0x70;
+/// XLOG_HEAP_INIT_PAGE: the record's block 0 starts as an empty page.
+pub const XLOG_HEAP_INIT_PAGE: u8 = 0x80;
 pub const XLOG_SWITCH: u8 = 0x40;
 /// XLOG_FPI (`log_newpage`: a page written whole, e.g. by an index build), all majors.
 pub const XLOG_FPI: u8 = 0xB0;
