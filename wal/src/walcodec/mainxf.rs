@@ -66,8 +66,9 @@ fn fields(rmid: u8, info: u8) -> Fields {
 /// they could evict or replace the page).
 ///
 /// On pgbench the new tuple goes to the first free line pointer of a page its prune has just
-/// compacted, or to the end of the history table's last page: the offset is what the page
-/// says nearly always.
+/// compacted, or to the end of the history table's last page; where that page is cached the
+/// offset is what it says (every prediction made over recorded pgbench WAL held). Pages a
+/// record initialised never enter the block cache, so most history inserts get none.
 pub fn predicted_offnum(rmid: u8, info: u8, blocks: &[BlockRef], pages: &dyn PageLookup) -> u16 {
     if fields(rmid, info).offnum.is_none() || blocks.iter().any(|b| b.image.is_some()) {
         return 0;
