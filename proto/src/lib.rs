@@ -35,6 +35,8 @@ pub mod link {
 /// walcodec format 12 (cache hits as matches in a stream of their own, HIT, instead of a zstd
 /// frame each), which a version-14 half refuses. 16: walcodec format 13 (a heap insert's or
 /// update's new offset as predicted from the cached page), which a version-15 half refuses.
+/// 17: walcodec format 14 (the changed bytes of an update PostgreSQL cut against its old
+/// tuple as their difference from the old tuple's), which a version-16 half refuses.
 /// The version changes with anything that changes the walcodec format or what either half's
 /// recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;

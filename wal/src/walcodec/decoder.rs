@@ -475,6 +475,17 @@ impl State {
                 _ => &mut r.data,
             };
             self.get_site(site, &[], from, d, &mut r.ctrl)?;
+            let changed = heap.filter(|_| b.id == 0).and_then(|h| {
+                h.changed_bytes(
+                    &self.rec[at..],
+                    &self.area.blocks,
+                    &self.tuples,
+                    &self.cache,
+                )
+            });
+            if let Some((k, old)) = changed {
+                tuples::changed_diff(&mut self.rec[at + k..], old, false);
+            }
             if b.id == 0 && d > 0 {
                 block0 = Some(at..at + d);
             }

@@ -55,7 +55,10 @@
 //! by the area, the two pad bytes zero, xl_crc recomputed), the area, then per block its image
 //! (from the image op) and its data (`data_length` bytes of DATA or LONG as [`data_stream`]
 //! says, or fewer when a site says
-//! its tuple is a delta), then `main_len` bytes of MAIN (the same). All images of a record are
+//! its tuple is a delta; for a heap update PostgreSQL cut against its old tuple, the changed
+//! bytes at its end as their difference from the old tuple's, where
+//! `tuples::HeapRec::changed_bytes` finds them: format 14), then `main_len` bytes of MAIN
+//! (the same). All images of a record are
 //! restored (and enter the block cache) before any data, so a tuple may refer to the image of
 //! any block of its own record. MAIN is read in two steps: first the fixed struct of a heap
 //! record (`tuples::HeapRec::main_fixed`, which locates the record's tuples), then the rest.

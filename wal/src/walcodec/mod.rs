@@ -217,6 +217,8 @@ pub mod testgen;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_changed;
+#[cfg(test)]
 mod tests_fast;
 #[cfg(test)]
 mod tests_fpi;
@@ -330,6 +332,9 @@ pub struct CodecStats {
     pub tuple_delta_saved: u64,
     /// Tuples that could have been sent as a delta but had no good reference.
     pub tuple_misses: u64,
+    /// Updates PostgreSQL cut against their old tuple whose changed bytes went as their
+    /// difference from the old ones (`HeapRec::changed_bytes`, format 14).
+    pub changed_diffs: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
     /// Per payload section (the streams in payload order, then the page frames): bytes put
@@ -382,7 +387,7 @@ pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
 pub(crate) const S_LONG: usize = 7;
 pub(crate) const S_HIT: usize = 8;
-pub(crate) const FORMAT_VERSION: u8 = 13;
+pub(crate) const FORMAT_VERSION: u8 = 14;
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

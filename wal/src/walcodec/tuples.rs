@@ -50,6 +50,15 @@
 //! tuple bytes from `t_bits` on, the form in which heap records carry them. Which records have
 //! sites is decided from bytes both ends have at that point (the record header, the block
 //! headers, the fixed part of main data), so the decoder asks the same question.
+//!
+//! An update PostgreSQL cut itself (no site) logs only the bytes between the prefix and suffix
+//! it shares with the old tuple: on pgbench, the changed bytes of a balance. Where both ends
+//! know the old tuple (tuple cache, else cached page) with the new one's length and at most
+//! [`CHANGED_MAX`] bytes changed, those go as the little-endian difference from the old
+//! tuple's bytes at the same place, wrapping in their width (format 14,
+//! [`HeapRec::changed_bytes`]): a counter's or balance's increment, whatever bytes its carry
+//! reached, instead of its new value. On recorded pgbench WAL (5 min checkpoints, warmed on
+//! 300 MB) DATA fell 18.9 → 17.8 MB and the whole 44.2 → 43.1 MB.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -379,6 +388,62 @@ impl HeapRec {
             None => tuples.remove(&new),
         }
     }
+}
+
+impl HeapRec {
+    /// For an UPDATE whose new tuple PostgreSQL cut against the old one (format 14): where in
+    /// block 0's data `d` the changed bytes start, and the old tuple's bytes at the same place
+    /// in its user data, when that tuple is known (tuple cache, else cached page), has the
+    /// new one's length, and the changed bytes are at most [`CHANGED_MAX`]. The changed bytes
+    /// then go as their difference from the old ones ([`changed_diff`]): a counter's or
+    /// balance's increment instead of its value. None for a record with any image (the
+    /// encoder has stored them by the time it writes block data, the decoder restores them
+    /// after: they could evict or replace the page on one end only).
+    pub fn changed_bytes<'a>(
+        &self,
+        d: &[u8],
+        blocks: &[BlockRef],
+        tuples: &'a TupleCache,
+        pages: &'a dyn PageLookup,
+    ) -> Option<(usize, &'a [u8])> {
+        let pre = self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0;
+        let suf = self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0;
+        if !self.is_update() || !(pre || suf) || blocks.iter().any(|b| b.image.is_some()) {
+            return None;
+        }
+        let logged = LoggedTuple::parse(d, pre, suf)?;
+        let bitmap = usize::from(logged.hdr[4]).checked_sub(TUPLE_HEADER)?;
+        let m = logged.body.len().checked_sub(bitmap)?;
+        if m == 0 || m > CHANGED_MAX {
+            return None;
+        }
+        let (ohoff, odata) = lookup(tuples, pages, self.old.as_ref()?)?;
+        let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
+        if ouser.len() != logged.prefix + m + logged.suffix {
+            return None;
+        }
+        Some((d.len() - m, &ouser[logged.prefix..logged.prefix + m]))
+    }
+}
+
+/// Most changed bytes of a cut update sent as a difference ([`HeapRec::changed_bytes`]).
+pub const CHANGED_MAX: usize = 8;
+
+/// `bytes` (little-endian, at most 8) minus `old` (encoder) or plus it (decoder), wrapping in
+/// their width: where only a number changed, its increment, whatever bytes it spans.
+pub fn changed_diff(bytes: &mut [u8], old: &[u8], forward: bool) {
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    let n = bytes.len().min(old.len()).min(8);
+    a[..n].copy_from_slice(&bytes[..n]);
+    b[..n].copy_from_slice(&old[..n]);
+    let (x, y) = (u64::from_le_bytes(a), u64::from_le_bytes(b));
+    let v = if forward {
+        x.wrapping_sub(y)
+    } else {
+        x.wrapping_add(y)
+    };
+    bytes[..n].copy_from_slice(&v.to_le_bytes()[..n]);
 }
 
 /// The newest known version of `tid`: the tuple cache, else the cached page of its block.

@@ -39,8 +39,20 @@ impl Encoder {
             if b.id == 0 && d > 0 {
                 block0 = Some(p..p + d);
             }
-            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-            self.put_site(site, data_stream(rec[17], rec[16], d), data);
+            let stream = data_stream(rec[17], rec[16], d);
+            let changed = heap
+                .filter(|_| b.id == 0)
+                .and_then(|h| h.changed_bytes(data, &blocks, &self.tuples, &self.cache));
+            if let Some((at, old)) = changed {
+                let out = &mut self.bufs[stream];
+                out.extend_from_slice(data);
+                let n = out.len();
+                tuples::changed_diff(&mut out[n - (d - at)..], old, true);
+                self.stats.changed_diffs += 1;
+            } else {
+                let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+                self.put_site(site, stream, data);
+            }
             self.stats.data_in += d as u64;
             p += d;
         }
