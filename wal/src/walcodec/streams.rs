@@ -164,21 +164,35 @@ const RING_WINDOWS: usize = 2;
 
 /// Match finding of the structural streams (CTRL, HDR, MAIN: ops, block headers, main data,
 /// a few bytes per record, repeating with small changes) at the levels where zstd's own is
-/// `dfast` with 5-byte matches (0..=[`STRUCTURAL_MAX_LEVEL`], the default 3 among them):
-/// `lazy`, matches of at least 6 bytes, 2^3 candidates searched per position. Recorded
-/// pgbench WAL at format 14 (`codec_profile FILE LSN 15 decode`, warmed on 300 MB): 5 min
-/// checkpoints 43,124,053 → 40,817,702 bytes (CTRL 4.0 → 3.2 MB, HDR 8.1 → 7.2, MAIN 11.6 →
-/// 11.0), 30 s checkpoints 13,266,962 → 12,644,649 at 5–9 % less encoding speed; a bulk load
-/// the same bytes and speed (its structural streams are 1 % of its input). `lazy2` gave 0.2 %
-/// fewer bytes for 5 % less speed; `lazy` on DATA made a bulk load's DATA 12 % larger and its
-/// encoding 3 × slower, so DATA keeps zstd's settings. The decoder reads either.
-/// While the encoder catches up ([`CStream::set_fast`]) they go back to zstd's level-3
-/// match finding, [`CATCHING_UP`], at their level.
+/// `fast`, `dfast` or `greedy` (0..=[`STRUCTURAL_MAX_LEVEL`]; the streams run at level 1 for
+/// the default `link.zstd_level = 3`, `encoder::levels`: `fast`, 7-byte matches): `lazy`,
+/// matches of at least 6 bytes, 2^3 candidates searched per position, in the hash and chain
+/// tables of the level. Recorded pgbench WAL at format 14 (`codec_profile FILE LSN 15
+/// decode`, warmed on 300 MB): 5 min checkpoints 43,124,053 → 40,820,192 bytes (CTRL 4.0 →
+/// 3.2 MB, HDR 8.1 → 7.2, MAIN 11.6 → 11.0), 30 s checkpoints 13,266,962 → 12,478,881, for
+/// 12–17 % less encoding speed; a bulk load the same bytes (its structural streams are 2 %
+/// of its input) for 7 % less. `lazy2` gave 0.2 % fewer bytes for 5 % less speed, 2^2
+/// candidates 1 % more bytes for 3 % more speed; `lazy` on DATA made a bulk load's DATA 12 %
+/// larger and its encoding 3 × slower, so DATA keeps zstd's settings. The decoder reads
+/// either. While the encoder catches up ([`CStream::set_fast`]) these streams go back to
+/// their level's own match finding ([`own_match_finding`]).
 const STRUCTURAL: MatchFinding = (zstd_safe::Strategy::ZSTD_lazy, 6, 3);
-/// zstd's own match finding at level 3: `dfast`, 5-byte matches, one search.
-const CATCHING_UP: MatchFinding = (zstd_safe::Strategy::ZSTD_dfast, 5, 1);
 /// The highest level whose settings [`STRUCTURAL`] replaces (zstd's level 6 is `lazy`).
 pub const STRUCTURAL_MAX_LEVEL: i32 = 5;
+
+/// zstd's own match finding at `level` (0..=[`STRUCTURAL_MAX_LEVEL`]; 0 is zstd's default,
+/// 3) for input of unknown size: `ZSTD_defaultCParameters[0]` of the zstd the build links
+/// (1.5.6, `zstd-sys` pinned by `Cargo.lock`).
+fn own_match_finding(level: i32) -> MatchFinding {
+    use zstd_safe::Strategy::{ZSTD_dfast, ZSTD_fast, ZSTD_greedy};
+    match level {
+        1 => (ZSTD_fast, 7, 1),
+        2 => (ZSTD_fast, 6, 1),
+        4 => (ZSTD_dfast, 5, 1),
+        5 => (ZSTD_greedy, 5, 3),
+        _ => (ZSTD_dfast, 5, 1),
+    }
+}
 
 /// Strategy, shortest match, log2 of the candidates searched per position.
 type MatchFinding = (zstd_safe::Strategy, u32, u32);
@@ -225,8 +239,8 @@ pub struct CStream {
     want_fast: bool,
     /// A frame has begun (bytes went out since the context's start or the last frame's end).
     open: bool,
-    /// Made by [`CStream::structural`] at a level it tunes: the fast settings are
-    /// [`CATCHING_UP`]'s match finding at its level.
+    /// Made by [`CStream::structural`] at a level it tunes: the fast settings are the
+    /// level's own match finding ([`own_match_finding`]).
     structural: bool,
 }
 
@@ -272,8 +286,8 @@ impl CStream {
         Ok(c)
     }
 
-    /// Asks for the fast settings ([`FAST_LEVEL`]; for a structural stream [`CATCHING_UP`]'s
-    /// match finding at its level) or the normal ones from the next input on.
+    /// Asks for the fast settings ([`FAST_LEVEL`]; for a structural stream its level's own
+    /// match finding, [`own_match_finding`]) or the normal ones from the next input on.
     pub fn set_fast(&mut self, fast: bool) {
         self.want_fast = fast;
     }
@@ -317,7 +331,11 @@ impl CStream {
         let fast = self.want_fast;
         self.fast = fast;
         if self.structural {
-            return set_match_finding(&mut self.ctx, if fast { CATCHING_UP } else { STRUCTURAL });
+            let m = match fast {
+                true => own_match_finding(self.level),
+                false => STRUCTURAL,
+            };
+            return set_match_finding(&mut self.ctx, m);
         }
         let (level, literals) = if fast {
             (FAST_LEVEL, ParamSwitch::Enable)
