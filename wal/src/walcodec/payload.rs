@@ -173,7 +173,7 @@ impl Sections {
     /// is a quarter of the encoding, they took most of the 9.5 % more bytes that every stream
     /// at the fast settings cost, for no speed (`docs/keeping-up.md`, thirty-seventh round).
     /// CTRL, HDR and MAIN only go back from `streams::STRUCTURAL`'s match finding to zstd's
-    /// own at their level, which encodes pgbench WAL 9–17 % faster for 5–6 % more bytes.
+    /// own at their level, which encodes pgbench WAL 14–16 % faster for 6 % more bytes.
     pub fn set_fast(&mut self, fast: bool) {
         for s in [S_DATA, S_LONG, S_PAGE, S_RAW, S_CTRL, S_HDR, S_MAIN] {
             self.streams[s].set_fast(fast);

@@ -172,7 +172,7 @@ const RING_WINDOWS: usize = 2;
 /// 3.2 MB, HDR 8.1 → 7.2, MAIN 11.6 → 11.0), 30 s checkpoints 13,266,962 → 12,478,881, for
 /// 12–17 % less encoding speed; a bulk load the same bytes (its structural streams are 2 %
 /// of its input) for 7 % less. `lazy2` gave 0.2 % fewer bytes for 5 % less speed, 2^2
-/// candidates 1 % more bytes for 3 % more speed; `lazy` on DATA made a bulk load's DATA 12 %
+/// candidates 1 % more bytes for 4 % more speed; `lazy` on DATA made a bulk load's DATA 12 %
 /// larger and its encoding 3 × slower, so DATA keeps zstd's settings. The decoder reads
 /// either. While the encoder catches up ([`CStream::set_fast`]) these streams go back to
 /// their level's own match finding ([`own_match_finding`]).
@@ -329,13 +329,14 @@ impl CStream {
             self.open = false;
         }
         let fast = self.want_fast;
-        self.fast = fast;
         if self.structural {
             let m = match fast {
                 true => own_match_finding(self.level),
                 false => STRUCTURAL,
             };
-            return set_match_finding(&mut self.ctx, m);
+            set_match_finding(&mut self.ctx, m)?;
+            self.fast = fast;
+            return Ok(());
         }
         let (level, literals) = if fast {
             (FAST_LEVEL, ParamSwitch::Enable)
@@ -352,6 +353,7 @@ impl CStream {
                 false => Ok(0),
             })
             .map_err(zerr)?;
+        self.fast = fast;
         Ok(())
     }
 }
