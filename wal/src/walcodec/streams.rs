@@ -242,6 +242,9 @@ pub struct CStream {
     /// Made by [`CStream::structural`] at a level it tunes: the fast settings are the
     /// level's own match finding ([`own_match_finding`]).
     structural: bool,
+    /// Made by [`CStream::structural`] at a level above those it tunes: it keeps its
+    /// settings when asked for the fast ones, as the structural streams always did.
+    fixed: bool,
 }
 
 impl CStream {
@@ -272,24 +275,29 @@ impl CStream {
             want_fast: false,
             open: false,
             structural: false,
+            fixed: false,
         })
     }
 
     /// A context for a structural stream: [`CStream::new`] with the match finding of
-    /// [`STRUCTURAL`] at levels up to [`STRUCTURAL_MAX_LEVEL`] (above, as `new`).
+    /// [`STRUCTURAL`] at levels up to [`STRUCTURAL_MAX_LEVEL`] (above, zstd's settings of
+    /// the level, kept when the fast ones are asked for).
     pub fn structural(level: i32, window_log: u32) -> Result<CStream, WalCodecError> {
         let mut c = CStream::new(level, window_log)?;
         if (0..=STRUCTURAL_MAX_LEVEL).contains(&level) {
             set_match_finding(&mut c.ctx, STRUCTURAL)?;
             c.structural = true;
+        } else {
+            c.fixed = true;
         }
         Ok(c)
     }
 
     /// Asks for the fast settings ([`FAST_LEVEL`]; for a structural stream its level's own
-    /// match finding, [`own_match_finding`]) or the normal ones from the next input on.
+    /// match finding, [`own_match_finding`], or nothing above the levels it tunes) or the
+    /// normal ones from the next input on.
     pub fn set_fast(&mut self, fast: bool) {
-        self.want_fast = fast;
+        self.want_fast = fast && !self.fixed;
     }
 
     /// Compresses `buf` and flushes, appending to `out` (nothing for no bytes).
