@@ -469,13 +469,14 @@ impl State {
             self.deferred.place(from, self.img_ends[i], rec_at);
             let d = usize::from(b.data_len);
             let at = self.rec.len();
-            let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
+            let heap0 = heap.filter(|_| b.id == 0);
+            let site = heap0.and_then(|h| h.block0_site(d));
             let from = match data_stream(self.rec[17], self.rec[16], d) {
                 S_LONG => &mut r.long,
                 _ => &mut r.data,
             };
             self.get_site(site, &[], from, d, &mut r.ctrl)?;
-            let changed = heap.filter(|_| b.id == 0).and_then(|h| {
+            let changed = heap0.and_then(|h| {
                 h.changed_bytes(
                     &self.rec[at..],
                     &self.area.blocks,

@@ -378,19 +378,15 @@ impl HeapRec {
             tuples.put(new, head, body);
             return;
         }
-        let expanded = self.old.and_then(|old| {
-            let (ohoff, odata) = lookup(tuples, pages, &old)?;
-            let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
-            logged.expand(ouser)
-        });
+        let expanded = self
+            .old_user(tuples, pages)
+            .and_then(|ouser| logged.expand(ouser));
         match expanded {
             Some(t) => tuples.put(new, head, &t),
             None => tuples.remove(&new),
         }
     }
-}
 
-impl HeapRec {
     /// For an UPDATE whose new tuple PostgreSQL cut against the old one (format 14): where in
     /// block 0's data `d` the changed bytes start, and the old tuple's bytes at the same place
     /// in its user data, when that tuple is known (tuple cache, else cached page), has the
@@ -417,12 +413,18 @@ impl HeapRec {
         if m == 0 || m > CHANGED_MAX {
             return None;
         }
-        let (ohoff, odata) = lookup(tuples, pages, self.old.as_ref()?)?;
-        let ouser = odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)?;
+        let ouser = self.old_user(tuples, pages)?;
         if ouser.len() != logged.prefix + m + logged.suffix {
             return None;
         }
         Some((d.len() - m, &ouser[logged.prefix..logged.prefix + m]))
+    }
+
+    /// The user data (from t_hoff on) of the newest known version of the old tuple: what
+    /// PostgreSQL's prefix and suffix of a cut update refer to.
+    fn old_user<'a>(&self, tuples: &'a TupleCache, pages: &'a dyn PageLookup) -> Option<&'a [u8]> {
+        let (ohoff, odata) = lookup(tuples, pages, self.old.as_ref()?)?;
+        odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)
     }
 }
 

@@ -40,18 +40,17 @@ impl Encoder {
                 block0 = Some(p..p + d);
             }
             let stream = data_stream(rec[17], rec[16], d);
-            let changed = heap
-                .filter(|_| b.id == 0)
-                .and_then(|h| h.changed_bytes(data, &blocks, &self.tuples, &self.cache));
+            let heap0 = heap.filter(|_| b.id == 0);
+            let changed =
+                heap0.and_then(|h| h.changed_bytes(data, &blocks, &self.tuples, &self.cache));
             if let Some((at, old)) = changed {
                 let out = &mut self.bufs[stream];
+                let start = out.len() + at;
                 out.extend_from_slice(data);
-                let n = out.len();
-                tuples::changed_diff(&mut out[n - (d - at)..], old, true);
+                tuples::changed_diff(&mut out[start..], old, true);
                 self.stats.changed_diffs += 1;
             } else {
-                let site = heap.filter(|_| b.id == 0).and_then(|h| h.block0_site(d));
-                self.put_site(site, stream, data);
+                self.put_site(heap0.and_then(|h| h.block0_site(d)), stream, data);
             }
             self.stats.data_in += d as u64;
             p += d;
