@@ -239,12 +239,21 @@ pub struct CStream {
     want_fast: bool,
     /// A frame has begun (bytes went out since the context's start or the last frame's end).
     open: bool,
-    /// Made by [`CStream::structural`] at a level it tunes: the fast settings are the
-    /// level's own match finding ([`own_match_finding`]).
-    structural: bool,
-    /// Made by [`CStream::structural`] at a level above those it tunes: it keeps its
-    /// settings when asked for the fast ones, as the structural streams always did.
-    fixed: bool,
+    /// What the fast settings are for this context.
+    kind: Kind,
+}
+
+/// A context's kind, which says what its fast settings are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// [`FAST_LEVEL`].
+    Plain,
+    /// Made by [`CStream::structural`] at a level it tunes: the level's own match finding
+    /// ([`own_match_finding`]) instead of [`STRUCTURAL`].
+    Structural,
+    /// Made by [`CStream::structural`] at a level above those it tunes: none, it keeps its
+    /// settings, as the structural streams always did.
+    Fixed,
 }
 
 impl CStream {
@@ -274,8 +283,7 @@ impl CStream {
             fast: false,
             want_fast: false,
             open: false,
-            structural: false,
-            fixed: false,
+            kind: Kind::Plain,
         })
     }
 
@@ -286,9 +294,9 @@ impl CStream {
         let mut c = CStream::new(level, window_log)?;
         if (0..=STRUCTURAL_MAX_LEVEL).contains(&level) {
             set_match_finding(&mut c.ctx, STRUCTURAL)?;
-            c.structural = true;
+            c.kind = Kind::Structural;
         } else {
-            c.fixed = true;
+            c.kind = Kind::Fixed;
         }
         Ok(c)
     }
@@ -297,7 +305,7 @@ impl CStream {
     /// match finding, [`own_match_finding`], or nothing above the levels it tunes) or the
     /// normal ones from the next input on.
     pub fn set_fast(&mut self, fast: bool) {
-        self.want_fast = fast && !self.fixed;
+        self.want_fast = fast && self.kind != Kind::Fixed;
     }
 
     /// Compresses `buf` and flushes, appending to `out` (nothing for no bytes).
@@ -337,7 +345,7 @@ impl CStream {
             self.open = false;
         }
         let fast = self.want_fast;
-        if self.structural {
+        if self.kind == Kind::Structural {
             let m = match fast {
                 true => own_match_finding(self.level),
                 false => STRUCTURAL,
