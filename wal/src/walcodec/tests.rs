@@ -17,6 +17,28 @@ pub(super) fn params(cache_slots: usize) -> CodecParams {
     }
 }
 
+/// A heap page (pd_special at the end) with a tuple of 40 bytes per entry of `users`, at
+/// offsets 1, 2, …: the 23-byte header with t_hoff 24, a zero byte, then the entry's 16 bytes
+/// of user data.
+pub(super) fn heap_page(users: &[[u8; 16]]) -> Box<[u8; wal::PAGE_SIZE]> {
+    const TUPLE: usize = 40;
+    let mut p = Box::new([0u8; wal::PAGE_SIZE]);
+    let mut upper = wal::PAGE_SIZE;
+    for (i, u) in users.iter().enumerate() {
+        upper -= TUPLE;
+        p[upper + 22] = 24;
+        p[upper + 24..upper + TUPLE].copy_from_slice(u);
+        let lp = (upper as u32) | (1 << 15) | ((TUPLE as u32) << 17);
+        p[24 + 4 * i..28 + 4 * i].copy_from_slice(&lp.to_le_bytes());
+    }
+    let lower = 24 + 4 * users.len();
+    p[12..14].copy_from_slice(&(lower as u16).to_le_bytes());
+    p[14..16].copy_from_slice(&(upper as u16).to_le_bytes());
+    p[16..18].copy_from_slice(&(wal::PAGE_SIZE as u16).to_le_bytes());
+    p[18..20].copy_from_slice(&(wal::PAGE_SIZE as u16 | 4).to_le_bytes());
+    p
+}
+
 /// A synthetic stream of about `bytes` bytes starting at a segment boundary, ending with an
 /// XLOG_SWITCH and some records in the next segment.
 pub(super) fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {

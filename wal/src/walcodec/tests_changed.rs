@@ -3,36 +3,17 @@
 //! the whole codec.
 
 use super::testgen::{block_key as key, GenBlock, GivenImage, Image, WalGen};
-use super::tests::params;
+use super::tests::{heap_page, params};
 use super::tuples::HeapRec;
 use super::wal::{BlockRef, PAGE_SIZE, RM_HEAP_ID};
 use super::*;
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
-/// Tuples of 40 bytes: the 23-byte header, t_hoff 24, one byte of bitmap, 16 of user data
-/// whose bytes 4..8 hold an int4.
+/// Tuples of 40 bytes (`tests::heap_page`): the 23-byte header, t_hoff 24, one byte of
+/// bitmap, 16 of user data whose bytes 4..8 hold an int4.
 const TUPLE: usize = 40;
 const USER: usize = 16;
-
-/// A heap page with one tuple per value in `ints`, at offsets 1, 2, …
-fn page_of(ints: &[i32]) -> Box<[u8; PAGE_SIZE]> {
-    let mut p = Box::new([0u8; PAGE_SIZE]);
-    let mut upper = PAGE_SIZE;
-    for (i, v) in ints.iter().enumerate() {
-        upper -= TUPLE;
-        p[upper + 22] = 24;
-        p[upper + 24..upper + 40].copy_from_slice(&user(*v));
-        let lp = (upper as u32) | (1 << 15) | ((TUPLE as u32) << 17);
-        p[24 + 4 * i..28 + 4 * i].copy_from_slice(&lp.to_le_bytes());
-    }
-    let lower = 24 + 4 * ints.len();
-    p[12..14].copy_from_slice(&(lower as u16).to_le_bytes());
-    p[14..16].copy_from_slice(&(upper as u16).to_le_bytes());
-    p[16..18].copy_from_slice(&(PAGE_SIZE as u16).to_le_bytes());
-    p[18..20].copy_from_slice(&(PAGE_SIZE as u16 | 4).to_le_bytes());
-    p
-}
 
 /// A tuple's user data holding `v`.
 fn user(v: i32) -> [u8; USER] {
@@ -101,7 +82,7 @@ fn old_bytes_seen(
 fn a_changed_number_goes_as_its_increment() {
     let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 5);
     let image = GivenImage {
-        page: page_of(&[7, 1000, 9]),
+        page: heap_page(&[user(7), user(1000), user(9)]),
         hole_offset: 36,
         hole_len: (PAGE_SIZE - 3 * TUPLE - 36) as u16,
         apply: true,

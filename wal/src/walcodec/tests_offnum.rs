@@ -3,28 +3,11 @@
 
 use super::mainxf::predicted_offnum;
 use super::testgen::{block_key as key, GenBlock, GivenImage, Image, WalGen};
-use super::tests::params;
+use super::tests::{heap_page, params};
 use super::wal::{BlockRef, RM_HEAP_ID};
 use super::*;
 use crate::lsn::Lsn;
 use crate::pg::PgMajor;
-
-/// A heap page (pd_special at the end) with `n` tuples of 40 bytes at offsets 1..=n.
-fn page_with(n: usize) -> Box<[u8; wal::PAGE_SIZE]> {
-    let mut p = Box::new([0u8; wal::PAGE_SIZE]);
-    let mut upper = wal::PAGE_SIZE;
-    for i in 0..n {
-        upper -= 40;
-        p[upper + 22] = 24;
-        let lp = (upper as u32) | (1 << 15) | (40 << 17);
-        p[24 + 4 * i..28 + 4 * i].copy_from_slice(&lp.to_le_bytes());
-    }
-    p[12..14].copy_from_slice(&((24 + 4 * n) as u16).to_le_bytes());
-    p[14..16].copy_from_slice(&(upper as u16).to_le_bytes());
-    p[16..18].copy_from_slice(&(wal::PAGE_SIZE as u16).to_le_bytes());
-    p[18..20].copy_from_slice(&(wal::PAGE_SIZE as u16 | 4).to_le_bytes());
-    p
-}
 
 /// A heap INSERT into block `blkno` of relation 16700 at `off` (17 bytes of tuple after the
 /// header), with `image` of block 0.
@@ -57,7 +40,7 @@ fn block0(blkno: u32) -> [BlockRef; 1] {
 #[test]
 fn both_ends_predict_the_offset_the_page_gives() {
     let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 5);
-    let page = page_with(3);
+    let page = heap_page(&[[0; 16]; 3]);
     let image = GivenImage {
         page: page.clone(),
         hole_offset: 36,
