@@ -60,6 +60,8 @@ pub(super) struct State {
     stored: Option<usize>,
     /// Known tuples of the block of the image being restored.
     tprefix: Vec<u8>,
+    /// A cut update's new tuple, expanded with its old version (`HeapRec::expand_cut`).
+    expanded: Vec<u8>,
     /// The current record's images, restored, and where each block's ends.
     imgs: Vec<u8>,
     img_ends: Vec<usize>,
@@ -125,6 +127,7 @@ impl Decoder {
                 stored: None,
                 imgs: Vec::new(),
                 tprefix: Vec::new(),
+                expanded: Vec::new(),
                 img_ends: Vec::new(),
                 pd: PageDecompressor::new()?,
                 rec: Vec::new(),
@@ -418,7 +421,7 @@ impl State {
             .inverse(rmid, info, xid, offnum, &mut head[..xl]);
         let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
-        let block0 = self.blocks(heap, r)?;
+        let (block0, expanded) = self.blocks(heap, r)?;
         let site = heap.and_then(|h| h.main_site(main_len));
         self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
         if let Some(h) = heap {
@@ -426,7 +429,7 @@ impl State {
                 block0.map(|x| &self.rec[x]),
                 xid,
                 &mut self.tuples,
-                &self.cache,
+                expanded.then_some(&self.expanded[..]),
             );
         }
         if self.rec.len() != tot {
@@ -440,12 +443,13 @@ impl State {
     }
 
     /// Appends every block's image and data: all images first (so tuples may refer to any of
-    /// them), then the blocks in order. Returns where block 0's data is.
+    /// them), then the blocks in order. Returns where block 0's data is, and whether a cut
+    /// update's new tuple is in `self.expanded` (`HeapRec::expand_cut`).
     fn blocks(
         &mut self,
         heap: Option<HeapRec>,
         r: &mut Sections<'_>,
-    ) -> Result<Option<std::ops::Range<usize>>, WalCodecError> {
+    ) -> Result<(Option<std::ops::Range<usize>>, bool), WalCodecError> {
         self.imgs.clear();
         self.img_ends.clear();
         self.deferred.start_record();
@@ -460,6 +464,7 @@ impl State {
             self.img_ends.push(self.imgs.len());
         }
         let mut block0 = None;
+        let mut expanded = false;
         for i in 0..self.area.blocks.len() {
             let b = self.area.blocks[i];
             let from = if i == 0 { 0 } else { self.img_ends[i - 1] };
@@ -476,22 +481,22 @@ impl State {
                 _ => &mut r.data,
             };
             self.get_site(site, &[], from, d, &mut r.ctrl)?;
-            let changed = heap0.and_then(|h| {
-                h.changed_bytes(
-                    &self.rec[at..],
-                    &self.area.blocks,
-                    &self.tuples,
-                    &self.cache,
-                )
-            });
-            if let Some((k, old)) = changed {
-                tuples::changed_diff(&mut self.rec[at + k..], old, false);
+            // A cut update's old tuple, looked up once: its changed bytes came as a
+            // difference from it, and the tuple cache gets the new tuple expanded with it.
+            let old_user = heap0.and_then(|h| h.cut_old(&self.tuples, &self.cache));
+            if let (Some(h), Some(old_user)) = (heap0, old_user) {
+                let changed = h.changed_bytes(&self.rec[at..at + d], &self.area.blocks, old_user);
+                if let Some((k, range)) = changed {
+                    tuples::changed_diff(&mut self.rec[at + k..], &old_user[range], false);
+                }
+                self.expanded.clear();
+                expanded = h.expand_cut(&self.rec[at..at + d], old_user, &mut self.expanded);
             }
             if b.id == 0 && d > 0 {
                 block0 = Some(at..at + d);
             }
         }
-        Ok(block0)
+        Ok((block0, expanded))
     }
 
     /// Writes the record out with page headers at the boundaries and its padding, and

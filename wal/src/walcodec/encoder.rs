@@ -52,6 +52,8 @@ pub struct Encoder {
     /// Main data fields derived from what both ends know (see [`super::mainxf`]).
     mainxf: MainXf,
     xmain: Vec<u8>,
+    /// A cut update's new tuple, expanded with its old version (`HeapRec::expand_cut`).
+    expanded: Vec<u8>,
     /// Heap records replayed onto cached pages (see [`super::redo`]).
     redo: Redo,
     pub(super) cache: EncCache,
@@ -129,6 +131,7 @@ impl Encoder {
             last_xid: 0,
             mainxf: MainXf::new(),
             xmain: Vec::new(),
+            expanded: Vec::new(),
             redo: Redo::new(p.pg_major),
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),

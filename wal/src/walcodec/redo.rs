@@ -138,6 +138,13 @@ impl Redo {
 
     /// A tuple as heap redo builds it: header from the record, `body` from t_bits on.
     fn build_tuple(&mut self, xid: u32, xmax: u32, hdr: &[u8], body: &[u8], blk: u32, off: u16) {
+        self.tuple_header(xid, xmax, hdr, blk, off);
+        self.tuple.extend_from_slice(body);
+    }
+
+    /// The header of a tuple as heap redo builds it (up to t_bits), from the record's
+    /// xl_heap_header `hdr`.
+    fn tuple_header(&mut self, xid: u32, xmax: u32, hdr: &[u8], blk: u32, off: u16) {
         let t = &mut self.tuple;
         t.clear();
         t.extend_from_slice(&xid.to_le_bytes());
@@ -147,7 +154,6 @@ impl Redo {
         t.extend_from_slice(&(blk as u16).to_le_bytes());
         t.extend_from_slice(&off.to_le_bytes());
         t.extend_from_slice(&hdr[..5]);
-        t.extend_from_slice(body);
     }
 
     fn insert(&mut self, rec: &Record<'_>, pages: &mut dyn PageStore) {
@@ -201,45 +207,36 @@ impl Redo {
         let Some(new_key) = new_block else {
             return;
         };
-        // The old tuple's user data (for PostgreSQL's prefix/suffix), before any change.
-        let mut old_user: Vec<u8> = Vec::new();
-        if let Some((old_key, _)) = rec.block(old_id) {
-            if let Some(p) = pages.page_mut(&old_key) {
-                if let Some(r) = tuple_range(p, usize::from(old_off)) {
-                    let hoff = usize::from(p[r.start + 22]);
-                    if let Some(u) = p.get(r.start + hoff..r.end) {
-                        old_user.extend_from_slice(u);
-                    }
-                }
-                if let Some(r) = tuple_range(p, usize::from(old_off)) {
-                    let h = &mut p[r.start..r.start + TUPLE_HEADER];
-                    set_xmax(h, old_xmax, infobits, Some(hot));
-                    set_ctid(h, new_key.blkno, new_off);
-                    set_prunable(p, rec.xid());
-                    if flags & 0x01 != 0 {
-                        set_flag(p, PD_ALL_VISIBLE, false);
-                    }
-                    set_lsn(p, rec.end_lsn);
-                }
+        let old_page = rec.block(old_id).and_then(|(k, _)| pages.page_mut(&k));
+        let old_tuple = old_page
+            .as_deref()
+            .and_then(|p| tuple_range(p, usize::from(old_off)));
+        // The new tuple first: its prefix and suffix come from the old tuple's user data,
+        // before any change.
+        let old_user = old_page
+            .as_deref()
+            .zip(old_tuple.clone())
+            .and_then(|(p, r)| p.get(r.start + usize::from(p[r.start + 22])..r.end));
+        let built = rec.block(0).and_then(|(_, data)| {
+            let logged = LoggedTuple::parse(data, flags & 0x20 != 0, flags & 0x40 != 0)?;
+            self.tuple_header(rec.xid(), new_xmax, logged.hdr, new_key.blkno, new_off);
+            logged
+                .expand_onto(old_user.unwrap_or_default(), &mut self.tuple)
+                .then_some(())
+        });
+        if let (Some(p), Some(r)) = (old_page, old_tuple) {
+            let h = &mut p[r.start..r.start + TUPLE_HEADER];
+            set_xmax(h, old_xmax, infobits, Some(hot));
+            set_ctid(h, new_key.blkno, new_off);
+            set_prunable(p, rec.xid());
+            if flags & 0x01 != 0 {
+                set_flag(p, PD_ALL_VISIBLE, false);
             }
+            set_lsn(p, rec.end_lsn);
         }
-        let Some((_, data)) = rec.block(0) else {
+        if built.is_none() {
             return;
-        };
-        let Some(logged) = LoggedTuple::parse(data, flags & 0x20 != 0, flags & 0x40 != 0) else {
-            return;
-        };
-        let Some(full) = logged.expand(&old_user) else {
-            return;
-        };
-        self.build_tuple(
-            rec.xid(),
-            new_xmax,
-            logged.hdr,
-            &full,
-            new_key.blkno,
-            new_off,
-        );
+        }
         let Some(p) = pages.page_mut(&new_key) else {
             return;
         };

@@ -66,11 +66,14 @@ fn old_bytes_seen(
     }];
     let main = update_main(old, 0);
     let h = HeapRec::parse(RM_HEAP_ID, 0x40, &blocks, &main).unwrap();
+    let seen = |old: Option<&[u8]>| {
+        let old = old?;
+        h.changed_bytes(data, &blocks, old)
+            .map(|(at, r)| (at, old[r].to_vec()))
+    };
     [
-        h.changed_bytes(data, &blocks, &enc.tuples, &enc.cache)
-            .map(|(at, o)| (at, o.to_vec())),
-        h.changed_bytes(data, &blocks, &dec.st.tuples, &dec.st.cache)
-            .map(|(at, o)| (at, o.to_vec())),
+        seen(h.cut_old(&enc.tuples, &enc.cache)),
+        seen(h.cut_old(&dec.st.tuples, &dec.st.cache)),
     ]
 }
 

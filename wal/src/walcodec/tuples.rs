@@ -298,6 +298,12 @@ impl HeapRec {
         matches!(self.op, XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE)
     }
 
+    /// An update whose new tuple PostgreSQL cut against the old one.
+    fn is_cut(&self) -> bool {
+        self.is_update()
+            && self.flags & (XLH_UPDATE_PREFIX_FROM_OLD | XLH_UPDATE_SUFFIX_FROM_OLD) != 0
+    }
+
     /// The site in block 0's data of `data_len` bytes, if any.
     pub fn block0_site(&self, data_len: usize) -> Option<Site> {
         let cut = XLH_UPDATE_PREFIX_FROM_OLD | XLH_UPDATE_SUFFIX_FROM_OLD;
@@ -331,14 +337,15 @@ impl HeapRec {
 
     /// After the whole record (`block0` = block 0's data, restored): what it wrote into the
     /// tuple cache, unless it is an INSERT into a relation that only gets inserts
-    /// ([`inserts`]). Updates whose new tuple PostgreSQL cut against the old one are expanded
-    /// with the old version when it is known (else the TID is forgotten).
+    /// ([`inserts`]). An update whose new tuple PostgreSQL cut against the old one goes in as
+    /// `expanded` (its tuple from t_bits on, [`HeapRec::expand_cut`]); without it the TID is
+    /// forgotten.
     pub fn feed(
         &self,
         block0: Option<&[u8]>,
         xid: u32,
         tuples: &mut TupleCache,
-        pages: &dyn PageLookup,
+        expanded: Option<&[u8]>,
     ) {
         if self.op == XLOG_HEAP_INSERT {
             if self.new.is_some_and(|n| !tuples.inserts.insert(&n.block)) {
@@ -358,73 +365,84 @@ impl HeapRec {
             tuples.remove(&new);
             return;
         };
-        let Some(logged) = LoggedTuple::parse(
-            d,
-            self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0 && self.is_update(),
-            self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0 && self.is_update(),
-        ) else {
+        let Some(logged) = self.logged(d) else {
             tuples.remove(&new);
             return;
         };
-        let (hdr, body) = (logged.hdr, logged.body);
-        let hoff = hdr[4];
+        let hdr = logged.hdr;
         let head = Head {
             xmin: xid,
             infomask2: u16::from_le_bytes([hdr[0], hdr[1]]),
             infomask: u16::from_le_bytes([hdr[2], hdr[3]]),
-            hoff,
+            hoff: hdr[4],
         };
-        if logged.prefix == 0 && logged.suffix == 0 {
-            tuples.put(new, head, body);
-            return;
-        }
-        let expanded = self
-            .old_user(tuples, pages)
-            .and_then(|ouser| logged.expand(ouser));
         match expanded {
-            Some(t) => tuples.put(new, head, &t),
+            _ if logged.prefix == 0 && logged.suffix == 0 => tuples.put(new, head, logged.body),
+            Some(t) => tuples.put(new, head, t),
             None => tuples.remove(&new),
         }
     }
 
-    /// For an UPDATE whose new tuple PostgreSQL cut against the old one (format 14): where in
-    /// block 0's data `d` the changed bytes start, and the old tuple's bytes at the same place
-    /// in its user data, when that tuple is known (tuple cache, else cached page), has the
-    /// new one's length, and the changed bytes are at most [`CHANGED_MAX`]. The changed bytes
+    /// The new tuple as block 0's data `d` carries it, with PostgreSQL's prefix and suffix
+    /// lengths when this is an update that has them.
+    fn logged<'d>(&self, d: &'d [u8]) -> Option<LoggedTuple<'d>> {
+        let update = self.is_update();
+        LoggedTuple::parse(
+            d,
+            update && self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0,
+            update && self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0,
+        )
+    }
+
+    /// For an UPDATE whose new tuple PostgreSQL cut against the old one (a prefix or suffix
+    /// from the old version): the user data (from t_hoff on) of the newest known version of
+    /// the old tuple, which the prefix and suffix refer to (tuple cache, else cached page).
+    /// Each end looks it up once per record, after the record's images and before its data
+    /// is written ([`HeapRec::changed_bytes`], [`HeapRec::expand_cut`]).
+    pub fn cut_old<'a>(
+        &self,
+        tuples: &'a TupleCache,
+        pages: &'a dyn PageLookup,
+    ) -> Option<&'a [u8]> {
+        if !self.is_cut() {
+            return None;
+        }
+        let (ohoff, odata) = lookup(tuples, pages, self.old.as_ref()?)?;
+        odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)
+    }
+
+    /// A cut update's new tuple from t_bits on (block 0's data `d`, restored), its prefix and
+    /// suffix taken from `old_user` ([`HeapRec::cut_old`]), appended to `out`; false when
+    /// the lengths do not fit.
+    pub fn expand_cut(&self, d: &[u8], old_user: &[u8], out: &mut Vec<u8>) -> bool {
+        self.logged(d)
+            .is_some_and(|logged| logged.expand_onto(old_user, out))
+    }
+
+    /// For a cut UPDATE (format 14) with the old tuple's user data `old_user`
+    /// ([`HeapRec::cut_old`]): where in block 0's data `d` the changed bytes start, and where
+    /// the old tuple's bytes at the same place are in `old_user`, when the old tuple has the
+    /// new one's length and the changed bytes are at most [`CHANGED_MAX`]. The changed bytes
     /// then go as their difference from the old ones ([`changed_diff`]): a counter's or
     /// balance's increment instead of its value. None for a record with any image (the
     /// encoder has stored them by the time it writes block data, the decoder restores them
     /// after: they could evict or replace the page on one end only).
-    pub fn changed_bytes<'a>(
+    pub fn changed_bytes(
         &self,
         d: &[u8],
         blocks: &[BlockRef],
-        tuples: &'a TupleCache,
-        pages: &'a dyn PageLookup,
-    ) -> Option<(usize, &'a [u8])> {
-        let pre = self.flags & XLH_UPDATE_PREFIX_FROM_OLD != 0;
-        let suf = self.flags & XLH_UPDATE_SUFFIX_FROM_OLD != 0;
-        if !self.is_update() || !(pre || suf) || blocks.iter().any(|b| b.image.is_some()) {
+        old_user: &[u8],
+    ) -> Option<(usize, std::ops::Range<usize>)> {
+        if !self.is_cut() || blocks.iter().any(|b| b.image.is_some()) {
             return None;
         }
-        let logged = LoggedTuple::parse(d, pre, suf)?;
+        let logged = self.logged(d)?;
         let bitmap = usize::from(logged.hdr[4]).checked_sub(TUPLE_HEADER)?;
         let m = logged.body.len().checked_sub(bitmap)?;
-        if m == 0 || m > CHANGED_MAX {
+        if m == 0 || m > CHANGED_MAX || old_user.len() != logged.prefix + m + logged.suffix {
             return None;
         }
-        let ouser = self.old_user(tuples, pages)?;
-        if ouser.len() != logged.prefix + m + logged.suffix {
-            return None;
-        }
-        Some((d.len() - m, &ouser[logged.prefix..logged.prefix + m]))
-    }
-
-    /// The user data (from t_hoff on) of the newest known version of the old tuple: what
-    /// PostgreSQL's prefix and suffix of a cut update refer to.
-    fn old_user<'a>(&self, tuples: &'a TupleCache, pages: &'a dyn PageLookup) -> Option<&'a [u8]> {
-        let (ohoff, odata) = lookup(tuples, pages, self.old.as_ref()?)?;
-        odata.get(usize::from(ohoff).checked_sub(TUPLE_HEADER)?..)
+        Some((d.len() - m, logged.prefix..logged.prefix + m))
     }
 }
 

@@ -19,6 +19,7 @@ impl Encoder {
             rec[17] == RM_XLOG_ID && matches!(rec[16] & 0xF0, XLOG_FPI | XLOG_FPI_FOR_HINT);
         let mut res = Ok(());
         let mut block0 = None;
+        let mut expanded = false;
         // Every image first (so tuples may refer to any of them), then the data in order.
         let mut q = p;
         for b in &blocks {
@@ -41,8 +42,17 @@ impl Encoder {
             }
             let stream = data_stream(rec[17], rec[16], d);
             let heap0 = heap.filter(|_| b.id == 0);
-            let changed =
-                heap0.and_then(|h| h.changed_bytes(data, &blocks, &self.tuples, &self.cache));
+            // A cut update's old tuple, looked up once: its changed bytes go as a difference
+            // from it, and the tuple cache gets the new tuple expanded with it.
+            let old_user = heap0.and_then(|h| h.cut_old(&self.tuples, &self.cache));
+            let mut changed = None;
+            if let (Some(h), Some(old_user)) = (heap0, old_user) {
+                self.expanded.clear();
+                expanded = h.expand_cut(data, old_user, &mut self.expanded);
+                changed = h
+                    .changed_bytes(data, &blocks, old_user)
+                    .map(|(at, r)| (at, &old_user[r]));
+            }
             if let Some((at, old)) = changed {
                 let out = &mut self.bufs[stream];
                 let start = out.len() + at;
@@ -73,7 +83,8 @@ impl Encoder {
         }
         self.stats.data_in += (tot - p) as u64;
         if let Some(h) = heap {
-            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, &self.cache);
+            let expanded = expanded.then_some(&self.expanded[..]);
+            h.feed(block0.map(|r| &rec[r]), xid, &mut self.tuples, expanded);
         }
         Ok(())
     }

@@ -39,23 +39,26 @@ impl<'a> LoggedTuple<'a> {
         })
     }
 
-    /// The tuple from t_bits on with the shared prefix and suffix taken from the old tuple's
-    /// user data: bitmap (t_hoff - 23 bytes) ++ prefix ++ the logged rest ++ suffix. None when
-    /// the lengths do not fit.
-    pub fn expand(&self, old_user: &[u8]) -> Option<Vec<u8>> {
+    /// Appends to `out` the tuple from t_bits on with the shared prefix and suffix taken
+    /// from the old tuple's user data: bitmap (t_hoff - 23 bytes) ++ prefix ++ the logged
+    /// rest ++ suffix. False (`out` as it was) when the lengths do not fit.
+    pub fn expand_onto(&self, old_user: &[u8], out: &mut Vec<u8>) -> bool {
         let body = self.body;
-        let bitmap = usize::from(self.hdr[4])
+        let Some(bitmap) = usize::from(self.hdr[4])
             .checked_sub(TUPLE_HEADER)
-            .filter(|&b| b <= body.len())?;
+            .filter(|&b| b <= body.len())
+        else {
+            return false;
+        };
         let (prefix, suffix) = (self.prefix, self.suffix);
         if prefix + suffix > old_user.len() {
-            return None;
+            return false;
         }
-        let mut t = Vec::with_capacity(body.len() + prefix + suffix);
-        t.extend_from_slice(&body[..bitmap]);
-        t.extend_from_slice(&old_user[..prefix]);
-        t.extend_from_slice(&body[bitmap..]);
-        t.extend_from_slice(&old_user[old_user.len() - suffix..]);
-        Some(t)
+        out.reserve(body.len() + prefix + suffix);
+        out.extend_from_slice(&body[..bitmap]);
+        out.extend_from_slice(&old_user[..prefix]);
+        out.extend_from_slice(&body[bitmap..]);
+        out.extend_from_slice(&old_user[old_user.len() - suffix..]);
+        true
     }
 }

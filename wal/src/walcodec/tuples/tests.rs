@@ -110,6 +110,16 @@ fn update_to_another_page_uses_the_old_tuple_of_the_cached_page() {
     assert!(HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_UPDATE, &blocks, &main[..10]).is_none());
 }
 
+/// What both ends do with a heap record's block 0 data `d` once the record is written: a cut
+/// update's new tuple expanded with the old one's known version, then the tuple cache fed.
+fn feed(h: &HeapRec, d: Option<&[u8]>, xid: u32, tuples: &mut TupleCache) {
+    let mut expanded = Vec::new();
+    let ok = d
+        .zip(h.cut_old(tuples, &NoPages))
+        .is_some_and(|(d, old)| h.expand_cut(d, old, &mut expanded));
+    h.feed(d, xid, tuples, ok.then_some(&expanded[..]));
+}
+
 #[test]
 fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
     let mut tuples = TupleCache::new(1 << 20);
@@ -118,7 +128,7 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
     ins.extend_from_slice(b"hello, this is the user data");
     let blocks = [block(0, 3, ins.len() as u16)];
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_INSERT, &blocks, &[1, 0, 0]).unwrap();
-    h.feed(Some(&ins), 900, &mut tuples, &NoPages);
+    feed(&h, Some(&ins), 900, &mut tuples);
     assert_eq!(tuples.get(&tid(3, 1)), Some(&ins[5..]));
     // HOT UPDATE (3,1) -> (3,2) with prefix 7 ("hello, ") and suffix 9 ("user data").
     let mut upd = vec![7u8, 0, 9, 0, 0, 0, 0, 0, 24, 0xAA];
@@ -129,7 +139,7 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
         2,
     );
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_HOT_UPDATE, &blocks, &main).unwrap();
-    h.feed(Some(&upd), 901, &mut tuples, &NoPages);
+    feed(&h, Some(&upd), 901, &mut tuples);
     let mut want = vec![0xAA];
     want.extend_from_slice(b"hello, that was the user data");
     assert_eq!(tuples.get(&tid(3, 2)), Some(&want[..]));
@@ -140,13 +150,13 @@ fn feed_expands_postgres_prefix_and_suffix_with_the_old_version() {
         2,
     );
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_HOT_UPDATE, &blocks, &main).unwrap();
-    h.feed(Some(&upd), 901, &mut tuples, &NoPages);
+    feed(&h, Some(&upd), 901, &mut tuples);
     assert!(tuples.get(&tid(3, 2)).is_none());
     // A DELETE forgets the tuple.
     let mut del = vec![0u8; SIZE_DELETE];
     del[4] = 1;
     let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_DELETE, &blocks, &del).unwrap();
-    h.feed(None, 902, &mut tuples, &NoPages);
+    feed(&h, None, 902, &mut tuples);
     assert!(tuples.get(&tid(3, 1)).is_none());
 }
 
@@ -162,7 +172,7 @@ fn page_prefix_rebuilds_tuple_headers() {
         let blocks = [block(0, 0x1_0003, ins.len() as u16)];
         let main = [off as u8, 0, 0];
         let h = HeapRec::parse(RM_HEAP_ID, XLOG_HEAP_INSERT, &blocks, &main).unwrap();
-        h.feed(Some(&ins), xid, &mut tuples, &NoPages);
+        feed(&h, Some(&ins), xid, &mut tuples);
     }
     let mut out = Vec::new();
     // pd_lower 32: line pointers 1 and 2.
