@@ -196,6 +196,10 @@ fn print_stats(st: &CodecStats) {
          {} B in → {} B out",
         st.records_split, st.records_held, st.raw_in, st.raw_out
     );
+    println!(
+        "prunes predicted: {}, of them exactly: {}",
+        st.prunes_predicted, st.prunes_exact
+    );
 }
 
 /// The counters `now` less `before` (the timed part's, after a warm-up).
@@ -213,6 +217,8 @@ fn since(before: &CodecStats, now: &CodecStats) -> CodecStats {
     st.fpi_hit_out -= before.fpi_hit_out;
     st.records_split -= before.records_split;
     st.records_held -= before.records_held;
+    st.prunes_predicted -= before.prunes_predicted;
+    st.prunes_exact -= before.prunes_exact;
     st.section_in
         .copy_from_slice(&sub(&now.section_in, &before.section_in));
     st.section_out

@@ -37,6 +37,8 @@ pub mod link {
 /// update's new offset as predicted from the cached page), which a version-15 half refuses.
 /// 17: walcodec format 14 (the changed bytes of an update PostgreSQL cut against its old
 /// tuple as their difference from the old tuple's), which a version-16 half refuses.
+/// 18: walcodec format 15 (a prune of PostgreSQL 14-16 as its difference from the prune
+/// both ends predict from the cached page), which a version-17 half refuses.
 /// The version changes with anything that changes the walcodec format or what either half's
 /// recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;

@@ -7,6 +7,7 @@ use super::fpi::{self, Recompressor};
 use super::mainxf::{self, MainXf};
 use super::pagexf::PageXf;
 use super::payload::{self, DecSections};
+use super::prunexf;
 use super::redo::{self, Redo};
 use super::streams::{history_log, unzigzag, PageDecompressor, Reader};
 use super::tracker::Tracker;
@@ -62,6 +63,8 @@ pub(super) struct State {
     tprefix: Vec<u8>,
     /// A cut update's new tuple, expanded with its old version (`HeapRec::expand_cut`).
     expanded: Vec<u8>,
+    /// The prune the record being restored was sent against (`prunexf`).
+    prune: prunexf::Prediction,
     /// The current record's images, restored, and where each block's ends.
     imgs: Vec<u8>,
     img_ends: Vec<usize>,
@@ -128,6 +131,7 @@ impl Decoder {
                 imgs: Vec::new(),
                 tprefix: Vec::new(),
                 expanded: Vec::new(),
+                prune: prunexf::Prediction::default(),
                 img_ends: Vec::new(),
                 pd: PageDecompressor::new()?,
                 rec: Vec::new(),
@@ -407,8 +411,17 @@ impl State {
         // The fixed part of main data first: it says where the record's tuples belong (and
         // the fields `mainxf` transformed, undone).
         let main_len = self.area.main_len as usize;
+        let prune = prunexf::predict_record(
+            self.pg_major,
+            (rmid, info),
+            &self.area.blocks,
+            &self.cache,
+            &self.redo.candidates,
+            &mut self.prune,
+        );
         let head_len = HeapRec::main_fixed(rmid, info)
             .max(MainXf::len(rmid, info))
+            .max(if prune { prunexf::MAIN_LEN } else { 0 })
             .min(main_len);
         let mut head = [0u8; 16];
         let head = head
@@ -419,9 +432,12 @@ impl State {
         let offnum = mainxf::predicted_offnum(rmid, info, &self.area.blocks, &self.cache);
         self.mainxf
             .inverse(rmid, info, xid, offnum, &mut head[..xl]);
+        if prune {
+            prunexf::apply_main(head, &self.prune);
+        }
         let main_head = &*head;
         let heap = HeapRec::parse(rmid, info, &self.area.blocks, main_head);
-        let (block0, expanded) = self.blocks(heap, r)?;
+        let (block0, expanded) = self.blocks(heap, prune, r)?;
         let site = heap.and_then(|h| h.main_site(main_len));
         self.get_site(site, main_head, &mut r.main, main_len, &mut r.ctrl)?;
         if let Some(h) = heap {
@@ -448,6 +464,7 @@ impl State {
     fn blocks(
         &mut self,
         heap: Option<HeapRec>,
+        prune: bool,
         r: &mut Sections<'_>,
     ) -> Result<(Option<std::ops::Range<usize>>, bool), WalCodecError> {
         self.imgs.clear();
@@ -481,6 +498,9 @@ impl State {
                 _ => &mut r.data,
             };
             self.get_site(site, &[], from, d, &mut r.ctrl)?;
+            if prune && b.id == 0 {
+                prunexf::apply_data(&mut self.rec[at..at + d], &self.prune);
+            }
             // A cut update's old tuple, looked up once: its changed bytes came as a
             // difference from it, and the tuple cache gets the new tuple expanded with it.
             let old_user = heap0.and_then(|h| h.cut_old(&self.tuples, &self.cache));

@@ -10,6 +10,7 @@ use super::hitparse::HitParse;
 use super::mainxf::MainXf;
 use super::pagexf::PageXf;
 use super::payload;
+use super::prunexf;
 use super::redo::{self, Redo};
 use super::rmgr::{Marks, RmgrTally};
 use super::streams::{history_log, put_varint, zigzag, PageCompressor};
@@ -54,6 +55,8 @@ pub struct Encoder {
     xmain: Vec<u8>,
     /// A cut update's new tuple, expanded with its old version (`HeapRec::expand_cut`).
     expanded: Vec<u8>,
+    /// The prune the record being encoded is sent against (`prunexf`).
+    prune: prunexf::Prediction,
     /// Heap records replayed onto cached pages (see [`super::redo`]).
     redo: Redo,
     pub(super) cache: EncCache,
@@ -132,6 +135,7 @@ impl Encoder {
             mainxf: MainXf::new(),
             xmain: Vec::new(),
             expanded: Vec::new(),
+            prune: prunexf::Prediction::default(),
             redo: Redo::new(p.pg_major),
             cache: EncCache::new(slots_for(p.block_cache_bytes)),
             tuples: TupleCache::new(TupleCache::bytes_for(p.block_cache_bytes)),

@@ -203,6 +203,7 @@ mod payload;
 pub mod persist;
 pub mod pglz;
 mod prefetch;
+pub mod prunexf;
 mod redo;
 pub mod rmgr;
 mod streams;
@@ -232,6 +233,8 @@ mod tests_inserts;
 mod tests_long;
 #[cfg(test)]
 mod tests_offnum;
+#[cfg(test)]
+mod tests_prune;
 #[cfg(test)]
 mod tests_ring;
 #[cfg(test)]
@@ -335,6 +338,11 @@ pub struct CodecStats {
     /// Updates PostgreSQL cut against their old tuple whose changed bytes went as their
     /// difference from the old ones (`HeapRec::changed_bytes`, format 14).
     pub changed_diffs: u64,
+    /// Heap2 PRUNE records of PostgreSQL 14-16 sent as their difference from the prune both
+    /// ends predict from the cached page (`prunexf`, format 15), and of them those the
+    /// prediction matched whole.
+    pub prunes_predicted: u64,
+    pub prunes_exact: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
     /// Per payload section (the streams in payload order, then the page frames): bytes put
@@ -387,7 +395,13 @@ pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
 pub(crate) const S_LONG: usize = 7;
 pub(crate) const S_HIT: usize = 8;
-pub(crate) const FORMAT_VERSION: u8 = 14;
+pub(crate) const FORMAT_VERSION: u8 = 15;
+// A payload's first byte is the format version, or `0x10 |` it for a combined payload
+// (`payload::COMBINED`): from format 16 on that scheme cannot tell the two apart.
+const _: () = assert!(
+    FORMAT_VERSION < 0x10,
+    "format 16 needs a new payload format byte scheme (payload::SEPARATE, COMBINED)"
+);
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {
     if p.max_message_bytes == 0 || p.max_message_bytes > (1 << 30) {

@@ -35,6 +35,7 @@ use page::*;
 
 pub(super) use page::next_item_offset;
 
+use super::prunexf::{self, Candidates};
 use super::tuples::LoggedTuple;
 use super::wal::{
     le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,
@@ -64,6 +65,8 @@ pub struct Redo {
     major: Option<PgMajor>,
     scratch: Box<PageBuf>,
     tuple: Vec<u8>,
+    /// Where each block's next prune looks for dead tuples (`prunexf`).
+    pub candidates: Candidates,
 }
 
 /// One record, as both ends have it after encoding / restoring it.
@@ -118,6 +121,7 @@ impl Redo {
             major,
             scratch: Box::new([0; PAGE_SIZE]),
             tuple: Vec::new(),
+            candidates: Candidates::default(),
         }
     }
 
@@ -132,6 +136,35 @@ impl Redo {
             (RM_HEAP_ID, 0x10) => xmax_change(rec, pages, false),
             (RM_HEAP_ID, 0x60) => xmax_change(rec, pages, true),
             (RM_HEAP2_ID, op) => self.heap2(rec, op, pages),
+            _ => {}
+        }
+        if prunexf::applies(self.major, RM_HEAP2_ID, 0x10) {
+            self.track(rec, pages);
+        }
+    }
+
+    /// Keeps [`Candidates`] in step with the record: blocks it images forgotten, the tuple an
+    /// UPDATE, HOT_UPDATE or DELETE gave an xmax touched, a PRUNE's block started again.
+    fn track(&mut self, rec: &Record<'_>, pages: &mut dyn PageStore) {
+        let blocks = &rec.area.blocks;
+        for b in blocks.iter().filter(|b| b.image.is_some()) {
+            self.candidates.forget(&b.key);
+        }
+        let key = |id: u8| blocks.iter().find(|b| b.id == id).map(|b| b.key);
+        match (rec.rmid(), rec.info() & 0x70) {
+            (RM_HEAP_ID, op @ (0x10 | 0x20 | 0x40)) => {
+                // xl_heap_delete and xl_heap_update: the old tuple's offset at 4.
+                let id = u8::from(op != 0x10 && rec.has_block(1));
+                if let (Some(k), Some(off)) = (key(id), le16(rec.main(), 4)) {
+                    self.candidates.touched(&k, off);
+                }
+            }
+            (RM_HEAP2_ID, 0x10) => {
+                if let Some(k) = key(0) {
+                    let page = pages.page_mut(&k).map(|p| &*p);
+                    self.candidates.pruned(&k, page);
+                }
+            }
             _ => {}
         }
     }

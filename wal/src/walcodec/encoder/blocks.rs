@@ -5,6 +5,7 @@
 use super::*;
 use crate::walcodec::cache::Plan;
 use crate::walcodec::mainxf;
+use crate::walcodec::prunexf;
 
 impl Encoder {
     /// Images and data, in block order, then main data (tuples as deltas, main data fields
@@ -14,12 +15,21 @@ impl Encoder {
         let mut p = REC_HDR + self.area.len;
         let main = &rec[tot - self.area.main_len as usize..];
         let heap = HeapRec::parse(rec[17], rec[16], &self.area.blocks, main);
+        let prune = prunexf::predict_record(
+            self.pg_major,
+            (rec[17], rec[16]),
+            &self.area.blocks,
+            &self.cache,
+            &self.redo.candidates,
+            &mut self.prune,
+        );
         let blocks = std::mem::take(&mut self.area.blocks);
         self.seldom_reimaged =
             rec[17] == RM_XLOG_ID && matches!(rec[16] & 0xF0, XLOG_FPI | XLOG_FPI_FOR_HINT);
         let mut res = Ok(());
         let mut block0 = None;
         let mut expanded = false;
+        let mut prune_zero = prune;
         // Every image first (so tuples may refer to any of them), then the data in order.
         let mut q = p;
         for b in &blocks {
@@ -59,6 +69,13 @@ impl Encoder {
                 out.extend_from_slice(data);
                 tuples::changed_diff(&mut out[start..], old, true);
                 self.stats.changed_diffs += 1;
+            } else if prune && b.id == 0 {
+                let out = &mut self.bufs[stream];
+                let start = out.len();
+                out.extend_from_slice(data);
+                prunexf::apply_data(&mut out[start..], &self.prune);
+                prune_zero &= data.len() == 2 * self.prune.offsets.len()
+                    && out[start..].iter().all(|&x| x == 0);
             } else {
                 self.put_site(heap0.and_then(|h| h.block0_site(d)), stream, data);
             }
@@ -69,13 +86,21 @@ impl Encoder {
         res?;
         let site = heap.and_then(|h| h.main_site(main.len()));
         let xl = MainXf::len(rec[17], rec[16]).min(main.len());
-        if xl > 0 {
+        let pl = if prune { prunexf::MAIN_LEN } else { 0 }.min(main.len());
+        if xl > 0 || pl > 0 {
             let mut xmain = std::mem::take(&mut self.xmain);
             xmain.clear();
             xmain.extend_from_slice(main);
             let offnum = mainxf::predicted_offnum(rec[17], rec[16], &self.area.blocks, &self.cache);
             self.mainxf
                 .forward(rec[17], rec[16], xid, offnum, &mut xmain[..xl]);
+            prunexf::apply_main(&mut xmain[..pl], &self.prune);
+            if prune {
+                self.stats.prunes_predicted += 1;
+                if prune_zero && pl == prunexf::MAIN_LEN && xmain[..pl].iter().all(|&x| x == 0) {
+                    self.stats.prunes_exact += 1;
+                }
+            }
             self.put_site(site, S_MAIN, &xmain);
             self.xmain = xmain;
         } else {
