@@ -39,6 +39,19 @@ pub(super) fn heap_page(users: &[[u8; 16]]) -> Box<[u8; wal::PAGE_SIZE]> {
     p
 }
 
+/// Encodes and decodes `g.buf[from..to]` as one message, checking every byte (no record is
+/// cut by a message boundary, which would send it raw and keep it from the tuple cache).
+pub(super) fn relay(enc: &mut Encoder, dec: &mut Decoder, g: &WalGen, from: usize, to: usize) {
+    let (mut pl, mut out) = (Vec::new(), Vec::new());
+    let lsn = Lsn(g.start + from as u64);
+    enc.encode(lsn, &g.buf[from..to], &mut pl).unwrap();
+    dec.decode(lsn, &pl, to - from, &mut out).unwrap();
+    assert!(
+        out == g.buf[from..to],
+        "message at {lsn} restored differently"
+    );
+}
+
 /// A synthetic stream of about `bytes` bytes starting at a segment boundary, ending with an
 /// XLOG_SWITCH and some records in the next segment.
 pub(super) fn synthetic(seed: u64, bytes: usize, blocks: u32) -> WalGen {

@@ -2,9 +2,9 @@
 //! and back ([`tuples`]`::inserts`), through the whole codec.
 
 use super::testgen::{block_key as key, Entropy, GenBlock, Image, WalGen};
+use super::tests::relay;
 use super::tuples::COLD_AFTER;
 use super::*;
-use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 /// A heap record (`info`) of relation 16600 whose block 0 (`blkno`) carries the new tuple
@@ -34,19 +34,6 @@ fn update(g: &mut WalGen, body: &[u8]) {
     main[4..6].copy_from_slice(&1u16.to_le_bytes());
     main[12..14].copy_from_slice(&2u16.to_le_bytes());
     heap(g, 0x20, 901, 0, body, &main);
-}
-
-/// Encodes and decodes `g.buf[from..to]` as one message, checking every byte (no record is
-/// cut by a message boundary, which would send it raw and keep it from the tuple cache).
-fn relay(enc: &mut Encoder, dec: &mut Decoder, g: &WalGen, from: usize, to: usize) {
-    let (mut pl, mut out) = (Vec::new(), Vec::new());
-    let lsn = Lsn(g.start + from as u64);
-    enc.encode(lsn, &g.buf[from..to], &mut pl).unwrap();
-    dec.decode(lsn, &pl, to - from, &mut out).unwrap();
-    assert!(
-        out == g.buf[from..to],
-        "message at {lsn} restored differently"
-    );
 }
 
 #[test]

@@ -2,10 +2,9 @@
 //! the cached page (format 15, [`prunexf`]), through the whole codec.
 
 use super::testgen::{block_key as key, GenBlock, GivenImage, Image, WalGen};
-use super::tests::{heap_page, params};
+use super::tests::{heap_page, params, relay};
 use super::wal::{PAGE_SIZE, RM_HEAP2_ID, RM_HEAP_ID};
 use super::*;
-use crate::lsn::Lsn;
 use crate::pg::PgMajor;
 
 /// xl_heap_update of a HOT update by 900 from `old` to `new`, nothing cut.
@@ -48,30 +47,37 @@ fn offsets(o: &[u16]) -> Vec<u8> {
     o.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// A generator of `major`'s WAL whose first record images block (16800, 0): a heap page of
+/// three live tuples of 40 bytes.
+fn imaged(major: PgMajor) -> WalGen {
+    let mut g = WalGen::new(major, 64 << 20, 0, 7);
+    let image = GivenImage {
+        page: heap_page(&[[0x11u8; 16]; 3]),
+        hole_offset: 36,
+        hole_len: (PAGE_SIZE - 3 * 40 - 36) as u16,
+        apply: true,
+        compressed: None,
+    };
+    let image = Image::Given(image);
+    record(
+        &mut g,
+        RM_HEAP_ID,
+        0x40,
+        0,
+        image,
+        Vec::new(),
+        &update_main(3, 3),
+    );
+    g
+}
+
 /// After an image of a page and a HOT update of its second tuple, the prune PostgreSQL logs
 /// (the root redirected to the new version, the updater as horizon) is the one both ends
 /// predicted; a prune that differs, and one of a page never seen, still come back byte for
 /// byte, however the messages are cut.
 #[test]
 fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
-    let mut g = WalGen::new(PgMajor::V15, 64 << 20, 0, 7);
-    let users = [[0x11u8; 16]; 3];
-    let image = GivenImage {
-        page: heap_page(&users),
-        hole_offset: 36,
-        hole_len: (PAGE_SIZE - 3 * 40 - 36) as u16,
-        apply: true,
-        compressed: None,
-    };
-    record(
-        &mut g,
-        RM_HEAP_ID,
-        0x40,
-        0,
-        Image::Given(image),
-        Vec::new(),
-        &update_main(3, 3),
-    );
+    let mut g = imaged(PgMajor::V15);
     // HOT update (0, 2) → (0, 4): the new version heap-only, 16 bytes of user data.
     let mut tuple = vec![0x03, 0x80, 0x02, 0x28, 24, 0];
     tuple.extend_from_slice(&[0x22; 16]);
@@ -115,14 +121,7 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
         let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
         let mut from = 0;
         for &to in &cuts {
-            let (mut pl, mut out) = (Vec::new(), Vec::new());
-            let lsn = Lsn(g.start + from as u64);
-            enc.encode(lsn, &g.buf[from..to], &mut pl).unwrap();
-            dec.decode(lsn, &pl, to - from, &mut out).unwrap();
-            assert!(
-                out == g.buf[from..to],
-                "cuts {cuts:?}: {from}..{to} restored differently"
-            );
+            relay(&mut enc, &mut dec, &g, from, to);
             from = to;
         }
         let st = enc.stats();
@@ -137,23 +136,7 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
 /// The same records from PostgreSQL 17 are not predicted (its prunes are logged differently).
 #[test]
 fn prunes_of_17_are_not_predicted() {
-    let mut g = WalGen::new(PgMajor::V17, 64 << 20, 0, 7);
-    let image = GivenImage {
-        page: heap_page(&[[0x11u8; 16]; 3]),
-        hole_offset: 36,
-        hole_len: (PAGE_SIZE - 3 * 40 - 36) as u16,
-        apply: true,
-        compressed: None,
-    };
-    record(
-        &mut g,
-        RM_HEAP_ID,
-        0x40,
-        0,
-        Image::Given(image),
-        Vec::new(),
-        &update_main(3, 3),
-    );
+    let mut g = imaged(PgMajor::V17);
     // xl_heap_prune of 17: reason, flags (redirected array: 0x20), then its count and pairs.
     let mut data = 1u16.to_le_bytes().to_vec();
     data.extend(offsets(&[2, 3]));
@@ -163,10 +146,6 @@ fn prunes_of_17_are_not_predicted() {
         ..params(64)
     };
     let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
-    let (mut pl, mut out) = (Vec::new(), Vec::new());
-    enc.encode(Lsn(g.start), &g.buf, &mut pl).unwrap();
-    dec.decode(Lsn(g.start), &pl, g.buf.len(), &mut out)
-        .unwrap();
-    assert!(out == g.buf);
+    relay(&mut enc, &mut dec, &g, 0, g.buf.len());
     assert_eq!(enc.stats().prunes_predicted, 0);
 }
