@@ -30,7 +30,7 @@
 //! from is already restored, and no later step writes into it (disjoint heads, all after
 //! the line pointer array). Any 8192 bytes map to 8192 bytes and back; nothing can fail.
 
-use super::wal::{max_offset, PAGE_HEADER, PAGE_SIZE};
+use super::wal::{item_id, max_offset, PAGE_HEADER, PAGE_SIZE};
 
 /// Bytes of an item taken as its head.
 const HEAD: usize = 32;
@@ -123,7 +123,7 @@ impl PageXf {
         // One bit per byte of the page: heads overlap iff they mark a byte twice.
         let mut bits = [0u64; PAGE_SIZE / 64];
         for v in p[PAGE_HEADER..lower].chunks_exact(4).map(u32_of) {
-            let (off, flags, len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
+            let (off, flags, len) = item_id(v);
             if flags != 0 && len > 0 && off >= lower && off + len <= PAGE_SIZE {
                 let hl = len.min(HEAD);
                 if !mark(&mut bits, off, hl) {
@@ -374,7 +374,7 @@ mod tests {
         let mut items = Vec::new();
         for i in 0..n {
             let v = lp(page, i);
-            let (off, flags, len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
+            let (off, flags, len) = item_id(v);
             if flags != 0 && len > 0 && off >= lower && off + len <= PAGE_SIZE {
                 items.push((off, len.min(HEAD)));
             }

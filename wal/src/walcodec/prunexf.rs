@@ -33,24 +33,16 @@
 
 use super::prefetch::prefetch;
 use super::tuples::PageLookup;
-use super::wal::{le16, le32, max_offset, BlockKey, BlockRef, PAGE_SIZE, RM_HEAP2_ID};
+use super::wal::{
+    item_id, le16, le32, line_pointer, max_offset, BlockKey, BlockRef, HEAP_HOT_UPDATED,
+    HEAP_ONLY_TUPLE, HEAP_XMAX_INVALID, HEAP_XMAX_IS_MULTI, HEAP_XMAX_LOCK_ONLY,
+    HEAP_XMIN_COMMITTED, HEAP_XMIN_INVALID, LP_NORMAL, LP_REDIRECT, MAX_HEAP_TUPLES, PAGE_SIZE,
+    RM_HEAP2_ID, TUPLE_HEADER,
+};
 use crate::pg::PgMajor;
 
-/// MaxHeapTuplesPerPage for 8 kB pages: a page claiming more line pointers is not predicted.
-const MAX_ITEMS: usize = 291;
 /// Bytes of main data the prediction covers.
 pub const MAIN_LEN: usize = 8;
-
-const LP_NORMAL: u32 = 1;
-const LP_REDIRECT: u32 = 2;
-
-const HEAP_XMIN_COMMITTED: u16 = 0x0100;
-const HEAP_XMIN_INVALID: u16 = 0x0200;
-const HEAP_XMAX_LOCK_ONLY: u16 = 0x0080;
-const HEAP_XMAX_INVALID: u16 = 0x0800;
-const HEAP_XMAX_IS_MULTI: u16 = 0x1000;
-const HEAP_HOT_UPDATED: u16 = 0x4000;
-const HEAP_ONLY_TUPLE: u16 = 0x8000;
 
 /// A prune as both ends predict it; kept between records for its buffers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -163,22 +155,13 @@ impl Candidates {
         let mut kept = 0;
         for i in 0..usize::from(e.len) {
             let off = e.offs[i];
-            if lp_flags(page, usize::from(off)) == Some(LP_NORMAL) {
+            if line_pointer(page, usize::from(off)).is_some_and(|(_, f, _)| f == LP_NORMAL) {
                 e.offs[kept] = off;
                 kept += 1;
             }
         }
         e.len = kept as u8;
     }
-}
-
-/// The flags of line pointer `off` of `page`, if it has one.
-fn lp_flags(page: &[u8; PAGE_SIZE], off: usize) -> Option<u32> {
-    let n = max_offset(page)?;
-    (1..=n).contains(&off).then(|| {
-        let v = le32(page, 24 + 4 * (off - 1)).unwrap_or(0);
-        (v >> 15) & 3
-    })
 }
 
 /// Whether `rmid`/`info` is a prune this module predicts for `major`.
@@ -222,7 +205,7 @@ struct Tuple {
 
 impl Tuple {
     fn at(page: &[u8; PAGE_SIZE], at: usize, len: usize) -> Option<Tuple> {
-        if len < 23 || at + len > PAGE_SIZE {
+        if len < TUPLE_HEADER || at + len > PAGE_SIZE {
             return None;
         }
         Some(Tuple {
@@ -274,18 +257,17 @@ struct Pruner<'p> {
     page: &'p [u8; PAGE_SIZE],
     n: usize,
     /// The line pointers, 1-based (0 past `n`).
-    lps: [u32; MAX_ITEMS + 1],
-    marked: [bool; MAX_ITEMS + 1],
+    lps: [u32; MAX_HEAP_TUPLES + 1],
+    marked: [bool; MAX_HEAP_TUPLES + 1],
     horizon: u32,
     /// The chain being followed (chainitems).
-    items: [u16; MAX_ITEMS],
+    items: [u16; MAX_HEAP_TUPLES],
 }
 
 impl Pruner<'_> {
     /// Line pointer `off`: (lp_off, lp_flags, lp_len).
     fn lp(&self, off: usize) -> (usize, u32, usize) {
-        let v = self.lps.get(off).copied().unwrap_or(0);
-        ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
+        item_id(self.lps.get(off).copied().unwrap_or(0))
     }
 
     fn tuple(&self, off: usize) -> Option<Tuple> {
@@ -316,7 +298,7 @@ impl Pruner<'_> {
         let (mut nchain, mut latest_dead) = (0usize, None);
         let (mut off, mut prior_xmax) = (root, None);
         loop {
-            if off == 0 || off > self.n || self.marked[off] || nchain == MAX_ITEMS {
+            if off == 0 || off > self.n || self.marked[off] || nchain == MAX_HEAP_TUPLES {
                 break;
             }
             let (_, flags, _) = self.lp(off);
@@ -435,10 +417,10 @@ pub fn predict(page: &[u8; PAGE_SIZE], touched: Option<&[u16]>, out: &mut Predic
     out.redirected.clear();
     out.dead.clear();
     out.unused.clear();
-    let Some(n) = max_offset(page).filter(|&n| n <= MAX_ITEMS) else {
+    let Some(n) = max_offset(page).filter(|&n| n <= MAX_HEAP_TUPLES) else {
         return false;
     };
-    let mut lps = [0u32; MAX_ITEMS + 1];
+    let mut lps = [0u32; MAX_HEAP_TUPLES + 1];
     for (v, c) in lps[1..=n]
         .iter_mut()
         .zip(page[24..24 + 4 * n].chunks_exact(4))
@@ -449,9 +431,9 @@ pub fn predict(page: &[u8; PAGE_SIZE], touched: Option<&[u16]>, out: &mut Predic
         page,
         n,
         lps,
-        marked: [false; MAX_ITEMS + 1],
+        marked: [false; MAX_HEAP_TUPLES + 1],
         horizon: 0,
-        items: [0; MAX_ITEMS],
+        items: [0; MAX_HEAP_TUPLES],
     };
     match touched {
         None => p.every_chain(out),

@@ -38,22 +38,21 @@ pub(super) use page::next_item_offset;
 use super::prunexf::{self, Candidates};
 use super::tuples::LoggedTuple;
 use super::wal::{
-    le16, le32, max_offset, Area, BlockKey, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,
+    le16, le32, max_offset, Area, BlockKey, HEAP_COMBOCID, HEAP_HOT_UPDATED, HEAP_KEYS_UPDATED,
+    HEAP_XMAX_COMMITTED, HEAP_XMAX_EXCL_LOCK, HEAP_XMAX_INVALID, HEAP_XMAX_IS_MULTI,
+    HEAP_XMAX_KEYSHR_LOCK, HEAP_XMAX_LOCK_ONLY, PAGE_SIZE, REC_HDR, RM_HEAP2_ID, RM_HEAP_ID,
     XLOG_HEAP_INIT_PAGE,
 };
 use crate::pg::PgMajor;
 
-const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;
-const HEAP_COMBOCID: u16 = 0x0020;
-const HEAP_XMAX_EXCL_LOCK: u16 = 0x0040;
-const HEAP_XMAX_LOCK_ONLY: u16 = 0x0080;
-const HEAP_XMAX_IS_MULTI: u16 = 0x1000;
 const HEAP_LOCK_MASK: u16 = HEAP_XMAX_EXCL_LOCK | HEAP_XMAX_KEYSHR_LOCK;
-const HEAP_XMAX_BITS: u16 =
-    0x0400 | 0x0800 | HEAP_XMAX_IS_MULTI | HEAP_LOCK_MASK | HEAP_XMAX_LOCK_ONLY;
+const HEAP_XMAX_BITS: u16 = HEAP_XMAX_COMMITTED
+    | HEAP_XMAX_INVALID
+    | HEAP_XMAX_IS_MULTI
+    | HEAP_LOCK_MASK
+    | HEAP_XMAX_LOCK_ONLY;
+/// HEAP_MOVED_OFF | HEAP_MOVED_IN (t_infomask).
 const HEAP_MOVED: u16 = 0x4000 | 0x8000;
-const HEAP_KEYS_UPDATED: u16 = 0x2000;
-const HEAP_HOT_UPDATED: u16 = 0x4000;
 
 /// Access to the block cache's pages by block, on either end.
 pub trait PageStore {

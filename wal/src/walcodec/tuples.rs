@@ -62,7 +62,10 @@
 
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::wal::{le16, BlockKey, BlockRef, PAGE_HEADER, PAGE_SIZE};
+use super::wal::{
+    item_id, le16, BlockKey, BlockRef, HEAP_XMIN_COMMITTED, LP_NORMAL, MAX_HEAP_TUPLES,
+    PAGE_HEADER, PAGE_SIZE, TUPLE_HEADER,
+};
 
 mod inserts;
 mod logged;
@@ -82,8 +85,6 @@ const SIZE_INSERT: usize = 3;
 const SIZE_DELETE: usize = 8;
 const SIZE_UPDATE: usize = 14;
 const SIZE_HEAP_HEADER: usize = 5;
-/// `SizeofHeapTupleHeader` (offsetof t_bits): heap records carry tuples from here on.
-const TUPLE_HEADER: usize = 23;
 const XLH_UPDATE_CONTAINS_OLD: u8 = 0x04 | 0x08;
 const XLH_UPDATE_PREFIX_FROM_OLD: u8 = 0x20;
 const XLH_UPDATE_SUFFIX_FROM_OLD: u8 = 0x40;
@@ -158,11 +159,6 @@ impl Head {
     }
 }
 
-const HEAP_XMIN_COMMITTED: u16 = 0x0100;
-
-/// Most line pointers of an 8 KiB heap page (`MaxHeapTuplesPerPage`).
-const MAX_TUPLES_PER_PAGE: usize = 291;
-
 /// The known tuples of block `key` (the tuple cache's, in offset order, at most a page of
 /// bytes) into `out`: page frames of the block's image are compressed against them, since an
 /// image holds the tuples that records wrote into the page since its previous image. The line
@@ -172,7 +168,7 @@ pub fn page_prefix(tuples: &TupleCache, key: &BlockKey, hole_offset: u16, out: &
     if key.fork != 0 || !tuples.may_hold(key) {
         return;
     }
-    let n = (usize::from(hole_offset).saturating_sub(PAGE_HEADER) / 4).min(MAX_TUPLES_PER_PAGE);
+    let n = (usize::from(hole_offset).saturating_sub(PAGE_HEADER) / 4).min(MAX_HEAP_TUPLES);
     for off in 1..=n as u16 {
         let tid = Tid { block: *key, off };
         if let Some((head, data)) = tuples.get_with_head(&tid) {
@@ -198,8 +194,8 @@ pub fn tuple_in_page(page: &[u8; PAGE_SIZE], off: u16) -> Option<(u8, &[u8])> {
         return None;
     }
     let v = u32::from_le_bytes(page[i..i + 4].try_into().ok()?);
-    let (lp_off, lp_flags, lp_len) = ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize);
-    if lp_flags != 1 || lp_len <= TUPLE_HEADER || lp_off + lp_len > PAGE_SIZE {
+    let (lp_off, lp_flags, lp_len) = item_id(v);
+    if lp_flags != LP_NORMAL || lp_len <= TUPLE_HEADER || lp_off + lp_len > PAGE_SIZE {
         return None;
     }
     Some((
@@ -306,10 +302,9 @@ impl HeapRec {
 
     /// The site in block 0's data of `data_len` bytes, if any.
     pub fn block0_site(&self, data_len: usize) -> Option<Site> {
-        let cut = XLH_UPDATE_PREFIX_FROM_OLD | XLH_UPDATE_SUFFIX_FROM_OLD;
         let ok = match self.op {
             XLOG_HEAP_INSERT => true,
-            _ if self.is_update() => self.flags & cut == 0,
+            _ if self.is_update() => !self.is_cut(),
             _ => false,
         };
         (ok && data_len > SIZE_HEAP_HEADER + MIN_SAVING).then_some(Site {

@@ -33,6 +33,45 @@ pub fn page_bounds(p: &[u8; PAGE_SIZE]) -> Option<(usize, usize, usize)> {
     ok.then_some((lower, upper, special))
 }
 
+/// lp_flags of a line pointer (itemid.h).
+pub const LP_UNUSED: u32 = 0;
+pub const LP_NORMAL: u32 = 1;
+pub const LP_REDIRECT: u32 = 2;
+pub const LP_DEAD: u32 = 3;
+
+/// SizeofHeapTupleHeader.
+pub const TUPLE_HEADER: usize = 23;
+/// MaxHeapTuplesPerPage of 8 KiB pages.
+pub const MAX_HEAP_TUPLES: usize = 291;
+
+/// t_infomask bits (htup_details.h).
+pub const HEAP_XMAX_KEYSHR_LOCK: u16 = 0x0010;
+pub const HEAP_COMBOCID: u16 = 0x0020;
+pub const HEAP_XMAX_EXCL_LOCK: u16 = 0x0040;
+pub const HEAP_XMAX_LOCK_ONLY: u16 = 0x0080;
+pub const HEAP_XMIN_COMMITTED: u16 = 0x0100;
+pub const HEAP_XMIN_INVALID: u16 = 0x0200;
+pub const HEAP_XMAX_COMMITTED: u16 = 0x0400;
+pub const HEAP_XMAX_INVALID: u16 = 0x0800;
+pub const HEAP_XMAX_IS_MULTI: u16 = 0x1000;
+/// t_infomask2 bits.
+pub const HEAP_KEYS_UPDATED: u16 = 0x2000;
+pub const HEAP_HOT_UPDATED: u16 = 0x4000;
+pub const HEAP_ONLY_TUPLE: u16 = 0x8000;
+
+/// A line pointer's 4-byte word (ItemIdData): (lp_off, lp_flags, lp_len).
+pub fn item_id(v: u32) -> (usize, u32, usize) {
+    ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
+}
+
+/// Line pointer `off` (1-based) of page `p`, if the page has it: (lp_off, lp_flags, lp_len).
+pub fn line_pointer(p: &[u8; PAGE_SIZE], off: usize) -> Option<(usize, u32, usize)> {
+    if off == 0 || off > max_offset(p)? {
+        return None;
+    }
+    le32(p, PAGE_HEADER + 4 * (off - 1)).map(item_id)
+}
+
 /// PageGetMaxOffsetNumber: how many line pointers page `p` has, if its layout is standard
 /// ([`page_bounds`]).
 pub fn max_offset(p: &[u8; PAGE_SIZE]) -> Option<usize> {

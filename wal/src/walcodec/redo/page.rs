@@ -3,22 +3,18 @@
 //! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
 //! the page as it is or partly changed (the result is only a prediction).
 
-use crate::walcodec::wal::{le32, max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE};
+use crate::walcodec::wal::{
+    item_id, le32, line_pointer, max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE,
+};
+pub use crate::walcodec::wal::{
+    LP_DEAD, LP_NORMAL, LP_REDIRECT, LP_UNUSED, MAX_HEAP_TUPLES, TUPLE_HEADER,
+};
 
 pub type PageBuf = [u8; PAGE_SIZE];
-
-pub const LP_UNUSED: u32 = 0;
-pub const LP_NORMAL: u32 = 1;
-pub const LP_REDIRECT: u32 = 2;
-pub const LP_DEAD: u32 = 3;
 
 pub(super) const PD_HAS_FREE_LINES: u16 = 0x0001;
 pub const PD_PAGE_FULL: u16 = 0x0002;
 pub const PD_ALL_VISIBLE: u16 = 0x0004;
-/// SizeofHeapTupleHeader.
-pub const TUPLE_HEADER: usize = 23;
-/// MaxHeapTuplesPerPage.
-pub(super) const MAX_TUPLES: usize = 291;
 
 // (One bounds check and one load each: byte by byte, the line pointer reads were a fifth of
 // PageRepairFragmentation's instructions.)
@@ -41,10 +37,7 @@ pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
 
 /// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
 pub fn lp(p: &PageBuf, off: usize) -> Option<(usize, u32, usize)> {
-    if off == 0 || off > max_offset(p)? {
-        return None;
-    }
-    Some(lp_raw(p, off))
+    line_pointer(p, off)
 }
 
 pub fn set_lp(p: &mut PageBuf, off: usize, lp_off: usize, flags: u32, len: usize) {
@@ -81,7 +74,7 @@ pub fn add_item(p: &mut PageBuf, item: &[u8], offnum: usize) -> bool {
         return false;
     };
     let limit = (lower - PAGE_HEADER) / 4 + 1;
-    if offnum == 0 || offnum > limit || offnum > MAX_TUPLES {
+    if offnum == 0 || offnum > limit || offnum > MAX_HEAP_TUPLES {
         return false;
     }
     if offnum < limit {
@@ -114,17 +107,12 @@ pub fn next_item_offset(p: &PageBuf) -> Option<usize> {
     } else {
         None
     };
-    Some(free.unwrap_or(n + 1)).filter(|&off| off <= MAX_TUPLES)
+    Some(free.unwrap_or(n + 1)).filter(|&off| off <= MAX_HEAP_TUPLES)
 }
 
 /// Line pointer `off` (1-based, at most the number of line pointers) without checks.
 fn lp_raw(p: &PageBuf, off: usize) -> (usize, u32, usize) {
-    lp_fields(u32_at(p, PAGE_HEADER + 4 * (off - 1)))
-}
-
-/// A line pointer's word: (lp_off, lp_flags, lp_len).
-fn lp_fields(v: u32) -> (usize, u32, usize) {
-    ((v & 0x7fff) as usize, (v >> 15) & 3, (v >> 17) as usize)
+    item_id(u32_at(p, PAGE_HEADER + 4 * (off - 1)))
 }
 
 /// PageRepairFragmentation (PostgreSQL 14+: tuples packed from pd_special down in line
@@ -194,7 +182,7 @@ fn scan_items(p: &mut PageBuf, n: usize, upper: usize, special: usize) -> Option
     let lps = &mut p[PAGE_HEADER..PAGE_HEADER + 4 * n];
     for (i, raw) in lps.chunks_exact_mut(4).enumerate() {
         let v = le32(raw, 0).expect("four bytes");
-        let (at, flags, len) = lp_fields(v);
+        let (at, flags, len) = item_id(v);
         if flags == LP_UNUSED {
             raw.fill(0);
             items.nunused += 1;

@@ -385,7 +385,7 @@ fn the_next_item_offset_is_the_one_page_add_item_takes() {
     assert_eq!(next_item_offset(&p), Some(3));
     // A full line pointer array, and garbage.
     let mut full = empty_page();
-    set_u16(&mut full, 12, (PAGE_HEADER + 4 * MAX_TUPLES) as u16);
+    set_u16(&mut full, 12, (PAGE_HEADER + 4 * MAX_HEAP_TUPLES) as u16);
     assert_eq!(next_item_offset(&full), None);
     assert_eq!(next_item_offset(&[0xff; PAGE_SIZE]), None);
 }
