@@ -38,7 +38,9 @@ pub mod link {
 /// 17: walcodec format 14 (the changed bytes of an update PostgreSQL cut against its old
 /// tuple as their difference from the old tuple's), which a version-16 half refuses.
 /// 18: walcodec format 15 (a prune of PostgreSQL 14-16 as its difference from the prune
-/// both ends predict from the cached page), which a version-17 half refuses.
+/// both ends predict from the cached page), which a version-17 half refuses. 19: walcodec
+/// format 16 (prunes of PostgreSQL 17-18 predicted too; a combined payload's mode byte
+/// `0x80 |` the format version), which a version-18 half refuses.
 /// The version changes with anything that changes the walcodec format or what either half's
 /// recompression of images gives.
-pub const PROTOCOL_VERSION: u32 = 18;
+pub const PROTOCOL_VERSION: u32 = 19;

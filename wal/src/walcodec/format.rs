@@ -57,9 +57,10 @@
 //! says, or fewer when a site says
 //! its tuple is a delta; for a heap update PostgreSQL cut against its old tuple, the changed
 //! bytes at its end as their difference from the old tuple's, where
-//! `tuples::HeapRec::changed_bytes` finds them: format 14; for a prune of PostgreSQL 14-16,
-//! its offsets XOR those predicted from the cached page, `prunexf`: format 15), then
-//! `main_len` bytes of MAIN (the same; a prune's first 8 XOR the prediction's). All images
+//! `tuples::HeapRec::changed_bytes` finds them: format 14; for a prune on access, its data
+//! XOR that predicted from the cached page, `prunexf`: format 15 for PostgreSQL 14-16, 16
+//! for 17-18 too), then `main_len` bytes of MAIN (the same; a prune's first 8 XOR the
+//! prediction's). All images
 //! of a record are
 //! restored (and enter the block cache) before any data, so a tuple may refer to the image of
 //! any block of its own record. MAIN is read in two steps: first the fixed struct of a heap

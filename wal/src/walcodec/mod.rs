@@ -115,11 +115,12 @@
 //! number as the step from the one named last in its relation and fork (`areaxf.rs`); HDR's
 //! cap rises to 2 × raw_len + 1024. Warmed on 200 MB: pgbench 6.3 % fewer bytes, pgbench
 //! with zstd images 6.7 % (after the hits' change). An older decoder refuses a payload of a
-//! newer version by the first byte.
+//! newer version by the first byte (since version 16, `0x80 |` the version for a combined
+//! payload, which `0x10 |` could no longer tell from a separate one).
 //!
 //! ```text
-//! payload  = 0x0c present:varint clen:varint × (present sections) sections FPI-bytes
-//!          | 0x1c clen:varint combined-chunk FPI-bytes
+//! payload  = 0x10 present:varint clen:varint × (present sections) sections FPI-bytes
+//!          | 0x90 clen:varint combined-chunk FPI-bytes
 //! ```
 //!
 //! (the framing in detail: `payload.rs`).
@@ -338,9 +339,10 @@ pub struct CodecStats {
     /// Updates PostgreSQL cut against their old tuple whose changed bytes went as their
     /// difference from the old ones (`HeapRec::changed_bytes`, format 14).
     pub changed_diffs: u64,
-    /// Heap2 PRUNE records of PostgreSQL 14-16 sent as their difference from the prune both
-    /// ends predict from the cached page (`prunexf`, format 15), and of them those the
-    /// prediction matched whole.
+    /// Prunes on access sent as their difference from the prune both ends predict from the
+    /// cached page (`prunexf`: format 15 for PostgreSQL 14-16, 16 for 17-18), and of them
+    /// those the prediction matched whole (on 17-18 with the `reason` byte PostgreSQL leaves
+    /// unset, which misses where it is not 0).
     pub prunes_predicted: u64,
     pub prunes_exact: u64,
     /// Bytes in and out per resource manager, for encoded records.
@@ -395,12 +397,13 @@ pub(crate) const S_PAGE: usize = 5;
 pub(crate) const S_MAIN: usize = 6;
 pub(crate) const S_LONG: usize = 7;
 pub(crate) const S_HIT: usize = 8;
-pub(crate) const FORMAT_VERSION: u8 = 15;
-// A payload's first byte is the format version, or `0x10 |` it for a combined payload
-// (`payload::COMBINED`): from format 16 on that scheme cannot tell the two apart.
+pub(crate) const FORMAT_VERSION: u8 = 16;
+// A payload's first byte is the format version, or `0x80 |` it for a combined payload
+// (`payload::COMBINED`; until format 15 `0x10 |`): from format 128 on that scheme cannot
+// tell the two apart.
 const _: () = assert!(
-    FORMAT_VERSION < 0x10,
-    "format 16 needs a new payload format byte scheme (payload::SEPARATE, COMBINED)"
+    FORMAT_VERSION < 0x80,
+    "format 128 needs a new payload format byte scheme (payload::SEPARATE, COMBINED)"
 );
 
 fn check_params(p: &CodecParams) -> Result<(), WalCodecError> {

@@ -1,15 +1,16 @@
-//! The payload's framing: which sections a message has and where they are (format version 12;
-//! the framing is that of version 3 with an eighth and a ninth stream and `present` a varint).
+//! The payload's framing: which sections a message has and where they are (format version 16;
+//! the framing is that of version 3 with an eighth and a ninth stream and `present` a varint,
+//! and since 16 the combined mode byte `0x80 |` the version instead of `0x10 |`).
 //!
 //! ```text
 //! payload  = separate | combined
-//! separate = 0x0c present:varint clen:varint × (sections present) section × (present) FPI-bytes
+//! separate = 0x10 present:varint clen:varint × (sections present) section × (present) FPI-bytes
 //!            present: bit s (0..=8) set when stream s (CTRL, HDR, DATA, RAW, IMG, PAGE, MAIN,
 //!            LONG, HIT) has bytes this message, bit 9 when there are page frames (FPI);
 //!            each present stream's section is `clen` bytes of its own streaming zstd
 //!            context, flushed (ZSTD_e_flush); the FPI bytes are the rest of the payload (bit
 //!            9 set iff any)
-//! combined = 0x1c clen:varint chunk FPI-bytes
+//! combined = 0x90 clen:varint chunk FPI-bytes
 //!            chunk: `clen` bytes of the COMBINED streaming zstd context, flushed, which
 //!            decompress to ulen:varint × 9 then the 9 streams' bytes in order; FPI as above
 //! ```
@@ -37,7 +38,7 @@ use super::{
 };
 
 pub const SEPARATE: u8 = FORMAT_VERSION;
-pub const COMBINED: u8 = 0x10 | FORMAT_VERSION;
+pub const COMBINED: u8 = 0x80 | FORMAT_VERSION;
 /// The bit of a separate payload's `present` that says page frames follow the sections
 /// (the streams have the bits below it).
 const FPI_BIT: usize = STREAMS;

@@ -1,28 +1,36 @@
-//! A prune of PostgreSQL 14–16 predicted from the cached page (format 15).
+//! A prune predicted from the cached page (format 15: PostgreSQL 14–16; format 16: 17–18 too).
 //!
-//! A Heap2 PRUNE record (`heap_page_prune`, logged when a page is pruned on access, as pgbench
-//! does before nearly every update of `pgbench_accounts`) names what it removed: the HOT
-//! chains' roots redirected to their first live member, roots that died, the members freed.
-//! Both ends hold the page as redo left it before the record, with each chain's tuples, their
-//! xmax and `t_ctid`. From it they predict the record as `heap_page_prune` would write it if
-//! every tuple with a valid updating or deleting xmax were dead ([`predict`]), and the record
-//! goes as its difference from that prediction:
+//! A prune on access (`heap_page_prune` in 14–16, `heap_page_prune_and_freeze` in 17–18,
+//! logged when a page is pruned as pgbench does before nearly every update of
+//! `pgbench_accounts`) names what it removed: the HOT chains' roots redirected to their first
+//! live member, roots that died, the members freed. Both ends hold the page as redo left it
+//! before the record, with each chain's tuples, their xmax and `t_ctid`. From it they predict
+//! the record as PostgreSQL would write it if every tuple with a valid updating or deleting
+//! xmax were dead ([`predict`]), and the record goes as its difference from that prediction:
 //!
 //! ```text
-//! Heap2 PRUNE of PostgreSQL 14-16 (info & 0x70 = 0x10), no image in the record, block 0's
-//! page cached:
+//! A prune on access, no image in the record, block 0's page cached:
+//!   PostgreSQL 14-16, Heap2 PRUNE (info & 0x70 = 0x10):
 //!     main data bytes 0..8 (horizon u32le, nredirected u16le, ndead u16le) XOR the
 //!     prediction's
-//!     block 0's data, u16le offsets (redirected pairs, dead, unused), each XOR the
-//!     prediction's offset at the same place (0 past its end)
+//!     block 0's data (u16le offsets: redirected pairs, dead, unused) XOR the prediction's
+//!     bytes at the same place (0 past their end)
+//!   PostgreSQL 17-18, Heap2 PRUNE_ON_ACCESS (info & 0x70 = 0x10):
+//!     main data bytes 0..6 (reason, flags, [horizon u32le when flags has
+//!     XLHP_HAS_CONFLICT_HORIZON]) XOR the prediction's (reason 0; flags XLHP_CLEANUP_LOCK,
+//!     the horizon's bit when it is valid, each array's bit when it has entries)
+//!     block 0's data (for each array present: count u16le, then its u16le offsets) XOR the
+//!     prediction's bytes at the same place (0 past their end)
 //! ```
 //!
 //! Zeros where the prediction holds; a prediction that misses costs bytes, never a byte of
 //! the result (XOR is its own inverse, and both ends predict from the same page). PostgreSQL
 //! decides a tuple is dead against the oldest snapshot still running, which no WAL carries:
 //! where a concurrent transaction still sees an old version, or its updater has not
-//! committed, the prediction has removed too much. PostgreSQL 17 logs prunes differently
-//! (`XLOG_HEAP2_PRUNE_ON_ACCESS` and its freeze plans): not predicted.
+//! committed, the prediction has removed too much. A VACUUM's prunes (17–18: with freeze
+//! plans) are not predicted. PostgreSQL 17–18 never set xl_heap_prune's `reason` byte (the
+//! record's info says why): it is whatever the stack held, 0 in 99.8 % of recorded pgbench
+//! prunes of 17 and 67 % of 18's, so on 18 a third of the prunes miss by that byte alone.
 //!
 //! Recorded PostgreSQL 15 WAL (`codec_profile FILE LSN 15 decode`, warmed; the sixty-fifth
 //! round of `docs/keeping-up.md`): 99.9 % of pgbench's prunes at 5 min checkpoints and 98.7 %
@@ -41,16 +49,47 @@ use super::wal::{
 };
 use crate::pg::PgMajor;
 
-/// Bytes of main data the prediction covers.
+/// Most bytes of main data the prediction covers.
 pub const MAIN_LEN: usize = 8;
+
+/// How a major logs a prune on access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// 14–16: xl_heap_prune {horizon, nredirected, ndead [, isCatalogRel (16)]}; block 0's
+    /// data the three arrays without counts.
+    V14,
+    /// 17–18: xl_heap_prune {reason, flags [, horizon]}; block 0's data each array present
+    /// as its count and offsets; heap-only tuples no chain reached looked at after every
+    /// chain (`prune_freeze_plan`), not in line pointer order among them.
+    V17,
+}
+
+impl Layout {
+    pub fn of(major: Option<PgMajor>) -> Option<Layout> {
+        match major? {
+            PgMajor::V14 | PgMajor::V15 | PgMajor::V16 => Some(Layout::V14),
+            PgMajor::V17 | PgMajor::V18 => Some(Layout::V17),
+        }
+    }
+}
+
+/// xl_heap_prune's flags (17–18).
+const XLHP_CLEANUP_LOCK: u8 = 0x04;
+const XLHP_HAS_CONFLICT_HORIZON: u8 = 0x08;
+const XLHP_HAS_REDIRECTIONS: u8 = 0x20;
+const XLHP_HAS_DEAD_ITEMS: u8 = 0x40;
+const XLHP_HAS_NOW_UNUSED_ITEMS: u8 = 0x80;
 
 /// A prune as both ends predict it; kept between records for its buffers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Prediction {
-    /// Main data bytes 0..8: the conflict horizon, nredirected, ndead.
+    /// Main data's first bytes (zeros past `main_len`).
     pub main: [u8; MAIN_LEN],
-    /// Block 0's offsets: redirected pairs, then dead, then unused.
-    pub offsets: Vec<u16>,
+    /// How many bytes of main data are predicted: 8 (14–16), 2 or 6 (17–18: without or with
+    /// a conflict horizon).
+    pub main_len: usize,
+    /// Block 0's data.
+    pub data: Vec<u8>,
     redirected: Vec<u16>,
     dead: Vec<u16>,
     unused: Vec<u16>,
@@ -164,9 +203,19 @@ impl Candidates {
     }
 }
 
-/// Whether `rmid`/`info` is a prune this module predicts for `major`.
+/// Whether `rmid`/`info` is a prune this module predicts for `major`: a prune on access.
 pub fn applies(major: Option<PgMajor>, rmid: u8, info: u8) -> bool {
-    rmid == RM_HEAP2_ID && info & 0x70 == 0x10 && major.is_some_and(|m| m < PgMajor::V17)
+    rmid == RM_HEAP2_ID && info & 0x70 == 0x10 && Layout::of(major).is_some()
+}
+
+/// Whether a Heap2 record of `op` (info & 0x70) prunes its page for `major`: the prune on
+/// access, and in 17–18 also VACUUM's (PRUNE_VACUUM_SCAN, PRUNE_VACUUM_CLEANUP).
+pub fn prunes_page(major: Option<PgMajor>, op: u8) -> bool {
+    match Layout::of(major) {
+        Some(Layout::V14) => op == 0x10,
+        Some(Layout::V17) => matches!(op, 0x10 | 0x20 | 0x30),
+        None => false,
+    }
 }
 
 /// Predicts the record (`rmid`, `info`, `blocks`) into `out` when it is a prune this module
@@ -182,6 +231,9 @@ pub fn predict_record(
     candidates: &Candidates,
     out: &mut Prediction,
 ) -> bool {
+    let Some(layout) = Layout::of(major) else {
+        return false;
+    };
     if !applies(major, rmid, info) || blocks.iter().any(|b| b.image.is_some()) {
         return false;
     }
@@ -190,7 +242,7 @@ pub fn predict_record(
     };
     pages
         .page_of(&b.key)
-        .is_some_and(|page| predict(page, candidates.get(&b.key), out))
+        .is_some_and(|page| predict(page, candidates.get(&b.key), layout, out))
 }
 
 /// One tuple's header fields the prediction reads.
@@ -262,6 +314,8 @@ struct Pruner<'p> {
     horizon: u32,
     /// The chain being followed (chainitems).
     items: [u16; MAX_HEAP_TUPLES],
+    /// 17–18: heap-only tuples no chain reached looked at after every chain.
+    orphans_last: bool,
 }
 
 impl Pruner<'_> {
@@ -353,6 +407,8 @@ impl Pruner<'_> {
         // The tuple headers read are seldom in the CPU's caches: ask for them all first, so
         // that their misses overlap.
         let base = self.page.as_ptr() as usize;
+        let mut starts = [0u16; MAX_HEAP_TUPLES];
+        let mut k = 0;
         for off in 1..=self.n {
             let (at, flags, _) = self.lp(off);
             if flags == LP_NORMAL {
@@ -362,14 +418,13 @@ impl Pruner<'_> {
                     prefetch(base + at + 22);
                 }
             }
-        }
-        for off in 1..=self.n {
-            let (_, flags, _) = self.lp(off);
             // Unused and dead line pointers start no chain.
-            if !self.marked[off] && (flags == LP_NORMAL || flags == LP_REDIRECT) {
-                self.chain(off, out);
+            if flags == LP_NORMAL || flags == LP_REDIRECT {
+                starts[k] = off as u16;
+                k += 1;
             }
         }
+        self.chains(&starts[..k], out);
     }
 
     /// The same loop over the line pointers where a dead tuple may be, `touched` since the
@@ -393,9 +448,26 @@ impl Pruner<'_> {
         }
         let starts = &mut starts[..k];
         starts.sort_unstable();
-        for i in 0..starts.len() {
-            let off = usize::from(starts[i]);
-            if (i == 0 || starts[i - 1] != starts[i]) && !self.marked[off] {
+        self.chains(starts, out);
+    }
+
+    /// heap_prune_chain from each of `starts` (in ascending order) not yet marked; in
+    /// 17–18 (`orphans_last`) the heap-only tuples after every other start.
+    fn chains(&mut self, starts: &[u16], out: &mut Prediction) {
+        let passes: &[Option<bool>] = if self.orphans_last {
+            &[Some(false), Some(true)]
+        } else {
+            &[None]
+        };
+        for &heap_only in passes {
+            for (i, &off) in starts.iter().enumerate() {
+                let off = usize::from(off);
+                if (i > 0 && usize::from(starts[i - 1]) == off) || self.marked[off] {
+                    continue;
+                }
+                if heap_only.is_some_and(|h| self.tuple(off).is_some_and(|t| t.heap_only()) != h) {
+                    continue;
+                }
                 self.chain(off, out);
             }
         }
@@ -408,12 +480,17 @@ impl Pruner<'_> {
     }
 }
 
-/// What `heap_page_prune` would log for `page` if every tuple whose xmax is a plain,
-/// updating or deleting xid were dead, looking for dead tuples only at line pointers
-/// `touched` and the chains that reach them when given ([`Candidates`]); false (no
+/// What PostgreSQL (`layout`) would log for a prune of `page` on access if every tuple whose
+/// xmax is a plain, updating or deleting xid were dead, looking for dead tuples only at line
+/// pointers `touched` and the chains that reach them when given ([`Candidates`]); false (no
 /// prediction) for a page that is not a heap page this module can read.
-pub fn predict(page: &[u8; PAGE_SIZE], touched: Option<&[u16]>, out: &mut Prediction) -> bool {
-    out.offsets.clear();
+pub fn predict(
+    page: &[u8; PAGE_SIZE],
+    touched: Option<&[u16]>,
+    layout: Layout,
+    out: &mut Prediction,
+) -> bool {
+    out.data.clear();
     out.redirected.clear();
     out.dead.clear();
     out.unused.clear();
@@ -434,27 +511,64 @@ pub fn predict(page: &[u8; PAGE_SIZE], touched: Option<&[u16]>, out: &mut Predic
         marked: [false; MAX_HEAP_TUPLES + 1],
         horizon: 0,
         items: [0; MAX_HEAP_TUPLES],
+        orphans_last: layout == Layout::V17,
     };
     match touched {
         None => p.every_chain(out),
         Some(touched) => p.touched_chains(touched, out),
     }
-    let nred = (out.redirected.len() / 2) as u16;
-    let ndead = out.dead.len() as u16;
-    out.main[..4].copy_from_slice(&p.horizon.to_le_bytes());
-    out.main[4..6].copy_from_slice(&nred.to_le_bytes());
-    out.main[6..8].copy_from_slice(&ndead.to_le_bytes());
+    write_record(layout, p.horizon, out);
+    true
+}
+
+/// The prediction's main data and block 0's data as `layout` logs them.
+fn write_record(layout: Layout, horizon: u32, out: &mut Prediction) {
     let Prediction {
-        offsets,
+        main,
+        main_len,
+        data,
         redirected,
         dead,
         unused,
-        ..
     } = out;
-    offsets.extend_from_slice(redirected);
-    offsets.extend_from_slice(dead);
-    offsets.extend_from_slice(unused);
-    true
+    let put = |data: &mut Vec<u8>, offs: &[u16]| {
+        data.extend(offs.iter().flat_map(|o| o.to_le_bytes()));
+    };
+    let nred = (redirected.len() / 2) as u16;
+    *main = [0; MAIN_LEN];
+    match layout {
+        Layout::V14 => {
+            main[..4].copy_from_slice(&horizon.to_le_bytes());
+            main[4..6].copy_from_slice(&nred.to_le_bytes());
+            main[6..8].copy_from_slice(&(dead.len() as u16).to_le_bytes());
+            *main_len = 8;
+            for offs in [&*redirected, &*dead, &*unused] {
+                put(data, offs);
+            }
+        }
+        Layout::V17 => {
+            let mut flags = XLHP_CLEANUP_LOCK;
+            for (offs, count, bit) in [
+                (&*redirected, nred, XLHP_HAS_REDIRECTIONS),
+                (&*dead, dead.len() as u16, XLHP_HAS_DEAD_ITEMS),
+                (&*unused, unused.len() as u16, XLHP_HAS_NOW_UNUSED_ITEMS),
+            ] {
+                if count > 0 {
+                    flags |= bit;
+                    data.extend_from_slice(&count.to_le_bytes());
+                    put(data, offs);
+                }
+            }
+            // main[0]: the reason byte, never set by PostgreSQL; most often 0.
+            *main_len = 2;
+            if horizon != 0 {
+                flags |= XLHP_HAS_CONFLICT_HORIZON;
+                main[2..6].copy_from_slice(&horizon.to_le_bytes());
+                *main_len = 6;
+            }
+            main[1] = flags;
+        }
+    }
 }
 
 /// XORs main data's first bytes with the prediction's (its own inverse).
@@ -464,12 +578,24 @@ pub fn apply_main(head: &mut [u8], p: &Prediction) {
     }
 }
 
-/// XORs block 0's offsets with the prediction's (its own inverse); an odd last byte stays.
+/// XORs block 0's data with the prediction's (its own inverse); bytes past the shorter
+/// stay.
 pub fn apply_data(data: &mut [u8], p: &Prediction) {
-    for (c, &o) in data.chunks_exact_mut(2).zip(&p.offsets) {
-        c[0] ^= o as u8;
-        c[1] ^= (o >> 8) as u8;
+    for (b, m) in data.iter_mut().zip(&p.data) {
+        *b ^= m;
     }
+}
+
+/// Whether main data after [`apply_main`] (`main`, the whole of it) is the prediction's:
+/// zeros, at least as long (bytes past [`MAIN_LEN`], 16's isCatalogRel, are not predicted).
+pub fn main_exact(main: &[u8], p: &Prediction) -> bool {
+    let pl = main.len().min(MAIN_LEN);
+    pl >= p.main_len && main[..pl].iter().all(|&x| x == 0)
+}
+
+/// Whether block 0's data after [`apply_data`] is the prediction's: zeros, as long.
+pub fn data_exact(data: &[u8], p: &Prediction) -> bool {
+    data.len() == p.data.len() && data.iter().all(|&x| x == 0)
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ impl Redo {
     }
 
     /// Keeps [`Candidates`] in step with the record: blocks it images forgotten, the tuple an
-    /// UPDATE, HOT_UPDATE or DELETE gave an xmax touched, a PRUNE's block started again.
+    /// UPDATE, HOT_UPDATE or DELETE gave an xmax touched, a pruned block started again.
     fn track(&mut self, rec: &Record<'_>, pages: &mut dyn PageStore) {
         let blocks = &rec.area.blocks;
         for b in blocks.iter().filter(|b| b.image.is_some()) {
@@ -158,7 +158,7 @@ impl Redo {
                     self.candidates.touched(&k, off);
                 }
             }
-            (RM_HEAP2_ID, 0x10) => {
+            (RM_HEAP2_ID, op) if prunexf::prunes_page(self.major, op) => {
                 if let Some(k) = key(0) {
                     let page = pages.page_mut(&k).map(|p| &*p);
                     self.candidates.pruned(&k, page);

@@ -499,7 +499,7 @@ fn small_messages_go_combined_big_ones_separate() {
     }
     assert_eq!(
         modes,
-        [FORMAT_VERSION, 0x10 | FORMAT_VERSION]
+        [FORMAT_VERSION, 0x80 | FORMAT_VERSION]
             .into_iter()
             .collect()
     );

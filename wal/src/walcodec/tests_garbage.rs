@@ -106,7 +106,7 @@ proptest! {
         pl.extend_from_slice(&payload);
         let mut dec = Decoder::new(&params(4)).unwrap();
         let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
-        let mut pl = vec![0x10 | FORMAT_VERSION, 80];
+        let mut pl = vec![0x80 | FORMAT_VERSION, 80];
         pl.extend_from_slice(&payload);
         let mut dec = Decoder::new(&params(4)).unwrap();
         let _ = dec.decode(Lsn(3 * SEG), &pl, len, &mut out);
@@ -144,7 +144,7 @@ fn garbage_payload(sections: &[Vec<u8>; STREAMS], fpi: &[u8], combined: bool) ->
         }
         let mut chunk = Vec::new();
         c.compress(&joined, &mut chunk).unwrap();
-        let mut out = vec![0x10 | FORMAT_VERSION];
+        let mut out = vec![0x80 | FORMAT_VERSION];
         put_varint(&mut out, chunk.len() as u64);
         out.extend_from_slice(&chunk);
         out.extend_from_slice(fpi);

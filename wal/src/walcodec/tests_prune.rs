@@ -1,5 +1,5 @@
-//! A prune of PostgreSQL 14-16 sent as its difference from the prune both ends predict from
-//! the cached page (format 15, [`prunexf`]), through the whole codec.
+//! A prune on access sent as its difference from the prune both ends predict from the cached
+//! page ([`prunexf`]: format 15 for PostgreSQL 14-16, 16 for 17-18), through the whole codec.
 
 use super::testgen::{block_key as key, GenBlock, GivenImage, Image, WalGen};
 use super::tests::{heap_page, params, relay};
@@ -71,13 +71,60 @@ fn imaged(major: PgMajor) -> WalGen {
     g
 }
 
+/// xl_heap_prune of PostgreSQL 17-18 on access, and block 0's data: reason 0, flags
+/// (XLHP_CLEANUP_LOCK, the horizon's bit when given, each array's when it has entries),
+/// then each array present as its count and offsets.
+fn prune17(horizon: u32, red: &[u16], dead: &[u16]) -> (Vec<u8>, Vec<u8>) {
+    let mut flags = 0x04;
+    let mut main = vec![0, 0];
+    if horizon != 0 {
+        flags |= 0x08;
+        main.extend_from_slice(&horizon.to_le_bytes());
+    }
+    let mut data = Vec::new();
+    for (list, n, bit) in [(red, red.len() / 2, 0x20), (dead, dead.len(), 0x40)] {
+        if n > 0 {
+            flags |= bit;
+            data.extend((n as u16).to_le_bytes());
+            data.extend(offsets(list));
+        }
+    }
+    main[1] = flags;
+    (main, data)
+}
+
+/// `major`'s prune records (main data, block 0's data): what PostgreSQL logs after a HOT
+/// update of (0, 2) by 900 to (0, 4) (2 redirected to 4, horizon 900), one that is not what
+/// the page says (line pointer 1 dead), and one of a page never seen.
+fn prunes(major: PgMajor) -> [(Vec<u8>, Vec<u8>); 3] {
+    if major >= PgMajor::V17 {
+        [
+            prune17(900, &[2, 4], &[]),
+            prune17(5, &[], &[1]),
+            prune17(7, &[1, 2], &[]),
+        ]
+    } else {
+        [
+            (prune_main(900, 1, 0), offsets(&[2, 4])),
+            (prune_main(5, 0, 1), offsets(&[1])),
+            (prune_main(7, 1, 0), offsets(&[1, 2])),
+        ]
+    }
+}
+
 /// After an image of a page and a HOT update of its second tuple, the prune PostgreSQL logs
 /// (the root redirected to the new version, the updater as horizon) is the one both ends
 /// predicted; a prune that differs, and one of a page never seen, still come back byte for
-/// byte, however the messages are cut.
+/// byte, however the messages are cut; in each major's layout.
 #[test]
 fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
-    let mut g = imaged(PgMajor::V15);
+    for major in [PgMajor::V15, PgMajor::V16, PgMajor::V17, PgMajor::V18] {
+        predicted_prunes(major);
+    }
+}
+
+fn predicted_prunes(major: PgMajor) {
+    let mut g = imaged(major);
     // HOT update (0, 2) → (0, 4): the new version heap-only, 16 bytes of user data.
     let mut tuple = vec![0x03, 0x80, 0x02, 0x28, 24, 0];
     tuple.extend_from_slice(&[0x22; 16]);
@@ -91,21 +138,17 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
         &update_main(2, 4),
     );
     let start_prunes = g.buf.len();
-    // What heap_page_prune logs: 2 redirected to 4, horizon 900.
-    let exact = (prune_main(900, 1, 0), offsets(&[2, 4]));
+    let [exact, other, unseen] = prunes(major);
     record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, exact.1, &exact.0);
-    // Not what the page says (nothing left to prune there): line pointer 1 dead.
-    let other = (prune_main(5, 0, 1), offsets(&[1]));
     record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, other.1, &other.0);
-    // A page never seen: no prediction.
     record(
         &mut g,
         RM_HEAP2_ID,
         0x10,
         9,
         Image::None,
-        offsets(&[1, 2]),
-        &prune_main(7, 1, 0),
+        unseen.1,
+        &unseen.0,
     );
     let end = g.buf.len();
 
@@ -117,7 +160,10 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
         (vec![start_prunes, end], (2, 1)),
         (vec![start_prunes + 40, end], (1, 0)),
     ] {
-        let p = params(64);
+        let p = CodecParams {
+            pg_major: Some(major),
+            ..params(64)
+        };
         let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
         let mut from = 0;
         for &to in &cuts {
@@ -128,19 +174,17 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
         assert_eq!(
             (st.prunes_predicted, st.prunes_exact),
             want,
-            "cuts {cuts:?}"
+            "{major:?}, cuts {cuts:?}"
         );
     }
 }
 
-/// The same records from PostgreSQL 17 are not predicted (its prunes are logged differently).
+/// A VACUUM's prune of 17 (PRUNE_VACUUM_SCAN) is not predicted, and comes back.
 #[test]
-fn prunes_of_17_are_not_predicted() {
+fn vacuum_prunes_of_17_are_not_predicted() {
     let mut g = imaged(PgMajor::V17);
-    // xl_heap_prune of 17: reason, flags (redirected array: 0x20), then its count and pairs.
-    let mut data = 1u16.to_le_bytes().to_vec();
-    data.extend(offsets(&[2, 3]));
-    record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, data, &[0, 0x20]);
+    let (main, data) = prune17(0, &[2, 3], &[]);
+    record(&mut g, RM_HEAP2_ID, 0x20, 0, Image::None, data, &main);
     let p = CodecParams {
         pg_major: Some(PgMajor::V17),
         ..params(64)

@@ -74,8 +74,7 @@ impl Encoder {
                 let start = out.len();
                 out.extend_from_slice(data);
                 prunexf::apply_data(&mut out[start..], &self.prune);
-                prune_zero &= data.len() == 2 * self.prune.offsets.len()
-                    && out[start..].iter().all(|&x| x == 0);
+                prune_zero &= prunexf::data_exact(&out[start..], &self.prune);
             } else {
                 self.put_site(heap0.and_then(|h| h.block0_site(d)), stream, data);
             }
@@ -97,7 +96,7 @@ impl Encoder {
             prunexf::apply_main(&mut xmain[..pl], &self.prune);
             if prune {
                 self.stats.prunes_predicted += 1;
-                if prune_zero && pl == prunexf::MAIN_LEN && xmain[..pl].iter().all(|&x| x == 0) {
+                if prune_zero && prunexf::main_exact(&xmain, &self.prune) {
                     self.stats.prunes_exact += 1;
                 }
             }

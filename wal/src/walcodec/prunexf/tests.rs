@@ -45,19 +45,63 @@ fn page(items: &[Item]) -> Box<[u8; PAGE_SIZE]> {
     p
 }
 
-/// The prediction: (horizon, redirected pairs, dead, unused), checked against its bytes.
-fn predicted(p: &[u8; PAGE_SIZE], touched: Option<&[u16]>) -> (u32, Vec<u16>, Vec<u16>, Vec<u16>) {
+type Lists = (u32, Vec<u16>, Vec<u16>, Vec<u16>);
+
+fn u16s(b: &[u8]) -> Vec<u16> {
+    b.chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+/// The prediction of 14–16: (horizon, redirected pairs, dead, unused), read from its bytes.
+fn predicted(p: &[u8; PAGE_SIZE], touched: Option<&[u16]>) -> Lists {
     let mut out = Prediction::default();
-    assert!(predict(p, touched, &mut out));
+    assert!(predict(p, touched, Layout::V14, &mut out));
+    assert_eq!(out.main_len, 8);
     let nred = usize::from(u16::from_le_bytes([out.main[4], out.main[5]]));
     let ndead = usize::from(u16::from_le_bytes([out.main[6], out.main[7]]));
-    let o = &out.offsets;
+    let o = u16s(&out.data);
     (
         u32::from_le_bytes([out.main[0], out.main[1], out.main[2], out.main[3]]),
         o[..2 * nred].to_vec(),
         o[2 * nred..2 * nred + ndead].to_vec(),
         o[2 * nred + ndead..].to_vec(),
     )
+}
+
+/// The prediction of 17–18 read from its bytes as `heap_xlog_prune_freeze` reads a record
+/// (reason, flags, the horizon when flagged; each flagged array's count and offsets), with
+/// its flags.
+fn predicted17(p: &[u8; PAGE_SIZE], touched: Option<&[u16]>) -> (u8, Lists) {
+    let mut out = Prediction::default();
+    assert!(predict(p, touched, Layout::V17, &mut out));
+    let flags = out.main[1];
+    assert_eq!(out.main[0], 0, "PRUNE_ON_ACCESS");
+    assert_eq!(flags & XLHP_CLEANUP_LOCK, XLHP_CLEANUP_LOCK);
+    let with_horizon = flags & XLHP_HAS_CONFLICT_HORIZON != 0;
+    assert_eq!(out.main_len, if with_horizon { 6 } else { 2 });
+    assert!(out.main[out.main_len..].iter().all(|&b| b == 0));
+    let horizon = u32::from_le_bytes([out.main[2], out.main[3], out.main[4], out.main[5]]);
+    let mut at = 0;
+    let mut lists: [Vec<u16>; 3] = Default::default();
+    for ((bit, per), list) in [
+        (XLHP_HAS_REDIRECTIONS, 2),
+        (XLHP_HAS_DEAD_ITEMS, 1),
+        (XLHP_HAS_NOW_UNUSED_ITEMS, 1),
+    ]
+    .into_iter()
+    .zip(lists.iter_mut())
+    {
+        if flags & bit != 0 {
+            let n = usize::from(u16::from_le_bytes([out.data[at], out.data[at + 1]]));
+            assert!(n > 0, "an array flagged is not empty");
+            *list = u16s(&out.data[at + 2..at + 2 + 2 * per * n]);
+            at += 2 + 2 * per * n;
+        }
+    }
+    assert_eq!(at, out.data.len());
+    let [red, dead, unused] = lists;
+    (flags, (horizon, red, dead, unused))
 }
 
 /// A root HOT-updated by 200 to a live heap-only version: redirected to it, the horizon the
@@ -137,11 +181,21 @@ fn touched_line_pointers_limit_the_chains_looked_at() {
 fn no_prediction_for_what_is_not_a_heap_page() {
     let mut p = page(&[live()]);
     p[12..14].copy_from_slice(&(24u16 + 4 * 300).to_le_bytes());
-    assert!(!predict(&p, None, &mut Prediction::default()));
+    assert!(!predict(&p, None, Layout::V14, &mut Prediction::default()));
     let mut zero = Box::new([0u8; PAGE_SIZE]);
-    assert!(!predict(&zero, None, &mut Prediction::default()));
+    assert!(!predict(
+        &zero,
+        None,
+        Layout::V14,
+        &mut Prediction::default()
+    ));
     zero[0] = 1;
-    assert!(!predict(&zero, Some(&[1]), &mut Prediction::default()));
+    assert!(!predict(
+        &zero,
+        Some(&[1]),
+        Layout::V14,
+        &mut Prediction::default()
+    ));
 }
 
 /// The record's bytes XOR the prediction's: zeros where it holds, the same bytes again after
@@ -154,7 +208,7 @@ fn a_prune_goes_as_its_difference_and_comes_back() {
         Item::Tuple(300, 0, LIVE, HEAP_ONLY_TUPLE, 3),
     ]);
     let mut pred = Prediction::default();
-    assert!(predict(&p, None, &mut pred));
+    assert!(predict(&p, None, Layout::V14, &mut pred));
     let mut main = [44, 1, 0, 0, 1, 0, 0, 0];
     let mut data = [1u8, 0, 3, 0, 2, 0];
     apply_main(&mut main, &pred);
@@ -177,12 +231,18 @@ fn a_prune_goes_as_its_difference_and_comes_back() {
     assert_eq!(short, [0, 0, 0]);
 }
 
+/// Prunes on access are predicted (14–16: PRUNE, 17–18: PRUNE_ON_ACCESS, the same info);
+/// VACUUM's prunes of 17–18, 14–16's VACUUM and other resource managers are not. Candidates
+/// start again at every record that prunes the page.
 #[test]
-fn only_prunes_of_14_to_16_are_predicted() {
+fn prunes_on_access_are_predicted() {
     for (major, rmid, info, want) in [
         (PgMajor::V14, RM_HEAP2_ID, 0x10, true),
         (PgMajor::V16, RM_HEAP2_ID, 0x90, true),
-        (PgMajor::V17, RM_HEAP2_ID, 0x10, false),
+        (PgMajor::V17, RM_HEAP2_ID, 0x10, true),
+        (PgMajor::V18, RM_HEAP2_ID, 0x10, true),
+        (PgMajor::V17, RM_HEAP2_ID, 0x20, false),
+        (PgMajor::V18, RM_HEAP2_ID, 0x30, false),
         (PgMajor::V15, RM_HEAP2_ID, 0x20, false),
         (PgMajor::V15, 10, 0x10, false),
     ] {
@@ -193,6 +253,45 @@ fn only_prunes_of_14_to_16_are_predicted() {
         );
     }
     assert!(!applies(None, RM_HEAP2_ID, 0x10));
+    for (major, op, want) in [
+        (PgMajor::V15, 0x10, true),
+        (PgMajor::V16, 0x20, false),
+        (PgMajor::V17, 0x10, true),
+        (PgMajor::V17, 0x20, true),
+        (PgMajor::V18, 0x30, true),
+        (PgMajor::V18, 0x40, false),
+    ] {
+        assert_eq!(prunes_page(Some(major), op), want, "{major:?} {op:#x}");
+    }
+    assert!(!prunes_page(None, 0x10));
+}
+
+/// 17–18 log the same chains with counts and flags: a redirect, a dead root and freed
+/// members, the horizon flagged; a dead heap-only tuple no chain reaches comes after every
+/// chain's members in the unused array, where 14–16 have it in line pointer order.
+#[test]
+fn prunes_of_17_have_counts_flags_and_orphans_last() {
+    let p = page(&[
+        Item::Tuple(250, 260, 0, HEAP_ONLY_TUPLE, 1),
+        Item::Redirect(3),
+        Item::Tuple(200, 300, 0, HEAP_ONLY_TUPLE | HEAP_HOT_UPDATED, 4),
+        Item::Tuple(300, 0, LIVE, HEAP_ONLY_TUPLE, 4),
+        Item::Tuple(100, 150, 0, 0, 5),
+    ]);
+    let lists = (300, vec![2, 4], vec![5], vec![3, 1]);
+    let all = XLHP_CLEANUP_LOCK
+        | XLHP_HAS_CONFLICT_HORIZON
+        | XLHP_HAS_REDIRECTIONS
+        | XLHP_HAS_DEAD_ITEMS
+        | XLHP_HAS_NOW_UNUSED_ITEMS;
+    assert_eq!(predicted17(&p, None), (all, lists.clone()));
+    assert_eq!(predicted17(&p, Some(&[5, 3, 1])), (all, lists));
+    assert_eq!(predicted(&p, None), (300, vec![2, 4], vec![5], vec![1, 3]));
+    // A redirect past the last line pointer dies; nothing removed sets no horizon.
+    let p = page(&[Item::Redirect(3), live()]);
+    let flags = XLHP_CLEANUP_LOCK | XLHP_HAS_DEAD_ITEMS;
+    assert_eq!(predicted17(&p, None), (flags, (0, vec![], vec![1], vec![])));
+    assert_eq!(predicted17(&page(&[live()]), None).0, XLHP_CLEANUP_LOCK);
 }
 
 fn key(blkno: u32) -> BlockKey {
