@@ -197,8 +197,8 @@ fn print_stats(st: &CodecStats) {
         st.records_split, st.records_held, st.raw_in, st.raw_out
     );
     println!(
-        "prunes predicted: {}, of them exactly: {}",
-        st.prunes_predicted, st.prunes_exact
+        "prunes predicted: {}, of them exactly: {}, their block data exactly: {}",
+        st.prunes_predicted, st.prunes_exact, st.prunes_data_exact
     );
 }
 
@@ -219,6 +219,7 @@ fn since(before: &CodecStats, now: &CodecStats) -> CodecStats {
     st.records_held -= before.records_held;
     st.prunes_predicted -= before.prunes_predicted;
     st.prunes_exact -= before.prunes_exact;
+    st.prunes_data_exact -= before.prunes_data_exact;
     st.section_in
         .copy_from_slice(&sub(&now.section_in, &before.section_in));
     st.section_out

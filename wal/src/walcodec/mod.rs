@@ -342,9 +342,11 @@ pub struct CodecStats {
     /// Prunes on access sent as their difference from the prune both ends predict from the
     /// cached page (`prunexf`: format 15 for PostgreSQL 14-16, 16 for 17-18), and of them
     /// those the prediction matched whole (on 17-18 with the `reason` byte PostgreSQL leaves
-    /// unset, which misses where it is not 0).
+    /// unset, which misses where it is not 0), and those whose block data (the offsets, on
+    /// 17-18 with their counts) it matched.
     pub prunes_predicted: u64,
     pub prunes_exact: u64,
+    pub prunes_data_exact: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
     /// Per payload section (the streams in payload order, then the page frames): bytes put

@@ -93,6 +93,24 @@ fn prune17(horizon: u32, red: &[u16], dead: &[u16]) -> (Vec<u8>, Vec<u8>) {
     (main, data)
 }
 
+/// [`imaged`], then a HOT update by 900 of (0, 2) to (0, 4): the new version heap-only, 16
+/// bytes of user data.
+fn hot_updated(major: PgMajor) -> WalGen {
+    let mut g = imaged(major);
+    let mut tuple = vec![0x03, 0x80, 0x02, 0x28, 24, 0];
+    tuple.extend_from_slice(&[0x22; 16]);
+    record(
+        &mut g,
+        RM_HEAP_ID,
+        0x40,
+        0,
+        Image::None,
+        tuple,
+        &update_main(2, 4),
+    );
+    g
+}
+
 /// `major`'s prune records (main data, block 0's data): what PostgreSQL logs after a HOT
 /// update of (0, 2) by 900 to (0, 4) (2 redirected to 4, horizon 900), one that is not what
 /// the page says (line pointer 1 dead), and one of a page never seen.
@@ -124,19 +142,7 @@ fn a_predicted_prune_goes_as_zeros_and_every_prune_comes_back() {
 }
 
 fn predicted_prunes(major: PgMajor) {
-    let mut g = imaged(major);
-    // HOT update (0, 2) → (0, 4): the new version heap-only, 16 bytes of user data.
-    let mut tuple = vec![0x03, 0x80, 0x02, 0x28, 24, 0];
-    tuple.extend_from_slice(&[0x22; 16]);
-    record(
-        &mut g,
-        RM_HEAP_ID,
-        0x40,
-        0,
-        Image::None,
-        tuple,
-        &update_main(2, 4),
-    );
+    let mut g = hot_updated(major);
     let start_prunes = g.buf.len();
     let [exact, other, unseen] = prunes(major);
     record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, exact.1, &exact.0);
@@ -156,9 +162,9 @@ fn predicted_prunes(major: PgMajor) {
     // boundary cuts goes raw: neither predicted nor replayed, so the next prune is predicted
     // from a page it did not change and misses).
     for (cuts, want) in [
-        (vec![end], (2, 1)),
-        (vec![start_prunes, end], (2, 1)),
-        (vec![start_prunes + 40, end], (1, 0)),
+        (vec![end], (2, 1, 1)),
+        (vec![start_prunes, end], (2, 1, 1)),
+        (vec![start_prunes + 40, end], (1, 0, 0)),
     ] {
         let p = CodecParams {
             pg_major: Some(major),
@@ -172,7 +178,7 @@ fn predicted_prunes(major: PgMajor) {
         }
         let st = enc.stats();
         assert_eq!(
-            (st.prunes_predicted, st.prunes_exact),
+            (st.prunes_predicted, st.prunes_exact, st.prunes_data_exact),
             want,
             "{major:?}, cuts {cuts:?}"
         );
@@ -192,4 +198,25 @@ fn vacuum_prunes_of_17_are_not_predicted() {
     let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
     relay(&mut enc, &mut dec, &g, 0, g.buf.len());
     assert_eq!(enc.stats().prunes_predicted, 0);
+}
+
+/// A prune of 18 whose `reason` byte the stack left non-zero (PostgreSQL never sets it):
+/// its block data still counts as predicted, the record not whole, and it comes back.
+#[test]
+fn a_stray_reason_byte_misses_only_itself() {
+    let mut g = hot_updated(PgMajor::V18);
+    let (mut main, data) = prune17(900, &[2, 4], &[]);
+    main[0] = 0x04;
+    record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, data, &main);
+    let p = CodecParams {
+        pg_major: Some(PgMajor::V18),
+        ..params(64)
+    };
+    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
+    relay(&mut enc, &mut dec, &g, 0, g.buf.len());
+    let st = enc.stats();
+    assert_eq!(
+        (st.prunes_predicted, st.prunes_exact, st.prunes_data_exact),
+        (1, 0, 1)
+    );
 }

@@ -96,6 +96,7 @@ impl Encoder {
             prunexf::apply_main(&mut xmain[..pl], &self.prune);
             if prune {
                 self.stats.prunes_predicted += 1;
+                self.stats.prunes_data_exact += u64::from(prune_zero);
                 if prune_zero && prunexf::main_exact(&xmain, &self.prune) {
                     self.stats.prunes_exact += 1;
                 }
