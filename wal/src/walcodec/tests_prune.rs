@@ -185,19 +185,25 @@ fn predicted_prunes(major: PgMajor) {
     }
 }
 
+/// `g`'s WAL through a fresh codec pair of `major` in one message, checked byte for byte;
+/// the encoder's counters.
+fn relayed_whole(major: PgMajor, g: &WalGen) -> CodecStats {
+    let p = CodecParams {
+        pg_major: Some(major),
+        ..params(64)
+    };
+    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
+    relay(&mut enc, &mut dec, g, 0, g.buf.len());
+    enc.stats().clone()
+}
+
 /// A VACUUM's prune of 17 (PRUNE_VACUUM_SCAN) is not predicted, and comes back.
 #[test]
 fn vacuum_prunes_of_17_are_not_predicted() {
     let mut g = imaged(PgMajor::V17);
     let (main, data) = prune17(0, &[2, 3], &[]);
     record(&mut g, RM_HEAP2_ID, 0x20, 0, Image::None, data, &main);
-    let p = CodecParams {
-        pg_major: Some(PgMajor::V17),
-        ..params(64)
-    };
-    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
-    relay(&mut enc, &mut dec, &g, 0, g.buf.len());
-    assert_eq!(enc.stats().prunes_predicted, 0);
+    assert_eq!(relayed_whole(PgMajor::V17, &g).prunes_predicted, 0);
 }
 
 /// A prune of 18 whose `reason` byte the stack left non-zero (PostgreSQL never sets it):
@@ -208,13 +214,7 @@ fn a_stray_reason_byte_misses_only_itself() {
     let (mut main, data) = prune17(900, &[2, 4], &[]);
     main[0] = 0x04;
     record(&mut g, RM_HEAP2_ID, 0x10, 0, Image::None, data, &main);
-    let p = CodecParams {
-        pg_major: Some(PgMajor::V18),
-        ..params(64)
-    };
-    let (mut enc, mut dec) = (Encoder::new(&p).unwrap(), Decoder::new(&p).unwrap());
-    relay(&mut enc, &mut dec, &g, 0, g.buf.len());
-    let st = enc.stats();
+    let st = relayed_whole(PgMajor::V18, &g);
     assert_eq!(
         (st.prunes_predicted, st.prunes_exact, st.prunes_data_exact),
         (1, 0, 1)
