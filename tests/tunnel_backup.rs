@@ -317,13 +317,15 @@ async fn a_stalled_backup_client_holds_back_the_primary_not_relay_memory() {
     env.upstream.assert_no_panic();
 }
 
-/// Backups whose clients stopped reading, each leaving a call's window (1 MiB) unread at the
-/// downstream, beside a standby behind it: the standby replays what the primary writes all
-/// the same. On one HTTP/2 connection eight such calls held its whole window (8 MiB, what a
-/// call received and its reader did not take counting against the connection too), and the
-/// WAL stream on it got nothing; the tunnels now have a connection of their own. Ten are
-/// started and at least eight must stall: with nine, now and then only eight had reached the
-/// primary when the others had stalled (the full suite on two busy cores).
+/// Nine backups whose clients stopped reading, each leaving a call's window (1 MiB) unread at
+/// the downstream, beside a standby behind it: the standby replays what the primary writes
+/// all the same. On one HTTP/2 connection those nine calls held its whole window (8 MiB, what
+/// a call received and its reader did not take counting against the connection too), and the
+/// WAL stream on it got nothing; the tunnels now have a connection of their own. The
+/// downstream takes at most `limits.max_startups_per_address` (8 by default) connections
+/// from one address in their handshakes at once and refuses the next: nine backups started
+/// together from 127.0.0.1 sometimes found eight still authenticating (the full suite on two
+/// busy cores), so this test allows sixteen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
     let mut env = Split::new(SplitOpts {
@@ -335,6 +337,7 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
         // the answer to a link keepalive past the tests' usual 2 s, and the tunnels'
         // connection is then given up, as configured; that is not what this test is about.
         link_keepalive_secs: Some(10),
+        downstream_limits: "max_startups_per_address = 16".into(),
         ..Default::default()
     })
     .await;
@@ -353,12 +356,12 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
         .unwrap();
     env.wait_caught_up(0).await;
     let mut backups: Vec<std::process::Child> =
-        (0..10).map(|_| tar_backup_to_stdout(&env)).collect();
-    let stalled = all_backups_stalled(p, &mut backups, 8).await;
+        (0..9).map(|_| tar_backup_to_stdout(&env)).collect();
+    all_backups_stalled(p, &mut backups).await;
     // The upstream's connections to the primary keep alive: a tunnel's backup that only
     // reads finds a primary whose host vanished gone, rather than waiting for ever.
     let timers = tcp_timers_toward(env.upstream.pid().unwrap(), p.port());
-    assert!(timers.len() > stalled, "{timers:?}");
+    assert!(timers.len() > backups.len(), "{timers:?}");
     assert!(timers.iter().all(|t| t == "02"), "{timers:?}");
     p.execute("create table after_the_stall as select 1 x")
         .await
@@ -372,14 +375,10 @@ async fn backups_whose_clients_stopped_reading_hold_up_no_wal() {
     env.upstream.assert_no_panic();
 }
 
-/// Waits until at least `min` of `backups` are connected to the primary (each past its
-/// checkpoint) and none of those moves any more; returns how many are. A backup that ended
-/// fails the test with its error (none can end: each writes to a pipe nobody reads).
-async fn all_backups_stalled(
-    p: &Cluster,
-    backups: &mut [std::process::Child],
-    min: usize,
-) -> usize {
+/// Waits until all `backups` are connected to the primary (each past its checkpoint) and none
+/// of them moves any more. A backup that ended (refused, say) fails the test with its error:
+/// none can end otherwise, each writing to a pipe nobody reads.
+async fn all_backups_stalled(p: &Cluster, backups: &mut [std::process::Child]) {
     let streamed = "select (select count(*) from pg_stat_activity \
                     where application_name = 'pg_basebackup' and backend_type = 'walsender') \
                     || ':' || (select count(*) filter (where phase <> 'streaming database files' \
@@ -400,15 +399,12 @@ async fn all_backups_stalled(
             }
         }
         let now = p.query_one_string(streamed).await.unwrap();
-        let mut fields = now.split(':').map(|f| f.parse::<usize>().ok());
-        if let (Some(Some(connected)), Some(Some(0))) = (fields.next(), fields.next()) {
-            if now == last && connected >= min {
-                return connected;
-            }
+        if now == last && now.starts_with(&format!("{}:0:", backups.len())) {
+            return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "fewer than {min} backups stalled (connected:starting:streamed): {now}"
+            "the backups did not all stall (connected:starting:streamed): {now}"
         );
         last = now;
     }
