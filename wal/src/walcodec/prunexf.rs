@@ -452,23 +452,25 @@ impl Pruner<'_> {
     }
 
     /// heap_prune_chain from each of `starts` (in ascending order) not yet marked; in
-    /// 17–18 (`orphans_last`) the heap-only tuples after every other start.
+    /// 17–18 (`orphans_last`) the heap-only ones after every other start.
     fn chains(&mut self, starts: &[u16], out: &mut Prediction) {
-        let passes: &[Option<bool>] = if self.orphans_last {
-            &[Some(false), Some(true)]
-        } else {
-            &[None]
-        };
-        for &heap_only in passes {
-            for (i, &off) in starts.iter().enumerate() {
-                let off = usize::from(off);
-                if (i > 0 && usize::from(starts[i - 1]) == off) || self.marked[off] {
-                    continue;
-                }
-                if heap_only.is_some_and(|h| self.tuple(off).is_some_and(|t| t.heap_only()) != h) {
-                    continue;
-                }
-                self.chain(off, out);
+        let mut orphans = [0u16; MAX_HEAP_TUPLES];
+        let mut k = 0;
+        for (i, &off) in starts.iter().enumerate() {
+            let off = usize::from(off);
+            if (i > 0 && usize::from(starts[i - 1]) == off) || self.marked[off] {
+                continue;
+            }
+            if self.orphans_last && self.tuple(off).is_some_and(|t| t.heap_only()) {
+                orphans[k] = off as u16;
+                k += 1;
+                continue;
+            }
+            self.chain(off, out);
+        }
+        for &off in &orphans[..k] {
+            if !self.marked[usize::from(off)] {
+                self.chain(usize::from(off), out);
             }
         }
     }

@@ -137,7 +137,7 @@ impl Redo {
             (RM_HEAP2_ID, op) => self.heap2(rec, op, pages),
             _ => {}
         }
-        if prunexf::applies(self.major, RM_HEAP2_ID, 0x10) {
+        if prunexf::Layout::of(self.major).is_some() {
             self.track(rec, pages);
         }
     }

@@ -3,9 +3,9 @@
 //! pages that may hold anything: every step checks its bounds and gives up quietly, leaving
 //! the page as it is or partly changed (the result is only a prediction).
 
-use crate::walcodec::wal::{
-    item_id, le32, line_pointer, max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE,
-};
+/// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
+pub use crate::walcodec::wal::line_pointer as lp;
+use crate::walcodec::wal::{item_id, le32, max_offset, page_bounds, PAGE_HEADER, PAGE_SIZE};
 pub use crate::walcodec::wal::{
     LP_DEAD, LP_NORMAL, LP_REDIRECT, LP_UNUSED, MAX_HEAP_TUPLES, TUPLE_HEADER,
 };
@@ -33,11 +33,6 @@ pub fn set_u32(p: &mut PageBuf, at: usize, v: u32) {
 
 pub fn u32_at(p: &PageBuf, at: usize) -> u32 {
     le32(p, at).expect("four bytes")
-}
-
-/// Line pointer `off` (1-based): (lp_off, lp_flags, lp_len).
-pub fn lp(p: &PageBuf, off: usize) -> Option<(usize, u32, usize)> {
-    line_pointer(p, off)
 }
 
 pub fn set_lp(p: &mut PageBuf, off: usize, lp_off: usize, flags: u32, len: usize) {
