@@ -23,6 +23,17 @@
 # of the WAL is full-page images.
 # PostgreSQL from $PG_BIN, else /usr/lib/postgresql/15/bin. As root, the server runs as
 # `postgres`. Everything else lives in a temporary directory that is removed at the end.
+#
+# REPLAY=1 also measures how fast PostgreSQL itself replays the same WAL: a base backup is
+# taken just before the load (`pg_basebackup`, its own fast checkpoint), and afterwards a
+# server at default settings recovers it from an archive of the recorded segments
+# (`restore_command`, `recovery.signal`: to the archive's end, then promoted) with all its
+# processes on one core (`taskset -c ${REPLAY_CPU:-1}`). It prints the startup process's own
+# figures from its log line "redo done at ... system usage: CPU: user ..., elapsed ..."
+# (PostgreSQL 15 and later): the WAL's MB from the backup's start to the redo's end, per
+# second of the startup process's CPU and per second elapsed. That is the rate at which a
+# standby applies this WAL on one core, the reference for the relay's one-core encode and
+# decode (`codec_profile` on OUT.wal, whose first segment holds the backup's start).
 set -euo pipefail
 
 die() { echo "record-wal: error: $*" >&2; exit 1; }
@@ -45,7 +56,9 @@ if [[ $(id -u) == 0 ]]; then
 fi
 port=$((20000 + RANDOM % 20000))
 cleanup() {
-    "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+    for d in data base; do
+        [[ -f $dir/$d/postmaster.pid ]] && "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/$d" stop -m immediate >/dev/null 2>&1 || true
+    done
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -91,6 +104,9 @@ esac
 "${psql[@]}" -c "checkpoint" -c "select pg_switch_wal()" >/dev/null
 start_seg=$("${psql[@]}" -c "select pg_walfile_name(pg_current_wal_insert_lsn())")
 start_lsn=$(printf "%X/%X" "0x${start_seg:8:8}" "$((0x${start_seg:16:8} * 16777216))")
+if [[ ${REPLAY:-0} == 1 ]]; then
+    "${as_pg[@]}" "$bin/pg_basebackup" -h "$dir" -p "$port" -U postgres -D "$dir/base" -X fetch -c fast
+fi
 
 if [[ $workload == bulk ]]; then
     end=$((SECONDS + secs)) n=0
@@ -138,3 +154,35 @@ for f in $(ls "$dir/data/pg_wal" | grep -E '^[0-9A-F]{24}$' | sort); do
 done
 echo "$start_lsn" >"$out.lsn"
 echo "record-wal: $workload: $(($(stat -c %s "$out") >> 20)) MiB of WAL from $start_lsn in $out"
+[[ ${REPLAY:-0} == 1 ]] || exit 0
+
+# The standby's replay: the recorded segments as its archive, PostgreSQL's defaults in
+# place of the primary's settings above (the base backup copied its postgresql.conf).
+mkdir "$dir/archive"
+for f in $(ls "$dir/data/pg_wal" | grep -E '^[0-9A-F]{24}$' | sort); do
+    [[ $f < $start_seg || ! $f < $end_seg ]] || cp "$dir/data/pg_wal/$f" "$dir/archive/"
+done
+chmod -R a+rX "$dir/archive"
+rm -rf "$dir/data"
+printf '%s\n' "port = $port" "listen_addresses = ''" "unix_socket_directories = '$dir'" \
+    "checkpoint_timeout = 5min" "max_wal_size = 1GB" "wal_keep_size = 0" "fsync = on" \
+    "restore_command = 'cp $dir/archive/%f %p'" >>"$dir/base/postgresql.conf"
+"${as_pg[@]}" touch "$dir/base/recovery.signal"
+"${as_pg[@]}" taskset -c "${REPLAY_CPU:-1}" "$bin/pg_ctl" -D "$dir/base" -l "$dir/replay.log" -w -t 3600 start >/dev/null
+# pg_ctl returns once hot standby accepts connections, before the redo's end.
+for ((i = 0; i < 36000; i++)); do
+    grep -q "redo done at" "$dir/replay.log" && break
+    grep -q "FATAL\|PANIC" "$dir/replay.log" && break
+    sleep 0.1
+done
+"${as_pg[@]}" "$bin/pg_ctl" -D "$dir/base" stop -m fast >/dev/null
+done_line=$(grep "redo done at" "$dir/replay.log") || die "no 'redo done' in the replay's log: $(tail -5 "$dir/replay.log")"
+lsn_bytes() { echo $((0x${1%/*} * 4294967296 + 0x${1#*/})); }
+from=$(lsn_bytes "$(sed -n 's/^START WAL LOCATION: \([0-9A-F/]*\) .*/\1/p' "$dir/base/backup_label.old")")
+to=$(lsn_bytes "$(echo "$done_line" | sed 's/.*redo done at \([0-9A-F/]*\) .*/\1/')")
+read -r user sys elapsed < <(echo "$done_line" |
+    sed 's/.*CPU: user: \([0-9.]*\) s, system: \([0-9.]*\) s, elapsed: \([0-9.]*\) s.*/\1 \2 \3/')
+awk -v b=$((to - from)) -v u="$user" -v s="$sys" -v e="$elapsed" 'BEGIN {
+    mb = b / 1e6
+    printf "record-wal: PostgreSQL replayed %.1f MB on one core: %.1f MB per CPU-second of its startup process (user %.2f s, system %.2f s), %.1f MB/s elapsed (%.2f s)\n", mb, mb / (u + s), u, s, mb / e, e
+}'
