@@ -70,6 +70,7 @@ fn bench_reports_a_sane_run_of_one_tiny_workload() {
     assert_warm_replay_times_the_steady_window(r, &stdout);
     assert_every_stage_sampled(r, &stdout);
     assert_timeline_written(&timeline, r);
+    assert_direct_apply_measured(r, &stdout);
 }
 
 /// Runs the tiny bench with a timeline and a JSON report, checks that it succeeded, and
@@ -322,6 +323,32 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     assert!(scraped.len() >= 5, "{csv}");
     assert!(scraped.iter().all(|(i, h)| h <= i), "{scraped:?}");
     assert!(scraped.windows(2).all(|w| w[0].0 <= w[1].0), "{scraped:?}");
+    // The direct standby's startup process is found from the first sample on (it runs
+    // while the standby is in recovery, all along), and its CPU seconds never fall.
+    let apply = col("direct_apply_cpu_s");
+    let apply: Vec<f64> = lines.iter().map(|l| l[apply].parse().unwrap()).collect();
+    assert!(apply.windows(2).all(|w| w[0] <= w[1]), "{apply:?}");
+    assert!(apply.last() > apply.first(), "{apply:?}");
+}
+
+/// Checks the direct standby's apply CPU per GB, the reference for the halves' CPU per GB:
+/// measured in both windows, within what any process can spend on a GB of WAL in its window
+/// (more than nothing: every record is applied; less than the window's length on one core
+/// per GB), and in the window table.
+fn assert_direct_apply_measured(r: &Value, stdout: &str) {
+    for w in ["cold", "steady"] {
+        let gb = r[w]["wal_bytes"].as_f64().unwrap() / 1e9;
+        let secs = r[w]["t_end"].as_f64().unwrap() - r[w]["t_start"].as_f64().unwrap();
+        let v = &r[w]["direct_apply_cpu_s_per_gb"];
+        assert!(
+            v.as_f64().is_some_and(|x| x > 0.0 && x * gb <= secs + 5.0),
+            "{w}: {v} s/GB over {gb} GB in {secs} s"
+        );
+    }
+    assert!(
+        stdout.contains("| CPU s/GB direct standby's apply |"),
+        "{stdout}"
+    );
 }
 
 /// Processes whose command line mentions `path` (the relays' config files, the clusters' data

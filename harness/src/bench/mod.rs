@@ -11,7 +11,8 @@
 //! each serving one standby. t = 0 once both standbys stream through their pairs; the load
 //! starts at once; no checkpoint is forced from then on. Every ~100 ms [`sample`] records the
 //! primary's WAL position, what each standby received and replayed, each pair's socket bytes
-//! and CPU, W's link counters, and every stage's position along each path ([`stages`]: where
+//! and CPU, W's link counters, the direct standby's own apply CPU ([`apply`]: the reference
+//! for what the halves spend), and every stage's position along each path ([`stages`]: where
 //! the lag waits). The cold window is [0, cold], the steady one [cold + warm-up, cold +
 //! warm-up + steady]. Each window's WAL is copied from the primary's pg_wal and byte-compared
 //! with both standbys' ([`walrange`]); after the load the tables are compared and the
@@ -21,6 +22,7 @@
 //!
 //! A benchmark, not a test: nothing here asserts a timing.
 
+mod apply;
 mod background;
 mod disk;
 pub mod micro;

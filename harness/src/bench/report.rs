@@ -98,6 +98,10 @@ pub struct Window {
     /// Largest replay lag of the standby streaming from the primary directly (no relay).
     pub direct_max_replay_lag_bytes: u64,
     pub direct_max_receive_lag_bytes: u64,
+    /// CPU seconds per GB of the window's WAL that the direct standby's startup process
+    /// spent applying it (`super::apply`; None where it was not measured): what a standby
+    /// itself spends on this WAL, beside each relay half's CPU per GB.
+    pub direct_apply_cpu_s_per_gb: Option<f64>,
     /// Largest lag behind the primary at each stage of each path, bytes.
     pub stages: StageLags,
     /// Share of the window during which some runnable task on the machine waited for a core
@@ -255,6 +259,7 @@ impl Window {
             z: pair(&cut.pairs[1], codecs[1]),
             direct_max_replay_lag_bytes: cut.direct_max_replay_lag,
             direct_max_receive_lag_bytes: cut.direct_max_receive_lag,
+            direct_apply_cpu_s_per_gb: cut.direct_apply_cpu_s.map(|c| ratio(c, gb)),
             stages: cut.stages.clone(),
             cpu_pressure: cut.cpu_pressure,
         }

@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+use super::apply::Startup;
 use super::pair::{PairCounters, RelayPair};
 use super::stages::{self, LagPart, PathLags, PrimaryPositions, RelayPositions, StageLags};
 use crate::cluster::Cluster;
@@ -29,6 +30,9 @@ pub struct Sample {
     /// Receive and replay positions of the standby connected to the primary directly.
     pub direct_received: u64,
     pub direct_replayed: u64,
+    /// The direct standby's startup process ([`super::apply`]): its pid and the CPU seconds
+    /// it has used so far (None while it was not found).
+    pub direct_apply: Option<(u32, f64)>,
     pub pairs: [PairCounters; 2],
     /// The primary's flush position and what its walsenders sent.
     pub primary: PrimaryPositions,
@@ -44,6 +48,7 @@ pub struct Sampler {
     primary: Client,
     standbys: [Client; 2],
     direct: Client,
+    direct_startup: Startup,
     t0: Instant,
     /// The primary's query ([`stages::primary_sql`]).
     primary_sql: String,
@@ -92,6 +97,7 @@ impl Sampler {
             primary: primary.connect().await?,
             standbys: [standbys[0].connect().await?, standbys[1].connect().await?],
             direct: direct.connect().await?,
+            direct_startup: Startup::under(direct.postmaster_pid()),
             t0,
             primary_sql: stages::primary_sql(apps),
         })
@@ -122,6 +128,7 @@ impl Sampler {
                 replayed: [s0[1], s1[1]],
                 direct_received: d[0],
                 direct_replayed: d[1],
+                direct_apply: self.direct_startup.cpu_seconds(),
                 pairs: [c0.0, c1.0],
                 cpu_pressure: crate::cpuwait::machine_pressure_seconds().unwrap_or(f64::NAN),
             })
@@ -211,6 +218,11 @@ pub struct Cut {
     /// Largest primary position − direct standby's replay / receive position over the window.
     pub direct_max_replay_lag: u64,
     pub direct_max_receive_lag: u64,
+    /// CPU seconds the direct standby's startup process used to apply the window's WAL:
+    /// from the first sample at which the standby had replayed its start to the first at
+    /// which it had replayed its end (None where it was not found at both, or they were
+    /// not the same process).
+    pub direct_apply_cpu_s: Option<f64>,
     /// Largest lag at each stage of each path ([`stages`]).
     pub stages: StageLags,
     /// Share of the window during which some runnable task on the machine waited for a core
@@ -304,8 +316,21 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
         pairs: [pair(0, &stages.w)?, pair(1, &stages.z)?],
         direct_max_replay_lag: stages.direct.replayed,
         direct_max_receive_lag: stages.direct.received,
+        direct_apply_cpu_s: apply_cpu(samples, l0, l1),
         stages,
     })
+}
+
+/// What the direct standby's startup process spent applying [`l0`, `l1`) ([`Cut`]).
+fn apply_cpu(samples: &[Sample], l0: u64, l1: u64) -> Option<f64> {
+    let at = |l: u64| {
+        samples
+            .iter()
+            .find(|s| s.direct_replayed >= l)?
+            .direct_apply
+    };
+    let ((p0, c0), (p1, c1)) = (at(l0)?, at(l1)?);
+    (p0 == p1).then_some(c1 - c0)
 }
 
 /// Largest `primary position − pos(sample)` over the samples that have `pos`.
@@ -368,12 +393,13 @@ pub fn lag_over_run(samples: &[Sample], t_end: f64, parts: usize) -> Vec<LagPart
 }
 
 /// Header of [`timeline_csv`].
-const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_kernel_up_s,w_kernel_down_s,z_kernel_up_s,z_kernel_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s,w_rss_up_mb,w_rss_down_mb,z_rss_up_mb,z_rss_down_mb,w_images,w_image_hits\n";
+const CSV_HEAD: &str = "t,primary_written,primary_flushed,w_primary_sent,w_sent_down,w_spooled,w_sent_to_standby,w_received,w_replayed,z_primary_sent,z_received,z_replayed,direct_primary_sent,direct_received,direct_replayed,w_cpu_up_s,w_cpu_down_s,z_cpu_up_s,z_cpu_down_s,w_kernel_up_s,w_kernel_down_s,z_kernel_up_s,z_kernel_down_s,w_wait_up_s,w_wait_down_s,z_wait_up_s,z_wait_down_s,cpu_pressure_s,w_rss_up_mb,w_rss_down_mb,z_rss_up_mb,z_rss_down_mb,w_images,w_image_hits,direct_apply_cpu_s\n";
 
 /// Every sample as one CSV line: time (s), positions (bytes; empty when unknown), CPU seconds
 /// and the kernel's part of them, seconds waited for a core, each half's resident set (MB),
-/// and the images W's upstream sent through its block cache and of those cache hits (read
-/// from its `/metrics` with every sample); empty when unknown.
+/// the images W's upstream sent through its block cache and of those cache hits (read from
+/// its `/metrics` with every sample), and the CPU seconds of the direct standby's startup
+/// process; empty when unknown.
 pub fn timeline_csv(samples: &[Sample]) -> String {
     let mut s = String::from(CSV_HEAD);
     let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
@@ -390,7 +416,7 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
         let r = x.w_relay;
         let _ = writeln!(
             s,
-            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
             x.t,
             x.primary_lsn,
             x.primary.flushed,
@@ -426,6 +452,7 @@ pub fn timeline_csv(samples: &[Sample]) -> String {
             // Images and cache hits (`pair::CODEC_COUNTERS` order).
             num(x.pairs[0].codec[2], 0),
             num(x.pairs[0].codec[3], 0),
+            num(x.direct_apply.map_or(f64::NAN, |(_, c)| c), 3),
         );
     }
     s

@@ -162,6 +162,7 @@ mod tests {
             replayed: received,
             direct_received: primary,
             direct_replayed: primary,
+            direct_apply: None,
             pairs: [PairCounters::default(); 2],
             primary: PrimaryPositions::default(),
             w_relay: None,

@@ -118,7 +118,7 @@ impl Report {
 
     fn window_table(&self, steady: bool) -> String {
         let mut s = String::from(
-            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | cores W up / down | W runs staged ahead up / down; fast (times on) | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | CPU s/GB direct standby's apply | cores W up / down | W runs staged ahead up / down; fast (times on) | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
         for r in &self.runs {
@@ -135,7 +135,7 @@ impl Report {
             };
             let (mw, mz) = (mark(pw), mark(pz));
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} / {:.2} | {} / {}; {} ({}) | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
+                "| {} | {} | {} | {:.1} | {:.2}{mw} | {:.1} % | {:.2} | {:.2} | {:.2} | {:.2}{mz} | {} | {} | {} % | {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.2} / {:.2} | {} / {}; {} ({}) | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} |\n",
                 r.workload.name(),
                 r.pg_major,
                 opt(r.tps, 0),
@@ -153,6 +153,7 @@ impl Report {
                 pw.downstream_cpu_s_per_gb,
                 pz.upstream_cpu_s_per_gb,
                 pz.downstream_cpu_s_per_gb,
+                opt(w.direct_apply_cpu_s_per_gb, 1),
                 pw.upstream_cores,
                 pw.downstream_cores,
                 opt(pw.upstream_staged, 0),

@@ -48,6 +48,7 @@ fn each_half_reports_the_kernel_share_of_its_cpu_time() {
         pairs: [w, z],
         direct_max_replay_lag: 0,
         direct_max_receive_lag: 0,
+        direct_apply_cpu_s: Some(0.5),
         stages: Default::default(),
         cpu_pressure: None,
     };
@@ -60,6 +61,7 @@ fn each_half_reports_the_kernel_share_of_its_cpu_time() {
     assert_eq!(win.w.upstream_kernel_share, 0.25);
     assert_eq!(win.w.downstream_kernel_share, 0.75);
     assert_eq!(win.w.upstream_cpu_s_per_gb, 4.0);
+    assert_eq!(win.direct_apply_cpu_s_per_gb, Some(0.5));
     assert_eq!(
         (win.z.upstream_kernel_share, win.z.downstream_kernel_share),
         (0.0, 0.0)

@@ -30,6 +30,7 @@ fn s(t: f64, primary: u64, recv: [u64; 2], bytes: [u64; 2]) -> Sample {
         replayed: recv.map(|r| r.saturating_sub(5)),
         direct_received: primary,
         direct_replayed: primary - 1,
+        direct_apply: None,
         pairs: [c(bytes[0]), c(bytes[1])],
         primary: PrimaryPositions {
             flushed: primary,
@@ -140,6 +141,7 @@ fn staged(t: f64, primary: u64, behind: u64) -> Sample {
         replayed: [primary - 6 * behind, primary - 2 * behind],
         direct_received: primary - behind,
         direct_replayed: primary - 2 * behind,
+        direct_apply: None,
         pairs: [PairCounters::default(); 2],
         primary: PrimaryPositions {
             flushed: primary - behind,
@@ -212,8 +214,43 @@ fn the_timeline_has_a_line_per_sample_with_every_column() {
         ["2.500", "0.000", "0.000", "0.000", "0.750", "0.000", "0.000", "0.125"]
     );
     // Seconds waited for a core, the machine's pressure (unknown here: empty), each half's
-    // resident set in MB, and W's images and cache hits (not scraped at t = 0: empty).
+    // resident set in MB, W's images and cache hits (not scraped at t = 0: empty), and the
+    // direct standby's apply CPU (not found: empty).
     assert!(lines[1]
-        .ends_with(",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,,0.000,0.000,0.000,0.000,,"));
-    assert!(lines[2].ends_with(",,123.400,0.000,0.000,,300,40"));
+        .ends_with(",0.000,0.000,0.000,0.000,0.000,0.000,0.000,0.000,,0.000,0.000,0.000,0.000,,,"));
+    assert!(lines[2].ends_with(",,123.400,0.000,0.000,,300,40,"));
+}
+
+/// The direct standby's apply CPU is charged from the sample at which it had replayed the
+/// window's start to the one at which it had replayed its end, not by the window's times;
+/// not at all when the startup process was missing at either or was another one.
+#[test]
+fn the_direct_apply_is_charged_by_what_the_standby_replayed() {
+    let mut samples = vec![
+        s(0.0, 100, [100, 100], [0, 0]),
+        s(1.0, 200, [200, 200], [0, 0]),
+        s(2.0, 300, [300, 300], [0, 0]),
+        s(3.0, 300, [300, 300], [0, 0]),
+    ];
+    // The standby replays one sample late: 100 at t = 1, 200 at t = 2, 300 at t = 3.
+    for (i, x) in samples.iter_mut().enumerate() {
+        x.direct_replayed = [99, 100, 200, 300][i];
+        x.direct_apply = Some((7, [1.0, 1.5, 2.5, 4.5][i]));
+    }
+    let c = cut(&samples, 0.0, 2.0).unwrap();
+    assert_eq!((c.lsn_start, c.lsn_end), (100, 300));
+    assert_eq!(c.direct_apply_cpu_s, Some(3.0));
+    // Not found when the standby had replayed the window's end.
+    samples[3].direct_apply = None;
+    assert_eq!(cut(&samples, 0.0, 2.0).unwrap().direct_apply_cpu_s, None);
+    // A startup process that began again (another pid): its seconds count from 0.
+    samples[3].direct_apply = Some((8, 0.2));
+    assert_eq!(cut(&samples, 0.0, 2.0).unwrap().direct_apply_cpu_s, None);
+    // The timeline carries the seconds, empty where unknown.
+    samples[3].direct_apply = None;
+    let csv = timeline_csv(&samples);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].ends_with(",direct_apply_cpu_s"), "{csv}");
+    assert!(lines[1].ends_with(",1.000"), "{csv}");
+    assert!(lines[4].ends_with(','), "{csv}");
 }
