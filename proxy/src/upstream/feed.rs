@@ -241,10 +241,24 @@ impl FeedToLink<'_> {
         }
     }
 
-    /// Reads one batch: waits for its first message (answering the primary meanwhile), then
-    /// takes what arrives within the window.
+    /// Reads one batch: waits for its first message (answering the primary meanwhile), takes
+    /// what has already arrived with it, and when the batch has room left and there is a
+    /// window, takes what arrived within it once the window ends. A batch that begins with
+    /// what the last one had no room for has no window.
+    ///
+    /// Within the window the primary's connection is not read: what the primary sends
+    /// meanwhile waits in the socket, and joins the batch in one go at the window's end
+    /// ([`Self::take_arrived`]). A busy primary sends each commit's WAL on its own, and
+    /// reading each as it came woke the upstream once per commit (in the bench's pgbench
+    /// runs, most of the upstream's CPU). Nothing waits longer than the window for it; a
+    /// keepalive that asks for a reply is answered when it is read, at the latest at the
+    /// window's end, while the stream's own status updates (every `status_every`, half the
+    /// primary's `wal_sender_timeout` at most) go out meanwhile.
     async fn gather(&mut self) -> Result<Batch, Status> {
         let mut batch = Batch::new(self.batch_max);
+        // What did not fit in the last batch has waited for its window already: this batch
+        // takes what has arrived with it and goes.
+        let carried = self.pending.is_some();
         if let Some(m) = self.pending.take() {
             self.take(&mut batch, m).await?;
         }
@@ -254,7 +268,16 @@ impl FeedToLink<'_> {
                 return Ok(batch);
             }
             if deadline.is_none() && !batch.parts.is_empty() {
-                deadline = Some(tokio::time::Instant::now() + self.window());
+                let window = if carried {
+                    Duration::ZERO
+                } else {
+                    self.window()
+                };
+                if !self.take_arrived(&mut batch).await? || window.is_zero() {
+                    return Ok(batch);
+                }
+                deadline = Some(tokio::time::Instant::now() + window);
+                continue;
             }
             let status_due = self.last_status + self.status_every;
             let window_over = silence::until(deadline);
@@ -266,7 +289,7 @@ impl FeedToLink<'_> {
                     Some(e) => batch.push_event(e),
                     None => return Err(Status::cancelled("the stream's standby connections ended")),
                 },
-                m = self.conn.reader.read(|b| parse_tagged(b, |_| max)) => {
+                m = self.conn.reader.read(|b| parse_tagged(b, |_| max)), if deadline.is_none() => {
                     let m = m.map_err(primary_gone)?;
                     self.silence.heard(tokio::time::Instant::now());
                     if !self.admit(&mut batch, m).await? {
@@ -292,7 +315,10 @@ impl FeedToLink<'_> {
                         PRIMARY_TIMEOUT.as_secs()
                     )));
                 }
-                _ = window_over => return Ok(batch),
+                _ = window_over => {
+                    self.take_arrived(&mut batch).await?;
+                    return Ok(batch);
+                }
                 _ = tokio::time::sleep_until(self.last_sent + ALIVE_EVERY), if batch.parts.is_empty() => {
                     batch.bytes += 16;
                     batch.parts.push(Part::Keepalive {
@@ -302,25 +328,22 @@ impl FeedToLink<'_> {
                     return Ok(batch);
                 }
             }
-            // With no window, only what has already arrived joins the batch.
-            if !batch.parts.is_empty() && self.window().is_zero() {
-                self.take_arrived(&mut batch).await?;
-                return Ok(batch);
-            }
         }
     }
 
-    /// Adds to `batch` the messages of the primary already read, while it has room.
-    async fn take_arrived(&mut self, batch: &mut Batch) -> Result<(), Status> {
-        while !batch.urgent && !batch.full() {
+    /// Adds to `batch` the messages of the primary that have already arrived (read, or
+    /// readable without waiting), while it has room; false when one did not fit (the batch
+    /// is closed before it, [`Self::admit`]).
+    async fn take_arrived(&mut self, batch: &mut Batch) -> Result<bool, Status> {
+        while !batch.urgent && !batch.timeline_end && !batch.full() {
             let Some(m) = self.read().now_or_never() else {
                 break;
             };
             if !self.admit(batch, m?).await? {
-                break;
+                return Ok(false);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// `m` into the batch if it fits; false when it does not (the batch is closed before it,

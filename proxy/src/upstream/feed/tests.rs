@@ -271,3 +271,119 @@ async fn a_stream_waiting_on_the_link_keeps_a_short_wal_sender_timeout_at_bay() 
         "no status update within 1.2 s"
     );
 }
+
+/// Writes the primary's CopyData of XLogData of `len` bytes at `start` into the feed's pipe.
+async fn primary_sends(primary: &mut tokio::io::DuplexStream, start: u64, len: usize) {
+    use tokio::io::AsyncWriteExt;
+    let m = xlogdata(start, len);
+    let mut out = BytesMut::new();
+    encode::copy_data(&mut out, &m.body);
+    primary.write_all(&out).await.unwrap();
+}
+
+/// The WAL a batch carries: (start, bytes) of each run.
+fn runs(b: &Batch) -> Vec<(u64, usize)> {
+    b.parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Wal { header, data } => Some((header.start, data.len())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Within the window the feed takes everything the primary sends, in one batch at the
+/// window's end, without reading each message as it comes; a batch that is full, or begins
+/// with what the last had no room for, goes at once, and so does one with no window (a
+/// synchronous standby's stream).
+#[tokio::test(start_paused = true)]
+async fn a_batch_takes_the_windows_wal_at_its_end_and_leftovers_go_at_once() {
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0));
+    let (mut feed, mut rig) = feed(&metrics, &synchronous, durable);
+    let window = Duration::from_millis(10);
+    feed.window = window;
+    feed.batch_max = 3000;
+    // Three commits' WAL: at the start, 3 ms and 7 ms into the window.
+    let t0 = tokio::time::Instant::now();
+    let sender = async {
+        primary_sends(&mut rig.primary, 0x100_0000, 500).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        primary_sends(&mut rig.primary, 0x100_0000 + 500, 500).await;
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        primary_sends(&mut rig.primary, 0x100_0000 + 1000, 500).await;
+        rig.primary
+    };
+    let (b, primary) = tokio::join!(feed.gather(), sender);
+    rig.primary = primary;
+    let b = b.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000, 1500)]);
+    assert_eq!(
+        t0.elapsed(),
+        window,
+        "the batch went before its window ended"
+    );
+    // More than a batch holds, there already: the batch goes at once with what fits, and the
+    // rest in the next ones, with no window of their own.
+    let t2 = tokio::time::Instant::now();
+    for i in 0..5 {
+        primary_sends(&mut rig.primary, 0x100_0000 + 1500 + i * 1000, 1000).await;
+    }
+    let b = feed.gather().await.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000 + 1500, 2000)]);
+    assert_eq!(t2.elapsed(), Duration::ZERO, "a full batch waited");
+    let b = feed.gather().await.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000 + 3500, 2000)]);
+    assert_eq!(t2.elapsed(), Duration::ZERO, "a carried batch waited");
+    let b = feed.gather().await.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000 + 5500, 1000)]);
+    assert_eq!(t2.elapsed(), Duration::ZERO);
+    // A synchronous standby's stream: no window, what has arrived goes at once.
+    synchronous.store(1, Ordering::Relaxed);
+    let t3 = tokio::time::Instant::now();
+    primary_sends(&mut rig.primary, 0x100_0000 + 6500, 100).await;
+    primary_sends(&mut rig.primary, 0x100_0000 + 6600, 100).await;
+    let b = feed.gather().await.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000 + 6500, 200)]);
+    assert_eq!(t3.elapsed(), Duration::ZERO);
+}
+
+/// A keepalive that asks for a reply, sent within a window, is answered by the window's end
+/// at the latest (with the spool's durable position), and the batch goes on.
+#[tokio::test(start_paused = true)]
+async fn a_reply_asked_for_within_the_window_goes_by_its_end() {
+    use tokio::io::AsyncWriteExt;
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0x200_0000));
+    let (mut feed, mut rig) = feed(&metrics, &synchronous, durable);
+    let window = Duration::from_millis(10);
+    feed.window = window;
+    let t0 = tokio::time::Instant::now();
+    let primary = async {
+        primary_sends(&mut rig.primary, 0x100_0000, 500).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        // 'k', the WAL's end, the send time, reply requested.
+        let mut k = vec![b'k'];
+        k.extend_from_slice(&0x100_0200u64.to_be_bytes());
+        k.extend_from_slice(&0u64.to_be_bytes());
+        k.push(1);
+        let mut out = BytesMut::new();
+        encode::copy_data(&mut out, &k);
+        rig.primary.write_all(&out).await.unwrap();
+        let reply = status_sent(&mut rig.primary).await;
+        (reply, t0.elapsed())
+    };
+    let (b, (reply, at)) = tokio::join!(feed.gather(), primary);
+    let at_ = Lsn(0x200_0000);
+    assert_eq!(reply, (at_, at_, Lsn(0)));
+    assert!(at <= window, "answered {at:?} after the first WAL");
+    let b = b.unwrap();
+    assert_eq!(runs(&b), vec![(0x100_0000, 500)]);
+    assert!(matches!(
+        b.parts.last(),
+        Some(Part::Keepalive {
+            end: 0x100_0200,
+            ..
+        })
+    ));
+}
