@@ -249,11 +249,11 @@ impl FeedToLink<'_> {
     /// Within the window the primary's connection is not read: what the primary sends
     /// meanwhile waits in the socket, and joins the batch in one go at the window's end
     /// ([`Self::take_arrived`]). A busy primary sends each commit's WAL on its own, and
-    /// reading each as it came woke the upstream once per commit (in the bench's pgbench
-    /// runs, most of the upstream's CPU). Nothing waits longer than the window for it; a
-    /// keepalive that asks for a reply is answered when it is read, at the latest at the
-    /// window's end, while the stream's own status updates (every `status_every`, half the
-    /// primary's `wal_sender_timeout` at most) go out meanwhile.
+    /// reading each as it came cost a read per commit (the runtime's I/O driver still wakes
+    /// on each commit's bytes; only the reads and the task's polls go). Nothing waits longer
+    /// than the window for it; a keepalive that asks for a reply is answered when it is read,
+    /// at the latest at the window's end, while the stream's own status updates (every
+    /// `status_every`, half the primary's `wal_sender_timeout` at most) go out meanwhile.
     async fn gather(&mut self) -> Result<Batch, Status> {
         let mut batch = Batch::new(self.batch_max);
         // What did not fit in the last batch has waited for its window already: this batch
