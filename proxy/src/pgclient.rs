@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 
 use crate::conninfo::{ConnInfo, HostSpec, SslMode, TargetSessionAttrs};
 use crate::pgio::MsgReader;
+use crate::tcp::RecvWake;
 use sslfallback::{Failure, Tls};
 use walrelay_pgwire::{encode, parse_tagged, ErrorFields, RawMsg, WireError};
 
@@ -156,9 +157,22 @@ pub struct PrimaryConn {
     pub server: Server,
     /// The primary backend's BackendKeyData (pid, key), for [`cancel`].
     pub backend_key: Option<(u32, u32)>,
+    /// When the runtime is told of the primary's bytes (TCP only; None on a Unix socket):
+    /// a reader that batches defers it ([`crate::tcp::RecvWake`]).
+    pub wake: Option<RecvWake>,
 }
 
 impl PrimaryConn {
+    /// [`PrimaryConn::over`] a TCP connection, with its receive low-water mark.
+    #[cfg(test)]
+    pub(crate) fn over_tcp(tcp: tokio::net::TcpStream, max_message_bytes: usize) -> PrimaryConn {
+        let wake = RecvWake::of(&tcp);
+        PrimaryConn {
+            wake,
+            ..PrimaryConn::over(Box::new(tcp), max_message_bytes)
+        }
+    }
+
     /// A connection over `io` to host "test" (unit tests: the other end is the primary).
     #[cfg(test)]
     pub(crate) fn over(io: BoxIo, max_message_bytes: usize) -> PrimaryConn {
@@ -177,6 +191,7 @@ impl PrimaryConn {
                 },
             },
             backend_key: None,
+            wake: None,
         }
     }
 }
@@ -312,19 +327,19 @@ async fn connect_tries(
         })
 }
 
-/// A connected socket to `host`, TLS per `tls` (none on a Unix socket, as libpq), and
-/// whether it is encrypted.
+/// A connected socket to `host`, TLS per `tls` (none on a Unix socket, as libpq), whether
+/// it is encrypted, and its receive low-water mark (TCP).
 async fn open_socket(
     ci: &ConnInfo,
     host: &HostSpec,
     tls: Tls,
-) -> Result<(BoxIo, bool), PgClientError> {
+) -> Result<(BoxIo, bool, Option<RecvWake>), PgClientError> {
     let addr = host.to_string();
     if host.is_unix_socket() {
         let s = tokio::net::UnixStream::connect(&addr)
             .await
             .map_err(|cause| PgClientError::Connect { addr, cause })?;
-        return Ok((Box::new(s), false));
+        return Ok((Box::new(s), false, None));
     }
     let tcp = TcpStream::connect((host.dial_host().as_str(), host.port))
         .await
@@ -338,7 +353,9 @@ async fn open_socket(
     if let Err(e) = crate::tcp::keep_alive(&tcp, true) {
         tracing::debug!(primary = %addr, "TCP keepalive not set on a connection to the primary: {e}");
     }
-    negotiate_tls(tcp, ci, host, tls).await
+    let wake = RecvWake::of(&tcp);
+    let (io, encrypted) = negotiate_tls(tcp, ci, host, tls).await?;
+    Ok((io, encrypted, wake))
 }
 
 /// One try on `host`; a failure comes with what [`sslfallback`] needs to know of it.
@@ -350,7 +367,7 @@ async fn connect_inner(
     tls: Tls,
 ) -> Result<PrimaryConn, (PgClientError, Failure)> {
     let other = |e: PgClientError| (e, Failure::Other);
-    let (io, encrypted) = open_socket(ci, host, tls).await.map_err(|e| match e {
+    let (io, encrypted, wake) = open_socket(ci, host, tls).await.map_err(|e| match e {
         PgClientError::TlsHandshake { .. } => (e, Failure::Handshake),
         e => (e, Failure::Other),
     })?;
@@ -383,6 +400,7 @@ async fn connect_inner(
             host: host.clone(),
         },
         backend_key,
+        wake,
     })
 }
 
@@ -474,7 +492,7 @@ pub async fn cancel(
     key: u32,
 ) -> Result<(), PgClientError> {
     let attempt = async {
-        let (mut io, _) = open_socket(ci, host, sslfallback::first_try(ci.sslmode)).await?;
+        let (mut io, _, _) = open_socket(ci, host, sslfallback::first_try(ci.sslmode)).await?;
         let mut out = BytesMut::new();
         encode::cancel_request(&mut out, pid, key);
         io.write_all(&out).await.map_err(WireError::Io)?;

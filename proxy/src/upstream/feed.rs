@@ -63,6 +63,13 @@ pub fn status_every(wal_sender_timeout: Option<&str>) -> Duration {
 /// half of it the status update asks for a reply, which a live primary sends at once.
 pub const PRIMARY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Room for each read of what arrived within a batch's window, and how far past the batch's
+/// room those reads go ([`FeedToLink::window_end`]).
+const WINDOW_READ: usize = 64 * 1024;
+
+/// Longest wait for bytes the socket holds at a window's end to be reported readable.
+const WINDOW_READ_WAIT: Duration = Duration::from_millis(100);
+
 #[derive(Default)]
 struct Batch {
     parts: Vec<Part>,
@@ -248,13 +255,25 @@ impl FeedToLink<'_> {
     ///
     /// Within the window the primary's connection is not read: what the primary sends
     /// meanwhile waits in the socket, and joins the batch in one go at the window's end
-    /// ([`Self::take_arrived`]). A busy primary sends each commit's WAL on its own, and
-    /// reading each as it came cost a read per commit (the runtime's I/O driver still wakes
-    /// on each commit's bytes; only the reads and the task's polls go). Nothing waits longer
-    /// than the window for it; a keepalive that asks for a reply is answered when it is read,
-    /// at the latest at the window's end, while the stream's own status updates (every
-    /// `status_every`, half the primary's `wal_sender_timeout` at most) go out meanwhile.
+    /// ([`Self::window_end`]). A busy primary sends each commit's WAL on its own, and
+    /// reading each as it came cost a read per commit. On TCP the runtime is not even told
+    /// of those arrivals until the batch's room has come ([`crate::tcp::RecvWake`]: then
+    /// the batch fills and goes), so the commits within a window no longer wake the upstream
+    /// at all. Nothing waits longer than the window for it; a keepalive that asks for a
+    /// reply is answered when it is read, at the latest at the window's end, while the
+    /// stream's own status updates (every `status_every`, half the primary's
+    /// `wal_sender_timeout` at most) go out meanwhile.
     async fn gather(&mut self) -> Result<Batch, Status> {
+        let batch = self.gather_window().await;
+        // However the batch ended, the next one's first message wakes the feed as it comes.
+        if let Some(w) = self.conn.wake.as_mut() {
+            w.restore();
+        }
+        batch
+    }
+
+    /// [`Self::gather`], but for the socket's wake-ups set back.
+    async fn gather_window(&mut self) -> Result<Batch, Status> {
         let mut batch = Batch::new(self.batch_max);
         // What did not fit in the last batch has waited for its window already: this batch
         // takes what has arrived with it and goes.
@@ -277,8 +296,14 @@ impl FeedToLink<'_> {
                     return Ok(batch);
                 }
                 deadline = Some(tokio::time::Instant::now() + window);
+                let room = batch.max.saturating_sub(batch.bytes);
+                if let Some(w) = self.conn.wake.as_mut() {
+                    w.defer(room);
+                }
                 continue;
             }
+            // Deferred, the socket tells only once the batch's room has come.
+            let deferred = self.conn.wake.as_ref().is_some_and(|w| w.deferred());
             let status_due = self.last_status + self.status_every;
             let window_over = silence::until(deadline);
             let max = self.conn.max_message_bytes;
@@ -289,11 +314,23 @@ impl FeedToLink<'_> {
                     Some(e) => batch.push_event(e),
                     None => return Err(Status::cancelled("the stream's standby connections ended")),
                 },
-                m = self.conn.reader.read(|b| parse_tagged(b, |_| max)), if deadline.is_none() => {
+                m = self.conn.reader.read(|b| parse_tagged(b, |_| max)), if deadline.is_none() || deferred => {
                     let m = m.map_err(primary_gone)?;
                     self.silence.heard(tokio::time::Instant::now());
                     if !self.admit(&mut batch, m).await? {
                         return Ok(batch);
+                    }
+                    if deadline.is_some() && !self.take_arrived(&mut batch).await? {
+                        // The room came within the window: the batch is full and goes.
+                        return Ok(batch);
+                    }
+                    if deadline.is_some() {
+                        // Woken short of the room (a receive window down to a segment, a
+                        // buffer short of memory: the kernel's reasons): the window goes on.
+                        let room = batch.max.saturating_sub(batch.bytes);
+                        if let Some(w) = self.conn.wake.as_mut() {
+                            w.defer(room);
+                        }
                     }
                 }
                 r = self.durable.changed() => {
@@ -316,7 +353,7 @@ impl FeedToLink<'_> {
                     )));
                 }
                 _ = window_over => {
-                    self.take_arrived(&mut batch).await?;
+                    self.window_end(&mut batch).await?;
                     return Ok(batch);
                 }
                 _ = tokio::time::sleep_until(self.last_sent + ALIVE_EVERY), if batch.parts.is_empty() => {
@@ -329,6 +366,35 @@ impl FeedToLink<'_> {
                 }
             }
         }
+    }
+
+    /// The end of a batch's window: the socket tells of every arrival again, what came within
+    /// the window is read (as much as the batch has room for, and a read more) and joins the
+    /// batch ([`Self::take_arrived`]).
+    async fn window_end(&mut self, batch: &mut Batch) -> Result<(), Status> {
+        let waiting = match self.conn.wake.as_mut() {
+            Some(w) if w.deferred() => {
+                w.restore();
+                w.unread().unwrap_or(0)
+            }
+            _ => 0,
+        };
+        let room = batch.max.saturating_sub(batch.bytes);
+        let mut left = waiting.min(room.saturating_add(WINDOW_READ));
+        while left > 0 {
+            // The kernel told the runtime of these bytes when the mark went back; the wait
+            // is bounded all the same, and a socket that did not tell is not deferred again.
+            let read = self.conn.reader.fill(WINDOW_READ);
+            match tokio::time::timeout(WINDOW_READ_WAIT, read).await {
+                Ok(n) => left = left.saturating_sub(n.map_err(primary_gone)?),
+                Err(_) => {
+                    tracing::warn!("bytes waiting on the primary's connection were not reported readable within {} ms; its batches wake the feed at every arrival from now on", WINDOW_READ_WAIT.as_millis());
+                    self.conn.wake = None;
+                    break;
+                }
+            }
+        }
+        self.take_arrived(batch).await.map(|_| ())
     }
 
     /// Adds to `batch` the messages of the primary that have already arrived (read, or

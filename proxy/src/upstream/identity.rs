@@ -41,6 +41,7 @@ use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PgClientError, PrimaryConn};
 use crate::pgio::MsgReader;
 use crate::silence::{self, Silence};
+use crate::tcp::RecvWake;
 
 /// Waits before the standby's connection to the primary is opened again after it ended: the
 /// first, doubled after each attempt that failed soon, up to the last (a primary that is down
@@ -69,14 +70,38 @@ const READ_ROOM: usize = 256 * 1024;
 /// feedback); it comes back to the connection at once.
 const READ_BURST: usize = 4 << 20;
 
+/// While an identity waits [`READ_PACE`], the runtime is told of the primary's bytes on its
+/// connection only once this many wait ([`RecvWake`], TCP): each commit's WAL arriving
+/// meanwhile woke the upstream for nothing. Reaching it, the connection is read at once.
+const PACE_MARK: usize = 1 << 20;
+
 /// One read of the primary's bytes on an identity's connection, not before `at`; how many
-/// came. Cancellation-safe.
+/// came. Cancellation-safe. The socket's wake-ups deferred for the pace are set back when it
+/// is over, or when [`PACE_MARK`] bytes came first.
 async fn paced_fill<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut MsgReader<R>,
+    wake: &mut Option<RecvWake>,
     at: Option<tokio::time::Instant>,
 ) -> Result<usize, WireError> {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at).await;
+    let paced = async {
+        if let Some(at) = at {
+            tokio::time::sleep_until(at).await;
+        }
+    };
+    let deferred = wake.as_ref().is_some_and(|w| w.deferred());
+    tokio::select! {
+        biased;
+        // Kernel-deferred: ready only at the mark.
+        n = reader.fill(READ_ROOM), if deferred => {
+            if let Some(w) = wake.as_mut() {
+                w.restore();
+            }
+            return n;
+        }
+        _ = paced => {}
+    }
+    if let Some(w) = wake.as_mut() {
+        w.restore();
     }
     reader.fill(READ_ROOM).await
 }
@@ -250,7 +275,7 @@ impl Identity {
                     "nothing from the primary for {} s, though it was asked for a reply",
                     PRIMARY_TIMEOUT.as_secs()
                 ))),
-                r = paced_fill(&mut s.conn.reader, s.read_at), if streaming => match r {
+                r = paced_fill(&mut s.conn.reader, &mut s.conn.wake, s.read_at), if streaming => match r {
                     Ok(n) => {
                         s.silence.heard(tokio::time::Instant::now());
                         self.drain_primary(&mut s, entry, n).await
@@ -373,6 +398,9 @@ impl Identity {
             match s.conn.reader.fill_ready(READ_ROOM) {
                 None => {
                     s.read_at = Some(tokio::time::Instant::now() + READ_PACE);
+                    if let Some(w) = s.conn.wake.as_mut() {
+                        w.defer(PACE_MARK);
+                    }
                     return Ok(());
                 }
                 Some(Ok(n)) => burst += n,

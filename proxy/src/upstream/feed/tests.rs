@@ -104,9 +104,20 @@ fn feed<'a>(
     synchronous: &'a AtomicUsize,
     durable: watch::Receiver<Lsn>,
 ) -> (FeedToLink<'a>, Rig) {
-    use crate::upstream::encode::Framer;
     let (client, primary) = tokio::io::duplex(1 << 20);
     let conn = PrimaryConn::over(Box::new(client), 1 << 20);
+    let (feed, rig) = feed_over(conn, metrics, synchronous, durable);
+    (feed, Rig { primary, ..rig })
+}
+
+/// [`feed`] on `conn`; the rig's pipe to the primary is not connected to it.
+fn feed_over<'a>(
+    conn: PrimaryConn,
+    metrics: &'a std::sync::Arc<Metrics>,
+    synchronous: &'a AtomicUsize,
+    durable: watch::Receiver<Lsn>,
+) -> (FeedToLink<'a>, Rig) {
+    use crate::upstream::encode::Framer;
     let encoder = walrelay_wal::linkcodec::WalEncoder::new(&crate::testwal::wal_setup()).unwrap();
     let framer = Framer::new(encoder, metrics.ops.codec.session(), metrics.clone(), 0);
     let (tx, frames) = mpsc::channel(4);
@@ -132,7 +143,7 @@ fn feed<'a>(
         silence: Silence::new(Some(PRIMARY_TIMEOUT), now),
     };
     let rig = Rig {
-        primary,
+        primary: tokio::io::duplex(64).1,
         _frames: frames,
         _events: events_tx,
     };
@@ -273,7 +284,7 @@ async fn a_stream_waiting_on_the_link_keeps_a_short_wal_sender_timeout_at_bay() 
 }
 
 /// Writes the primary's CopyData of XLogData of `len` bytes at `start` into the feed's pipe.
-async fn primary_sends(primary: &mut tokio::io::DuplexStream, start: u64, len: usize) {
+async fn primary_sends(primary: &mut (impl tokio::io::AsyncWrite + Unpin), start: u64, len: usize) {
     use tokio::io::AsyncWriteExt;
     let m = xlogdata(start, len);
     let mut out = BytesMut::new();
@@ -386,4 +397,99 @@ async fn a_reply_asked_for_within_the_window_goes_by_its_end() {
             ..
         })
     ));
+}
+
+/// Over TCP the commits within a window do not wake the feed (the socket's low-water mark is
+/// the batch's room): they wait in the socket and join the batch at the window's end; the
+/// room filling within the window sends the batch at once; after each batch the socket tells
+/// of every arrival again.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn over_tcp_a_window_defers_its_wake_ups_to_its_end_or_its_room() {
+    use tokio::io::AsyncWriteExt;
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0));
+    let (tcp, mut primary) = crate::tcp::recv_wake_tests::pair().await;
+    let watch_socket = crate::tcp::RecvWake::of(&tcp).unwrap();
+    let conn = PrimaryConn::over_tcp(tcp, 1 << 20);
+    let (mut feed, _rig) = feed_over(conn, &metrics, &synchronous, durable);
+    let window = Duration::from_millis(300);
+    feed.window = window;
+    feed.batch_max = 8000;
+    let t0 = std::time::Instant::now();
+    let sender = async {
+        primary_sends(&mut primary, 0x100_0000, 500).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        primary_sends(&mut primary, 0x100_0000 + 500, 500).await;
+        primary_sends(&mut primary, 0x100_0000 + 1000, 500).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Both commits wait in the socket, unread.
+        let unread = watch_socket.unread().unwrap();
+        primary.flush().await.unwrap();
+        unread
+    };
+    let (b, unread) = tokio::join!(feed.gather(), sender);
+    assert_eq!(
+        unread,
+        2 * (5 + 25 + 500),
+        "the feed read within its window"
+    );
+    assert_eq!(runs(&b.unwrap()), vec![(0x100_0000, 1500)]);
+    assert!(
+        t0.elapsed() >= window,
+        "the batch went before its window ended"
+    );
+    assert!(!feed.conn.wake.as_ref().unwrap().deferred());
+    // The batch's room comes within the window: it goes then, not at the window's end.
+    feed.window = Duration::from_secs(30);
+    let t1 = std::time::Instant::now();
+    let sender = async {
+        primary_sends(&mut primary, 0x100_0000 + 1500, 500).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for i in 0..8 {
+            primary_sends(&mut primary, 0x100_0000 + 2000 + i * 1000, 1000).await;
+        }
+    };
+    let (b, ()) = tokio::join!(feed.gather(), sender);
+    let b = b.unwrap();
+    assert!(
+        t1.elapsed() < Duration::from_secs(20),
+        "a batch whose room came waited for its window's end"
+    );
+    let taken: usize = runs(&b).iter().map(|r| r.1).sum();
+    assert!(taken >= 6500, "{:?}", runs(&b));
+    assert!(!feed.conn.wake.as_ref().unwrap().deferred());
+}
+
+/// On a new loopback connection the kernel wakes a reader at every arrival whatever its mark
+/// (the receive window is one 64 kB segment): the feed reads each commit as it comes, but the
+/// window still ends at its time, with all of them in one batch.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn woken_short_of_its_room_a_window_goes_on() {
+    let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
+    let (_durable_tx, durable) = watch::channel(Lsn(0));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut primary = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (tcp, _) = l.accept().await.unwrap();
+    let conn = PrimaryConn::over_tcp(tcp, 1 << 20);
+    let (mut feed, _rig) = feed_over(conn, &metrics, &synchronous, durable);
+    let window = Duration::from_millis(300);
+    feed.window = window;
+    let t0 = std::time::Instant::now();
+    let sender = async {
+        for i in 0..3 {
+            primary_sends(&mut primary, 0x100_0000 + i * 500, 500).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (b, ()) = tokio::join!(feed.gather(), sender);
+    assert_eq!(runs(&b.unwrap()), vec![(0x100_0000, 1500)]);
+    assert!(
+        t0.elapsed() >= window,
+        "the batch went before its window ended"
+    );
+    assert!(!feed.conn.wake.as_ref().unwrap().deferred());
 }
