@@ -197,8 +197,8 @@ fn print_stats(st: &CodecStats) {
         st.records_split, st.records_held, st.raw_in, st.raw_out
     );
     println!(
-        "prunes predicted: {}, of them exactly: {}, their block data exactly: {}",
-        st.prunes_predicted, st.prunes_exact, st.prunes_data_exact
+        "prunes predicted: {}, of them exactly: {}, their block data exactly: {}, missed by the reason byte alone: {}",
+        st.prunes_predicted, st.prunes_exact, st.prunes_data_exact, st.prunes_missed_by_reason
     );
 }
 
@@ -220,6 +220,7 @@ fn since(before: &CodecStats, now: &CodecStats) -> CodecStats {
     st.prunes_predicted -= before.prunes_predicted;
     st.prunes_exact -= before.prunes_exact;
     st.prunes_data_exact -= before.prunes_data_exact;
+    st.prunes_missed_by_reason -= before.prunes_missed_by_reason;
     st.section_in
         .copy_from_slice(&sub(&now.section_in, &before.section_in));
     st.section_out

@@ -347,6 +347,11 @@ pub struct CodecStats {
     pub prunes_predicted: u64,
     pub prunes_exact: u64,
     pub prunes_data_exact: u64,
+    /// Of the prunes not matched whole, those that missed by 17–18's unset `reason` byte
+    /// alone: what that byte holds is whatever the primary's stack held, which varies
+    /// between builds and machines (0 in 99.8 % of one machine's PostgreSQL 17 prunes, in
+    /// none of another's).
+    pub prunes_missed_by_reason: u64,
     /// Bytes in and out per resource manager, for encoded records.
     pub by_rmgr: rmgr::RmgrTotals,
     /// Per payload section (the streams in payload order, then the page frames): bytes put

@@ -595,6 +595,16 @@ pub fn main_exact(main: &[u8], p: &Prediction) -> bool {
     pl >= p.main_len && main[..pl].iter().all(|&x| x == 0)
 }
 
+/// Whether main data after [`apply_main`] missed the prediction by 17–18's `reason` byte
+/// alone (the byte PostgreSQL leaves unset; [`main_exact`] is false then).
+pub fn main_missed_by_reason(main: &[u8], major: Option<PgMajor>, p: &Prediction) -> bool {
+    let pl = main.len().min(MAIN_LEN);
+    Layout::of(major) == Some(Layout::V17)
+        && pl >= p.main_len
+        && main.first().is_some_and(|&r| r != 0)
+        && main[1..pl].iter().all(|&x| x == 0)
+}
+
 /// Whether block 0's data after [`apply_data`] is the prediction's: zeros, as long.
 pub fn data_exact(data: &[u8], p: &Prediction) -> bool {
     data.len() == p.data.len() && data.iter().all(|&x| x == 0)

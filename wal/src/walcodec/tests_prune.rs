@@ -219,4 +219,5 @@ fn a_stray_reason_byte_misses_only_itself() {
         (st.prunes_predicted, st.prunes_exact, st.prunes_data_exact),
         (1, 0, 1)
     );
+    assert_eq!(st.prunes_missed_by_reason, 1);
 }

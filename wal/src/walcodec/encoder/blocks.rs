@@ -99,6 +99,10 @@ impl Encoder {
                 self.stats.prunes_data_exact += u64::from(prune_zero);
                 if prune_zero && prunexf::main_exact(&xmain, &self.prune) {
                     self.stats.prunes_exact += 1;
+                } else if prune_zero
+                    && prunexf::main_missed_by_reason(&xmain, self.pg_major, &self.prune)
+                {
+                    self.stats.prunes_missed_by_reason += 1;
                 }
             }
             self.put_site(site, S_MAIN, &xmain);
