@@ -206,9 +206,7 @@ pub(crate) mod recv_wake_tests {
     /// on a replication connection that has streamed a while.
     pub(crate) async fn pair() -> (TcpStream, TcpStream) {
         use tokio::io::AsyncReadExt;
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut writer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let (mut reader, _) = l.accept().await.unwrap();
+        let (mut reader, mut writer) = new_pair().await;
         const WARM: usize = 16 << 20;
         let send = tokio::spawn(async move {
             writer.write_all(&vec![0u8; WARM]).await.unwrap();
@@ -220,6 +218,14 @@ pub(crate) mod recv_wake_tests {
             got += reader.read(&mut buf).await.unwrap();
         }
         (reader, send.await.unwrap())
+    }
+
+    /// A connected pair as it is new: (the reading end, the writing end).
+    pub(crate) async fn new_pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let writer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (reader, _) = l.accept().await.unwrap();
+        (reader, writer)
     }
 
     async fn readable_within(s: &TcpStream, ms: u64) -> bool {

@@ -101,6 +101,11 @@ impl Batch {
         self.bytes >= self.max
     }
 
+    /// Bytes it has room for still.
+    fn room(&self) -> usize {
+        self.max.saturating_sub(self.bytes)
+    }
+
     /// Ends the batch before `next`, which did not fit: the next batch starts with it.
     fn close_before(&mut self, next: &RawMsg) {
         let follows = match XLogData::parse(&next.body) {
@@ -296,10 +301,7 @@ impl FeedToLink<'_> {
                     return Ok(batch);
                 }
                 deadline = Some(tokio::time::Instant::now() + window);
-                let room = batch.max.saturating_sub(batch.bytes);
-                if let Some(w) = self.conn.wake.as_mut() {
-                    w.defer(room);
-                }
+                self.defer_wake(&batch);
                 continue;
             }
             // Deferred, the socket tells only once the batch's room has come.
@@ -320,17 +322,14 @@ impl FeedToLink<'_> {
                     if !self.admit(&mut batch, m).await? {
                         return Ok(batch);
                     }
-                    if deadline.is_some() && !self.take_arrived(&mut batch).await? {
-                        // The room came within the window: the batch is full and goes.
-                        return Ok(batch);
-                    }
                     if deadline.is_some() {
+                        if !self.take_arrived(&mut batch).await? {
+                            // The room came within the window: the batch is full and goes.
+                            return Ok(batch);
+                        }
                         // Woken short of the room (a receive window down to a segment, a
                         // buffer short of memory: the kernel's reasons): the window goes on.
-                        let room = batch.max.saturating_sub(batch.bytes);
-                        if let Some(w) = self.conn.wake.as_mut() {
-                            w.defer(room);
-                        }
+                        self.defer_wake(&batch);
                     }
                 }
                 r = self.durable.changed() => {
@@ -368,6 +367,14 @@ impl FeedToLink<'_> {
         }
     }
 
+    /// For the rest of a batch's window the socket tells of the primary's bytes only once
+    /// the batch's room has come (TCP).
+    fn defer_wake(&mut self, batch: &Batch) {
+        if let Some(w) = self.conn.wake.as_mut() {
+            w.defer(batch.room());
+        }
+    }
+
     /// The end of a batch's window: the socket tells of every arrival again, what came within
     /// the window is read (as much as the batch has room for, and a read more) and joins the
     /// batch ([`Self::take_arrived`]).
@@ -379,8 +386,7 @@ impl FeedToLink<'_> {
             }
             _ => 0,
         };
-        let room = batch.max.saturating_sub(batch.bytes);
-        let mut left = waiting.min(room.saturating_add(WINDOW_READ));
+        let mut left = waiting.min(batch.room().saturating_add(WINDOW_READ));
         while left > 0 {
             // The kernel told the runtime of these bytes when the mark went back; the wait
             // is bounded all the same, and a socket that did not tell is not deferred again.

@@ -89,21 +89,19 @@ async fn paced_fill<R: tokio::io::AsyncRead + Unpin>(
         }
     };
     let deferred = wake.as_ref().is_some_and(|w| w.deferred());
-    tokio::select! {
+    let early = tokio::select! {
         biased;
         // Kernel-deferred: ready only at the mark.
-        n = reader.fill(READ_ROOM), if deferred => {
-            if let Some(w) = wake.as_mut() {
-                w.restore();
-            }
-            return n;
-        }
-        _ = paced => {}
-    }
+        n = reader.fill(READ_ROOM), if deferred => Some(n),
+        _ = paced => None,
+    };
     if let Some(w) = wake.as_mut() {
         w.restore();
     }
-    reader.fill(READ_ROOM).await
+    match early {
+        Some(n) => n,
+        None => reader.fill(READ_ROOM).await,
+    }
 }
 
 /// What the stream passes to a standby's identity.

@@ -469,11 +469,7 @@ async fn over_tcp_a_window_defers_its_wake_ups_to_its_end_or_its_room() {
 async fn woken_short_of_its_room_a_window_goes_on() {
     let (metrics, synchronous) = (std::sync::Arc::new(Metrics::default()), AtomicUsize::new(0));
     let (_durable_tx, durable) = watch::channel(Lsn(0));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut primary = tokio::net::TcpStream::connect(l.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (tcp, _) = l.accept().await.unwrap();
+    let (tcp, mut primary) = crate::tcp::recv_wake_tests::new_pair().await;
     let conn = PrimaryConn::over_tcp(tcp, 1 << 20);
     let (mut feed, _rig) = feed_over(conn, &metrics, &synchronous, durable);
     let window = Duration::from_millis(300);
