@@ -123,6 +123,10 @@ pub struct PairWindow {
     pub framing_feedback_bytes_per_message: Option<f64>,
     /// (socket bytes both ways − WAL payload bytes) / socket bytes.
     pub framing_feedback_share: Option<f64>,
+    /// The most payload that can have been in flight between the two counts at the window's
+    /// ends ([`framing_overhead`]); the framing is not estimated where it could be more than
+    /// [`FRAMING_TOLERANCE`] of the estimate (None when not known).
+    pub framing_in_flight_bytes: Option<f64>,
     pub upstream_cpu_s_per_gb: f64,
     pub downstream_cpu_s_per_gb: f64,
     /// CPU seconds per second of the window: the cores each half kept busy.
@@ -183,18 +187,32 @@ fn is_late(receipt_delay_s: f64) -> bool {
     receipt_delay_s > LATE_SECS
 }
 
+/// Largest share of a framing estimate that the payload in flight at the window's ends may
+/// make up for the estimate to be reported.
+pub const FRAMING_TOLERANCE: f64 = 0.25;
+
 /// `link` (socket bytes both ways) less the WAL `payload` the upstream counted: the framing
-/// and the feedback, estimated. None when not scraped, and when the pair is [`is_late`]: the
-/// payload is counted as the upstream sends it and the link bytes as they pass the socket,
-/// so the bytes between the two (the link's queues, the sockets' buffers, much larger while
-/// the relay is behind) can be more at one end of the window than at the other, and the
-/// difference is then no estimate of framing at all (it came out negative on a run of
-/// `toast`).
-fn framing_overhead(link: u64, payload: Option<f64>, receipt_delay_s: f64) -> Option<f64> {
+/// and the feedback, estimated. The payload is counted as the upstream hands it to the link
+/// and the link bytes as they pass the socket, so the payload between the two (the link's
+/// queues, the sockets' buffers) at one end of the window and not at the other is charged
+/// as framing, or taken from it. `in_flight`: the most that can be (the payload of the WAL
+/// the upstream had sent and the standby not yet received, at either end).
+///
+/// None when not scraped; when the pair is [`is_late`]; and when `in_flight` could be more
+/// than [`FRAMING_TOLERANCE`] of the estimate. On a bulk load the framing is about 0.5 % of
+/// the link and megabytes are in flight: the difference then came out negative (−76.6 bytes
+/// a message in a cold window of `bulk`, and on a run of `toast`), no estimate at all.
+fn framing_overhead(
+    link: u64,
+    payload: Option<f64>,
+    receipt_delay_s: f64,
+    in_flight: Option<f64>,
+) -> Option<f64> {
     if is_late(receipt_delay_s) {
         return None;
     }
-    payload.map(|pl| link as f64 - pl)
+    let overhead = link as f64 - payload?;
+    (in_flight? <= overhead * FRAMING_TOLERANCE).then_some(overhead)
 }
 
 impl Window {
@@ -214,7 +232,12 @@ impl Window {
         let pair = |p: &PairCut, codec: &'static str| {
             let link = p.toward_standby + p.toward_primary;
             let receipt_delay_s = (p.t0 - cut.t_start).max(p.t1 - cut.t_end);
-            let overhead = framing_overhead(link, p.payload, receipt_delay_s);
+            // The in-flight WAL's payload at the window's own payload per WAL byte.
+            let in_flight = p
+                .inflight_wal
+                .zip(p.payload)
+                .map(|(w, pl)| w as f64 * ratio(pl, wal as f64));
+            let overhead = framing_overhead(link, p.payload, receipt_delay_s, in_flight);
             PairWindow {
                 codec,
                 link_bytes: link,
@@ -227,6 +250,7 @@ impl Window {
                     .zip(p.messages)
                     .map(|(o, m)| ratio(o, m)),
                 framing_feedback_share: overhead.map(|o| ratio(o, link as f64)),
+                framing_in_flight_bytes: in_flight,
                 upstream_cpu_s_per_gb: ratio(p.cpu_up_s, gb),
                 downstream_cpu_s_per_gb: ratio(p.cpu_down_s, gb),
                 upstream_cores: ratio(p.cpu_up_s, p.t1 - p.t0),

@@ -173,6 +173,11 @@ pub struct PairCut {
     /// bytes (None when unknown).
     pub peak_rss_up: Option<f64>,
     pub peak_rss_down: Option<f64>,
+    /// WAL the upstream had handed to the link (its payload counted) that the standby had not
+    /// yet received, the larger at the two samples the pair is charged between: the bound on
+    /// payload counted but not yet past the link's socket count there (pair W only; None
+    /// without W's positions).
+    pub inflight_wal: Option<u64>,
     /// Largest primary position − standby replay position over the window's samples.
     pub max_replay_lag: u64,
     /// Largest primary position − standby receive position: the part of the lag that is the
@@ -281,6 +286,12 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             .with_context(|| format!("standby {p} never received the window's end"))?;
         let (a, b) = (&samples[j0].pairs[p], &samples[j1].pairs[p]);
         let num = |x: f64, y: f64| (x.is_finite() && y.is_finite()).then_some(y - x);
+        let inflight = |j: usize| {
+            let s = &samples[j];
+            s.w_relay
+                .filter(|_| p == 0)
+                .map(|r| r.sent_down.saturating_sub(s.received[p]))
+        };
         Ok(PairCut {
             t0: samples[j0].t,
             t1: samples[j1].t,
@@ -301,6 +312,7 @@ pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {
             wait_down_s: num(a.wait_down, b.wait_down),
             peak_rss_up: b.peak_rss_up.is_finite().then_some(b.peak_rss_up),
             peak_rss_down: b.peak_rss_down.is_finite().then_some(b.peak_rss_down),
+            inflight_wal: inflight(j0).zip(inflight(j1)).map(|(x, y)| x.max(y)),
             max_replay_lag: lag.replayed,
             max_receive_lag: lag.received,
         })

@@ -121,9 +121,16 @@ impl Report {
             "| workload | PG | tps | WAL MB | W link MB | W standby→primary | W / zstd-3 | W / zstd-19 --long | W / ssh -C | Z / zstd-3 | W msgs/s | W framing+feedback B/msg | of W link | CPU s/GB W up / down | CPU s/GB Z up / down | CPU s/GB direct standby's apply | cores W up / down | W runs staged ahead up / down; fast (times on) | max replay lag W / Z / direct MB | max receive lag W / Z / direct MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut late = false;
+        // The most payload in flight where W's framing was not estimated for it.
+        let mut in_flight: Option<f64> = None;
         for r in &self.runs {
             let w = if steady { &r.steady } else { &r.cold };
             let (pw, pz) = (&w.w, &w.z);
+            if !is_late(pw.receipt_delay_s) && pw.framing_feedback_bytes_per_message.is_none() {
+                if let Some(b) = pw.framing_in_flight_bytes {
+                    in_flight = Some(in_flight.map_or(b, |m: f64| m.max(b)));
+                }
+            }
             let mut mark = |p: &PairWindow| {
                 let l = is_late(p.receipt_delay_s);
                 late |= l;
@@ -167,6 +174,9 @@ impl Report {
                 mb(pz.max_receive_lag_bytes),
                 mb(w.direct_max_receive_lag_bytes),
             ));
+        }
+        if let Some(b) = in_flight {
+            s.push_str(&format!("\nW's framing + feedback not estimated (-) where the payload in flight between the upstream's count and the socket's at the window's ends (up to {:.2} MB) could be more than {:.0} % of the estimate: it would be charged as framing, or taken from it.\n", b / 1e6, FRAMING_TOLERANCE * 100.0));
         }
         if late {
             s.push_str(&format!("\n† approximate: that pair's standby received the window's WAL more than {LATE_SECS} s late, and link bytes in flight toward it are charged by its receipt; W's framing + feedback is then not estimated (-).\n"));

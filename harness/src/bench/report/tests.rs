@@ -5,22 +5,115 @@ use super::*;
 #[test]
 fn framing_is_estimated_only_where_the_standby_received_the_window_in_time() {
     // Both directions' socket bytes less the payload the upstream counted.
-    assert_eq!(framing_overhead(10_000, Some(8_500.0), 0.0), Some(1_500.0));
+    let none_in_flight = Some(0.0);
     assert_eq!(
-        framing_overhead(10_000, Some(8_500.0), LATE_SECS),
+        framing_overhead(10_000, Some(8_500.0), 0.0, none_in_flight),
+        Some(1_500.0)
+    );
+    assert_eq!(
+        framing_overhead(10_000, Some(8_500.0), LATE_SECS, none_in_flight),
         Some(1_500.0)
     );
     // Not scraped: unknown.
-    assert_eq!(framing_overhead(10_000, None, 0.0), None);
+    assert_eq!(framing_overhead(10_000, None, 0.0, none_in_flight), None);
+    assert_eq!(framing_overhead(10_000, Some(8_500.0), 0.0, None), None);
     // Late: the queues between the two counts make the difference meaningless (it may
     // even come out negative), so there is no estimate rather than a wrong one.
     assert_eq!(
-        framing_overhead(10_000, Some(10_500.0), LATE_SECS + 0.1),
+        framing_overhead(10_000, Some(10_500.0), LATE_SECS + 0.1, none_in_flight),
         None
     );
-    assert_eq!(framing_overhead(10_000, Some(8_500.0), 30.0), None);
+    assert_eq!(
+        framing_overhead(10_000, Some(8_500.0), 30.0, none_in_flight),
+        None
+    );
     // The same rule marks the pair's figures approximate (†).
     assert!(!is_late(LATE_SECS) && is_late(LATE_SECS + 0.1));
+}
+
+/// In time but with payload in flight at the window's ends that could be a large part of the
+/// difference (a bulk load): no estimate; a negative difference never is one.
+#[test]
+fn framing_is_not_estimated_where_the_payload_in_flight_could_make_it() {
+    let est = 1_500.0;
+    let at_most = est * FRAMING_TOLERANCE;
+    assert_eq!(
+        framing_overhead(10_000, Some(8_500.0), 0.0, Some(at_most)),
+        Some(est)
+    );
+    assert_eq!(
+        framing_overhead(10_000, Some(8_500.0), 0.0, Some(at_most + 1.0)),
+        None
+    );
+    // The cold window of a bulk run that printed −76.6 bytes a message.
+    assert_eq!(
+        framing_overhead(10_000, Some(10_500.0), 0.0, Some(0.0)),
+        None
+    );
+}
+
+/// The window converts the WAL in flight to payload at the window's own payload per WAL
+/// byte, and the table says why the figure is missing.
+#[test]
+fn a_window_with_payload_in_flight_has_no_framing_figure_and_says_why() {
+    let pair = |inflight_wal| PairCut {
+        t0: 0.0,
+        t1: 10.0,
+        toward_standby: 2_000_000,
+        toward_primary: 20_000,
+        messages: Some(1_000.0),
+        // 0.2 payload bytes a WAL byte; framing + feedback 20,000 bytes, 20 a message.
+        payload: Some(2_000_000.0),
+        inflight_wal: Some(inflight_wal),
+        ..PairCut::default()
+    };
+    let base = Baselines {
+        zstd3: 1,
+        zstd19: 1,
+        ssh_c: 1,
+    };
+    let window = |inflight_wal| {
+        let cut = Cut {
+            t_start: 0.0,
+            t_end: 10.0,
+            lsn_start: 0,
+            lsn_end: 10_000_000,
+            pairs: [pair(inflight_wal), PairCut::default()],
+            direct_max_replay_lag: 0,
+            direct_max_receive_lag: 0,
+            direct_apply_cpu_s: None,
+            stages: Default::default(),
+            cpu_pressure: None,
+        };
+        Window::new("cold", &cut, base, ["wal", "zstd"])
+    };
+    let quiet = window(10_000);
+    assert_eq!(quiet.w.framing_in_flight_bytes, Some(2_000.0));
+    assert_eq!(quiet.w.framing_feedback_bytes_per_message, Some(20.0));
+    let bulk = window(1_000_000);
+    assert_eq!(bulk.w.framing_in_flight_bytes, Some(200_000.0));
+    assert_eq!(bulk.w.framing_feedback_bytes_per_message, None);
+    assert_eq!(bulk.w.framing_feedback_share, None);
+    let run = |w: Window| Report {
+        runs: vec![RunResult {
+            workload: crate::bench::workloads::Workload::Bulk,
+            pg_major: 15,
+            wal_compression: "off".into(),
+            tps: None,
+            cold: w.clone(),
+            steady: w,
+            replay: None,
+            replay_error: None,
+            warm_replay: None,
+            warm_replay_error: None,
+            lag_over_run: Vec::new(),
+            verified: Verified::default(),
+        }],
+        ..Report::default()
+    };
+    let md = run(bulk).markdown();
+    assert!(md.contains("(up to 0.20 MB)"), "{md}");
+    assert!(!run(quiet).markdown().contains("in flight between"));
 }
 
 #[test]

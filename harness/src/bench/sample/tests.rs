@@ -91,6 +91,32 @@ fn each_pair_is_charged_for_the_same_wal_range() {
     assert!(cut(&samples, 0.0, 5.0).is_err());
 }
 
+/// W's payload in flight at the two samples it is charged between (what its upstream had
+/// sent down and its standby not yet received) bounds the framing estimate's error: the
+/// larger of the two; unknown without W's positions at both, and never for pair Z.
+#[test]
+fn the_wal_in_flight_is_the_larger_at_the_window_ends() {
+    let with_sent = |mut x: Sample, sent_down: u64| {
+        x.w_relay = Some(RelayPositions {
+            sent_down,
+            spooled: x.received[0],
+            sent_to_standby: x.received[0],
+        });
+        x
+    };
+    let samples = vec![
+        with_sent(s(0.0, 100, [100, 100], [0, 0]), 130),
+        with_sent(s(1.0, 200, [200, 200], [10, 5]), 210),
+        with_sent(s(2.0, 300, [300, 300], [20, 15]), 380),
+        s(3.0, 400, [400, 400], [30, 25]),
+    ];
+    let c = cut(&samples, 0.0, 2.0).unwrap();
+    assert_eq!(c.pairs[0].inflight_wal, Some(80));
+    assert_eq!(c.pairs[1].inflight_wal, None);
+    let c = cut(&samples, 1.0, 3.0).unwrap();
+    assert_eq!(c.pairs[0].inflight_wal, None);
+}
+
 /// A window in which the primary wrote nothing has no WAL to measure: its ratios and CPU
 /// per GB would divide by nothing (they came out 0.00 x zstd-3, a perfect score) and its
 /// link bytes would be charged over no time at all. The bench fails instead.
