@@ -249,6 +249,17 @@ pub fn lsn_at(samples: &[Sample], t: f64) -> Option<u64> {
     first(samples, |s| s.t >= t).map(|i| samples[i].primary_lsn)
 }
 
+/// Whether the direct standby had replayed, by the last sample, the WAL up to the end of
+/// the window that ends at `t_end` (where [`cut`] ends it): then its apply CPU for the
+/// window is known.
+pub fn direct_replayed(samples: &[Sample], t_end: f64) -> bool {
+    let end = lsn_at(samples, t_end);
+    samples
+        .last()
+        .zip(end)
+        .is_some_and(|(s, end)| s.direct_replayed >= end)
+}
+
 /// Cuts window [`t_start`, `t_end`] (seconds since t = 0). Errors if the samples do not reach
 /// that far or a standby never received the window's end.
 pub fn cut(samples: &[Sample], t_start: f64, t_end: f64) -> Result<Cut> {

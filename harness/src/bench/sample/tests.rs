@@ -280,3 +280,21 @@ fn the_direct_apply_is_charged_by_what_the_standby_replayed() {
     assert!(lines[1].ends_with(",1.000"), "{csv}");
     assert!(lines[4].ends_with(','), "{csv}");
 }
+
+/// The samples go on after the relayed standbys received the steady window's end until the
+/// direct standby has replayed it, so that its apply CPU has a figure.
+#[test]
+fn the_direct_standby_has_replayed_a_window_once_its_replay_passes_the_end() {
+    let mut samples = vec![
+        s(0.0, 100, [100, 100], [0, 0]),
+        s(1.0, 200, [200, 200], [10, 5]),
+    ];
+    samples[1].direct_replayed = 150;
+    assert!(!direct_replayed(&samples, 1.0));
+    assert!(direct_replayed(&samples, 0.0));
+    samples.push(s(2.0, 300, [300, 300], [20, 15]));
+    samples[2].direct_replayed = 200;
+    assert!(direct_replayed(&samples, 1.0));
+    // A window past the last sample has no end yet.
+    assert!(!direct_replayed(&samples, 5.0));
+}
