@@ -8,9 +8,10 @@
 //! 000000010000000000000003            complete segments: the primary's pg_wal files, byte for byte
 //! 000000010000000000000004.partial    the segment being written: the primary's bytes up to `end`
 //! 00000002.history                    timeline history files, as the primary serves them
-//! spool.state                         what is durable (replaced atomically after every sync)
+//! spool.state                         what is durable (written after every sync; [`state`])
 //!
-//! spool.state = "walrelay-spool 1 system=<id> segsize=<bytes> tli=<n> end=<X/X> tail=<hex>\n"
+//! spool.state = two slots of 4 KiB, each "walrelay-spool 1 system=<id> segsize=<bytes> tli=<n>
+//!               end=<X/X> tail=<hex> seq=<n> check=<hex>\n" (the newer whole one counts)
 //! ```
 //!
 //! `end` is where the WAL of timeline `tli` is durable up to; `tail` is the xxh3-64 of the
@@ -18,7 +19,8 @@
 //! a segment start). Only WAL verified against the link's checksum is ever appended.
 //!
 //! A segment is fsynced before it is renamed from `.partial` to its name, and the directory
-//! after; `spool.state` is written to a temporary file, fsynced, renamed. So after a crash:
+//! after; `spool.state`'s older slot is written in place and fdatasynced (a process's first
+//! write replaces the file: a temporary file, fsynced, renamed). So after a crash:
 //! complete segments are whole; the partial segment holds at least `end` unless something
 //! else damaged it. (With durability deferred to a sync thread, `durable`, a filled segment
 //! can wait as `.partial` for its fsync while the next one is written; recovery treats the
@@ -68,7 +70,7 @@ pub use durable::Durability;
 pub use files::{write_atomically, SegmentFile};
 pub use reader::SpoolFiles;
 pub use recent::{Recent, RECENT_BYTES};
-pub use state::{write as write_state_file, SpoolState};
+pub use state::{SpoolState, StateFile};
 
 /// Bytes before `end` whose checksum `spool.state` keeps.
 pub const TAIL_CHECK: u64 = 64 * 1024;
@@ -150,6 +152,8 @@ pub struct Spool {
     filled: Vec<Durability>,
     /// The newest WAL appended, for the readers ([`SpoolFiles::read`]).
     recent: Arc<Recent>,
+    /// `spool.state`'s writer, shared with the sync thread ([`Spool::state_file`]).
+    state_file: Arc<StateFile>,
 }
 
 impl Spool {
@@ -194,6 +198,7 @@ impl Spool {
             deferred: false,
             filled: Vec::new(),
             recent: Arc::default(),
+            state_file: Arc::new(StateFile::new(dir)),
         };
         if let Some((st, seg)) = st {
             spool.seg = seg;
@@ -377,7 +382,7 @@ impl Spool {
     fn complete(&mut self, segno: u64) -> Result<(), SpoolError> {
         let file = self.current.take().map(|(_, f)| f);
         durable::finish_segment(&self.dir, self.seg, file, self.ext.tli, segno)?;
-        state::write(&self.dir, &self.state(self.ext.end)?)?;
+        self.state_file.write(&self.state(self.ext.end)?)?;
         self.ext.durable = self.ext.durable.max(self.ext.end);
         self.retain()
     }
@@ -396,13 +401,20 @@ impl Spool {
         }
         // The durable end moves only once `spool.state` says so: the upstream lets the
         // primary's slot advance to it, and a spool opened again starts from the file.
-        state::write(&self.dir, &self.state(self.ext.end)?)?;
+        self.state_file.write(&self.state(self.ext.end)?)?;
         self.ext.durable = self.ext.end;
         Ok(self.ext.durable)
     }
 
     fn write_state(&self) -> Result<(), SpoolError> {
-        state::write(&self.dir, &self.state(self.ext.durable.min(self.ext.end))?)
+        self.state_file
+            .write(&self.state(self.ext.durable.min(self.ext.end))?)
+    }
+
+    /// The writer of `spool.state`, for a sync thread that writes it without the spool
+    /// (`durable`).
+    pub fn state_file(&self) -> Arc<StateFile> {
+        self.state_file.clone()
     }
 
     /// The `spool.state` saying WAL of the spool's timeline is durable up to `end`.

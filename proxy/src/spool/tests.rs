@@ -303,7 +303,7 @@ fn deferred_durability_completes_segments_in_jobs_and_survives_a_crash() {
         let filled = !job.is_data();
         let (tli, at) = job.perform(d.path(), seg()).unwrap();
         let st = s.state_at(tli, at).unwrap().expect("a newer durable end");
-        write_state_file(d.path(), &st).unwrap();
+        s.state_file().write(&st).unwrap();
         s.made_durable(tli, at, filled).unwrap();
     };
     done(&mut s, sync);
@@ -372,7 +372,10 @@ fn a_sync_that_cannot_write_its_state_moves_no_durable_end() {
     s.append(T1, Lsn(0), &wal(0, 1_200_000)).unwrap();
     assert_eq!(s.sync().unwrap(), Lsn(1_200_000));
     s.append(T1, Lsn(1_200_000), &wal(1_200_000, 5000)).unwrap();
-    // The state's temporary file cannot be created, as on a full disk.
+    // The state's temporary file cannot be created, as on a full disk. A writer replaces the
+    // file whole (through that file) the first time, in place after that; a new one, as a
+    // restarted process has, writes it whole next.
+    s.state_file = Arc::new(StateFile::new(d.path()));
     std::fs::create_dir(d.path().join("spool.state.tmp")).unwrap();
     assert!(s.sync().is_err());
     assert_eq!(

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use super::lock;
 use super::writing::Writing;
 use crate::metrics::timed_wall;
-use crate::spool::{write_state_file, Durability, SpoolError};
+use crate::spool::{Durability, SpoolError};
 
 /// Jobs the sync thread's queue holds (a filled segment each, or the periodic sync).
 pub const QUEUE: usize = 8;
@@ -85,12 +85,13 @@ fn run(writing: &Mutex<Writing>, rx: std_mpsc::Receiver<Msg>) {
 /// One job's three steps (see `crate::spool::durable`); the spool's lock is held only to
 /// read the state to write and to move the durable end.
 fn do_job(writing: &Mutex<Writing>, job: Durability) -> Result<(), SpoolError> {
-    let (dir, seg, metrics, failed) = {
+    let (dir, seg, state_file, metrics, failed) = {
         let w = lock(writing);
         let s = &w.spool;
         (
             s.dir().to_path_buf(),
             s.segment_size(),
+            s.state_file(),
             w.publish.metrics.clone(),
             w.is_failed(),
         )
@@ -108,7 +109,7 @@ fn do_job(writing: &Mutex<Writing>, job: Durability) -> Result<(), SpoolError> {
     let Some(st) = st else {
         return Ok(());
     };
-    timed_wall(&g.sync_ns, || write_state_file(&dir, &st))?;
+    timed_wall(&g.sync_ns, || state_file.write(&st))?;
     let mut w = lock(writing);
     w.spool.made_durable(tli, end, !data)?;
     w.published();
