@@ -63,7 +63,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::report::{Verified, Window};
+    use super::super::report::Window;
     use super::super::workloads::Workload;
     use super::*;
 
@@ -98,23 +98,8 @@ mod tests {
     /// A result for `job`, or an error for the job named "fails".
     async fn outcome(job: Named) -> Result<(RunResult, Option<SyncLatency>)> {
         anyhow::ensure!(job.0 != "fails", "no room left on the disk");
-        Ok((
-            RunResult {
-                workload: Workload::Updates,
-                pg_major: 15,
-                wal_compression: "off".into(),
-                tps: None,
-                cold: Window::default(),
-                steady: Window::default(),
-                replay: None,
-                replay_error: None,
-                warm_replay: None,
-                warm_replay_error: None,
-                lag_over_run: Vec::new(),
-                verified: Verified::default(),
-            },
-            None,
-        ))
+        let windows = (Window::default(), Window::default());
+        Ok((RunResult::bare(Workload::Updates, windows), None))
     }
 
     #[tokio::test]

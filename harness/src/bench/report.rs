@@ -66,6 +66,28 @@ pub struct RunResult {
     pub verified: Verified,
 }
 
+#[cfg(test)]
+impl RunResult {
+    /// A run of `workload` on PostgreSQL 15 with these (cold, steady) windows and nothing
+    /// else measured.
+    pub fn bare(workload: Workload, (cold, steady): (Window, Window)) -> RunResult {
+        RunResult {
+            workload,
+            pg_major: 15,
+            wal_compression: "off".into(),
+            tps: None,
+            cold,
+            steady,
+            replay: None,
+            replay_error: None,
+            warm_replay: None,
+            warm_replay_error: None,
+            lag_over_run: Vec::new(),
+            verified: Verified::default(),
+        }
+    }
+}
+
 /// What was checked after the run (the bench fails instead of reporting a failed check).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Verified {

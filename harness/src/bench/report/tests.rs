@@ -95,20 +95,10 @@ fn a_window_with_payload_in_flight_has_no_framing_figure_and_says_why() {
     assert_eq!(bulk.w.framing_feedback_bytes_per_message, None);
     assert_eq!(bulk.w.framing_feedback_share, None);
     let run = |w: Window| Report {
-        runs: vec![RunResult {
-            workload: crate::bench::workloads::Workload::Bulk,
-            pg_major: 15,
-            wal_compression: "off".into(),
-            tps: None,
-            cold: w.clone(),
-            steady: w,
-            replay: None,
-            replay_error: None,
-            warm_replay: None,
-            warm_replay_error: None,
-            lag_over_run: Vec::new(),
-            verified: Verified::default(),
-        }],
+        runs: vec![RunResult::bare(
+            crate::bench::workloads::Workload::Bulk,
+            (w.clone(), w),
+        )],
         ..Report::default()
     };
     let md = run(bulk).markdown();
