@@ -15,8 +15,9 @@
 //! (`seq` 0 and 1), through a temporary file that is fsynced and renamed, then the directory
 //! is fsynced. Every later one writes its slot in place and fdatasyncs the file: one small
 //! write and one fdatasync per periodic sync instead of a new file, its fsync, a rename and
-//! the directory's fsync (each of those a journal commit; about 7 % of a downstream's CPU
-//! samples on pgbench, docs/keeping-up.md, seventy-first round). A write that a crash tears
+//! the directory's fsync (the new file's inode and the rename are metadata the file system
+//! journals; together about 7 % of a downstream's CPU samples on pgbench, docs/keeping-up.md,
+//! seventy-first round). A write that a crash tears
 //! leaves a slot whose check fails, and the other slot holds the state before it, which was
 //! durable; each slot has a 4 KiB block of its own, so a block's read-modify-write cannot
 //! tear both.
