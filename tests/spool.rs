@@ -141,26 +141,14 @@ fn file_size_limit(pid: u32, to: Option<u64>) -> u64 {
     old.rlim_cur
 }
 
-/// The synced end the spool's state file records: `end=X/Y` of its newer slot (the line with
-/// the larger `seq=`; a line being written over as it is read does not parse and is left out).
+/// The synced end the spool's state file records (its newer whole slot, read as the
+/// downstream reads it).
 fn spool_end(spool: &std::path::Path) -> u64 {
-    let state = std::fs::read(spool.join("spool.state")).unwrap();
-    let state = String::from_utf8_lossy(&state);
-    let field = |line: &str, key: &str| {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(key))
-            .map(str::to_string)
-    };
-    let (_, end) = state
-        .split('\n')
-        .filter_map(|line| {
-            let line = line.trim_matches('\0');
-            let seq: u64 = field(line, "seq=")?.parse().ok()?;
-            Some((seq, field(line, "end=")?))
-        })
-        .max_by_key(|(seq, _)| *seq)
-        .unwrap_or_else(|| panic!("no end= in spool.state: {state:?}"));
-    parse_lsn(&end)
+    walrelay::spool::read_state(spool)
+        .unwrap_or_else(|e| panic!("spool.state: {e}"))
+        .expect("a spool.state")
+        .end
+        .0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,7 +70,7 @@ pub use durable::Durability;
 pub use files::{write_atomically, SegmentFile};
 pub use reader::SpoolFiles;
 pub use recent::{Recent, RECENT_BYTES};
-pub use state::{SpoolState, StateFile};
+pub use state::{read as read_state, SpoolState, StateFile};
 
 /// Bytes before `end` whose checksum `spool.state` keeps.
 pub const TAIL_CHECK: u64 = 64 * 1024;
