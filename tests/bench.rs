@@ -282,8 +282,9 @@ fn assert_every_stage_sampled(r: &Value, stdout: &str) {
     assert!(stdout.contains("Lag along each path"), "{stdout}");
 }
 
-/// Checks the timeline CSV: its header, ~10 samples a second, each half's kernel seconds within
-/// its CPU seconds, each half's resident set, and W's images and cache hits where scraped.
+/// Checks the timeline CSV: its header, samples throughout the windows, each half's kernel
+/// seconds within its CPU seconds, each half's resident set, and W's images and cache hits
+/// where scraped.
 fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     let csv =
         std::fs::read_to_string(timeline.join(format!("updates-pg{}.csv", r["pg_major"]))).unwrap();
@@ -291,8 +292,17 @@ fn assert_timeline_written(timeline: &std::path::Path, r: &Value) {
     let head = lines.next().unwrap();
     assert!(head.starts_with("t,primary_written,"), "{head}");
     let lines: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    // ~10 samples a second over at least the 7 s of the windows.
-    assert!(lines.len() >= 50, "{csv}");
+    // Sampled throughout the 7 s of the windows. The bench asks for a sample every 100 ms
+    // and waits for each one; with this binary's other bench test running beside it, a
+    // debug build on two cores takes ~150 ms a sample (a release run's largest gap is
+    // ~0.3 s), so the bound is on the gaps, not on a count that assumes the tick is met.
+    let t: Vec<f64> = lines.iter().map(|l| l[0].parse().unwrap()).collect();
+    assert!(
+        t.len() >= 7 && t[0] <= 0.5 && t[t.len() - 1] >= 7.0,
+        "{csv}"
+    );
+    let gap = t.windows(2).map(|p| p[1] - p[0]).fold(0.0, f64::max);
+    assert!(gap <= 1.0, "a gap of {gap:.2} s between samples:\n{csv}");
     // Each half's kernel seconds are part of its CPU seconds, in every sample.
     let col = |name: &str| head.split(',').position(|c| c == name).expect(name);
     for (pair, dir) in [("w", "up"), ("w", "down"), ("z", "up"), ("z", "down")] {
