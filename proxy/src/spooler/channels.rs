@@ -110,6 +110,35 @@ impl Channels {
         self.queue.push(Out::Start(chan, s));
     }
 
+    /// The standby's feedback `f` waits in its channel until `due`: `now` if it is `urgent`
+    /// (or the standby is synchronous, or there is no window), else the end of the window
+    /// its channel's earliest waiting feedback opened. True when the send loop must be
+    /// woken to see it: the channel had nothing due, or is due earlier now. A later feedback
+    /// within an open window only replaces what waits, and the loop, already sleeping until
+    /// that window's end (or about to read it, having been woken when it opened), sends the
+    /// latest then: no wake-up of its own, where a standby replies twice (written, flushed)
+    /// to each message.
+    pub fn feedback(
+        &mut self,
+        chan: u32,
+        f: Feedback,
+        urgent: bool,
+        window: std::time::Duration,
+        now: Instant,
+    ) -> bool {
+        let Some(c) = self.open.get_mut(&chan) else {
+            return false;
+        };
+        c.pending[usize::from(!f.is_status())] = Some(f);
+        let due = match urgent || c.synchronous || window.is_zero() {
+            true => now,
+            false => c.due.unwrap_or(now + window),
+        };
+        let wake = c.due.is_none_or(|d| due < d);
+        c.due = Some(c.due.map_or(due, |d| d.min(due)));
+        wake
+    }
+
     /// The link went down: the items queued for it will not go (the next stream opens every
     /// channel again), except CLOSEs, which [`Channels::reopen`] applies.
     pub fn link_down(&mut self) {

@@ -271,18 +271,10 @@ impl Spooler {
     /// standby is synchronous or `urgent`.
     pub fn feedback(&self, chan: u32, f: Feedback, urgent: bool) {
         let window = Duration::from_millis(self.link_cfg.batch_window_ms);
-        let mut ch = lock(&self.channels);
-        let Some(c) = ch.open.get_mut(&chan) else {
-            return;
-        };
-        c.pending[usize::from(!f.is_status())] = Some(f);
-        let due = match urgent || c.synchronous || window.is_zero() {
-            true => Instant::now(),
-            false => c.due.unwrap_or_else(|| Instant::now() + window),
-        };
-        c.due = Some(due);
-        drop(ch);
-        self.wake.notify_one();
+        let wake = lock(&self.channels).feedback(chan, f, urgent, window, Instant::now());
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     /// The standby left: its latest feedback still goes, then the channel closes.

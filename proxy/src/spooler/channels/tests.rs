@@ -137,3 +137,53 @@ fn a_command_queued_as_the_link_comes_up_is_kept() {
     ch.reopen(Instant::now());
     assert_eq!(kinds(&ch), [format!("open {a}"), format!("command {a}")]);
 }
+
+/// A standby status update ('r', 34 bytes) whose write position is `w`.
+fn status(w: u64) -> Feedback {
+    let mut m = vec![b'r'];
+    m.extend_from_slice(&w.to_be_bytes());
+    m.resize(34, 0);
+    Feedback::new(&m).unwrap()
+}
+
+/// The send loop is woken for a feedback that opens a window or makes its channel due
+/// earlier, and not for one that only replaces what waits in an open window; what goes at
+/// the window's end is the latest.
+#[test]
+fn feedback_within_an_open_window_does_not_wake_the_send_loop() {
+    let (tx, _rx) = mpsc::channel(1);
+    let mut ch = Channels::default();
+    let c = ch.open(info("a"), tx).unwrap();
+    let (window, t0) = (std::time::Duration::from_millis(10), Instant::now());
+    assert!(ch.feedback(c, status(1), false, window, t0));
+    assert_eq!(ch.open[&c].due, Some(t0 + window));
+    // The flush reply a moment later: same window, no wake-up, the latest waits.
+    let t1 = t0 + std::time::Duration::from_millis(2);
+    assert!(!ch.feedback(c, status(2), false, window, t1));
+    assert_eq!(ch.open[&c].due, Some(t0 + window));
+    assert_eq!(ch.open[&c].pending[0], Some(status(2)));
+    // An urgent reply (the standby asked for it, or it starts) is due now: earlier, woken.
+    assert!(ch.feedback(c, status(3), true, window, t1));
+    assert_eq!(ch.open[&c].due, Some(t1));
+    // Once due, nothing later makes it wait longer, and nothing needs to wake the loop.
+    assert!(!ch.feedback(c, status(4), false, window, t1));
+    assert!(!ch.feedback(c, status(5), true, window, t1 + window));
+    assert_eq!(ch.open[&c].due, Some(t1));
+    // Sent (as `build` does): the next one opens a new window and wakes the loop again.
+    ch.open.get_mut(&c).unwrap().due = None;
+    ch.open.get_mut(&c).unwrap().pending = [None, None];
+    assert!(ch.feedback(c, status(6), false, window, t1 + window));
+    // A synchronous standby's feedback is never held back.
+    ch.open.get_mut(&c).unwrap().synchronous = true;
+    ch.open.get_mut(&c).unwrap().due = None;
+    assert!(ch.feedback(c, status(7), false, window, t1 + window));
+    assert_eq!(ch.open[&c].due, Some(t1 + window));
+    // No window at all: due at once.
+    ch.open.get_mut(&c).unwrap().synchronous = false;
+    ch.open.get_mut(&c).unwrap().due = None;
+    let zero = std::time::Duration::ZERO;
+    assert!(ch.feedback(c, status(8), false, zero, t0));
+    assert_eq!(ch.open[&c].due, Some(t0));
+    // A channel that is gone takes nothing and wakes nothing.
+    assert!(!ch.feedback(c + 1, status(9), true, window, t0));
+}
