@@ -288,3 +288,38 @@ fn printable_escapes_what_would_break_a_log_line() {
         "a\\nINFO forged\\r\\t\\u{1b}[31m\\u{85}\\u{2028}z"
     );
 }
+
+/// An XLogData's start is recognized from its first 30 bytes on, with the `walEnd` and the
+/// whole message's length of the encoded message; fewer bytes, another message or a length
+/// shorter than the header are not.
+#[test]
+fn xlogdata_start_of_a_message_that_has_not_all_arrived() {
+    let x = repl::XLogData {
+        start: walrelay_wal::lsn::Lsn(0x1000000),
+        end: walrelay_wal::lsn::Lsn(0x2000010),
+        send_time: 42,
+        data: Bytes::from(vec![7u8; 100_000]),
+    };
+    let mut b = BytesMut::new();
+    x.encode_copy_data(&mut b);
+    let whole = b.len();
+    for have in [30, 31, 4096, whole] {
+        assert_eq!(
+            repl::xlogdata_start(&b[..have]),
+            Some((x.end, whole)),
+            "{have}"
+        );
+    }
+    assert_eq!(repl::xlogdata_start(&b[..29]), None);
+    let mut other = b[..64].to_vec();
+    other[5] = b'k';
+    assert_eq!(repl::xlogdata_start(&other), None);
+    other[0] = b'D';
+    other[5] = b'w';
+    assert_eq!(repl::xlogdata_start(&other), None);
+    let mut short = b[..64].to_vec();
+    short[1..5].copy_from_slice(&28u32.to_be_bytes());
+    assert_eq!(repl::xlogdata_start(&short), None);
+    short[1..5].copy_from_slice(&29u32.to_be_bytes());
+    assert_eq!(repl::xlogdata_start(&short), Some((x.end, 30)));
+}

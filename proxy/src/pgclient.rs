@@ -160,15 +160,20 @@ pub struct PrimaryConn {
     /// When the runtime is told of the primary's bytes (TCP only; None on a Unix socket):
     /// a reader that batches defers it ([`crate::tcp::RecvWake`]).
     pub wake: Option<RecvWake>,
+    /// Drops bytes waiting on the connection without reading them (plain TCP only: None
+    /// with TLS or on a Unix socket; [`crate::tcp::Discard`]).
+    pub discard: Option<crate::tcp::Discard>,
 }
 
 impl PrimaryConn {
-    /// [`PrimaryConn::over`] a TCP connection, with its receive low-water mark.
+    /// [`PrimaryConn::over`] a TCP connection, with its receive low-water mark and its
+    /// [`crate::tcp::Discard`].
     #[cfg(test)]
     pub(crate) fn over_tcp(tcp: tokio::net::TcpStream, max_message_bytes: usize) -> PrimaryConn {
-        let wake = RecvWake::of(&tcp);
+        let (wake, discard) = (RecvWake::of(&tcp), crate::tcp::Discard::of(&tcp));
         PrimaryConn {
             wake,
+            discard,
             ..PrimaryConn::over(Box::new(tcp), max_message_bytes)
         }
     }
@@ -192,6 +197,7 @@ impl PrimaryConn {
             },
             backend_key: None,
             wake: None,
+            discard: None,
         }
     }
 }
@@ -328,18 +334,19 @@ async fn connect_tries(
 }
 
 /// A connected socket to `host`, TLS per `tls` (none on a Unix socket, as libpq), whether
-/// it is encrypted, and its receive low-water mark (TCP).
+/// it is encrypted, its receive low-water mark (TCP) and its [`crate::tcp::Discard`] (plain
+/// TCP).
 async fn open_socket(
     ci: &ConnInfo,
     host: &HostSpec,
     tls: Tls,
-) -> Result<(BoxIo, bool, Option<RecvWake>), PgClientError> {
+) -> Result<(BoxIo, bool, Option<RecvWake>, Option<crate::tcp::Discard>), PgClientError> {
     let addr = host.to_string();
     if host.is_unix_socket() {
         let s = tokio::net::UnixStream::connect(&addr)
             .await
             .map_err(|cause| PgClientError::Connect { addr, cause })?;
-        return Ok((Box::new(s), false, None));
+        return Ok((Box::new(s), false, None, None));
     }
     let tcp = TcpStream::connect((host.dial_host().as_str(), host.port))
         .await
@@ -354,8 +361,10 @@ async fn open_socket(
         tracing::debug!(primary = %addr, "TCP keepalive not set on a connection to the primary: {e}");
     }
     let wake = RecvWake::of(&tcp);
+    let discard = crate::tcp::Discard::of(&tcp);
     let (io, encrypted) = negotiate_tls(tcp, ci, host, tls).await?;
-    Ok((io, encrypted, wake))
+    let discard = discard.filter(|_| !encrypted);
+    Ok((io, encrypted, wake, discard))
 }
 
 /// One try on `host`; a failure comes with what [`sslfallback`] needs to know of it.
@@ -367,7 +376,7 @@ async fn connect_inner(
     tls: Tls,
 ) -> Result<PrimaryConn, (PgClientError, Failure)> {
     let other = |e: PgClientError| (e, Failure::Other);
-    let (io, encrypted, wake) = open_socket(ci, host, tls).await.map_err(|e| match e {
+    let (io, encrypted, wake, discard) = open_socket(ci, host, tls).await.map_err(|e| match e {
         PgClientError::TlsHandshake { .. } => (e, Failure::Handshake),
         e => (e, Failure::Other),
     })?;
@@ -401,6 +410,7 @@ async fn connect_inner(
         },
         backend_key,
         wake,
+        discard,
     })
 }
 
@@ -492,7 +502,7 @@ pub async fn cancel(
     key: u32,
 ) -> Result<(), PgClientError> {
     let attempt = async {
-        let (mut io, _, _) = open_socket(ci, host, sslfallback::first_try(ci.sslmode)).await?;
+        let (mut io, ..) = open_socket(ci, host, sslfallback::first_try(ci.sslmode)).await?;
         let mut out = BytesMut::new();
         encode::cancel_request(&mut out, pid, key);
         io.write_all(&out).await.map_err(WireError::Io)?;

@@ -3,6 +3,10 @@
 //! [`MsgReader::read`] keeps partially received bytes in its own buffer, so dropping the
 //! future (for example when another branch of a `select!` wins) loses nothing: the next call
 //! continues where the last left off. Writes go straight to the write half with `write_all`.
+//!
+//! A reader may be told to skip bytes of the stream it has not received yet
+//! ([`MsgReader::skip`]): they are dropped from the front of what each later read brings,
+//! or, by the caller, in the kernel before they are read ([`MsgReader::skipped`]).
 
 use bytes::BytesMut;
 use futures::FutureExt;
@@ -16,6 +20,8 @@ const INITIAL_BUF: usize = 16 * 1024;
 pub struct MsgReader<R> {
     io: R,
     buf: BytesMut,
+    /// Bytes of the stream still to drop as they arrive ([`MsgReader::skip`]).
+    skip: usize,
 }
 
 impl<R: AsyncRead + Unpin> MsgReader<R> {
@@ -23,12 +29,13 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
         MsgReader {
             io,
             buf: BytesMut::with_capacity(INITIAL_BUF),
+            skip: 0,
         }
     }
 
     /// Wraps `io` with bytes already read from it.
     pub fn with_buffer(io: R, buf: BytesMut) -> Self {
-        MsgReader { io, buf }
+        MsgReader { io, buf, skip: 0 }
     }
 
     /// Reads until `parse` yields a message. Cancellation-safe. EOF is `WireError::Closed`.
@@ -51,16 +58,67 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
         self.read_once(room, room).await
     }
 
+    /// One read of at most `max` bytes (and at least one; a smaller `max` than the buffer's
+    /// room keeps the rest in the socket, for [`MsgReader::skip`] to drop there); how many
+    /// came (never 0). Cancellation-safe. EOF is `WireError::Closed`.
+    pub async fn fill_at_most(&mut self, max: usize) -> Result<usize, WireError> {
+        use bytes::BufMut;
+        let max = max.max(1);
+        if self.buf.capacity() - self.buf.len() < max {
+            self.buf.reserve(max);
+        }
+        let n = self.io.read_buf(&mut (&mut self.buf).limit(max)).await?;
+        self.received(n)
+    }
+
+    /// [`MsgReader::fill_at_most`] only if bytes are there now (`None`: nothing read).
+    pub fn fill_at_most_ready(&mut self, max: usize) -> Option<Result<usize, WireError>> {
+        self.fill_at_most(max).now_or_never()
+    }
+
     /// One read into the buffer, after reserving `grow` more bytes if it has less than
     /// `min_room` free; how many came (never 0; EOF is `WireError::Closed`).
     async fn read_once(&mut self, min_room: usize, grow: usize) -> Result<usize, WireError> {
         if self.buf.capacity() - self.buf.len() < min_room {
             self.buf.reserve(grow);
         }
-        match self.io.read_buf(&mut self.buf).await? {
-            0 => Err(WireError::Closed),
-            n => Ok(n),
+        let n = self.io.read_buf(&mut self.buf).await?;
+        self.received(n)
+    }
+
+    /// After a read of `n` bytes: EOF when 0, else the bytes still to skip dropped from the
+    /// front of the new ones.
+    fn received(&mut self, n: usize) -> Result<usize, WireError> {
+        if n == 0 {
+            return Err(WireError::Closed);
         }
+        if self.skip > 0 {
+            let d = self.skip.min(self.buf.len());
+            bytes::Buf::advance(&mut self.buf, d);
+            self.skip -= d;
+        }
+        Ok(n)
+    }
+
+    /// Drops the next `n` bytes of the stream: those buffered now, then the rest from the
+    /// front of what later reads bring (which must not be parsed meanwhile: the buffer is
+    /// empty until they are all gone, or holds what follows them).
+    pub fn skip(&mut self, n: usize) {
+        let d = n.min(self.buf.len());
+        bytes::Buf::advance(&mut self.buf, d);
+        self.skip += n - d;
+    }
+
+    /// Bytes [`MsgReader::skip`] still has to drop.
+    pub fn skipping(&self) -> usize {
+        self.skip
+    }
+
+    /// The caller dropped `n` (at most [`MsgReader::skipping`]) of the bytes to skip before
+    /// they were read (`tcp::Discard`).
+    pub fn skipped(&mut self, n: usize) {
+        debug_assert!(n <= self.skip, "{n} skipped of {}", self.skip);
+        self.skip -= n.min(self.skip);
     }
 
     /// [`MsgReader::fill`] only if bytes are there now: `None` when the read would wait
@@ -139,6 +197,43 @@ mod tests {
         // The peer gone: the error, not a wait.
         drop(tx);
         assert!(matches!(r.fill_ready(4096), Some(Err(WireError::Closed))));
+    }
+
+    /// A skip drops what is buffered, then the front of later reads, and nothing more;
+    /// reads take at most what they are allowed; bytes the caller dropped before they were
+    /// read are counted off.
+    #[tokio::test]
+    async fn skip_drops_exactly_the_bytes_asked_as_they_come() {
+        let mut bytes = msg(b'd', &[1; 100]);
+        bytes.extend(msg(b'd', &[2; 30_000]));
+        bytes.extend(msg(b'd', &[3; 10]));
+        let mut r = MsgReader::new(&bytes[..]);
+        assert_eq!(r.fill_at_most(1000).await.unwrap(), 1000);
+        let cap = |_| 1 << 20;
+        let a = r.try_read(|b| parse_tagged(b, cap)).unwrap().unwrap();
+        assert_eq!(a.body.len(), 100);
+        // The second message has begun: skip all of it.
+        assert_eq!(r.buffered().len(), 1000 - 105);
+        r.skip(30_005);
+        assert!(r.buffered().is_empty());
+        assert_eq!(r.skipping(), 30_005 - 895);
+        // The caller dropped 20,000 of them itself (as `tcp::Discard` does).
+        r.skipped(20_000);
+        assert_eq!(r.skipping(), 30_005 - 895 - 20_000);
+        // Reads bring the rest and drop it from their front.
+        let mut r = MsgReader::with_buffer(&bytes[105 + 895 + 20_000..], BytesMut::new());
+        r.skip(30_005 - 895 - 20_000);
+        while r.skipping() > 0 {
+            r.fill_at_most(4096).await.unwrap();
+        }
+        let c = loop {
+            if let Some(m) = r.try_read(|b| parse_tagged(b, cap)).unwrap() {
+                break m;
+            }
+            r.fill_at_most(4096).await.unwrap();
+        };
+        assert_eq!(&c.body[..], &[3; 10]);
+        assert!(matches!(r.fill_at_most(4096).await, Err(WireError::Closed)));
     }
 
     #[tokio::test]

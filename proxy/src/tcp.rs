@@ -2,7 +2,8 @@
 //! it on its clients' sockets (and libpq on its connections), so that a peer whose host went
 //! away while the connection waits for it is found gone in about two minutes, not never;
 //! and the receive low-water mark ([`RecvWake`]), with which a reader that batches is not
-//! woken by each arrival it will not read yet.
+//! woken by each arrival it will not read yet; and [`Discard`], with which a reader drops
+//! bytes it does not need without copying them.
 
 use std::time::Duration;
 
@@ -10,6 +11,9 @@ use tokio::net::TcpStream;
 use tracing::warn;
 
 use crate::logging::Repeats;
+
+mod discard;
+pub use discard::Discard;
 
 /// Idle time before the first keepalive probe.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);

@@ -9,7 +9,8 @@
 //! connection, and when the standby starts streaming (from the downstream's spool) it starts
 //! streaming too, at the primary's current position (nothing to catch up, so it is
 //! "streaming" at once), reads and drops the WAL the primary sends it (it crossed the link
-//! once, in the stream; read in batches, [`READ_PACE`]) and passes on the standby's
+//! once, in the stream; read in batches, [`READ_PACE`]; on plain TCP most of a large
+//! message dropped by the kernel unread: [`reads`]) and passes on the standby's
 //! feedback. The primary's walsender for it costs what a local standby's costs; the WAL does
 //! not cross the link again. Lag columns stay truthful (the primary times its WAL against the
 //! real standby's replies); `sent_lsn` is what the primary sent to walrelay.
@@ -39,9 +40,10 @@ use crate::link;
 use crate::logging::Repeats;
 use crate::monitor::{standbys::StandbyHandle, Half};
 use crate::pgclient::{self, PgClientError, PrimaryConn};
-use crate::pgio::MsgReader;
 use crate::silence::{self, Silence};
-use crate::tcp::RecvWake;
+
+mod reads;
+use reads::{paced_fill, Skipper, PACE_MARK, READ_BURST, READ_PACE, READ_ROOM};
 
 /// Waits before the standby's connection to the primary is opened again after it ended: the
 /// first, doubled after each attempt that failed soon, up to the last (a primary that is down
@@ -52,57 +54,6 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 /// Longest wait for the primary's answer to a standby's command (the downstream gives up on
 /// it after 60 s).
 const COMMAND_WAIT: Duration = Duration::from_secs(60);
-
-/// How long the identity waits, once it has read all the primary sent on its connection,
-/// before it reads again. The WAL on this connection is dropped, so nothing waits on it; a
-/// busy primary sends each commit's WAL on its own, and reading each as it came woke the
-/// upstream as often again as the stream's own connection does. Whatever has arrived is read
-/// before the wait ([`Identity::drain_primary`]), so the wait never limits how fast the
-/// connection drains (a walsender that fell behind on it could come to need WAL it has
-/// removed); the standby's feedback goes to the primary as soon as it comes.
-const READ_PACE: Duration = Duration::from_millis(20);
-
-/// Room for each read on the identity's connection: two of the walsender's largest
-/// messages (128 kB of WAL each).
-const READ_ROOM: usize = 256 * 1024;
-
-/// Most bytes read in one go before the identity turns to its other work (the standby's
-/// feedback); it comes back to the connection at once.
-const READ_BURST: usize = 4 << 20;
-
-/// While an identity waits [`READ_PACE`], the runtime is told of the primary's bytes on its
-/// connection only once this many wait ([`RecvWake`], TCP): each commit's WAL arriving
-/// meanwhile woke the upstream for nothing. Reaching it, the connection is read at once.
-const PACE_MARK: usize = 1 << 20;
-
-/// One read of the primary's bytes on an identity's connection, not before `at`; how many
-/// came. Cancellation-safe. The socket's wake-ups deferred for the pace are set back when it
-/// is over, or when [`PACE_MARK`] bytes came first.
-async fn paced_fill<R: tokio::io::AsyncRead + Unpin>(
-    reader: &mut MsgReader<R>,
-    wake: &mut Option<RecvWake>,
-    at: Option<tokio::time::Instant>,
-) -> Result<usize, WireError> {
-    let paced = async {
-        if let Some(at) = at {
-            tokio::time::sleep_until(at).await;
-        }
-    };
-    let deferred = wake.as_ref().is_some_and(|w| w.deferred());
-    let early = tokio::select! {
-        biased;
-        // Kernel-deferred: ready only at the mark.
-        n = reader.fill(READ_ROOM), if deferred => Some(n),
-        _ = paced => None,
-    };
-    if let Some(w) = wake.as_mut() {
-        w.restore();
-    }
-    match early {
-        Some(n) => n,
-        None => reader.fill(READ_ROOM).await,
-    }
-}
 
 /// What the stream passes to a standby's identity.
 #[derive(Debug)]
@@ -180,6 +131,8 @@ struct Session {
     silence: Silence,
     /// Not to read from the primary before this (None: at once).
     read_at: Option<tokio::time::Instant>,
+    /// The WAL dropped unread ([`reads`]).
+    skipper: Skipper,
 }
 
 /// Why one connection of the identity ended.
@@ -273,7 +226,7 @@ impl Identity {
                     "nothing from the primary for {} s, though it was asked for a reply",
                     PRIMARY_TIMEOUT.as_secs()
                 ))),
-                r = paced_fill(&mut s.conn.reader, &mut s.conn.wake, s.read_at), if streaming => match r {
+                r = paced_fill(&mut s.conn.reader, &mut s.conn.wake, s.read_at, s.skipper.room(READ_ROOM)), if streaming => match r {
                     Ok(n) => {
                         s.silence.heard(tokio::time::Instant::now());
                         self.drain_primary(&mut s, entry, n).await
@@ -320,6 +273,7 @@ impl Identity {
             streaming: started.is_some(),
             silence: Silence::new(Some(PRIMARY_TIMEOUT), tokio::time::Instant::now()),
             read_at: None,
+            skipper: Skipper::default(),
         })
     }
 
@@ -378,9 +332,10 @@ impl Identity {
         Ended::Lost(e.to_string())
     }
 
-    /// After a read of `burst` bytes: handles every whole message, and reads on while the
-    /// socket has more (up to [`READ_BURST`]); when it has none, the next read waits
-    /// [`READ_PACE`].
+    /// After a read of `burst` bytes: handles every whole message, skips a large one still
+    /// arriving (dropping what of it waits, [`reads`]), and reads on while the socket has
+    /// more (up to [`READ_BURST`], the bytes dropped unread counted); when it has none, the
+    /// next read waits [`READ_PACE`].
     async fn drain_primary(
         &mut self,
         s: &mut Session,
@@ -389,11 +344,16 @@ impl Identity {
     ) -> Result<(), Ended> {
         loop {
             self.on_primary_bytes(&mut s.conn, entry).await?;
+            if let Some(end) = s.skipper.after_messages(&mut s.conn) {
+                entry.primary_end(end);
+            }
+            let lost = |e: WireError| Ended::Lost(e.to_string());
+            burst += s.skipper.drop_waiting(&mut s.conn).map_err(lost)?;
             if burst >= READ_BURST {
                 s.read_at = None;
                 return Ok(());
             }
-            match s.conn.reader.fill_ready(READ_ROOM) {
+            match s.conn.reader.fill_at_most_ready(s.skipper.room(READ_ROOM)) {
                 None => {
                     s.read_at = Some(tokio::time::Instant::now() + READ_PACE);
                     if let Some(w) = s.conn.wake.as_mut() {
