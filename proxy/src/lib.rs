@@ -11,7 +11,8 @@
 //!
 //! - [`pgclient`]: the upstream's replication connection to the primary (TLS, SCRAM/md5).
 //! - [`pgio`]: the one cancellation-safe adapter that owns a PostgreSQL socket's read side;
-//!   [`tcp`]: the TCP keepalive of PostgreSQL connections, to the primary and from clients.
+//!   [`tcp`]: the TCP options of PostgreSQL connections, to the primary and from clients
+//!   (keepalive; the receive low-water mark; dropping bytes unread).
 //! - [`upstream`]: the half next to the primary: serves the link; per downstream one stream
 //!   whose feed reads the primary once and whose encode thread frames the WAL; per standby its
 //!   own connection to the primary.
