@@ -71,7 +71,8 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
         self.received(n)
     }
 
-    /// [`MsgReader::fill_at_most`] only if bytes are there now (`None`: nothing read).
+    /// [`MsgReader::fill_at_most`] only if bytes are there now: `None` when the read would
+    /// wait (polled once; nothing read).
     pub fn fill_at_most_ready(&mut self, max: usize) -> Option<Result<usize, WireError>> {
         self.fill_at_most(max).now_or_never()
     }
@@ -119,12 +120,6 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
     pub fn skipped(&mut self, n: usize) {
         debug_assert!(n <= self.skip, "{n} skipped of {}", self.skip);
         self.skip -= n.min(self.skip);
-    }
-
-    /// [`MsgReader::fill`] only if bytes are there now: `None` when the read would wait
-    /// (polled once; nothing read).
-    pub fn fill_ready(&mut self, room: usize) -> Option<Result<usize, WireError>> {
-        self.fill(room).now_or_never()
     }
 
     /// A message already buffered, without reading from the socket.
@@ -183,20 +178,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn fill_ready_reads_what_is_there_and_never_waits() {
+    async fn fill_at_most_ready_reads_what_is_there_and_never_waits() {
         use tokio::io::AsyncWriteExt;
         let (mut tx, rx) = tokio::io::duplex(1 << 20);
         let mut r = MsgReader::new(rx);
         // Nothing sent yet: no read, nothing buffered.
-        assert!(r.fill_ready(4096).is_none());
+        assert!(r.fill_at_most_ready(4096).is_none());
         tx.write_all(&msg(b'd', &[1; 300])).await.unwrap();
         tx.write_all(&msg(b'd', &[2; 300])).await.unwrap();
-        assert_eq!(r.fill_ready(4096).unwrap().unwrap(), 610);
-        assert!(r.fill_ready(4096).is_none());
+        assert_eq!(r.fill_at_most_ready(4096).unwrap().unwrap(), 610);
+        assert!(r.fill_at_most_ready(4096).is_none());
         assert_eq!(r.buffered().len(), 610);
         // The peer gone: the error, not a wait.
         drop(tx);
-        assert!(matches!(r.fill_ready(4096), Some(Err(WireError::Closed))));
+        assert!(matches!(
+            r.fill_at_most_ready(4096),
+            Some(Err(WireError::Closed))
+        ));
     }
 
     /// A skip drops what is buffered, then the front of later reads, and nothing more;
