@@ -160,18 +160,20 @@ pub fn keepalive_end(payload: &[u8]) -> Option<Lsn> {
     Some(Lsn(u64::from_be_bytes(payload[1..9].try_into().ok()?)))
 }
 
+/// Bytes of a CopyData message carrying XLogData up to its WAL: tag, length, 'w', header.
+pub const XLOGDATA_START: usize = 1 + 4 + 1 + XLOGDATA_HEADER;
+
 /// The start of a CopyData message carrying XLogData, as far as it has arrived in `buf`
 /// (which begins at the message's tag): the header's `walEnd` and the whole message's
-/// length, tag included. None when `buf` holds less than the header, or another message.
-/// For a reader that drops the WAL bytes unread (the message's length is the caller's to
-/// cap, as for whole messages).
+/// length, tag included. None when `buf` holds less than [`XLOGDATA_START`], or another
+/// message. For a reader that drops the WAL bytes unread (the message's length is the
+/// caller's to cap, as for whole messages).
 pub fn xlogdata_start(buf: &[u8]) -> Option<(Lsn, usize)> {
-    const HEAD: usize = 1 + 4 + 1 + XLOGDATA_HEADER;
-    if buf.len() < HEAD || buf[0] != b'd' || buf[5] != b'w' {
+    if buf.len() < XLOGDATA_START || buf[0] != b'd' || buf[5] != b'w' {
         return None;
     }
     let len = u32::from_be_bytes(buf[1..5].try_into().ok()?) as usize;
-    if len < HEAD - 1 {
+    if len < XLOGDATA_START - 1 {
         return None;
     }
     let end = u64::from_be_bytes(buf[14..22].try_into().ok()?);

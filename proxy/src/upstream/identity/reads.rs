@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use walrelay_pgwire::repl::xlogdata_start;
+use walrelay_pgwire::repl::{xlogdata_start, XLOGDATA_START};
 use walrelay_pgwire::WireError;
 use walrelay_wal::lsn::Lsn;
 
@@ -45,8 +45,8 @@ pub(super) const READ_BURST: usize = 4 << 20;
 pub(super) const PACE_MARK: usize = 1 << 20;
 
 /// One read of at most `room` of the primary's bytes on an identity's connection, not
-/// before `at`; how many came. Cancellation-safe. The socket's wake-ups deferred for the pace are set back when it
-/// is over, or when [`PACE_MARK`] bytes came first.
+/// before `at`; how many came. Cancellation-safe. The socket's wake-ups deferred for the
+/// pace are set back when it is over, or when [`PACE_MARK`] bytes came first.
 pub(super) async fn paced_fill<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut MsgReader<R>,
     wake: &mut Option<RecvWake>,
@@ -80,8 +80,6 @@ pub(super) const SKIP_MIN: usize = 16 * 1024;
 pub(super) const PROBE: usize = 4 * 1024;
 /// A message at least this long makes the next read a probe.
 pub(super) const LARGE: usize = 2 * SKIP_MIN;
-/// Bytes of an XLogData's start that [`xlogdata_start`] needs.
-const HEADER: usize = 30;
 
 /// Whether the identity's reads are probes: its last read ended in the start of a large
 /// message.
@@ -102,7 +100,7 @@ impl Skipper {
         let buffered = conn.reader.buffered();
         let Some((end, len)) = xlogdata_start(buffered) else {
             // A header not all there yet tells nothing; another message does.
-            if buffered.len() >= HEADER {
+            if buffered.len() >= XLOGDATA_START {
                 self.probing = false;
             }
             return None;
