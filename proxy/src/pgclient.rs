@@ -170,7 +170,8 @@ impl PrimaryConn {
     /// [`crate::tcp::Discard`].
     #[cfg(test)]
     pub(crate) fn over_tcp(tcp: tokio::net::TcpStream, max_message_bytes: usize) -> PrimaryConn {
-        let (wake, discard) = (RecvWake::of(&tcp), crate::tcp::Discard::of(&tcp));
+        let wake = RecvWake::of(&tcp);
+        let discard = wake.as_ref().map(RecvWake::discard);
         PrimaryConn {
             wake,
             discard,
@@ -361,9 +362,8 @@ async fn open_socket(
         tracing::debug!(primary = %addr, "TCP keepalive not set on a connection to the primary: {e}");
     }
     let wake = RecvWake::of(&tcp);
-    let discard = crate::tcp::Discard::of(&tcp);
     let (io, encrypted) = negotiate_tls(tcp, ci, host, tls).await?;
-    let discard = discard.filter(|_| !encrypted);
+    let discard = wake.as_ref().filter(|_| !encrypted).map(RecvWake::discard);
     Ok((io, encrypted, wake, discard))
 }
 

@@ -58,7 +58,8 @@ pub fn keep_alive(sock: &TcpStream, user_timeout: bool) -> std::io::Result<()> {
 /// waiting ([`RecvWake::restore`]). Reads themselves are not changed: a read that does not
 /// wait returns what is there, however little.
 pub struct RecvWake {
-    sock: socket2::Socket,
+    /// Shared with the connection's [`Discard`], if it has one: one descriptor each.
+    sock: std::sync::Arc<socket2::Socket>,
     deferred: bool,
 }
 
@@ -71,9 +72,15 @@ impl RecvWake {
         }
         let sock = socket2::SockRef::from(tcp).try_clone().ok()?;
         Some(RecvWake {
-            sock,
+            sock: std::sync::Arc::new(sock),
             deferred: false,
         })
+    }
+
+    /// The connection's [`Discard`], on this handle's descriptor (for a plain connection
+    /// only: with TLS the bytes on the socket are records to decrypt).
+    pub fn discard(&self) -> Discard {
+        Discard::on(self.sock.clone())
     }
 
     /// The reader is woken only once `bytes` wait (or the buffer runs short of room, or the

@@ -8,24 +8,20 @@
 //! header and has the kernel drop the rest. Not for TLS: there the bytes on the socket are
 //! records that must be decrypted in order.
 
-use tokio::net::TcpStream;
+use std::sync::Arc;
 
-/// A plain TCP connection's descriptor (a `dup`, closed with this handle), for dropping the
-/// bytes that wait on it. The connection's reads go through the runtime's boxed I/O, which
-/// does not lend its descriptor; bytes dropped here simply never reach it.
+/// A plain TCP connection's descriptor (a `dup`, shared with its [`super::RecvWake`] and
+/// closed with the last of them), for dropping the bytes that wait on it. The connection's
+/// reads go through the runtime's boxed I/O, which does not lend its descriptor; bytes
+/// dropped here simply never reach it.
 pub struct Discard {
-    sock: socket2::Socket,
+    sock: Arc<socket2::Socket>,
 }
 
 impl Discard {
-    /// For `tcp` (None where the system has no such `recv`, or the descriptor could not be
-    /// duplicated: then the bytes are read and dropped, as before).
-    pub fn of(tcp: &TcpStream) -> Option<Discard> {
-        if !cfg!(target_os = "linux") {
-            return None;
-        }
-        let sock = socket2::SockRef::from(tcp).try_clone().ok()?;
-        Some(Discard { sock })
+    /// On `sock`, a TCP socket's descriptor ([`super::RecvWake::discard`]).
+    pub(super) fn on(sock: Arc<socket2::Socket>) -> Discard {
+        Discard { sock }
     }
 
     /// Drops up to `max` of the bytes that wait now, without waiting: how many went (0 when
@@ -39,7 +35,7 @@ impl Discard {
         }
         let flags = libc::MSG_TRUNC | libc::MSG_DONTWAIT;
         // SAFETY: the descriptor is `sock`'s own, open for the whole call, and a TCP socket
-        // (`Discard::of` takes only a `TcpStream`): with MSG_TRUNC, TCP's `recvmsg` skips the
+        // (`RecvWake::of` takes only a `TcpStream`): with MSG_TRUNC, TCP's `recvmsg` skips the
         // copy to the buffer (`tcp_recvmsg_locked`) and returns how many bytes it passed, so
         // the null buffer is never written or read.
         let rc = unsafe { libc::recv(self.sock.as_raw_fd(), std::ptr::null_mut(), max, flags) };
@@ -62,7 +58,7 @@ impl Discard {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::Discard;
+    use super::super::RecvWake;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
@@ -77,7 +73,7 @@ mod tests {
     #[tokio::test]
     async fn drops_what_waits_and_no_more() {
         let (mut tx, mut rx) = pair().await;
-        let d = Discard::of(&rx).unwrap();
+        let d = RecvWake::of(&rx).unwrap().discard();
         assert_eq!(d.drop_waiting(100).unwrap(), 0);
         let sent: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         tx.write_all(&sent).await.unwrap();
